@@ -1,0 +1,1 @@
+"""Vision Transformer classifier, its datasets, training and evaluation, and the checkpoint format."""

@@ -1,0 +1,180 @@
+"""The checkpoint format: safetensors tensors plus JSON metadata in the same file.
+
+A checkpoint is self-describing: the ViTConfig, class names, preprocessing and a training summary
+travel in the safetensors header, with a SHA-256 content hash over the tensors. Loading never
+unpickles anything; every way a file can be wrong raises `CheckpointError` naming the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+from torch import Tensor
+
+from model.vit import ViT, ViTConfig
+
+FORMAT_NAME = "vit-serve-checkpoint"
+FORMAT_VERSION = 1
+ResizePolicy = Literal["squash", "center_crop"]
+
+
+class CheckpointError(Exception):
+    """A checkpoint file is missing, truncated, corrupted or does not match its own config."""
+
+    def __init__(self, path: str | Path, reason: str) -> None:
+        self.path = str(path)
+        self.reason = reason
+        super().__init__(f"checkpoint {self.path}: {reason}")
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """How raw images become model input; the service applies exactly this."""
+
+    image_size: int
+    channels: int  # 1 or 3
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    resize: ResizePolicy = "squash"  # squash: resize both sides; center_crop: shorter side, then crop
+
+    def __post_init__(self) -> None:
+        if self.channels not in (1, 3):
+            raise ValueError(f"channels must be 1 or 3, got {self.channels}")
+        if len(self.mean) != self.channels or len(self.std) != self.channels:
+            raise ValueError(f"mean and std need {self.channels} values each, got {self.mean} and {self.std}")
+        if any(s <= 0 for s in self.std):
+            raise ValueError(f"std values must be positive, got {self.std}")
+        if self.resize not in ("squash", "center_crop"):
+            raise ValueError(f"resize must be 'squash' or 'center_crop', got {self.resize!r}")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Preprocessing:
+        return cls(
+            image_size=int(d["image_size"]),
+            channels=int(d["channels"]),
+            mean=tuple(float(x) for x in d["mean"]),
+            std=tuple(float(x) for x in d["std"]),
+            resize=d.get("resize", "squash"),
+        )
+
+
+@dataclass
+class Checkpoint:
+    model: ViT
+    config: ViTConfig
+    classes: list[str]
+    preprocessing: Preprocessing
+    training: dict[str, Any] = field(default_factory=dict)
+    content_hash: str = ""
+    path: str = ""
+
+    @property
+    def version(self) -> str:
+        """Short content hash: changes whenever the weights change."""
+        return self.content_hash[:12]
+
+
+def content_hash(tensors: dict[str, Tensor]) -> str:
+    """SHA-256 over tensor names, dtypes, shapes and bytes, in name order."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def save_checkpoint(
+    path: str | Path,
+    model: ViT,
+    classes: list[str],
+    preprocessing: Preprocessing,
+    training: dict[str, Any] | None = None,
+) -> str:
+    """Write model weights and metadata to one safetensors file; returns the content hash."""
+    if len(classes) != model.config.num_classes:
+        raise ValueError(f"{len(classes)} class names for a model with {model.config.num_classes} classes")
+    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    digest = content_hash(tensors)
+    metadata = {
+        "format": FORMAT_NAME,
+        "format_version": str(FORMAT_VERSION),
+        "config": json.dumps(model.config.to_dict()),
+        "classes": json.dumps(classes),
+        "preprocessing": json.dumps(asdict(preprocessing)),
+        "training": json.dumps(training or {}),
+        "content_hash": digest,
+    }
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(tensors, str(tmp), metadata=metadata)
+    tmp.replace(path)  # atomic: a reader never sees a half-written checkpoint
+    return digest
+
+
+def read_checkpoint_file(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """Tensors and metadata of a safetensors file, or CheckpointError."""
+    if not path.is_file():
+        raise CheckpointError(path, "file not found")
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            metadata = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise CheckpointError(path, f"not a readable safetensors file (truncated or corrupted?): {e}") from e
+    return tensors, metadata
+
+
+def parse_metadata(path: Path, metadata: dict[str, str]) -> tuple[ViTConfig, list[str], Preprocessing, dict[str, Any]]:
+    if metadata.get("format") != FORMAT_NAME:
+        raise CheckpointError(path, f"metadata does not say format={FORMAT_NAME!r}; not a checkpoint of this project")
+    if metadata.get("format_version") != str(FORMAT_VERSION):
+        raise CheckpointError(
+            path, f"format version {metadata.get('format_version')!r} is not supported (expected {FORMAT_VERSION})"
+        )
+    try:
+        config = ViTConfig.from_dict(json.loads(metadata["config"]))
+        classes = [str(c) for c in json.loads(metadata["classes"])]
+        preprocessing = Preprocessing.from_dict(json.loads(metadata["preprocessing"]))
+        training = json.loads(metadata.get("training", "{}"))
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(path, f"invalid metadata: {e}") from e
+    if len(classes) != config.num_classes:
+        raise CheckpointError(path, f"{len(classes)} class names but config.num_classes={config.num_classes}")
+    if preprocessing.image_size != config.image_size or preprocessing.channels != config.in_channels:
+        raise CheckpointError(path, "preprocessing image size/channels disagree with the model config")
+    return config, classes, preprocessing, training
+
+
+def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Checkpoint:
+    """Rebuild the model from a checkpoint file, verified against its config and content hash."""
+    path = Path(path)
+    tensors, metadata = read_checkpoint_file(path)
+    config, classes, preprocessing, training = parse_metadata(path, metadata)
+    digest = content_hash(tensors)
+    if digest != metadata.get("content_hash"):
+        raise CheckpointError(path, "content hash mismatch: the tensors were modified or corrupted")
+    model = ViT(config)
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(
+            path, f"tensors do not match the config: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
+    for name, t in tensors.items():
+        if t.shape != expected[name].shape:
+            raise CheckpointError(
+                path, f"tensor {name} has shape {tuple(t.shape)}, config expects {tuple(expected[name].shape)}"
+            )
+    model.load_state_dict(tensors)
+    model.to(device).eval()
+    return Checkpoint(model, config, classes, preprocessing, training, digest, str(path))

@@ -1,0 +1,239 @@
+"""A Vision Transformer image classifier (Dosovitskiy et al. 2020), in one file.
+
+Pre-norm encoder blocks over convolutional patch embeddings and a CLS token. Attention runs
+through the fused `scaled_dot_product_attention` kernel by default; when attention weights are
+asked for, every block computes softmax(QK^T / sqrt(d)) explicitly and hands them back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+PosEmbed = Literal["learned", "sincos1d", "sincos2d"]
+POS_EMBED_KINDS: tuple[str, ...] = ("learned", "sincos1d", "sincos2d")
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    image_size: int = 64  # input side in pixels; images are square
+    patch_size: int = 8  # side of one patch; the grid is image_size // patch_size per side
+    in_channels: int = 3  # 1 (grayscale) or 3 (RGB)
+    num_classes: int = 10
+    dim: int = 192  # token width
+    depth: int = 6  # number of encoder blocks
+    heads: int = 3  # attention heads per block; dim must divide evenly
+    mlp_ratio: float = 4.0  # hidden width of the MLP as a multiple of dim
+    dropout: float = 0.0  # applied after attention/MLP projections and to the embeddings
+    pos_embed: PosEmbed = "learned"
+
+    def __post_init__(self) -> None:
+        if self.image_size <= 0 or self.patch_size <= 0:
+            raise ValueError(f"image_size and patch_size must be positive, got {self.image_size} and {self.patch_size}")
+        if self.image_size % self.patch_size != 0:
+            raise ValueError(
+                f"image_size {self.image_size} is not divisible by patch_size {self.patch_size}; "
+                "pick a patch size that divides the image side"
+            )
+        if self.in_channels not in (1, 3):
+            raise ValueError(f"in_channels must be 1 or 3, got {self.in_channels}")
+        if self.num_classes < 2:
+            raise ValueError(f"num_classes must be at least 2, got {self.num_classes}")
+        if self.dim <= 0 or self.depth <= 0 or self.heads <= 0:
+            raise ValueError(f"dim, depth and heads must be positive, got {self.dim}, {self.depth}, {self.heads}")
+        if self.dim % self.heads != 0:
+            raise ValueError(f"dim {self.dim} is not divisible by heads {self.heads}")
+        if self.mlp_ratio <= 0:
+            raise ValueError(f"mlp_ratio must be positive, got {self.mlp_ratio}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.pos_embed not in POS_EMBED_KINDS:
+            raise ValueError(f"pos_embed must be one of {POS_EMBED_KINDS}, got {self.pos_embed!r}")
+
+    @property
+    def grid_size(self) -> int:
+        return self.image_size // self.patch_size
+
+    @property
+    def num_patches(self) -> int:
+        return self.grid_size**2
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ViTConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown ViTConfig fields: {sorted(unknown)}")
+        return cls(**d)
+
+
+# Size presets. `micro` is what the bundled checkpoint uses; the rest follow the ViT paper's widths.
+PRESETS: dict[str, dict[str, Any]] = {
+    "micro": dict(dim=128, depth=6, heads=4, mlp_ratio=3.0),
+    "tiny": dict(dim=192, depth=12, heads=3, mlp_ratio=4.0),
+    "small": dict(dim=384, depth=12, heads=6, mlp_ratio=4.0),
+    "base": dict(dim=768, depth=12, heads=12, mlp_ratio=4.0),
+}
+
+
+def sincos_1d(positions: Tensor, dim: int) -> Tensor:
+    """Fixed sine/cosine embedding of 1-D positions -> (len(positions), dim)."""
+    if dim % 2 != 0:
+        raise ValueError(f"sincos embeddings need an even dim, got {dim}")
+    omega = 1.0 / 10000 ** (torch.arange(dim // 2, dtype=torch.float64) / (dim // 2))
+    angles = positions.to(torch.float64)[:, None] * omega[None, :]  # (P, dim/2)
+    return torch.cat([angles.sin(), angles.cos()], dim=1).float()
+
+
+def build_pos_embed(kind: PosEmbed, grid: int, dim: int) -> Tensor:
+    """Fixed positional embedding for CLS + grid*grid patches -> (1, 1 + grid*grid, dim)."""
+    if kind == "sincos1d":
+        return sincos_1d(torch.arange(1 + grid * grid), dim)[None]
+    if dim % 4 != 0:
+        raise ValueError(f"sincos2d embeddings need dim divisible by 4, got {dim}")
+    ys, xs = torch.meshgrid(torch.arange(grid), torch.arange(grid), indexing="ij")
+    patches = torch.cat([sincos_1d(ys.flatten(), dim // 2), sincos_1d(xs.flatten(), dim // 2)], dim=1)
+    cls = torch.zeros(1, dim)  # the CLS token has no position (MoCo v3)
+    return torch.cat([cls, patches], dim=0)[None]
+
+
+class PatchEmbed(nn.Module):
+    """Split the image into non-overlapping patches and project each to `dim` with one conv."""
+
+    def __init__(self, patch_size: int, in_channels: int, dim: int) -> None:
+        super().__init__()
+        self.proj = nn.Conv2d(in_channels, dim, kernel_size=patch_size, stride=patch_size)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.proj(x)  # (B, dim, gh, gw)
+        return x.flatten(2).transpose(1, 2)  # (B, gh*gw, dim)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention: fused kernel by default, explicit softmax when weights are wanted."""
+
+    def __init__(self, dim: int, heads: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.heads = heads
+        self.head_dim = dim // heads
+        self.scale = self.head_dim**-0.5
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.attn_drop = dropout
+        self.proj_drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, return_attention: bool = False) -> tuple[Tensor, Tensor | None]:
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)  # each (B, nh, N, hs)
+        drop = self.attn_drop if self.training else 0.0
+        attn: Tensor | None = None
+        if return_attention:
+            attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, nh, N, N)
+            y = F.dropout(attn, drop, self.training) @ v
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop)
+        y = y.transpose(1, 2).reshape(B, N, C)  # (B, N, nh*hs)
+        return self.proj_drop(self.proj(y)), attn
+
+
+class MLP(nn.Module):
+    def __init__(self, dim: int, hidden: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden, dim)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.drop(self.fc2(self.act(self.fc1(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int, mlp_ratio: float, dropout: float) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(dim)
+        self.attn = Attention(dim, heads, dropout)
+        self.ln_2 = nn.LayerNorm(dim)
+        self.mlp = MLP(dim, int(dim * mlp_ratio), dropout)
+
+    def forward(self, x: Tensor, return_attention: bool = False) -> tuple[Tensor, Tensor | None]:
+        y, attn = self.attn(self.ln_1(x), return_attention)
+        x = x + y
+        x = x + self.mlp(self.ln_2(x))
+        return x, attn
+
+
+class ViT(nn.Module):
+    def __init__(self, config: ViTConfig) -> None:
+        super().__init__()
+        self.config = config
+        c = config
+        self.patch_embed = PatchEmbed(c.patch_size, c.in_channels, c.dim)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, c.dim))
+        self.pos_embed: Tensor
+        if c.pos_embed == "learned":
+            self.pos_embed = nn.Parameter(torch.zeros(1, 1 + c.num_patches, c.dim))
+        else:  # fixed tables are rebuilt from the config, so they stay out of the state dict
+            self.register_buffer("pos_embed", build_pos_embed(c.pos_embed, c.grid_size, c.dim), persistent=False)
+        self.drop = nn.Dropout(c.dropout)
+        self.blocks = nn.ModuleList([Block(c.dim, c.heads, c.mlp_ratio, c.dropout) for _ in range(c.depth)])
+        self.norm = nn.LayerNorm(c.dim)
+        self.head = nn.Linear(c.dim, c.num_classes)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        if isinstance(self.pos_embed, nn.Parameter):
+            nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        nn.init.normal_(self.cls_token, std=1e-6)
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Conv2d)):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameter names that AdamW should not decay (besides biases and norm weights)."""
+        return {"pos_embed", "cls_token"}
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def forward_features(self, x: Tensor, return_attention: bool = False) -> tuple[Tensor, list[Tensor]]:
+        """Encode images (B, C, H, W) -> token features (B, 1 + N, dim) and per-layer attention."""
+        x = self.patch_embed(x)  # (B, N, dim)
+        cls = self.cls_token.expand(x.shape[0], -1, -1)
+        x = self.drop(torch.cat([cls, x], dim=1) + self.pos_embed)  # (B, 1 + N, dim)
+        attentions: list[Tensor] = []
+        for block in self.blocks:
+            x, attn = block(x, return_attention)
+            if attn is not None:
+                attentions.append(attn)
+        return self.norm(x), attentions
+
+    def forward_head(self, x: Tensor) -> Tensor:
+        return self.head(x[:, 0])  # classify from the CLS token
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Images (B, C, H, W) -> logits (B, num_classes), through the fused attention path."""
+        features, _ = self.forward_features(x)
+        return self.forward_head(features)
+
+    def forward_with_attention(self, x: Tensor) -> tuple[Tensor, list[Tensor]]:
+        """Logits and every layer's attention weights, each (B, heads, 1 + N, 1 + N)."""
+        features, attentions = self.forward_features(x, return_attention=True)
+        return self.forward_head(features), attentions
+
+
+def param_count_str(n: int) -> str:
+    return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.1f}K"

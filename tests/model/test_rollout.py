@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from model.rollout import attention_map, attention_rollout, discard_lowest, fuse_heads, last_layer_attention
+from tests.conftest import tiny_model
+
+
+def random_attention(b: int = 2, heads: int = 3, n: int = 17, layers: int = 4, seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.rand(b, heads, n, n, generator=g).softmax(-1) for _ in range(layers)]
+
+
+@pytest.mark.parametrize("fn", [attention_rollout, last_layer_attention])
+def test_map_shape_and_range(fn) -> None:  # type: ignore[no-untyped-def]
+    maps = fn(random_attention())
+    assert maps.shape == (2, 4, 4)
+    for m in maps:
+        assert float(m.min()) == pytest.approx(0.0, abs=1e-6)
+        assert float(m.max()) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_identity_attention_gives_uniform_map() -> None:
+    eye = torch.eye(17).expand(2, 3, 17, 17)
+    maps = attention_rollout([eye] * 4)
+    assert torch.all(maps == maps[0, 0, 0])
+
+
+def test_rollout_rows_stay_normalised() -> None:
+    """Each layer's matrix (fused + identity, renormalised) is row-stochastic, so the product is too."""
+    attentions = random_attention()
+    result = torch.eye(17).expand(2, 17, 17)
+    for a in attentions:
+        a = fuse_heads(a) + torch.eye(17)
+        a = a / a.sum(-1, keepdim=True)
+        result = a @ result
+    torch.testing.assert_close(result.sum(-1), torch.ones(2, 17))
+
+
+def test_rollout_follows_attention_to_one_patch() -> None:
+    """If every token attends only to patch 5, rollout puts the peak on patch 5."""
+    n = 17
+    a = torch.zeros(1, 2, n, n)
+    a[..., 1 + 5] = 1.0
+    maps = attention_rollout([a, a])
+    assert int(maps.flatten().argmax()) == 5
+
+
+def test_head_fusion_modes() -> None:
+    a = torch.tensor([[[[0.2, 0.8]], [[0.6, 0.4]]]])  # (1, 2 heads, 1, 2)
+    assert fuse_heads(a, "mean").flatten().tolist() == pytest.approx([0.4, 0.6])
+    assert fuse_heads(a, "max").flatten().tolist() == pytest.approx([0.6, 0.8])
+    assert fuse_heads(a, "min").flatten().tolist() == pytest.approx([0.2, 0.4])
+    with pytest.raises(ValueError, match="head fusion"):
+        fuse_heads(a, "median")  # type: ignore[arg-type]
+
+
+def test_discard_is_applied_to_every_sample() -> None:
+    fused = torch.rand(3, 5, 5) + 0.1  # strictly positive, so zeros can only come from discarding
+    out = discard_lowest(fused, 0.4)
+    for b in range(3):
+        assert int((out[b] == 0).sum()) == 10  # 40 % of 25 entries, in each sample, not only the first
+        assert out[b, 0, 0] == fused[b, 0, 0]
+        kept = out[b][out[b] != 0]
+        assert float(kept.min()) >= float(fused[b].flatten().sort().values[10]) - 1e-6
+
+
+def test_rollout_with_discard_keeps_range() -> None:
+    maps = attention_rollout(random_attention(), discard_ratio=0.5)
+    assert float(maps.min()) >= 0.0 and float(maps.max()) <= 1.0
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="at least one layer"):
+        attention_rollout([])
+    with pytest.raises(ValueError, match="discard_ratio"):
+        attention_rollout(random_attention(), discard_ratio=1.0)
+    with pytest.raises(ValueError, match="attention method"):
+        attention_map(random_attention(), "gradcam")
+
+
+def test_model_attention_maps_match_grid() -> None:
+    model = tiny_model()
+    with torch.inference_mode():
+        _, attentions = model.forward_with_attention(torch.randn(2, 3, 32, 32))
+    assert attention_map(attentions, "rollout").shape == (2, 4, 4)
+    assert attention_map(attentions, "last").shape == (2, 4, 4)

@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+import numpy as np
+
+from model.shapes import IMAGE_SIZE, SHAPE_CLASSES, luminance, make_sample, render_dataset
+
+
+def test_classes_in_order() -> None:
+    assert SHAPE_CLASSES == [
+        "circle", "square", "triangle", "pentagon", "hexagon", "star", "cross", "ring", "crescent", "arrow",
+    ]  # fmt: skip
+
+
+def test_deterministic_from_seed() -> None:
+    a, b, c = make_sample(3, 17), make_sample(3, 17), make_sample(4, 17)
+    assert np.array_equal(np.asarray(a.image), np.asarray(b.image)) and a.label == b.label
+    assert not np.array_equal(np.asarray(a.image), np.asarray(c.image))
+
+
+def test_samples_are_64px_rgb_with_a_mask_inside_the_image() -> None:
+    images, labels, masks = render_dataset(300, seed=0)
+    assert images.shape == (300, IMAGE_SIZE, IMAGE_SIZE, 3) and images.dtype == np.uint8
+    assert set(labels.tolist()) == set(range(10))  # every class appears
+    areas = masks.reshape(300, -1).mean(1)
+    assert areas.min() > 0.02 and areas.max() < 0.8
+    for m in masks[:50]:  # the shape never touches the border from outside: it lies fully inside
+        ys, xs = np.nonzero(m)
+        assert ys.min() >= 0 and xs.max() < IMAGE_SIZE
+
+
+def test_shape_contrasts_with_background() -> None:
+    for i in range(40):
+        s = make_sample(9, i)
+        img = np.asarray(s.image, dtype=np.float64)
+        inside, outside = img[s.mask], img[~s.mask]
+        # Filled shapes differ clearly on average; outlined ones at least on their brightest contrast.
+        assert abs(luminance(inside) - luminance(outside)) > 0.02 or s.mask.sum() < 50
+
+
+def test_images_vary() -> None:
+    images, _, masks = render_dataset(50, seed=1)
+    assert len({img.tobytes() for img in images}) == 50
+    sizes = masks.reshape(50, -1).sum(1)
+    assert sizes.max() > 3 * sizes.min()  # sizes range from 35 % to 85 % of the side

@@ -1,0 +1,91 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from model.vit import ViT, ViTConfig, build_pos_embed
+from tests.conftest import TINY, tiny_model
+
+
+def test_forward_shape() -> None:
+    model = tiny_model()
+    logits = model(torch.randn(3, 3, 32, 32))
+    assert logits.shape == (3, 10)
+
+
+@pytest.mark.parametrize("pos_embed", ["learned", "sincos1d", "sincos2d"])
+def test_fused_and_explicit_attention_agree(pos_embed: str) -> None:
+    config = ViTConfig(**{**TINY.to_dict(), "pos_embed": pos_embed})
+    model = tiny_model(config)
+    x = torch.randn(4, 3, 32, 32)
+    with torch.inference_mode():
+        fused = model(x)
+        explicit, attentions = model.forward_with_attention(x)
+    torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=0)
+    n = 1 + config.num_patches
+    assert len(attentions) == config.depth
+    for a in attentions:
+        assert a.shape == (4, config.heads, n, n)
+        torch.testing.assert_close(a.sum(-1), torch.ones(4, config.heads, n), atol=1e-5, rtol=0)
+
+
+def test_one_image_does_not_depend_on_its_batch() -> None:
+    model = tiny_model()
+    x = torch.randn(5, 3, 32, 32)
+    with torch.inference_mode():
+        torch.testing.assert_close(model(x)[2:3], model(x[2:3]), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"image_size": 30, "patch_size": 8}, "not divisible by patch_size"),
+        ({"dim": 30, "heads": 4}, "not divisible by heads"),
+        ({"in_channels": 2}, "in_channels must be 1 or 3"),
+        ({"pos_embed": "rope"}, "pos_embed must be one of"),
+        ({"num_classes": 1}, "num_classes must be at least 2"),
+    ],
+)
+def test_config_errors_are_clear(changes: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ViTConfig(**{**TINY.to_dict(), **changes})
+
+
+def test_config_round_trips_and_rejects_unknown_fields() -> None:
+    assert ViTConfig.from_dict(TINY.to_dict()) == TINY
+    with pytest.raises(ValueError, match="unknown ViTConfig fields"):
+        ViTConfig.from_dict({**TINY.to_dict(), "qkv_bias": True})
+
+
+def test_fixed_position_tables_stay_out_of_the_state_dict() -> None:
+    for kind, in_state in [("learned", True), ("sincos1d", False), ("sincos2d", False)]:
+        model = ViT(ViTConfig(**{**TINY.to_dict(), "pos_embed": kind}))
+        assert ("pos_embed" in model.state_dict()) is in_state
+        assert model.pos_embed.shape == (1, 1 + TINY.num_patches, TINY.dim)
+
+
+def test_sincos2d_leaves_cls_without_position() -> None:
+    table = build_pos_embed("sincos2d", grid=4, dim=32)
+    assert table.shape == (1, 17, 32)
+    assert torch.count_nonzero(table[0, 0]) == 0
+    assert len({tuple(row.tolist()) for row in table[0, 1:]}) == 16  # every patch position differs
+
+
+def test_init_is_truncated_normal() -> None:
+    model = ViT(ViTConfig(**{**TINY.to_dict(), "dim": 64, "mlp_ratio": 4.0}))
+    w = model.blocks[0].mlp.fc1.weight.detach()
+    assert abs(float(w.std()) - 0.02) < 0.003  # timm: trunc_normal_(std=.02), bounds at +-2
+    assert float(w.abs().max()) < 0.2
+    assert torch.all(model.blocks[0].mlp.fc1.bias == 0)
+    assert float(model.cls_token.detach().abs().max()) < 1e-4
+
+
+def test_no_weight_decay_names_real_parameters() -> None:
+    model = tiny_model()
+    names = dict(model.named_parameters())
+    assert model.no_weight_decay() <= set(names)
+
+
+def test_grayscale_input() -> None:
+    model = tiny_model(ViTConfig(**{**TINY.to_dict(), "in_channels": 1}))
+    assert model(torch.randn(2, 1, 32, 32)).shape == (2, 10)
