@@ -1,0 +1,1 @@
+"""FastAPI service that serves a ViT checkpoint with dynamic batching."""

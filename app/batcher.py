@@ -1,0 +1,208 @@
+"""Dynamic batching: images from concurrent requests share one forward pass.
+
+A single loop takes up to `max_batch_size` queued images, waiting at most `max_wait_ms` after the
+first one arrived, and runs the batch on a dedicated worker thread so the event loop keeps
+accepting requests meanwhile. Images whose request was cancelled (client gone, timed out) or
+whose deadline passed are dropped before they are computed. A batch that fails is retried in
+halves, so one bad image fails only its own request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
+
+from app.errors import NotReady, Overloaded, RequestTimeout, ServiceError
+
+log = logging.getLogger("app.batcher")
+
+In = TypeVar("In")
+Out = TypeVar("Out")
+
+
+class InferenceFailed(ServiceError):
+    status = 500
+
+
+class BatchObserver(Protocol):
+    def batch_done(self, size: int, seconds: float) -> None: ...
+    def dropped(self, reason: str, count: int) -> None: ...
+    def queue_depth(self, depth: int) -> None: ...
+
+
+@dataclass
+class Pending(Generic[In, Out]):
+    payload: In
+    deadline: float  # time.monotonic() after which the result is no longer wanted
+    future: asyncio.Future[Out]
+    enqueued: float = field(default_factory=time.monotonic)
+
+
+class DynamicBatcher(Generic[In, Out]):
+    """Gathers submitted items into batches for `run_batch(list[In]) -> list[Out]` (one output per input)."""
+
+    def __init__(
+        self,
+        run_batch: Callable[[list[In]], Sequence[Out]],
+        max_batch_size: int,
+        max_wait_ms: float,
+        max_queue: int,
+        observer: BatchObserver | None = None,
+    ) -> None:
+        if not isinstance(max_batch_size, int) or max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be an integer >= 1, got {max_batch_size!r}")
+        if not math.isfinite(max_wait_ms) or max_wait_ms < 0:
+            raise ValueError(f"max_wait_ms must be a finite number >= 0, got {max_wait_ms!r}")
+        if not isinstance(max_queue, int) or max_queue < 1:
+            raise ValueError(f"max_queue must be an integer >= 1, got {max_queue!r}")
+        self.run_batch = run_batch
+        self.max_batch_size = max_batch_size
+        self.max_wait_s = max_wait_ms / 1000.0
+        self.max_queue = max_queue
+        self.observer = observer
+        self._queue: deque[Pending[In, Out]] = deque()
+        self._arrived = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
+        self._task: asyncio.Task[None] | None = None
+        self._accepting = False
+        self._last_batch_s = 0.0
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    def start(self) -> None:
+        self._accepting = True
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="dynamic-batcher")
+
+    def submit(self, payloads: Sequence[In], deadline: float) -> list[asyncio.Future[Out]]:
+        """Queue all of one request's items, or none: raises Overloaded when they do not fit."""
+        if not self._accepting:
+            raise NotReady("the service is shutting down; retry on another replica")
+        if len(self._queue) + len(payloads) > self.max_queue:
+            raise Overloaded(
+                f"server overloaded: {len(self._queue)} images already waiting (limit {self.max_queue}); retry shortly",
+                headers={"Retry-After": str(self.retry_after_s())},
+            )
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[Out]] = []
+        for payload in payloads:
+            future: asyncio.Future[Out] = loop.create_future()
+            self._queue.append(Pending(payload, deadline, future))
+            futures.append(future)
+        self._idle.clear()
+        self._arrived.set()
+        self._report_depth()
+        return futures
+
+    def retry_after_s(self) -> int:
+        """Seconds until the current queue has likely cleared, at least 1."""
+        batches = math.ceil(len(self._queue) / self.max_batch_size)
+        return max(1, math.ceil(batches * self._last_batch_s))
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Stop accepting, then wait until every accepted item is answered; False on timeout."""
+        self._accepting = False
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+            return True
+        except TimeoutError:
+            return False
+
+    async def stop(self) -> None:
+        self._accepting = False
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for item in self._queue:
+            if not item.future.done():
+                item.future.set_exception(NotReady("the service stopped before this image was computed"))
+        self._queue.clear()
+        self._executor.shutdown(wait=True)
+
+    async def _loop(self) -> None:
+        while True:
+            if not self._queue:
+                self._idle.set()
+                self._arrived.clear()
+                await self._arrived.wait()
+                continue
+            await self._fill()
+            batch = self._take_batch()
+            self._report_depth()
+            if batch:
+                await self._run(batch)
+
+    async def _fill(self) -> None:
+        """Wait until the batch is full or `max_wait` has passed since its first item arrived."""
+        wait_until = self._queue[0].enqueued + self.max_wait_s
+        while len(self._queue) < self.max_batch_size:
+            remaining = wait_until - time.monotonic()
+            if remaining <= 0:
+                return
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+            except TimeoutError:
+                return
+
+    def _take_batch(self) -> list[Pending[In, Out]]:
+        now = time.monotonic()
+        batch: list[Pending[In, Out]] = []
+        gone = expired = 0
+        while self._queue and len(batch) < self.max_batch_size:
+            item = self._queue.popleft()
+            if item.future.done():  # cancelled: the client went away or stopped waiting
+                gone += 1
+            elif item.deadline <= now:
+                expired += 1
+                item.future.set_exception(RequestTimeout("the request timed out before its image was computed"))
+            else:
+                batch.append(item)
+        if self.observer is not None:
+            if gone:
+                self.observer.dropped("cancelled", gone)
+            if expired:
+                self.observer.dropped("expired", expired)
+        return batch
+
+    async def _run(self, batch: list[Pending[In, Out]]) -> None:
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        try:
+            outputs = await loop.run_in_executor(self._executor, self.run_batch, [i.payload for i in batch])
+            if len(outputs) != len(batch):
+                raise RuntimeError(f"run_batch returned {len(outputs)} outputs for {len(batch)} inputs")
+        except Exception as e:
+            if len(batch) > 1:  # retry in halves: a poisoned image or a too-large batch fails alone
+                log.warning("batch of %d failed (%s); retrying in halves", len(batch), e)
+                half = len(batch) // 2
+                await self._run(batch[:half])
+                await self._run(batch[half:])
+                return
+            log.error("inference failed for one image: %s", e)
+            if not batch[0].future.done():
+                batch[0].future.set_exception(InferenceFailed("inference failed for this image; see the server log"))
+            return
+        seconds = time.perf_counter() - started
+        self._last_batch_s = seconds
+        if self.observer is not None:
+            self.observer.batch_done(len(batch), seconds)
+        for item, output in zip(batch, outputs, strict=True):
+            if not item.future.done():
+                item.future.set_result(output)
+
+    def _report_depth(self) -> None:
+        if self.observer is not None:
+            self.observer.queue_depth(len(self._queue))

@@ -1,0 +1,82 @@
+"""One exception type per kind of failure a client can act on, mapped to HTTP in one place."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("app")
+
+
+class ServiceError(Exception):
+    """Base of the errors the service answers with; `status` is the HTTP status code."""
+
+    status: int = 500
+
+    def __init__(self, detail: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.headers = headers
+
+
+class PayloadTooLarge(ServiceError):
+    status = 413
+
+
+class UnsupportedMediaType(ServiceError):
+    status = 415
+
+
+class InvalidInput(ServiceError):
+    """Undecodable image, bad parameters, too many or no files."""
+
+    status = 422
+
+
+class Unauthorized(ServiceError):
+    status = 401
+
+
+class Overloaded(ServiceError):
+    status = 503
+
+
+class NotReady(ServiceError):
+    status = 503
+
+
+class RequestTimeout(ServiceError):
+    status = 504
+
+
+def error_response(status: int, detail: object, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"detail": detail}, status_code=status, headers=headers)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Every error becomes JSON `{"detail": ...}`; unexpected ones are logged, never shown."""
+
+    @app.exception_handler(ServiceError)
+    async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
+        return error_response(exc.status, exc.detail, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = [
+            f"{'.'.join(str(p) for p in e['loc'] if p not in ('query', 'body'))}: {e['msg']}" for e in exc.errors()
+        ]
+        return error_response(422, "invalid request: " + "; ".join(problems))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(exc.status_code, exc.detail, getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+        request_id = request.scope.get("state", {}).get("request_id", "-")
+        log.exception("unhandled error in %s %s (request %s)", request.method, request.url.path, request_id)
+        return error_response(500, f"internal error; quote request id {request_id} when reporting it")

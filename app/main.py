@@ -1,0 +1,66 @@
+"""The FastAPI application: `uvicorn app.main:app`.
+
+Settings are read and the model loaded in the lifespan, never at import; readiness turns green only
+after the warm-up, and shutdown answers every accepted request before the process exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from pydantic import ValidationError
+
+from app.errors import install_error_handlers
+from app.metrics import Metrics
+from app.routes import router
+from app.service import Service
+from app.settings import Settings
+from app.telemetry import RequestTelemetry
+from model.checkpoint import CheckpointError
+
+log = logging.getLogger("app")
+
+DESCRIPTION = """
+Vision Transformer image classification with dynamic batching.
+
+`POST /predict` takes one image as multipart field `file`, several as repeated `files`, or the raw
+bytes with an `image/*` Content-Type, and answers class probabilities for each image, plus attention
+maps (`attention=rollout|last`) and overlays (`overlay=true`) on request.
+"""
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """An app serving `settings` (default: read from VIT_* environment variables at startup)."""
+    metrics = Metrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        try:
+            service = Service(settings or Settings(), metrics)
+            await asyncio.to_thread(service.load)
+        except (ValidationError, CheckpointError, ValueError, OSError) as e:
+            log.error("startup failed: %s", e)
+            raise
+        service.start()
+        app.state.service = service
+        log.info("ready")
+        try:
+            yield
+        finally:
+            await service.shutdown()
+            log.info("stopped")
+
+    app = FastAPI(title="ViT serving", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
+    app.state.service = None  # until the lifespan has loaded the model
+    app.state.metrics = metrics
+    install_error_handlers(app)
+    app.include_router(router)
+    app.add_middleware(RequestTelemetry, metrics=metrics)
+    return app
+
+
+app = create_app()

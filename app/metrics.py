@@ -1,0 +1,44 @@
+"""Prometheus metrics of one service instance (its own registry, so several apps can coexist in tests)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("vit_requests", "HTTP requests by route and status", ["route", "status"], registry=r)
+        self.latency = Histogram(
+            "vit_request_latency_seconds", "HTTP request latency", ["route"], buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.batch_size = Histogram("vit_batch_size", "Images per forward pass", buckets=BATCH_BUCKETS, registry=r)
+        self.inference = Histogram(
+            "vit_inference_seconds", "Time of one batch's forward pass", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.queue = Gauge("vit_queue_depth", "Images waiting for a batch", registry=r)
+        self.images = Counter("vit_images_processed", "Images computed by the model", registry=r)
+        self.dropped_images = Counter(
+            "vit_images_dropped", "Images dropped before computing (cancelled: client gone; expired: deadline)",
+            ["reason"], registry=r,
+        )  # fmt: skip
+        self.ready = Gauge("vit_ready", "1 when the model is loaded and warm", registry=r)
+
+    # BatchObserver
+    def batch_done(self, size: int, seconds: float) -> None:
+        self.batch_size.observe(size)
+        self.inference.observe(seconds)
+        self.images.inc(size)
+
+    def dropped(self, reason: str, count: int) -> None:
+        self.dropped_images.labels(reason).inc(count)
+
+    def queue_depth(self, depth: int) -> None:
+        self.queue.set(depth)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,59 @@
+"""Response bodies of the API, as pydantic models (they also document the OpenAPI schema)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class ModelRef(BaseModel):
+    name: str = Field(examples=["vit-shapes"])
+    version: str = Field(description="Short content hash of the checkpoint's weights", examples=["3f2a9c1d0b7e"])
+
+
+class TopK(BaseModel):
+    label: str = Field(examples=["star"])
+    index: int = Field(description="Class index in the model's class order", examples=[5])
+    probability: float = Field(ge=0, le=1, examples=[0.987])
+
+
+class AttentionMap(BaseModel):
+    method: str = Field(description="rollout or last", examples=["rollout"])
+    grid: list[int] = Field(description="[rows, columns] of the patch grid", examples=[[8, 8]])
+    map: list[list[float]] = Field(description="Relevance of each patch, scaled to [0, 1]")
+
+
+class ImageResult(BaseModel):
+    filename: str = Field(examples=["star.png"])
+    top_k: list[TopK]
+    probabilities: list[float] = Field(description="One per class, in the model's class order; they sum to 1")
+    attention: AttentionMap | None = Field(None, description="Only when attention=rollout or last")
+    overlay_png: str | None = Field(None, description="Base64 PNG of the map over the image; only when overlay=true")
+
+
+class PredictResponse(BaseModel):
+    model: ModelRef
+    results: list[ImageResult] = Field(description="One per uploaded image, in upload order")
+
+
+class ModelInfo(BaseModel):
+    name: str
+    version: str
+    content_hash: str
+    classes: list[str]
+    input_size: list[int] = Field(description="[height, width] the model takes", examples=[[64, 64]])
+    channels: int
+    config: dict[str, Any]
+    preprocessing: dict[str, Any]
+    training: dict[str, Any]
+    device: str
+    dtype: str
+
+
+class ErrorBody(BaseModel):
+    detail: str = Field(examples=["photo.tif: TIFF images are not supported; send one of image/bmp, image/gif, ..."])
+
+
+class Health(BaseModel):
+    status: str = Field(examples=["ok"])

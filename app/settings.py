@@ -1,0 +1,50 @@
+"""Runtime settings, read from `VIT_*` environment variables (or an `.env` file) and validated at startup."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+BUNDLED_WEIGHTS = Path(__file__).resolve().parent.parent / "weights" / "vit-shapes.safetensors"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="VIT_", env_file=".env", extra="ignore")
+
+    weights: Path = Field(BUNDLED_WEIGHTS, description="Checkpoint to serve (safetensors, from model.train)")
+    device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
+    max_batch_size: int = Field(32, ge=1, le=1024, description="Most images in one forward pass")
+    max_wait_ms: float = Field(5.0, ge=0, le=1000, description="Longest wait after the first image to fill a batch")
+    max_queue: int = Field(256, ge=1, description="Images waiting for a batch before new requests get 503")
+    request_timeout_s: float = Field(30.0, gt=0, description="Requests not answered by then get 504")
+    max_upload_bytes: int = Field(10 * 1024 * 1024, ge=1, description="Largest request body accepted")
+    max_image_pixels: int = Field(40_000_000, ge=1, description="Largest decoded image (width x height)")
+    max_files: int = Field(16, ge=1, description="Most images in one request")
+    warmup: bool = Field(True, description="Run each batch size once before reporting ready")
+    drain_timeout_s: float = Field(30.0, ge=0, description="On shutdown, how long accepted requests may finish")
+    api_keys: SecretStr | None = Field(None, description="Comma-separated keys; when set, /predict needs X-API-Key")
+    threads: int = Field(0, ge=0, description="torch CPU threads (0: torch's default)")
+
+    @field_validator("device")
+    @classmethod
+    def check_device(cls, v: str) -> str:
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", v):
+            raise ValueError(f"VIT_DEVICE must be auto, cpu, cuda or cuda:N, got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def check_queue(self) -> Settings:
+        if self.max_queue < self.max_files:
+            raise ValueError(
+                f"VIT_MAX_QUEUE ({self.max_queue}) must be at least VIT_MAX_FILES ({self.max_files}), "
+                "or a full-size request could never be accepted"
+            )
+        return self
+
+    def api_key_set(self) -> frozenset[str]:
+        if self.api_keys is None:
+            return frozenset()
+        return frozenset(k.strip() for k in self.api_keys.get_secret_value().split(",") if k.strip())

@@ -1,0 +1,52 @@
+"""ASGI middleware: a request ID on every request and response, one access log line, HTTP metrics."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.metrics import Metrics
+
+log = logging.getLogger("app.access")
+ROUTES = frozenset({"/predict", "/v1/model", "/health/live", "/health/ready", "/metrics", "/docs", "/openapi.json"})
+VALID_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+class RequestTelemetry:
+    """Pure ASGI (not BaseHTTPMiddleware), so the route can still watch the connection for disconnects."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        incoming = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
+        request_id = incoming if VALID_REQUEST_ID.fullmatch(incoming) else uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+        route = scope["path"] if scope["path"] in ROUTES else "other"
+        status = 499  # stays so when the client leaves before any response
+        started = time.perf_counter()
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message.setdefault("headers", [])
+                message["headers"] = [*message["headers"], (b"x-request-id", request_id.encode())]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            seconds = time.perf_counter() - started
+            self.metrics.requests.labels(route, str(status)).inc()
+            self.metrics.latency.labels(route).observe(seconds)
+            if route != "/metrics" and not route.startswith("/health"):
+                log.info("%s %s %d %.1fms id=%s", scope["method"], scope["path"], status, seconds * 1e3, request_id)

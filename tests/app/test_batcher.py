@@ -1,0 +1,194 @@
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from app.batcher import DynamicBatcher, InferenceFailed
+from app.errors import NotReady, Overloaded, RequestTimeout
+
+
+class Recorder:
+    """A run_batch that doubles its inputs and records every batch it was given."""
+
+    def __init__(self, delay: float = 0.0, poison: int | None = None) -> None:
+        self.batches: list[list[int]] = []
+        self.delay = delay
+        self.poison = poison
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def __call__(self, items: list[int]) -> list[int]:
+        self.gate.wait(5)
+        if self.poison is not None and self.poison in items:
+            raise RuntimeError("poisoned batch")
+        self.batches.append(list(items))
+        time.sleep(self.delay)
+        return [2 * i for i in items]
+
+
+class Observer:
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+        self.drops: dict[str, int] = {}
+
+    def batch_done(self, size: int, seconds: float) -> None:
+        self.sizes.append(size)
+
+    def dropped(self, reason: str, count: int) -> None:
+        self.drops[reason] = self.drops.get(reason, 0) + count
+
+    def queue_depth(self, depth: int) -> None:
+        pass
+
+
+def far() -> float:
+    return time.monotonic() + 60
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_batch_size": 0}, "max_batch_size must be an integer >= 1"),
+        ({"max_batch_size": 2.5}, "max_batch_size must be an integer >= 1"),
+        ({"max_wait_ms": -1}, "max_wait_ms must be a finite number >= 0"),
+        ({"max_wait_ms": float("inf")}, "max_wait_ms must be a finite number >= 0"),
+        ({"max_queue": 0}, "max_queue must be an integer >= 1"),
+    ],
+)
+def test_settings_are_checked_at_construction(kwargs: dict[str, float], message: str) -> None:
+    args = {"max_batch_size": 4, "max_wait_ms": 5.0, "max_queue": 10, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        DynamicBatcher(Recorder(), **args)  # type: ignore[arg-type]
+
+
+async def test_concurrent_requests_share_batches_and_each_gets_its_own_output() -> None:
+    run = Recorder()
+    batcher: DynamicBatcher[int, int] = DynamicBatcher(run, max_batch_size=8, max_wait_ms=50, max_queue=100)
+    batcher.start()
+
+    async def one(i: int) -> int:
+        (future,) = batcher.submit([i], far())
+        return await future
+
+    results = await asyncio.gather(*(one(i) for i in range(20)))
+    await batcher.stop()
+    assert results == [2 * i for i in range(20)]  # one output per input, in the right place
+    assert max(len(b) for b in run.batches) == 8  # full batches formed
+    assert all(len(b) <= 8 for b in run.batches)
+    assert sorted(i for b in run.batches for i in b) == list(range(20))  # each computed exactly once
+
+
+async def test_a_lone_request_waits_at_most_max_wait() -> None:
+    run = Recorder()
+    batcher: DynamicBatcher[int, int] = DynamicBatcher(run, max_batch_size=64, max_wait_ms=30, max_queue=100)
+    batcher.start()
+    started = time.monotonic()
+    (future,) = batcher.submit([1], far())
+    assert await future == 2
+    waited = time.monotonic() - started
+    await batcher.stop()
+    assert 0.025 <= waited < 2.0  # it waited for company, then ran alone
+    assert run.batches == [[1]]
+
+
+async def test_multi_image_request_is_queued_whole_and_shares_batches() -> None:
+    run = Recorder()
+    batcher: DynamicBatcher[int, int] = DynamicBatcher(run, max_batch_size=4, max_wait_ms=20, max_queue=100)
+    batcher.start()
+    a = batcher.submit([1, 2, 3], far())
+    b = batcher.submit([4, 5], far())
+    assert await asyncio.gather(*a, *b) == [2, 4, 6, 8, 10]
+    await batcher.stop()
+    assert run.batches[0] == [1, 2, 3, 4]  # the second request filled the first batch
+
+
+async def test_bounded_queue_refuses_with_retry_after() -> None:
+    run = Recorder()
+    run.gate.clear()  # hold the worker so the queue fills
+    batcher: DynamicBatcher[int, int] = DynamicBatcher(run, max_batch_size=2, max_wait_ms=0, max_queue=4)
+    batcher.start()
+    first = batcher.submit([0, 1], far())
+    await asyncio.sleep(0.05)  # the first batch is taken and blocks on the gate
+    queued = batcher.submit([2, 3, 4, 5], far())
+    with pytest.raises(Overloaded, match="4 images already waiting") as e:
+        batcher.submit([6], far())
+    assert e.value.headers is not None and int(e.value.headers["Retry-After"]) >= 1
+    run.gate.set()
+    assert await asyncio.gather(*first, *queued) == [0, 2, 4, 6, 8, 10]  # accepted work is all answered
+    await batcher.stop()
+
+
+async def test_cancelled_items_are_dropped_not_computed() -> None:
+    run = Recorder()
+    run.gate.clear()
+    observer = Observer()
+    batcher: DynamicBatcher[int, int] = DynamicBatcher(run, 2, 0, 100, observer)
+    batcher.start()
+    busy = batcher.submit([0], far())
+    await asyncio.sleep(0.05)
+    gone = batcher.submit([7, 8], far())
+    kept = batcher.submit([9], far())
+    for f in gone:
+        f.cancel()  # the client went away
+    run.gate.set()
+    assert await asyncio.gather(*busy, *kept) == [0, 18]
+    await batcher.stop()
+    assert all(7 not in b and 8 not in b for b in run.batches)
+    assert observer.drops == {"cancelled": 2}
+
+
+async def test_expired_items_get_a_timeout_and_are_not_computed() -> None:
+    run = Recorder()
+    run.gate.clear()
+    observer = Observer()
+    batcher: DynamicBatcher[int, int] = DynamicBatcher(run, 1, 0, 100, observer)
+    batcher.start()
+    busy = batcher.submit([0], far())
+    await asyncio.sleep(0.05)
+    (late,) = batcher.submit([5], time.monotonic() + 0.01)
+    await asyncio.sleep(0.05)
+    run.gate.set()
+    with pytest.raises(RequestTimeout):
+        await late
+    await asyncio.gather(*busy)
+    await batcher.stop()
+    assert [5] not in run.batches and observer.drops == {"expired": 1}
+
+
+async def test_failing_batch_is_retried_in_halves_and_only_the_bad_item_fails() -> None:
+    run = Recorder(poison=3)
+    batcher: DynamicBatcher[int, int] = DynamicBatcher(run, max_batch_size=8, max_wait_ms=30, max_queue=100)
+    batcher.start()
+    futures = batcher.submit([0, 1, 2, 3, 4, 5, 6, 7], far())
+    results = await asyncio.gather(*futures, return_exceptions=True)
+    await batcher.stop()
+    assert isinstance(results[3], InferenceFailed)
+    assert [r for i, r in enumerate(results) if i != 3] == [0, 2, 4, 8, 10, 12, 14]
+
+
+async def test_drain_answers_accepted_work_then_refuses_new() -> None:
+    run = Recorder(delay=0.02)
+    batcher: DynamicBatcher[int, int] = DynamicBatcher(run, max_batch_size=2, max_wait_ms=0, max_queue=100)
+    batcher.start()
+    futures = batcher.submit(list(range(10)), far())
+    assert await batcher.drain(timeout_s=5)
+    assert all(f.done() and not f.cancelled() for f in futures)
+    assert [f.result() for f in futures] == [2 * i for i in range(10)]
+    with pytest.raises(NotReady, match="shutting down"):
+        batcher.submit([1], far())
+    await batcher.stop()
+
+
+async def test_batcher_keeps_serving_after_a_failure() -> None:
+    run = Recorder(poison=-1)
+    batcher: DynamicBatcher[int, int] = DynamicBatcher(run, max_batch_size=4, max_wait_ms=0, max_queue=100)
+    batcher.start()
+    (bad,) = batcher.submit([-1], far())
+    with pytest.raises(InferenceFailed):
+        await bad
+    (good,) = batcher.submit([21], far())
+    assert await good == 42
+    await batcher.stop()

@@ -1,0 +1,220 @@
+from __future__ import annotations
+
+import asyncio
+import struct
+import zlib
+from pathlib import Path
+
+import httpx
+import pytest
+from asgi_lifespan import LifespanManager
+from PIL import Image
+
+from app.main import create_app
+from app.settings import Settings
+from model.shapes import make_sample
+from tests.app.conftest import ClientFactory
+from tests.conftest import encode
+
+
+def png_with_header(width: int, height: int) -> bytes:
+    """A PNG signature and IHDR declaring width x height, with a tiny (bogus) IDAT: a decompression bomb's header."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b"")
+    )
+
+
+async def post_file(
+    client: httpx.AsyncClient, data: bytes, name: str = "x.png", ctype: str = "image/png", **params: str
+) -> httpx.Response:
+    return await client.post("/predict", files={"file": (name, data, ctype)}, params=params)
+
+
+def assert_error(r: httpx.Response, status: int, *fragments: str) -> None:
+    assert r.status_code == status, r.text
+    detail = r.json()["detail"]
+    assert isinstance(detail, str)
+    for f in fragments:
+        assert f in detail, detail
+
+
+async def test_body_over_the_limit_is_413(make_client: ClientFactory) -> None:
+    async with make_client(max_upload_bytes=2000) as client:
+        big = encode(Image.effect_noise((64, 64), 50).convert("RGB"))
+        assert len(big) > 2000
+        assert_error(await post_file(client, big), 413, "over the limit of 2000 bytes")
+        r = await client.post("/predict", content=big, headers={"content-type": "image/png"})
+        assert_error(r, 413, "2000 bytes")
+
+
+async def test_image_over_the_pixel_limit_is_413_without_decoding(make_client: ClientFactory) -> None:
+    async with make_client(max_image_pixels=10_000) as client:
+        assert_error(
+            await post_file(client, png_with_header(100_000, 100_000), "bomb.png"),
+            413,
+            "bomb.png",
+            "10000000000 pixels",
+        )
+        assert_error(await post_file(client, encode(Image.new("RGB", (200, 100)))), 413, "200x100")
+
+
+@pytest.mark.parametrize(
+    ("data", "name", "ctype", "fragment"),
+    [
+        (b"hello, I am text", "note.png", "image/png", "not a recognised image"),
+        (b"<svg xmlns='http://www.w3.org/2000/svg'/>", "v.svg", "image/svg+xml", "not a recognised image"),
+    ],
+)
+async def test_not_an_image_is_415(
+    client: httpx.AsyncClient, data: bytes, name: str, ctype: str, fragment: str
+) -> None:
+    assert_error(await post_file(client, data, name, ctype), 415, name, fragment)
+
+
+async def test_tiff_is_415(client: httpx.AsyncClient) -> None:
+    assert_error(
+        await post_file(client, encode(Image.new("RGB", (8, 8)), "TIFF"), "t.tif"), 415, "TIFF images are not supported"
+    )
+
+
+async def test_wrong_content_type_is_415(client: httpx.AsyncClient) -> None:
+    r = await client.post("/predict", content=b"{}", headers={"content-type": "application/json"})
+    assert_error(r, 415, "multipart/form-data", "image/*")
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG"])
+async def test_truncated_image_is_422(client: httpx.AsyncClient, fmt: str) -> None:
+    data = encode(make_sample(0, 1).image, fmt)
+    assert_error(await post_file(client, data[: len(data) // 2], "cut.img"), 422, "cut.img", "truncated or corrupted")
+
+
+async def test_empty_file_is_422(client: httpx.AsyncClient) -> None:
+    assert_error(await post_file(client, b"", "empty.png"), 422, "empty.png", "empty")
+
+
+async def test_one_bad_image_fails_the_request_naming_it(client: httpx.AsyncClient, shape_png: bytes) -> None:
+    files = [("files", ("good.png", shape_png, "image/png")), ("files", ("bad.png", b"garbage", "image/png"))]
+    assert_error(await client.post("/predict", files=files), 415, "bad.png")
+    assert (await client.get("/health/ready")).status_code == 200
+
+
+async def test_too_many_files_is_422(make_client: ClientFactory, shape_png: bytes) -> None:
+    async with make_client(max_files=2) as client:
+        files = [("files", (f"{i}.png", shape_png, "image/png")) for i in range(3)]
+        assert_error(await client.post("/predict", files=files), 422, "Maximum number of files is 2")
+
+
+async def test_no_file_and_wrong_field_are_422(client: httpx.AsyncClient, shape_png: bytes) -> None:
+    assert_error(await client.post("/predict", data={"note": "hi"}, files={}), 415)  # urlencoded: not multipart
+    r = await client.post("/predict", files={"image": ("a.png", shape_png, "image/png")})
+    assert_error(r, 422, "unexpected file field 'image'", "'file'")
+    r = await client.post("/predict", data={"note": "hi"}, files=[("ignored", ("", b"", "text/plain"))])
+    assert r.status_code == 422, r.text
+
+
+@pytest.mark.parametrize(
+    ("params", "fragment"),
+    [
+        ({"top_k": "0"}, "top_k"),
+        ({"top_k": "many"}, "top_k"),
+        ({"attention": "gradcam"}, "attention"),
+        ({"overlay": "maybe"}, "overlay"),
+        ({"overlay": "true"}, "attention=rollout"),
+    ],
+)
+async def test_bad_query_is_422(
+    client: httpx.AsyncClient, shape_png: bytes, params: dict[str, str], fragment: str
+) -> None:
+    assert_error(await post_file(client, shape_png, **params), 422, fragment)
+
+
+async def test_overloaded_is_503_with_retry_after(make_client: ClientFactory, shape_png: bytes) -> None:
+    async with make_client(max_queue=2, max_files=2, max_batch_size=1, max_wait_ms=0) as client:
+        batcher = client.app.state.service.batcher  # type: ignore[attr-defined]
+        original = batcher.run_batch
+        release = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def slow(batch):  # type: ignore[no-untyped-def]
+            asyncio.run_coroutine_threadsafe(release.wait(), loop).result(10)
+            return original(batch)
+
+        batcher.run_batch = slow
+        pending = [asyncio.create_task(post_file(client, shape_png)) for _ in range(3)]  # 1 computing + 2 queued
+        while batcher.queue_depth < 2:
+            await asyncio.sleep(0.01)
+        r = await post_file(client, shape_png)
+        assert_error(r, 503, "overloaded")
+        assert int(r.headers["retry-after"]) >= 1
+        release.set()
+        assert [p.status_code for p in await asyncio.gather(*pending)] == [200, 200, 200]
+
+
+async def test_timeout_is_504(make_client: ClientFactory, shape_png: bytes) -> None:
+    async with make_client(request_timeout_s=0.2) as client:
+        batcher = client.app.state.service.batcher  # type: ignore[attr-defined]
+        original = batcher.run_batch
+
+        def slow(batch):  # type: ignore[no-untyped-def]
+            import time
+
+            time.sleep(0.5)
+            return original(batch)
+
+        batcher.run_batch = slow
+        assert_error(await post_file(client, shape_png), 504, "VIT_REQUEST_TIMEOUT_S")
+
+
+async def test_not_ready_before_the_model_is_loaded(tiny_checkpoint: Path, shape_png: bytes) -> None:
+    app = create_app(Settings(weights=tiny_checkpoint, device="cpu"))
+    transport = httpx.ASGITransport(app=app)  # no lifespan run: the model is not loaded
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        assert (await client.get("/health/live")).status_code == 200
+        assert_error(await client.get("/health/ready"), 503, "not ready")
+        assert_error(await post_file(client, shape_png), 503, "not loaded yet")
+        assert_error(await client.get("/v1/model"), 503)
+        assert (await client.get("/metrics")).status_code == 200
+    async with (
+        LifespanManager(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client,
+    ):
+        assert (await client.get("/health/ready")).status_code == 200
+
+
+async def test_api_keys_guard_predict_only(make_client: ClientFactory, shape_png: bytes) -> None:
+    async with make_client(api_keys="k1, k2") as client:
+        assert_error(await post_file(client, shape_png), 401, "X-API-Key")
+        r = await client.post(
+            "/predict", files={"file": ("a.png", shape_png, "image/png")}, headers={"x-api-key": "wrong"}
+        )
+        assert r.status_code == 401
+        r = await client.post(
+            "/predict", files={"file": ("a.png", shape_png, "image/png")}, headers={"x-api-key": "k2"}
+        )
+        assert r.status_code == 200, r.text
+        r = await client.post(
+            "/predict", files={"file": ("a.png", shape_png, "image/png")}, headers={"authorization": "Bearer k1"}
+        )
+        assert r.status_code == 200, r.text
+        assert (await client.get("/health/ready")).status_code == 200
+        assert (await client.get("/metrics")).status_code == 200
+
+
+async def test_unknown_route_is_json_404(client: httpx.AsyncClient) -> None:
+    assert_error(await client.get("/nope"), 404, "Not Found")
+
+
+def test_bad_settings_are_clear() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="VIT_DEVICE must be auto, cpu, cuda or cuda:N"):
+        Settings(device="gpu")
+    with pytest.raises(ValidationError, match="VIT_MAX_QUEUE"):
+        Settings(max_queue=2, max_files=4)
+    with pytest.raises(ValidationError):
+        Settings(max_batch_size=0)

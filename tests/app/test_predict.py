@@ -1,0 +1,173 @@
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+from PIL import Image
+
+from model.checkpoint import load_checkpoint
+from model.shapes import SHAPE_CLASSES, make_sample
+from tests.app.conftest import ClientFactory
+from tests.conftest import encode
+
+
+def metric(text: str, name: str, labels: str = "") -> float:
+    m = re.search(rf"^{re.escape(name)}{re.escape(labels)} (\S+)$", text, re.MULTILINE)
+    assert m, f"{name}{labels} not in metrics"
+    return float(m.group(1))
+
+
+async def test_single_image_as_file(client: httpx.AsyncClient, shape_png: bytes) -> None:
+    r = await client.post("/predict", files={"file": ("star.png", shape_png, "image/png")})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["model"]["name"] == "tiny" and len(body["model"]["version"]) == 12
+    (result,) = body["results"]
+    assert result["filename"] == "star.png"
+    assert len(result["probabilities"]) == 10
+    assert sum(result["probabilities"]) == pytest.approx(1.0, abs=1e-5)
+    assert len(result["top_k"]) == 5
+    probs = [t["probability"] for t in result["top_k"]]
+    assert probs == sorted(probs, reverse=True)
+    for t in result["top_k"]:
+        assert t["label"] == SHAPE_CLASSES[t["index"]]
+        assert t["probability"] == pytest.approx(result["probabilities"][t["index"]])
+    assert "attention" not in result and "overlay_png" not in result
+
+
+async def test_served_probabilities_match_the_model(client: httpx.AsyncClient, tiny_checkpoint: Path) -> None:
+    """The service's output equals the checkpoint's model run on the same preprocessing."""
+    import torch
+
+    from app.preprocess import Preprocessor
+
+    ckpt = load_checkpoint(tiny_checkpoint)
+    image = make_sample(5, 3).image
+    r = await client.post("/predict", files={"file": ("a.png", encode(image), "image/png")})
+    assert r.status_code == 200, r.text
+    with torch.inference_mode():
+        expected = ckpt.model(Preprocessor(ckpt.preprocessing)(image)[None]).softmax(-1)[0]
+    assert r.json()["results"][0]["probabilities"] == pytest.approx(expected.tolist(), abs=1e-5)
+
+
+async def test_several_images_as_files_keep_their_order(client: httpx.AsyncClient) -> None:
+    images = [make_sample(1, i).image for i in range(3)]
+    files = [("files", (f"img{i}.png", encode(im), "image/png")) for i, im in enumerate(images)]
+    r = await client.post("/predict", files=files, params={"top_k": 2})
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    assert [x["filename"] for x in results] == ["img0.png", "img1.png", "img2.png"]
+    assert all(len(x["top_k"]) == 2 for x in results)
+    single = await client.post("/predict", files={"file": ("img1.png", encode(images[1]), "image/png")})
+    assert single.json()["results"][0]["probabilities"] == pytest.approx(results[1]["probabilities"], abs=1e-5)
+
+
+async def test_raw_body_with_image_content_type(client: httpx.AsyncClient) -> None:
+    jpeg = encode(make_sample(2, 0).image, "JPEG", quality=90)
+    r = await client.post("/predict", content=jpeg, headers={"content-type": "image/jpeg"})
+    assert r.status_code == 200, r.text
+    assert r.json()["results"][0]["filename"] == "body"
+
+
+@pytest.mark.parametrize("method", ["rollout", "last"])
+async def test_attention_map_matches_the_grid(client: httpx.AsyncClient, shape_png: bytes, method: str) -> None:
+    r = await client.post("/predict", files={"file": ("s.png", shape_png, "image/png")}, params={"attention": method})
+    assert r.status_code == 200, r.text
+    att = r.json()["results"][0]["attention"]
+    assert att["method"] == method and att["grid"] == [4, 4]  # tiny model: 32 px / 8 px patches
+    values = [v for row in att["map"] for v in row]
+    assert len(att["map"]) == 4 and all(len(row) == 4 for row in att["map"])
+    assert min(values) == pytest.approx(0.0, abs=1e-6) and max(values) == pytest.approx(1.0, abs=1e-6)
+
+
+async def test_overlay_is_a_png_of_the_image(client: httpx.AsyncClient) -> None:
+    image = Image.new("RGB", (120, 80), "white")
+    r = await client.post(
+        "/predict",
+        files={"file": ("w.png", encode(image), "image/png")},
+        params={"attention": "rollout", "overlay": "true"},
+    )
+    assert r.status_code == 200, r.text
+    png = Image.open(io.BytesIO(base64.b64decode(r.json()["results"][0]["overlay_png"])))
+    assert png.format == "PNG" and png.size == (120, 80)
+
+
+async def test_attention_and_plain_requests_share_a_batch(make_client: ClientFactory, shape_png: bytes) -> None:
+    async with make_client(max_batch_size=8, max_wait_ms=200) as client:
+        plain = client.post("/predict", files={"file": ("a.png", shape_png, "image/png")})
+        with_map = client.post(
+            "/predict", files={"file": ("b.png", shape_png, "image/png")}, params={"attention": "last"}
+        )
+        a, b = await asyncio.gather(plain, with_map)
+        assert a.status_code == b.status_code == 200
+        assert "attention" not in a.json()["results"][0] and "attention" in b.json()["results"][0]
+        assert a.json()["results"][0]["probabilities"] == pytest.approx(
+            b.json()["results"][0]["probabilities"], abs=1e-5
+        )
+        text = (await client.get("/metrics")).text
+        assert metric(text, "vit_batch_size_count") == 1  # one forward pass served both
+
+
+async def test_concurrent_burst_is_batched(make_client: ClientFactory, shape_png: bytes) -> None:
+    async with make_client(max_batch_size=16, max_wait_ms=100) as client:
+        responses = await asyncio.gather(
+            *(client.post("/predict", files={"file": (f"{i}.png", shape_png, "image/png")}) for i in range(32))
+        )
+        assert all(r.status_code == 200 for r in responses)
+        text = (await client.get("/metrics")).text
+        batches = metric(text, "vit_batch_size_count")
+        images = metric(text, "vit_batch_size_sum")
+        assert images == 32 and batches < 32  # some forward passes carried several images
+        assert metric(text, "vit_images_processed_total") == 32
+
+
+async def test_model_info(client: httpx.AsyncClient, tiny_checkpoint: Path) -> None:
+    r = await client.get("/v1/model")
+    assert r.status_code == 200, r.text
+    info = r.json()
+    ckpt = load_checkpoint(tiny_checkpoint)
+    assert info["classes"] == SHAPE_CLASSES
+    assert info["input_size"] == [32, 32] and info["channels"] == 3
+    assert info["config"] == ckpt.config.to_dict()
+    assert info["content_hash"] == ckpt.content_hash and info["version"] == ckpt.version
+    assert info["training"] == {"dataset": "shapes", "seed": 0}
+    assert info["device"] == "cpu" and info["dtype"] == "float32"
+
+
+async def test_health_and_metrics(client: httpx.AsyncClient, shape_png: bytes) -> None:
+    assert (await client.get("/health/live")).json() == {"status": "ok"}
+    assert (await client.get("/health/ready")).status_code == 200
+    await client.post("/predict", files={"file": ("a.png", shape_png, "image/png")})
+    r = await client.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    assert metric(r.text, "vit_requests_total", '{route="/predict",status="200"}') == 1
+    for name in (
+        "vit_request_latency_seconds_bucket",
+        "vit_inference_seconds_count",
+        "vit_queue_depth",
+        "vit_images_processed_total",
+    ):
+        assert name in r.text
+
+
+async def test_request_id_is_echoed_or_made(client: httpx.AsyncClient) -> None:
+    r = await client.get("/health/live", headers={"x-request-id": "abc-123"})
+    assert r.headers["x-request-id"] == "abc-123"
+    r = await client.get("/health/live", headers={"x-request-id": "bad id with spaces"})
+    assert re.fullmatch(r"[0-9a-f]{32}", r.headers["x-request-id"])
+
+
+async def test_openapi_documents_the_api(client: httpx.AsyncClient) -> None:
+    spec = (await client.get("/openapi.json")).json()
+    predict = spec["paths"]["/predict"]["post"]
+    assert {"multipart/form-data", "image/*"} <= set(predict["requestBody"]["content"])
+    assert {p["name"] for p in predict["parameters"]} == {"top_k", "attention", "overlay"}
+    assert {"200", "413", "415", "422", "503", "504"} <= set(predict["responses"])
+    for path in ("/v1/model", "/health/live", "/health/ready", "/metrics"):
+        assert path in spec["paths"]
+    assert (await client.get("/docs")).status_code == 200
