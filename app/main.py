@@ -33,6 +33,17 @@ maps (`attention=rollout|last`) and overlays (`overlay=true`) on request.
 """
 
 
+def configure_logging(level: str) -> None:
+    """Log the app's lines to stderr beside uvicorn's, once per process."""
+    logger = logging.getLogger("app")
+    logger.setLevel(level.upper())
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """An app serving `settings` (default: read from VIT_* environment variables at startup)."""
     metrics = Metrics()
@@ -40,7 +51,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         try:
-            service = Service(settings or Settings(), metrics)
+            resolved = settings or Settings()
+            configure_logging(resolved.log_level)
+            service = Service(resolved, metrics)
             await asyncio.to_thread(service.load)
         except (ValidationError, CheckpointError, ValueError, OSError) as e:
             log.error("startup failed: %s", e)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -27,6 +28,9 @@ class Settings(BaseSettings):
     drain_timeout_s: float = Field(30.0, ge=0, description="On shutdown, how long accepted requests may finish")
     api_keys: SecretStr | None = Field(None, description="Comma-separated keys; when set, /predict needs X-API-Key")
     threads: int = Field(0, ge=0, description="torch CPU threads (0: torch's default)")
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Log level of the app's loggers"
+    )
 
     @field_validator("device")
     @classmethod

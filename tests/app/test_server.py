@@ -126,7 +126,8 @@ def test_sigterm_drains_accepted_requests(tiny_checkpoint: Path) -> None:
 
         statuses = asyncio.run(in_flight())
         assert statuses == [200] * 24
-        assert s.proc.wait(timeout=30) == 0
+        # uvicorn re-raises the signal it handled once shutdown is complete: -SIGTERM is its clean exit
+        assert s.proc.wait(timeout=30) in (0, -signal.SIGTERM)
     finally:
         out = s.stop()
     assert "stopped" in out
