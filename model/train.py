@@ -150,7 +150,9 @@ def lr_at(step: int, total: int, warmup: int, peak: float) -> float:
 
 
 def make_loader(ds: Dataset[Any], args: argparse.Namespace, ddp: Distributed, train: bool) -> DataLoader[Any]:
-    sampler: DistributedSampler[Any] | None = DistributedSampler(ds, shuffle=train, seed=args.seed) if ddp.enabled else None
+    sampler: DistributedSampler[Any] | None = (
+        DistributedSampler(ds, shuffle=train, seed=args.seed) if ddp.enabled else None
+    )
     return DataLoader(
         ds,
         batch_size=args.batch_size,

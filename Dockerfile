@@ -1,0 +1,31 @@
+# syntax=docker/dockerfile:1
+# The ViT service: one uvicorn worker per container (batching lives inside the process; more
+# workers would split batches and load the model once each). Runs on a GPU when the container
+# gets one (docker-compose.yml reserves it), else on the CPU.
+
+ARG PYTHON_VERSION=3.11
+
+# Dependencies first, in their own stage and layer: a code change does not reinstall torch.
+FROM python:${PYTHON_VERSION}-slim AS deps
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv /opt/venv
+COPY requirements.lock /tmp/requirements.lock
+RUN /opt/venv/bin/pip install -r /tmp/requirements.lock
+
+FROM python:${PYTHON_VERSION}-slim AS runtime
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    VIT_WEIGHTS=/srv/weights/vit-shapes.safetensors
+RUN useradd --create-home --uid 10001 vit
+COPY --from=deps /opt/venv /opt/venv
+WORKDIR /srv
+COPY model/ model/
+COPY app/ app/
+COPY weights/ weights/
+USER vit
+EXPOSE 8000
+HEALTHCHECK --interval=10s --timeout=3s --start-period=120s --retries=3 \
+    CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/health/ready', timeout=2).status != 200)"]
+STOPSIGNAL SIGTERM
+CMD ["uvicorn", "app.main:app", "--host", "0.0.0.0", "--port", "8000", "--workers", "1", "--timeout-graceful-shutdown", "30"]
