@@ -34,7 +34,7 @@ ComposeLoader.add_constructor("!override", lambda loader, node: loader.construct
 
 
 def compose(name: str) -> dict[str, Any]:
-    data: dict[str, Any] = yaml.load((ROOT / name).read_text(), Loader=ComposeLoader)  # noqa: S506
+    data: dict[str, Any] = yaml.load((ROOT / name).read_text(), Loader=ComposeLoader)
     return data
 
 
@@ -114,7 +114,7 @@ def test_compose_service_port_health_gpu_and_settings() -> None:
     assert grace > int(DOCKERFILE.cmd[DOCKERFILE.cmd.index("--timeout-graceful-shutdown") + 1])
     # every setting can be overridden from the environment or .env, with the service's own default
     env = service["environment"]
-    for name, field in Settings.model_fields.items():
+    for name in Settings.model_fields:
         key = f"VIT_{name.upper()}"
         assert key in env, key
         assert env[key].startswith(f"${{{key}:-"), key
