@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -44,8 +45,23 @@ def configure_logging(level: str) -> None:
         logger.propagate = False
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
-    """An app serving `settings` (default: read from VIT_* environment variables at startup)."""
+STARTUP_FAILED_EXIT_CODE = 3
+
+
+def describe_startup_error(e: Exception) -> str:
+    """One line that says what to fix."""
+    if isinstance(e, ValidationError):
+        problems = [f"VIT_{'.'.join(map(str, err['loc'])).upper()}: {err['msg']}" for err in e.errors()]
+        return "invalid settings: " + "; ".join(problems)
+    return str(e)
+
+
+def create_app(settings: Settings | None = None, exit_on_startup_error: bool = False) -> FastAPI:
+    """An app serving `settings` (default: read from VIT_* environment variables at startup).
+
+    With `exit_on_startup_error` (the server's own app), a bad setting or checkpoint ends the process
+    with one log line and exit code 3 instead of a traceback; otherwise the error propagates.
+    """
     metrics = Metrics()
 
     @asynccontextmanager
@@ -56,8 +72,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             service = Service(resolved, metrics)
             await asyncio.to_thread(service.load)
         except (ValidationError, CheckpointError, ValueError, OSError) as e:
-            log.error("startup failed: %s", e)
-            raise
+            if not exit_on_startup_error:
+                raise
+            configure_logging("info")
+            log.critical("startup failed: %s", describe_startup_error(e))
+            logging.shutdown()
+            os._exit(STARTUP_FAILED_EXIT_CODE)  # nothing is serving yet: no socket is bound before startup
         service.start()
         app.state.service = service
         log.info("ready")
@@ -76,4 +96,4 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     return app
 
 
-app = create_app()
+app = create_app(exit_on_startup_error=True)

@@ -61,8 +61,9 @@ PREDICT_BODY = {
                     "type": "object",
                     "properties": {
                         "file": {"type": "string", "format": "binary"},
-                        "files": {"type": "array", "items": {"type": "string", "format": "binary"}},
+                        "files": {"type": "array", "items": {"type": "string", "format": "binary"}, "minItems": 1},
                     },
+                    "anyOf": [{"required": ["file"]}, {"required": ["files"]}],
                 }
             },
             "image/*": {"schema": {"type": "string", "format": "binary"}},

@@ -63,7 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     d.add_argument("--dataset", choices=DATASETS, default="shapes")
     d.add_argument("--data-dir", type=Path, default=Path("data"), help="where datasets live (default: data/)")
     d.add_argument("--download", action="store_true", help="download cifar10/mnist if missing")
-    d.add_argument("--channels", type=int, choices=(1, 3), help="mnist: 1 (default) or 3 channels")
+    d.add_argument("--channels", type=int, choices=(1, 3), help="mnist: 1 (default) or 3; shapes: 3 (default) or 1")
     d.add_argument("--randaugment", action="store_true", help="RandAugment for natural images")
     d.add_argument("--shapes-train", type=int, default=50_000, help="shapes: training samples")
     d.add_argument("--shapes-test", type=int, default=5_000, help="shapes: test samples")

@@ -22,12 +22,15 @@ def tiny_model(config: ViTConfig = TINY, seed: int = 0) -> ViT:
     return ViT(config).eval()
 
 
-@pytest.fixture
-def tiny_checkpoint(tmp_path: Path) -> Path:
+def write_tiny_checkpoint(path: Path) -> Path:
     """A small random-weight checkpoint with the shapes class names (fast to load and run)."""
-    path = tmp_path / "tiny.safetensors"
     save_checkpoint(path, tiny_model(), list(SHAPE_CLASSES), TINY_PREPROCESSING, {"dataset": "shapes", "seed": 0})
     return path
+
+
+@pytest.fixture
+def tiny_checkpoint(tmp_path: Path) -> Path:
+    return write_tiny_checkpoint(tmp_path / "tiny.safetensors")
 
 
 def encode(image: Image.Image, fmt: str = "PNG", **kw: object) -> bytes:

@@ -135,11 +135,27 @@ def test_sigterm_drains_accepted_requests(tiny_checkpoint: Path) -> None:
         httpx.get(f"{s.url}/health/live", timeout=2)  # new connections are refused
 
 
-def test_broken_checkpoint_exits_with_a_clear_message(tmp_path: Path) -> None:
-    bad = tmp_path / "broken.safetensors"
-    bad.write_bytes(b"not a checkpoint")
-    s = Server(bad)
+def start_and_fail(checkpoint: Path, **env: str) -> str:
+    s = Server(checkpoint, **env)
     code = s.proc.wait(timeout=60)
     out = s.stop()
-    assert code != 0
-    assert f"checkpoint {bad}: not a readable safetensors file" in out
+    assert code == 3, out
+    assert "Traceback" not in out
+    return out
+
+
+def test_broken_checkpoint_exits_with_one_clear_message(tmp_path: Path) -> None:
+    bad = tmp_path / "broken.safetensors"
+    bad.write_bytes(b"not a checkpoint")
+    out = start_and_fail(bad)
+    assert f"startup failed: checkpoint {bad}: not a readable safetensors file" in out
+
+
+def test_missing_checkpoint_exits_with_one_clear_message(tmp_path: Path) -> None:
+    out = start_and_fail(tmp_path / "absent.safetensors")
+    assert "absent.safetensors: file not found" in out
+
+
+def test_bad_settings_exit_with_one_clear_message(tiny_checkpoint: Path) -> None:
+    out = start_and_fail(tiny_checkpoint, VIT_MAX_BATCH_SIZE="zero", VIT_DEVICE="gpu")
+    assert "invalid settings: VIT_DEVICE:" in out and "VIT_MAX_BATCH_SIZE:" in out
