@@ -57,8 +57,16 @@ class Predictor:
         config = checkpoint.config
         self.input_shape = (config.in_channels, config.image_size, config.image_size)
 
-    @torch.inference_mode()
     def __call__(self, batch: list[ImageInput]) -> list[ImageOutput]:
+        try:
+            return self.forward(batch)
+        except torch.OutOfMemoryError:
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()  # give the batcher's smaller retries the memory back
+            raise
+
+    @torch.inference_mode()
+    def forward(self, batch: list[ImageInput]) -> list[ImageOutput]:
         x = torch.stack([item.pixels for item in batch])
         x = x.pin_memory() if self.device.type == "cuda" else x
         x = x.to(self.device, self.dtype, non_blocking=True)  # (B, C, S, S)

@@ -1,0 +1,186 @@
+"""Overload, disconnecting clients and failing forward passes, against real servers and the in-process app."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from model.checkpoint import Preprocessing, save_checkpoint
+from model.shapes import SHAPE_CLASSES, make_sample
+from model.vit import ViT, ViTConfig
+from tests.app.conftest import ClientFactory
+from tests.app.test_server import Server
+from tests.conftest import encode
+
+pytestmark = pytest.mark.slow
+PNG = encode(make_sample(8, 0).image)
+
+
+def heavy_checkpoint(path: Path) -> Path:
+    """Random weights, big enough that one CPU thread is the bottleneck (tens of images per second)."""
+    torch.manual_seed(0)
+    config = ViTConfig(image_size=64, patch_size=4, dim=128, depth=6, heads=4)
+    p = Preprocessing(64, 3, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
+    save_checkpoint(path, ViT(config), list(SHAPE_CLASSES), p)
+    return path
+
+
+def scrape(server: Server, name: str) -> float:
+    text = httpx.get(f"{server.url}/metrics").text
+    return sum(float(m) for m in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE))
+
+
+def rss_mb(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) / 1024  # type: ignore[union-attr]
+
+
+async def closed_loop(url: str, clients: int, seconds: float) -> int:
+    """Completed predictions from `clients` back-to-back callers over `seconds`."""
+    done = 0
+    stop = time.monotonic() + seconds
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+
+        async def caller() -> None:
+            nonlocal done
+            while time.monotonic() < stop:
+                r = await client.post("/predict", files={"file": ("a.png", PNG, "image/png")})
+                done += r.status_code == 200
+
+        await asyncio.gather(*(caller() for _ in range(clients)))
+    return done
+
+
+async def open_loop(url: str, rate: float, seconds: float) -> list[tuple[int, float, str | None]]:
+    """Requests fired at a fixed rate regardless of answers: (status, latency, Retry-After) for each."""
+    results: list[tuple[int, float, str | None]] = []
+    limits = httpx.Limits(max_connections=2000, max_keepalive_connections=2000)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+
+        async def one() -> None:
+            started = time.monotonic()
+            r = await client.post("/predict", files={"file": ("a.png", PNG, "image/png")})
+            results.append((r.status_code, time.monotonic() - started, r.headers.get("retry-after")))
+
+        tasks = []
+        start = time.monotonic()
+        for i in range(int(rate * seconds)):
+            await asyncio.sleep(max(0.0, start + i / rate - time.monotonic()))
+            tasks.append(asyncio.create_task(one()))
+        await asyncio.gather(*tasks)
+    return results
+
+
+def test_overload_at_four_times_capacity(tmp_path: Path) -> None:
+    server = Server(
+        heavy_checkpoint(tmp_path / "heavy.safetensors"),
+        VIT_THREADS="1", VIT_MAX_BATCH_SIZE="8", VIT_MAX_WAIT_MS="5", VIT_MAX_QUEUE="16", VIT_REQUEST_TIMEOUT_S="10",
+    )  # fmt: skip
+    try:
+        server.wait_ready()
+        capacity = asyncio.run(closed_loop(server.url, clients=16, seconds=3)) / 3  # requests per second
+        rss_before = rss_mb(server.proc.pid)
+        results = asyncio.run(open_loop(server.url, rate=4 * capacity, seconds=4))
+        statuses = [s for s, _, _ in results]
+        assert set(statuses) <= {200, 503}, statuses  # nothing else: no timeouts, no errors
+        ok = [latency for s, latency, _ in results if s == 200]
+        refused = [retry for s, _, retry in results if s == 503]
+        assert refused, "4x capacity should have been refused in part"
+        assert all(r is not None and int(r) >= 1 for r in refused)
+        assert len(ok) >= capacity  # the service kept working through the overload
+        assert max(ok) < 10  # every accepted request finished within the request timeout
+        assert rss_mb(server.proc.pid) - rss_before < 150  # the bounded queue bounds memory
+        assert scrape(server, "vit_queue_depth") == 0
+        # afterwards it serves normally
+        assert httpx.get(f"{server.url}/health/ready").status_code == 200
+        r = httpx.post(f"{server.url}/predict", files={"file": ("a.png", PNG, "image/png")}, timeout=30)
+        assert r.status_code == 200, r.text
+    finally:
+        server.stop()
+
+
+def test_disconnected_clients_are_not_computed(tmp_path: Path) -> None:
+    server = Server(
+        heavy_checkpoint(tmp_path / "heavy.safetensors"),
+        VIT_THREADS="1", VIT_MAX_BATCH_SIZE="2", VIT_MAX_WAIT_MS="0", VIT_MAX_QUEUE="256",
+    )  # fmt: skip
+    try:
+        server.wait_ready()
+        rss_before = rss_mb(server.proc.pid)
+
+        async def impatient(n: int) -> int:
+            gave_up = 0
+            async with httpx.AsyncClient(base_url=server.url, timeout=0.3) as client:
+
+                async def one() -> None:
+                    nonlocal gave_up
+                    try:
+                        await client.post("/predict", files={"file": ("a.png", PNG, "image/png")})
+                    except httpx.TimeoutException:
+                        gave_up += 1  # the client hangs up with its request still queued
+
+                await asyncio.gather(*(one() for _ in range(n)))
+            return gave_up
+
+        gave_up = asyncio.run(impatient(120))
+        assert gave_up > 0
+        deadline = time.monotonic() + 30
+        while scrape(server, "vit_queue_depth") > 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(0.5)
+        processed = scrape(server, "vit_images_processed_total")
+        dropped = scrape(server, "vit_images_dropped_total")
+        assert dropped > 0, "queued images of clients that left should be dropped"
+        assert processed + dropped <= 120 and processed < 120
+        assert rss_mb(server.proc.pid) - rss_before < 100
+        r = httpx.post(f"{server.url}/predict", files={"file": ("a.png", PNG, "image/png")}, timeout=30)
+        assert r.status_code == 200
+    finally:
+        server.stop()
+
+
+async def test_out_of_memory_batches_are_retried_in_halves(make_client: ClientFactory) -> None:
+    async with make_client(max_batch_size=8, max_wait_ms=100) as client:
+        batcher = client.app.state.service.batcher  # type: ignore[attr-defined]
+        real = batcher.run_batch
+        sizes: list[int] = []
+
+        def small_memory(batch):  # type: ignore[no-untyped-def]
+            sizes.append(len(batch))
+            if len(batch) > 2:
+                raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+            return real(batch)
+
+        batcher.run_batch = small_memory
+        rs = await asyncio.gather(
+            *(client.post("/predict", files={"file": (f"{i}.png", PNG, "image/png")}) for i in range(8))
+        )
+        assert [r.status_code for r in rs] == [200] * 8
+        assert sizes[0] == 8 and max(s for s in sizes if s <= 2) == 2  # halved down to what fits
+        assert (await client.get("/health/ready")).status_code == 200
+
+
+async def test_an_image_that_always_fails_fails_only_its_request(make_client: ClientFactory) -> None:
+    async with make_client(max_batch_size=8, max_wait_ms=100) as client:
+        batcher = client.app.state.service.batcher  # type: ignore[attr-defined]
+        real = batcher.run_batch
+
+        def one_poisoned(batch):  # type: ignore[no-untyped-def]
+            if any(float(item.pixels.std()) == 0 for item in batch):  # the flat grey image
+                raise RuntimeError("kernel failure on this input (simulated)")
+            return real(batch)
+
+        batcher.run_batch = one_poisoned
+        grey = encode(make_sample(0, 0).image.point(lambda _: 128))
+        files = [("a.png", PNG), ("grey.png", grey), ("b.png", PNG)]
+        rs = await asyncio.gather(*(client.post("/predict", files={"file": (n, d, "image/png")}) for n, d in files))
+        assert [r.status_code for r in rs] == [200, 500, 200]
+        assert "inference failed" in rs[1].json()["detail"]
+        assert "Traceback" not in rs[1].text
+        assert (await client.get("/health/ready")).status_code == 200
