@@ -2,7 +2,8 @@
 
 A single loop takes up to `max_batch_size` queued images, waiting at most `max_wait_ms` after the
 first one arrived, and runs the batch on a dedicated worker thread so the event loop keeps
-accepting requests meanwhile. Images whose request was cancelled (client gone, timed out) or
+accepting requests meanwhile. It waits only while more images are known to be coming (requests
+admitted and still decoding): a lone request is not held back for company that will not come. Images whose request was cancelled (client gone, timed out) or
 whose deadline passed are dropped before they are computed. A batch that fails is retried in
 halves, so one bad image fails only its own request.
 """
@@ -15,8 +16,9 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
@@ -44,6 +46,19 @@ class Pending(Generic[In, Out]):
     deadline: float  # time.monotonic() after which the result is no longer wanted
     future: asyncio.Future[Out]
     enqueued: float = field(default_factory=time.monotonic)
+
+
+class Admission(Generic[In, Out]):
+    """Room reserved in a batcher for one request's items; `submit` queues them (at most `count`)."""
+
+    def __init__(self, batcher: DynamicBatcher[In, Out], count: int) -> None:
+        self.batcher = batcher
+        self.count = count
+
+    def submit(self, payloads: Sequence[In], deadline: float) -> list[asyncio.Future[Out]]:
+        if len(payloads) > self.count:
+            raise ValueError(f"{len(payloads)} items submitted on an admission for {self.count}")
+        return self.batcher._enqueue(payloads, deadline)
 
 
 class DynamicBatcher(Generic[In, Out]):
@@ -75,6 +90,7 @@ class DynamicBatcher(Generic[In, Out]):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
         self._task: asyncio.Task[None] | None = None
         self._accepting = False
+        self._incoming = 0  # images of admitted requests not yet submitted (still decoding)
         self._last_batch_s = 0.0
 
     @property
@@ -85,22 +101,41 @@ class DynamicBatcher(Generic[In, Out]):
         self._accepting = True
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="dynamic-batcher")
 
-    def submit(self, payloads: Sequence[In], deadline: float) -> list[asyncio.Future[Out]]:
-        """Queue all of one request's items, or none: raises Overloaded when they do not fit."""
+    @contextmanager
+    def admit(self, count: int) -> Iterator[Admission[In, Out]]:
+        """Reserve room for `count` items still being prepared; submit them through the admission.
+
+        Raises NotReady or Overloaded at once, before the caller spends work on the items. Once
+        admitted, the items are accepted: a drain that starts meanwhile still waits for them.
+        """
         if not self._accepting:
             raise NotReady("the service is shutting down; retry on another replica")
-        if len(self._queue) + len(payloads) > self.max_queue:
+        waiting = len(self._queue) + self._incoming
+        if waiting + count > self.max_queue:
             raise Overloaded(
-                f"server overloaded: {len(self._queue)} images already waiting (limit {self.max_queue}); retry shortly",
+                f"server overloaded: {waiting} images already waiting (limit {self.max_queue}); retry shortly",
                 headers={"Retry-After": str(self.retry_after_s())},
             )
+        self._incoming += count
+        self._idle.clear()
+        try:
+            yield Admission(self, count)
+        finally:
+            self._incoming -= count
+            self._arrived.set()  # the loop may be waiting for these items
+
+    def submit(self, payloads: Sequence[In], deadline: float) -> list[asyncio.Future[Out]]:
+        """Admit and queue all of one request's items at once, or raise NotReady/Overloaded."""
+        with self.admit(len(payloads)) as admission:
+            return admission.submit(payloads, deadline)
+
+    def _enqueue(self, payloads: Sequence[In], deadline: float) -> list[asyncio.Future[Out]]:
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[Out]] = []
         for payload in payloads:
             future: asyncio.Future[Out] = loop.create_future()
             self._queue.append(Pending(payload, deadline, future))
             futures.append(future)
-        self._idle.clear()
         self._arrived.set()
         self._report_depth()
         return futures
@@ -134,7 +169,8 @@ class DynamicBatcher(Generic[In, Out]):
     async def _loop(self) -> None:
         while True:
             if not self._queue:
-                self._idle.set()
+                if self._incoming == 0:
+                    self._idle.set()
                 self._arrived.clear()
                 await self._arrived.wait()
                 continue
@@ -145,9 +181,9 @@ class DynamicBatcher(Generic[In, Out]):
                 await self._run(batch)
 
     async def _fill(self) -> None:
-        """Wait until the batch is full or `max_wait` has passed since its first item arrived."""
+        """While more items are coming, wait until the batch is full or `max_wait` has passed since its first item."""
         wait_until = self._queue[0].enqueued + self.max_wait_s
-        while len(self._queue) < self.max_batch_size:
+        while len(self._queue) < self.max_batch_size and self._incoming > 0:
             remaining = wait_until - time.monotonic()
             if remaining <= 0:
                 return

@@ -136,10 +136,11 @@ class Service:
         assert self.batcher is not None and self.checkpoint is not None
         deadline = time.monotonic() + self.settings.request_timeout_s
         loop = asyncio.get_running_loop()
-        prepared = await asyncio.gather(
-            *(loop.run_in_executor(self.decode_pool, self.prepare, u, options.overlay) for u in uploads)
-        )
-        futures = self.batcher.submit([ImageInput(p.pixels, options.attention) for p in prepared], deadline)
+        with self.batcher.admit(len(uploads)) as admission:  # refused here, before any CPU is spent on decoding
+            prepared = await asyncio.gather(
+                *(loop.run_in_executor(self.decode_pool, self.prepare, u, options.overlay) for u in uploads)
+            )
+            futures = admission.submit([ImageInput(p.pixels, options.attention) for p in prepared], deadline)
         outputs = await wait_for_outputs(futures, request, deadline)
         classes = self.checkpoint.classes
         results = [

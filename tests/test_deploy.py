@@ -168,12 +168,14 @@ def test_the_image_environment_serves_predictions(tmp_path: Path) -> None:
     cmd[cmd.index("--host") + 1] = "127.0.0.1"
     env = {k: v.replace("/srv", str(srv)) for k, v in DOCKERFILE.env.items() if k.startswith(("VIT_", "PYTHON"))}
     env |= {"PATH": f"{venv / 'bin'}:{os.environ['PATH']}", "HOME": str(tmp_path)}
-    proc = subprocess.Popen(cmd, cwd=srv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = tmp_path / "server.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=srv, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
         while True:
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            assert proc.poll() is None, log.read_text()
             try:
                 if httpx.get(f"{url}/health/ready", timeout=1).status_code == 200:
                     break

@@ -4,6 +4,7 @@ import asyncio
 import base64
 import io
 import re
+import threading
 from pathlib import Path
 
 import httpx
@@ -98,19 +99,37 @@ async def test_overlay_is_a_png_of_the_image(client: httpx.AsyncClient) -> None:
 
 
 async def test_attention_and_plain_requests_share_a_batch(make_client: ClientFactory, shape_png: bytes) -> None:
-    async with make_client(max_batch_size=8, max_wait_ms=200) as client:
-        plain = client.post("/predict", files={"file": ("a.png", shape_png, "image/png")})
-        with_map = client.post(
-            "/predict", files={"file": ("b.png", shape_png, "image/png")}, params={"attention": "last"}
+    async with make_client(max_batch_size=8, max_wait_ms=0) as client:
+        batcher = client.app.state.service.batcher  # type: ignore[attr-defined]
+        real, gate, loop = batcher.run_batch, asyncio.Event(), asyncio.get_running_loop()
+        entered = threading.Event()
+        sizes: list[int] = []
+
+        def held(batch):  # type: ignore[no-untyped-def]
+            if not entered.is_set():  # hold the first batch until both requests below are queued behind it
+                entered.set()
+                asyncio.run_coroutine_threadsafe(gate.wait(), loop).result(10)
+            sizes.append(len(batch))
+            return real(batch)
+
+        batcher.run_batch = held
+        blocker = asyncio.create_task(client.post("/predict", files={"file": ("x.png", shape_png, "image/png")}))
+        while not entered.is_set():
+            await asyncio.sleep(0.005)
+        plain = asyncio.create_task(client.post("/predict", files={"file": ("a.png", shape_png, "image/png")}))
+        with_map = asyncio.create_task(
+            client.post("/predict", files={"file": ("b.png", shape_png, "image/png")}, params={"attention": "last"})
         )
-        a, b = await asyncio.gather(plain, with_map)
+        while batcher.queue_depth < 2:
+            await asyncio.sleep(0.005)
+        gate.set()
+        _, a, b = await asyncio.gather(blocker, plain, with_map)
         assert a.status_code == b.status_code == 200
+        assert sizes == [1, 2]  # one forward pass served both the plain and the attention request
         assert "attention" not in a.json()["results"][0] and "attention" in b.json()["results"][0]
         assert a.json()["results"][0]["probabilities"] == pytest.approx(
             b.json()["results"][0]["probabilities"], abs=1e-5
         )
-        text = (await client.get("/metrics")).text
-        assert metric(text, "vit_batch_size_count") == 1  # one forward pass served both
 
 
 async def test_concurrent_burst_is_batched(make_client: ClientFactory, shape_png: bytes) -> None:

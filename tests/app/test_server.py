@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,17 +35,25 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         environment = {**os.environ, "VIT_WEIGHTS": str(checkpoint), "VIT_DEVICE": "cpu", **env}
+        # Output goes to a file, not a pipe: an unread pipe fills up and blocks the server's logging.
+        self.output = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(self.port),
              "--timeout-graceful-shutdown", "20"],
-            cwd=ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            cwd=ROOT, env=environment, stdout=self.output, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
+
+    def read_output(self) -> str:
+        if self.output.closed:
+            return self.final_output
+        self.output.seek(0)
+        return self.output.read()
 
     def wait_ready(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited early:\n{self.proc.stdout.read() if self.proc.stdout else ''}")
+                raise RuntimeError(f"server exited early:\n{self.read_output()}")
             try:
                 if httpx.get(f"{self.url}/health/ready", timeout=1).status_code == 200:
                     return
@@ -57,11 +66,14 @@ class Server:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
-            out, _ = self.proc.communicate(timeout=30)
+            self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            out, _ = self.proc.communicate()
-        return out
+            self.proc.wait()
+        if not self.output.closed:
+            self.final_output = self.read_output()
+            self.output.close()
+        return self.final_output
 
 
 @pytest.fixture

@@ -1,0 +1,75 @@
+"""The limit without HTTP: raw forward throughput on pre-made tensors, and per-image preprocessing cost."""
+
+from __future__ import annotations
+
+import io
+import time
+from dataclasses import dataclass
+
+import torch
+from PIL import Image
+
+from app.decode import decode_image
+from app.inference import inference_dtype
+from app.preprocess import Preprocessor
+from model.checkpoint import Checkpoint
+from model.shapes import make_sample
+
+
+@dataclass
+class ForwardResult:
+    batch_size: int
+    images_per_s: float
+    ms_per_batch: float
+
+
+def batch_sizes(max_batch_size: int) -> list[int]:
+    return sorted({min(2**k, max_batch_size) for k in range(max_batch_size.bit_length() + 1)})
+
+
+@torch.inference_mode()
+def forward_throughput(
+    ckpt: Checkpoint, device: torch.device, max_batch_size: int, seconds: float = 1.5
+) -> list[ForwardResult]:
+    """Images per second of model(x) alone at batch sizes 1, 2, 4, ... up to the maximum."""
+    model = ckpt.model.to(device=device, dtype=inference_dtype(device)).eval()
+    c = ckpt.config
+    results = []
+    for bs in batch_sizes(max_batch_size):
+        x = torch.randn(bs, c.in_channels, c.image_size, c.image_size, device=device, dtype=inference_dtype(device))
+        for _ in range(3):
+            model(x)
+        n, started = 0, time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            model(x)
+            n += 1
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        elapsed = time.perf_counter() - started
+        results.append(ForwardResult(bs, n * bs / elapsed, elapsed / n * 1e3))
+    return results
+
+
+def sample_images() -> dict[str, bytes]:
+    """PNG and JPEG, small (the model's own 64 px) and large (a 1024x768 photo-sized upload)."""
+    small = make_sample(4242, 0).image
+    large = small.resize((1024, 768), Image.Resampling.BICUBIC)
+    out = {}
+    for name, image in (("small", small), ("large", large)):
+        for fmt in ("PNG", "JPEG"):
+            buf = io.BytesIO()
+            image.save(buf, format=fmt, **({"quality": 90} if fmt == "JPEG" else {}))
+            out[f"{fmt.lower()}-{name}"] = buf.getvalue()
+    return out
+
+
+def preprocessing_cost(ckpt: Checkpoint, repeats: int = 50) -> dict[str, float]:
+    """Milliseconds to decode, validate and preprocess one upload, per sample image."""
+    pre = Preprocessor(ckpt.preprocessing)
+    costs = {}
+    for name, data in sample_images().items():
+        started = time.perf_counter()
+        for _ in range(repeats):
+            pre(decode_image(data, name, ckpt.config.in_channels, 100_000_000))
+        costs[name] = (time.perf_counter() - started) / repeats * 1e3
+    return costs

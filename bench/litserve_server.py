@@ -1,0 +1,74 @@
+"""The peer: LitServe serving the same checkpoint with the same decode, preprocessing and batch settings.
+
+python -m bench.litserve_server --weights weights/vit-shapes.safetensors --port 8001
+"""
+
+import argparse
+from typing import Any
+
+import litserve as ls
+import torch
+from fastapi import Request
+from torch import Tensor
+
+from app.decode import decode_image
+from app.inference import inference_dtype, resolve_device
+from app.preprocess import Preprocessor
+from model.checkpoint import load_checkpoint
+
+
+class ViTLitAPI(ls.LitAPI):
+    def __init__(self, weights: str, max_batch_size: int, wait_ms: float) -> None:
+        super().__init__(max_batch_size=max_batch_size, batch_timeout=wait_ms / 1000.0)
+        self.weights = weights
+
+    def setup(self, device: str) -> None:
+        self.device = resolve_device("auto")
+        self.dtype = inference_dtype(self.device)
+        self.ckpt = load_checkpoint(self.weights, self.device)
+        self.model = self.ckpt.model.to(self.dtype).eval()
+        self.pre = Preprocessor(self.ckpt.preprocessing)
+
+    # The annotation must be the real Request class (no postponed annotations in this module):
+    # LitServe reads it to parse the body as a form rather than JSON.
+    def decode_request(self, request: Request) -> Tensor:
+        upload = request["file"]
+        data = upload.file.read()
+        return self.pre(decode_image(data, upload.filename or "file", self.ckpt.config.in_channels, 40_000_000))
+
+    def batch(self, inputs: list[Tensor]) -> Tensor:
+        return torch.stack(inputs)
+
+    @torch.inference_mode()
+    def predict(self, x: Tensor) -> Tensor:
+        return self.model(x.to(self.device, self.dtype)).float().softmax(-1).cpu()
+
+    def unbatch(self, output: Tensor) -> list[Tensor]:
+        return list(output)
+
+    def encode_response(self, probs: Tensor) -> dict[str, Any]:
+        values, indices = probs.topk(5)
+        top = [
+            {"label": self.ckpt.classes[i], "index": i, "probability": p}
+            for p, i in zip(values.tolist(), indices.tolist(), strict=True)
+        ]
+        return {"top_k": top, "probabilities": probs.tolist()}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--weights", required=True)
+    p.add_argument("--port", type=int, default=8001)
+    p.add_argument("--max-batch-size", type=int, default=32)
+    p.add_argument("--wait-ms", type=float, default=5.0)
+    p.add_argument("--threads", type=int, default=0)
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    api = ViTLitAPI(args.weights, args.max_batch_size, args.wait_ms)
+    server = ls.LitServer(api, accelerator="auto", workers_per_device=1, timeout=30)
+    server.run(port=args.port, log_level="warning", generate_client_file=False)
+
+
+if __name__ == "__main__":
+    main()
