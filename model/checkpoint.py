@@ -116,6 +116,9 @@ def save_checkpoint(
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     save_file(tensors, str(tmp), metadata=metadata)
+    # safetensors writes owner-only files; a checkpoint is no secret, and a server running as
+    # another user (the container's non-root user reading a mounted file) must be able to read it.
+    tmp.chmod(0o644)
     tmp.replace(path)  # atomic: a reader never sees a half-written checkpoint
     return digest
 

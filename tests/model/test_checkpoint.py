@@ -24,6 +24,10 @@ def test_round_trip_restores_the_same_model(tiny_checkpoint: Path) -> None:
     assert len(ckpt.content_hash) == 64 and ckpt.version == ckpt.content_hash[:12]
 
 
+def test_checkpoint_is_readable_by_other_users(tiny_checkpoint: Path) -> None:
+    assert tiny_checkpoint.stat().st_mode & 0o444 == 0o444
+
+
 def test_content_hash_follows_the_weights(tmp_path: Path) -> None:
     a = save_checkpoint(tmp_path / "a.safetensors", tiny_model(seed=0), list(SHAPE_CLASSES), TINY_PREPROCESSING)
     b = save_checkpoint(tmp_path / "b.safetensors", tiny_model(seed=0), list(SHAPE_CLASSES), TINY_PREPROCESSING)
