@@ -36,11 +36,10 @@ def discard_lowest(attention: Tensor, ratio: float) -> Tensor:
     if k == 0:
         return attention
     flat = attention.reshape(B, N * N).clone()
-    protected = flat[:, 0].clone()
-    _, lowest = flat.topk(k, dim=-1, largest=False)  # (B, k): chosen per sample
-    flat.scatter_(1, lowest, 0.0)
-    flat[:, 0] = protected
-    return flat.reshape(B, N, N)
+    candidates = flat.clone()
+    candidates[:, 0] = float("inf")  # never chosen, so exactly k entries are discarded
+    _, lowest = candidates.topk(k, dim=-1, largest=False)  # (B, k): chosen per sample
+    return flat.scatter_(1, lowest, 0.0).reshape(B, N, N)
 
 
 def scale_to_unit(maps: Tensor) -> Tensor:

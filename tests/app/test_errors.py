@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import threading
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -133,21 +135,31 @@ async def test_bad_query_is_422(
     assert_error(await post_file(client, shape_png, **params), 422, fragment)
 
 
+async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.005)
+
+
 async def test_overloaded_is_503_with_retry_after(make_client: ClientFactory, shape_png: bytes) -> None:
     async with make_client(max_queue=2, max_files=2, max_batch_size=1, max_wait_ms=0) as client:
         batcher = client.app.state.service.batcher  # type: ignore[attr-defined]
         original = batcher.run_batch
-        release = asyncio.Event()
+        release, entered = asyncio.Event(), threading.Event()
         loop = asyncio.get_running_loop()
 
         def slow(batch):  # type: ignore[no-untyped-def]
+            entered.set()
             asyncio.run_coroutine_threadsafe(release.wait(), loop).result(10)
             return original(batch)
 
         batcher.run_batch = slow
-        pending = [asyncio.create_task(post_file(client, shape_png)) for _ in range(3)]  # 1 computing + 2 queued
-        while batcher.queue_depth < 2:
-            await asyncio.sleep(0.01)
+        pending = [asyncio.create_task(post_file(client, shape_png))]  # computing, held
+        await until(entered.is_set)
+        for depth in (1, 2):  # then two more fill the queue
+            pending.append(asyncio.create_task(post_file(client, shape_png)))
+            await until(lambda d=depth: batcher.queue_depth == d)  # type: ignore[misc]
         r = await post_file(client, shape_png)
         assert_error(r, 503, "overloaded")
         assert int(r.headers["retry-after"]) >= 1
