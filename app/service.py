@@ -10,7 +10,7 @@ import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -116,8 +116,7 @@ class Service:
             input_size=[c.config.image_size, c.config.image_size],
             channels=c.config.in_channels,
             config=c.config.to_dict(),
-            preprocessing=c.preprocessing.__dict__
-            | {"mean": list(c.preprocessing.mean), "std": list(c.preprocessing.std)},
+            preprocessing=asdict(c.preprocessing),
             training=c.training,
             device=str(self.predictor.device),
             dtype=str(self.predictor.dtype).removeprefix("torch."),
