@@ -22,16 +22,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
-from app.errors import NotReady, Overloaded, RequestTimeout, ServiceError
+from app.errors import InferenceFailed, NotReady, Overloaded, RequestTimeout
 
 log = logging.getLogger("app.batcher")
 
 In = TypeVar("In")
 Out = TypeVar("Out")
-
-
-class InferenceFailed(ServiceError):
-    status = 500
 
 
 class BatchObserver(Protocol):

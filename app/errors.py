@@ -53,6 +53,12 @@ class RequestTimeout(ServiceError):
     status = 504
 
 
+class InferenceFailed(ServiceError):
+    """The forward pass failed for an image even on its own (a server fault, not bad input)."""
+
+    status = 500
+
+
 def error_response(status: int, detail: object, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"detail": detail}, status_code=status, headers=headers)
 

@@ -40,6 +40,11 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def batch_sizes(max_batch_size: int) -> list[int]:
+    """1, 2, 4, ... up to and including the maximum: the sizes the batcher will produce most."""
+    return sorted({min(2**k, max_batch_size) for k in range(max_batch_size.bit_length() + 1)})
+
+
 def inference_dtype(device: torch.device) -> torch.dtype:
     """bf16 on GPUs that support it, fp16 on older ones, fp32 on the CPU."""
     if device.type != "cuda":
@@ -87,7 +92,7 @@ class Predictor:
     def warm_up(self, max_batch_size: int) -> float:
         """Run every power-of-two batch size up to the maximum (and the maximum), both paths; returns seconds."""
         started = time.perf_counter()
-        sizes = sorted({min(2**k, max_batch_size) for k in range(max_batch_size.bit_length() + 1)})
+        sizes = batch_sizes(max_batch_size)
         blank = torch.zeros(self.input_shape)
         for size in sizes:
             self([ImageInput(blank, "none")] * size)

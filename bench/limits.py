@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from app.decode import decode_image
-from app.inference import inference_dtype
+from app.inference import batch_sizes, inference_dtype
 from app.preprocess import Preprocessor
 from model.checkpoint import Checkpoint
 from model.shapes import make_sample
@@ -21,10 +21,6 @@ class ForwardResult:
     batch_size: int
     images_per_s: float
     ms_per_batch: float
-
-
-def batch_sizes(max_batch_size: int) -> list[int]:
-    return sorted({min(2**k, max_batch_size) for k in range(max_batch_size.bit_length() + 1)})
 
 
 @torch.inference_mode()

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from app.batcher import DynamicBatcher, InferenceFailed
-from app.errors import NotReady, Overloaded, RequestTimeout
+from app.batcher import DynamicBatcher
+from app.errors import InferenceFailed, NotReady, Overloaded, RequestTimeout
 
 
 class Recorder:
