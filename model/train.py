@@ -77,10 +77,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     m.add_argument("--mlp-ratio", type=float, help="overrides the preset")
     m.add_argument("--dropout", type=float, default=0.0)
     m.add_argument("--pos-embed", choices=POS_EMBED_KINDS, default="learned")
+    m.add_argument(
+        "--init",
+        choices=("mimetic", "timm"),
+        default="mimetic",
+        help="attention init: mimetic (local attention from the start; default) or plain timm trunc-normal",
+    )
     o = p.add_argument_group("optimisation")
     o.add_argument("--epochs", type=int, default=12)
     o.add_argument("--batch-size", type=int, default=128, help="per process")
-    o.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
+    o.add_argument("--lr", type=float, default=5e-4, help="peak learning rate")
     o.add_argument("--weight-decay", type=float, default=0.05)
     o.add_argument("--warmup-epochs", type=float, default=1.0)
     o.add_argument("--label-smoothing", type=float, default=0.1)
@@ -234,7 +240,10 @@ def main(argv: list[str] | None = None) -> History:
     config = build_config(args, len(data.classes), data.preprocessing.channels)
     if config.image_size != data.preprocessing.image_size:
         raise SystemExit(f"--image-size {config.image_size} disagrees with the data ({data.preprocessing.image_size})")
-    model = ViT(config).to(device)
+    model = ViT(config)
+    if args.init == "mimetic":
+        model.mimetic_init_(torch.Generator().manual_seed(args.seed))
+    model = model.to(device)
     train_loader = make_loader(data.train, args, ddp, train=True)
     test_loader = make_loader(data.test, args, ddp, train=False)
     optimizer = torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.999))
@@ -321,6 +330,7 @@ def summary(args: argparse.Namespace, history: History, started: float) -> dict[
         "train_samples": args.shapes_train if args.dataset == "shapes" else None,
         "batch_size": args.batch_size,
         "lr": args.lr,
+        "init": args.init,
         "train_time_s": round(time.monotonic() - started, 1),
     }
 

@@ -76,7 +76,7 @@ class ViTConfig:
 
 # Size presets. `micro` is what the bundled checkpoint uses; the rest follow the ViT paper's widths.
 PRESETS: dict[str, dict[str, Any]] = {
-    "micro": dict(dim=128, depth=6, heads=4, mlp_ratio=3.0),
+    "micro": dict(dim=128, depth=6, heads=8, mlp_ratio=3.0),
     "tiny": dict(dim=192, depth=12, heads=3, mlp_ratio=4.0),
     "small": dict(dim=384, depth=12, heads=6, mlp_ratio=4.0),
     "base": dict(dim=768, depth=12, heads=12, mlp_ratio=4.0),
@@ -193,14 +193,49 @@ class ViT(nn.Module):
         if isinstance(self.pos_embed, nn.Parameter):
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
         nn.init.normal_(self.cls_token, std=1e-6)
+        # As timm: linear layers trunc-normal(0.02); the patch-embedding conv keeps PyTorch's
+        # fan-in scaled default, so patch content is not drowned by the positional table.
         for m in self.modules():
-            if isinstance(m, (nn.Linear, nn.Conv2d)):
+            if isinstance(m, nn.Linear):
                 nn.init.trunc_normal_(m.weight, std=0.02)
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
             elif isinstance(m, nn.LayerNorm):
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
+
+    @torch.no_grad()
+    def mimetic_init_(self, generator: torch.Generator | None = None) -> ViT:
+        """Re-initialise attention so that it starts out local, as trained ViTs' attention is.
+
+        Mimetic initialisation (Trockman & Kolter 2023): per head W_q W_k^T ~ a1 Z + b1 I, and
+        W_v W_o ~ a2 Z - b2 I, with Z ~ N(0, 1/dim). Together with 2-D sine/cosine positions
+        (copied into a learned table, when dim allows) each token first attends mostly to itself
+        and its neighbours, which lets a small ViT start learning spatial structure long before
+        plain random attention does. Only the initial values change; the architecture is the same.
+        """
+        c = self.config
+        dim, head_dim = c.dim, c.dim // c.heads
+        eye = torch.eye(dim)
+
+        def factor(scale: float, shift: float) -> tuple[Tensor, Tensor, Tensor]:
+            z = torch.randn(dim, dim, generator=generator) / dim**0.5
+            u, s, vh = torch.linalg.svd(scale * z + shift * eye)
+            return u, s.sqrt(), vh
+
+        if isinstance(self.pos_embed, nn.Parameter) and dim % 4 == 0:
+            self.pos_embed.copy_(build_pos_embed("sincos2d", c.grid_size, dim))
+        for attn in (m for m in self.modules() if isinstance(m, Attention)):
+            w = attn.qkv.weight  # (3 * dim, dim); q = x @ w[:dim].T, and so on
+            for h in range(c.heads):
+                u, s, vh = factor(0.7, 0.7)  # rank-head_dim part of a1 Z + b1 I for this head
+                rows = slice(h * head_dim, (h + 1) * head_dim)
+                w[rows] = (u[:, :head_dim] * s[:head_dim]).T
+                w[dim:][rows] = (vh[:head_dim].T * s[:head_dim]).T
+            u, s, vh = factor(0.4, -0.4)
+            w[2 * dim :] = (u * s).T  # W_v = U sqrt(S)
+            attn.proj.weight.copy_((s[:, None] * vh).T)  # W_o = sqrt(S) V^T
+        return self
 
     def no_weight_decay(self) -> set[str]:
         """Parameter names that AdamW should not decay (besides biases and norm weights)."""

@@ -37,6 +37,7 @@ def test_train_imagefolder_writes_checkpoint_metrics_and_plot(tmp_path: Path) ->
     assert ckpt.classes == ["cat", "dog", "fox"]
     assert ckpt.config.image_size == 32 and ckpt.config.dim == 32
     assert ckpt.training["dataset"] == "imagefolder"
+    assert ckpt.training["init"] == "mimetic"  # the default
     assert ckpt.training["test_accuracy"] == pytest.approx(history.best_accuracy, abs=1e-6)
     metrics = json.loads((out.parent / "vit.metrics.json").read_text())
     assert len(metrics["epochs"]) == 2 and {"train_loss", "train_accuracy", "test_accuracy"} <= set(
@@ -47,9 +48,11 @@ def test_train_imagefolder_writes_checkpoint_metrics_and_plot(tmp_path: Path) ->
 
 def test_train_cifar10(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     write_cifar10(tmp_path / "data", monkeypatch)
-    _, out = run(tmp_path, "--dataset", "cifar10", "--data-dir", str(tmp_path / "data"), "--epochs", "1")
+    data = ("--dataset", "cifar10", "--data-dir", str(tmp_path / "data"))
+    _, out = run(tmp_path, *data, "--epochs", "1", "--init", "timm")
     ckpt = load_checkpoint(out)
     assert ckpt.config.image_size == 32 and ckpt.config.patch_size == 4 and ckpt.classes[-1] == "truck"
+    assert ckpt.training["init"] == "timm"
 
 
 @pytest.mark.parametrize("channels", ["1", "3"])

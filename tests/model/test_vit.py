@@ -80,6 +80,54 @@ def test_init_is_truncated_normal() -> None:
     assert float(model.cls_token.detach().abs().max()) < 1e-4
 
 
+def test_patch_embedding_keeps_pytorch_default_init() -> None:
+    model = ViT(ViTConfig(**{**TINY.to_dict(), "dim": 64}))
+    w = model.patch_embed.proj.weight.detach()  # kaiming-uniform(a=sqrt(5)): std = 1 / sqrt(3 * fan_in)
+    fan_in = w[0].numel()
+    assert abs(float(w.std()) - (3 * fan_in) ** -0.5) < 0.1 * (3 * fan_in) ** -0.5
+
+
+def self_attention_share(model: ViT, x: torch.Tensor) -> float:
+    """Mean weight a patch token gives itself in the first block."""
+    with torch.inference_mode():
+        _, attentions = model.forward_with_attention(x)
+    patches = attentions[0][:, :, 1:, 1:]
+    return float(patches.diagonal(dim1=-2, dim2=-1).mean())
+
+
+def test_mimetic_init_makes_first_layer_attention_local() -> None:
+    config = ViTConfig(image_size=32, patch_size=4, in_channels=1, dim=64, depth=2, heads=4, mlp_ratio=2.0)
+    torch.manual_seed(0)
+    x = torch.randn(4, 1, 32, 32)
+    plain = ViT(config)
+    mimetic = ViT(config).mimetic_init_(torch.Generator().manual_seed(0))
+    uniform = 1 / (1 + config.num_patches)
+    assert self_attention_share(plain, x) < 2 * uniform  # random init: near-uniform attention
+    assert self_attention_share(mimetic, x) > 5 * uniform  # mimetic: each token attends to itself
+    with torch.inference_mode():
+        _, attentions = mimetic.forward_with_attention(x)
+    # ... and, through the sine/cosine positions, more to its grid neighbours than to far tokens.
+    a = attentions[0][:, :, 1:, 1:].mean((0, 1))  # (N, N)
+    g = config.grid_size
+    ij = torch.stack(torch.meshgrid(torch.arange(g), torch.arange(g), indexing="ij"), -1).reshape(-1, 2)
+    dist = (ij[:, None] - ij[None]).abs().sum(-1)
+    assert float(a[dist == 1].mean()) > 2 * float(a[dist >= g].mean())
+
+
+def test_mimetic_init_is_seeded_and_keeps_the_architecture() -> None:
+    a = ViT(TINY).mimetic_init_(torch.Generator().manual_seed(3))
+    b = ViT(TINY).mimetic_init_(torch.Generator().manual_seed(3))
+    for (name, p), q in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+        if "qkv" in name or "attn.proj" in name or name == "pos_embed":
+            torch.testing.assert_close(p, q, msg=name)
+    torch.testing.assert_close(a.pos_embed, build_pos_embed("sincos2d", TINY.grid_size, TINY.dim))
+    assert a(torch.randn(2, 3, 32, 32)).isfinite().all()
+    # W_v W_o starts near -0.4 I: the value path subtracts part of the residual it reads.
+    attn = a.blocks[0].attn
+    w = (attn.qkv.weight[2 * TINY.dim :].T @ attn.proj.weight.T).detach()
+    assert float(torch.diagonal(w).mean()) < -0.2
+
+
 def test_no_weight_decay_names_real_parameters() -> None:
     model = tiny_model()
     names = dict(model.named_parameters())
