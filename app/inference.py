@@ -82,7 +82,8 @@ class Predictor:
             for method in {batch[i].attention for i in wanted}:
                 idx = [i for i in wanted if batch[i].attention == method]
                 rows = torch.tensor(idx, device=self.device)
-                for i, m in zip(idx, attention_map([a[rows] for a in attentions], method).float().cpu(), strict=True):
+                found = attention_map([a[rows] for a in attentions], method, self.model.readout)
+                for i, m in zip(idx, found.float().cpu(), strict=True):
                     maps[i] = m
         else:
             logits = self.model(x)

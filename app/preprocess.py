@@ -5,8 +5,7 @@ from __future__ import annotations
 from PIL import Image
 from torch import Tensor
 
-from model.checkpoint import Preprocessing
-from model.data import eval_transform
+from model.preprocessing import EvalTransform, Preprocessing
 
 
 class Preprocessor:
@@ -17,7 +16,7 @@ class Preprocessor:
 
     def __init__(self, p: Preprocessing) -> None:
         self.preprocessing = p
-        self.transform = eval_transform(p)
+        self.transform = EvalTransform(p)
 
     def __call__(self, image: Image.Image) -> Tensor:
         x: Tensor = self.transform(image)

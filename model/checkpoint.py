@@ -11,18 +11,18 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
+from model.preprocessing import Preprocessing
 from model.vit import ViT, ViTConfig
 
 FORMAT_NAME = "vit-serve-checkpoint"
 FORMAT_VERSION = 1
-ResizePolicy = Literal["squash", "center_crop"]
 
 
 class CheckpointError(Exception):
@@ -32,37 +32,6 @@ class CheckpointError(Exception):
         self.path = str(path)
         self.reason = reason
         super().__init__(f"checkpoint {self.path}: {reason}")
-
-
-@dataclass(frozen=True)
-class Preprocessing:
-    """How raw images become model input; the service applies exactly this."""
-
-    image_size: int
-    channels: int  # 1 or 3
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-    resize: ResizePolicy = "squash"  # squash: resize both sides; center_crop: shorter side, then crop
-
-    def __post_init__(self) -> None:
-        if self.channels not in (1, 3):
-            raise ValueError(f"channels must be 1 or 3, got {self.channels}")
-        if len(self.mean) != self.channels or len(self.std) != self.channels:
-            raise ValueError(f"mean and std need {self.channels} values each, got {self.mean} and {self.std}")
-        if any(s <= 0 for s in self.std):
-            raise ValueError(f"std values must be positive, got {self.std}")
-        if self.resize not in ("squash", "center_crop"):
-            raise ValueError(f"resize must be 'squash' or 'center_crop', got {self.resize!r}")
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Preprocessing:
-        return cls(
-            image_size=int(d["image_size"]),
-            channels=int(d["channels"]),
-            mean=tuple(float(x) for x in d["mean"]),
-            std=tuple(float(x) for x in d["std"]),
-            resize=d.get("resize", "squash"),
-        )
 
 
 @dataclass

@@ -6,6 +6,7 @@ names, and the `Preprocessing` the checkpoint records so the service normalises 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from torch.utils.data import Dataset, Subset
 from torchvision import datasets
 from torchvision.transforms import v2
 
-from model.checkpoint import Preprocessing
+from model.preprocessing import INTERPOLATION_MODES, EvalTransform, Preprocessing
 from model.shapes import IMAGE_SIZE as SHAPES_SIZE
 from model.shapes import SHAPE_CLASSES, render_dataset
 
@@ -72,10 +73,9 @@ def train_transform(p: Preprocessing, flip: bool, randaugment: bool) -> v2.Compo
     return v2.Compose(steps)
 
 
-def eval_transform(p: Preprocessing) -> v2.Compose:
-    steps: list[Any] = [v2.ToImage(), *channel_steps(p), *resize_steps(p)]
-    steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(p.mean), list(p.std))]
-    return v2.Compose(steps)
+def eval_transform(p: Preprocessing) -> EvalTransform:
+    """The deterministic transform a checkpoint is scored and served with."""
+    return EvalTransform(p)
 
 
 def channel_steps(p: Preprocessing) -> list[Any]:
@@ -84,15 +84,18 @@ def channel_steps(p: Preprocessing) -> list[Any]:
 
 
 def resize_steps(p: Preprocessing) -> list[Any]:
+    """The evaluation resize for training images (always on tensors; augmentation follows it)."""
+    mode = INTERPOLATION_MODES[p.interpolation]
     if p.resize == "center_crop":
-        return [v2.Resize(p.image_size, antialias=True), v2.CenterCrop(p.image_size)]
-    return [v2.Resize((p.image_size, p.image_size), antialias=True)]
+        return [v2.Resize(p.resize_size, interpolation=mode, antialias=True), v2.CenterCrop(p.image_size)]
+    steps: list[Any] = [v2.Resize((p.resize_size, p.resize_size), interpolation=mode, antialias=True)]
+    return steps + ([v2.CenterCrop(p.image_size)] if p.resize_size != p.image_size else [])
 
 
 class ShapesDataset(Dataset[tuple[Tensor, int]]):
     """The procedural shapes, rendered once into memory; `masks` holds each shape's silhouette."""
 
-    def __init__(self, n: int, seed: int, transform: v2.Compose | None = None) -> None:
+    def __init__(self, n: int, seed: int, transform: Callable[[Tensor], Tensor] | None = None) -> None:
         images, labels, masks = render_dataset(n, seed)
         self.images = torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()  # (n, 3, 64, 64) uint8
         self.labels = torch.from_numpy(labels)
@@ -111,7 +114,7 @@ class ShapesDataset(Dataset[tuple[Tensor, int]]):
 class TransformedSubset(Dataset[tuple[Tensor, int]]):
     """A subset of an untransformed dataset with its own transform (for train/val splits)."""
 
-    def __init__(self, subset: Subset[Any], transform: v2.Compose) -> None:
+    def __init__(self, subset: Subset[Any], transform: Callable[[Any], Tensor]) -> None:
         self.subset = subset
         self.transform = transform
 

@@ -80,7 +80,7 @@ def evaluate(
             logits = model(x)
         else:
             logits, attentions = model.forward_with_attention(x)
-            maps = attention_map(attentions, attention).cpu()
+            maps = attention_map(attentions, attention, model.readout).cpu()
             hits += int(pointing_hits(maps, masks[offset : offset + len(y)]).sum())
         preds = logits.argmax(1).cpu()
         confusion += torch.bincount(y * k + preds, minlength=k * k).reshape(k, k)

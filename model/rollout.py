@@ -4,11 +4,16 @@
 fuse the heads, add the identity for the residual path, renormalise each row, and multiply the
 layers together. `last_layer_attention` is the plain CLS-to-patch attention of the final block.
 Both return (B, grid_h, grid_w) maps scaled to [0, 1] per image.
+
+Models with register tokens or without a CLS token are read out the way they classify: the
+prefix tokens (CLS, registers) are skipped over, and an average-pooled model's map is the mean
+relevance over the patch tokens' rows, since its prediction is made from their mean.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -16,6 +21,22 @@ from torch import Tensor
 
 HeadFusion = Literal["mean", "max", "min"]
 ATTENTION_METHODS: tuple[str, ...] = ("rollout", "last")
+
+
+@dataclass(frozen=True)
+class Readout:
+    """Where a model's prediction is read from: the CLS row, or the mean of the patch rows."""
+
+    prefix_tokens: int = 1  # CLS and register tokens before the patches
+    pool: str = "cls"  # "cls" or "avg"
+
+    def row(self, relevance: Tensor) -> Tensor:
+        """(B, T, T) token-to-token relevance -> (B, N) relevance of each patch to the prediction."""
+        rows = relevance[:, 0] if self.pool == "cls" else relevance[:, self.prefix_tokens :].mean(dim=1)
+        return rows[:, self.prefix_tokens :]
+
+
+CLS = Readout()
 
 
 def fuse_heads(attention: Tensor, fusion: HeadFusion = "mean") -> Tensor:
@@ -50,17 +71,18 @@ def scale_to_unit(maps: Tensor) -> Tensor:
     return ((flat - lo) / span).reshape(maps.shape)
 
 
-def cls_to_grid(cls_row: Tensor) -> Tensor:
-    """(B, 1 + N) CLS attention row -> (B, g, g) map over the patch grid, scaled to [0, 1]."""
-    patches = cls_row[:, 1:]
+def to_grid(patches: Tensor) -> Tensor:
+    """(B, N) relevance of each patch -> (B, g, g) map over the patch grid, scaled to [0, 1]."""
     grid = math.isqrt(patches.shape[1])
     if grid * grid != patches.shape[1]:
         raise ValueError(f"{patches.shape[1]} patch tokens do not form a square grid")
     return scale_to_unit(patches.reshape(-1, grid, grid))
 
 
-def attention_rollout(attentions: list[Tensor], head_fusion: HeadFusion = "mean", discard_ratio: float = 0.0) -> Tensor:
-    """Roll attention out through all layers -> (B, grid, grid) CLS-to-patch relevance in [0, 1]."""
+def attention_rollout(
+    attentions: list[Tensor], head_fusion: HeadFusion = "mean", discard_ratio: float = 0.0, readout: Readout = CLS
+) -> Tensor:
+    """Roll attention out through all layers -> (B, grid, grid) patch relevance in [0, 1]."""
     if not attentions:
         raise ValueError("attention_rollout needs at least one layer of attention weights")
     if not 0.0 <= discard_ratio < 1.0:
@@ -73,20 +95,20 @@ def attention_rollout(attentions: list[Tensor], head_fusion: HeadFusion = "mean"
         a = fused + eye  # the residual connection carries each token to itself
         a = a / a.sum(dim=-1, keepdim=True)
         result = a @ result
-    return cls_to_grid(result[:, 0])
+    return to_grid(readout.row(result))
 
 
-def last_layer_attention(attentions: list[Tensor], head_fusion: HeadFusion = "mean") -> Tensor:
-    """CLS-to-patch attention of the final layer -> (B, grid, grid) in [0, 1]."""
+def last_layer_attention(attentions: list[Tensor], head_fusion: HeadFusion = "mean", readout: Readout = CLS) -> Tensor:
+    """Final layer's attention from the readout token(s) to the patches -> (B, grid, grid) in [0, 1]."""
     if not attentions:
         raise ValueError("last_layer_attention needs at least one layer of attention weights")
-    return cls_to_grid(fuse_heads(attentions[-1].float(), head_fusion)[:, 0])
+    return to_grid(readout.row(fuse_heads(attentions[-1].float(), head_fusion)))
 
 
-def attention_map(attentions: list[Tensor], method: str) -> Tensor:
+def attention_map(attentions: list[Tensor], method: str, readout: Readout = CLS) -> Tensor:
     """Dispatch by name: 'rollout' or 'last'."""
     if method == "rollout":
-        return attention_rollout(attentions)
+        return attention_rollout(attentions, readout=readout)
     if method == "last":
-        return last_layer_attention(attentions)
+        return last_layer_attention(attentions, readout=readout)
     raise ValueError(f"attention method must be one of {ATTENTION_METHODS}, got {method!r}")

@@ -3,19 +3,27 @@
 Pre-norm encoder blocks over convolutional patch embeddings and a CLS token. Attention runs
 through the fused `scaled_dot_product_attention` kernel by default; when attention weights are
 asked for, every block computes softmax(QK^T / sqrt(d)) explicitly and hands them back.
+
+The same network as timm's `VisionTransformer`, including the options pretrained ViTs use:
+register tokens, no CLS token with average pooling, `fc_norm`, layer scale, a pre-norm over the
+embeddings and positions added to patch tokens only. Each defaults to off, as in the original ViT.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from model.rollout import Readout
+
 PosEmbed = Literal["learned", "sincos1d", "sincos2d"]
-POS_EMBED_KINDS: tuple[str, ...] = ("learned", "sincos1d", "sincos2d")
+POS_EMBED_KINDS: tuple[str, ...] = get_args(PosEmbed)
+Pool = Literal["cls", "avg"]
 
 
 @dataclass(frozen=True)
@@ -30,6 +38,15 @@ class ViTConfig:
     mlp_ratio: float = 4.0  # hidden width of the MLP as a multiple of dim
     dropout: float = 0.0  # applied after attention/MLP projections and to the embeddings
     pos_embed: PosEmbed = "learned"
+    norm_eps: float = 1e-5  # LayerNorm epsilon (timm and torchvision ViTs: 1e-6; Hugging Face: 1e-12)
+    qkv_bias: bool = True  # bias on the query/key/value projection
+    class_token: bool = True  # prepend a learned CLS token
+    reg_tokens: int = 0  # learned register tokens after the CLS token (Darcet et al. 2023)
+    no_embed_class: bool = False  # add positions to patch tokens only, not to CLS and registers
+    pool: Pool = "cls"  # classify from the CLS token, or from the mean of the patch tokens
+    fc_norm: bool = False  # final LayerNorm after pooling instead of over all tokens (timm's fc_norm)
+    layer_scale: bool = False  # learned per-channel scale on each residual branch (CaiT, DeiT III)
+    pre_norm: bool = False  # LayerNorm over the embeddings before the first block (CLIP)
 
     def __post_init__(self) -> None:
         if self.image_size <= 0 or self.patch_size <= 0:
@@ -53,6 +70,14 @@ class ViTConfig:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.pos_embed not in POS_EMBED_KINDS:
             raise ValueError(f"pos_embed must be one of {POS_EMBED_KINDS}, got {self.pos_embed!r}")
+        if self.pool not in get_args(Pool):
+            raise ValueError(f"pool must be one of {get_args(Pool)}, got {self.pool!r}")
+        if self.pool == "cls" and not self.class_token:
+            raise ValueError("pool='cls' needs class_token=True; use pool='avg' for a model without a CLS token")
+        if self.reg_tokens < 0:
+            raise ValueError(f"reg_tokens must be >= 0, got {self.reg_tokens}")
+        if self.norm_eps <= 0:
+            raise ValueError(f"norm_eps must be positive, got {self.norm_eps}")
 
     @property
     def grid_size(self) -> int:
@@ -61,6 +86,16 @@ class ViTConfig:
     @property
     def num_patches(self) -> int:
         return self.grid_size**2
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        """Tokens before the patches: CLS (when present), then the registers."""
+        return int(self.class_token) + self.reg_tokens
+
+    @property
+    def num_embedded_prefix_tokens(self) -> int:
+        """Prefix tokens that get a position."""
+        return 0 if self.no_embed_class else self.num_prefix_tokens
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -92,16 +127,35 @@ def sincos_1d(positions: Tensor, dim: int) -> Tensor:
     return torch.cat([angles.sin(), angles.cos()], dim=1).float()
 
 
-def build_pos_embed(kind: PosEmbed, grid: int, dim: int) -> Tensor:
-    """Fixed positional embedding for CLS + grid*grid patches -> (1, 1 + grid*grid, dim)."""
+def build_pos_embed(kind: PosEmbed, grid: int, dim: int, prefix: int = 1) -> Tensor:
+    """Fixed positional embedding for `prefix` tokens + grid*grid patches -> (1, prefix + grid*grid, dim)."""
     if kind == "sincos1d":
-        return sincos_1d(torch.arange(1 + grid * grid), dim)[None]
+        return sincos_1d(torch.arange(prefix + grid * grid), dim)[None]
     if dim % 4 != 0:
         raise ValueError(f"sincos2d embeddings need dim divisible by 4, got {dim}")
     ys, xs = torch.meshgrid(torch.arange(grid), torch.arange(grid), indexing="ij")
     patches = torch.cat([sincos_1d(ys.flatten(), dim // 2), sincos_1d(xs.flatten(), dim // 2)], dim=1)
-    cls = torch.zeros(1, dim)  # the CLS token has no position (MoCo v3)
+    cls = torch.zeros(prefix, dim)  # the CLS token has no position (MoCo v3)
     return torch.cat([cls, patches], dim=0)[None]
+
+
+def resample_pos_embed(pos_embed: Tensor, new_grid: int, prefix: int) -> Tensor:
+    """Resize a learned (1, prefix + g*g, dim) table to a new_grid x new_grid patch grid.
+
+    Bicubic with antialiasing over the 2-D grid, as timm's `resample_abs_pos_embed`; the prefix
+    tokens' positions are kept as they are.
+    """
+    head, patches = pos_embed[:, :prefix], pos_embed[:, prefix:]
+    old_grid = math.isqrt(patches.shape[1])
+    if old_grid * old_grid != patches.shape[1]:
+        raise ValueError(f"{patches.shape[1]} position entries do not form a square grid")
+    if old_grid == new_grid:
+        return pos_embed
+    dim = patches.shape[-1]
+    grid = patches.float().reshape(1, old_grid, old_grid, dim).permute(0, 3, 1, 2)  # (1, dim, g, g)
+    grid = F.interpolate(grid, size=(new_grid, new_grid), mode="bicubic", antialias=True)
+    patches = grid.permute(0, 2, 3, 1).reshape(1, new_grid * new_grid, dim).to(pos_embed.dtype)
+    return torch.cat([head, patches], dim=1)
 
 
 class PatchEmbed(nn.Module):
@@ -119,12 +173,12 @@ class PatchEmbed(nn.Module):
 class Attention(nn.Module):
     """Multi-head self-attention: fused kernel by default, explicit softmax when weights are wanted."""
 
-    def __init__(self, dim: int, heads: int, dropout: float = 0.0) -> None:
+    def __init__(self, dim: int, heads: int, dropout: float = 0.0, qkv_bias: bool = True) -> None:
         super().__init__()
         self.heads = heads
         self.head_dim = dim // heads
         self.scale = self.head_dim**-0.5
-        self.qkv = nn.Linear(dim, 3 * dim)
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
         self.attn_drop = dropout
         self.proj_drop = nn.Dropout(dropout)
@@ -156,18 +210,31 @@ class MLP(nn.Module):
         return self.drop(self.fc2(self.act(self.fc1(x))))
 
 
-class Block(nn.Module):
-    def __init__(self, dim: int, heads: int, mlp_ratio: float, dropout: float) -> None:
+class LayerScale(nn.Module):
+    """Learned per-channel scale of a residual branch (Touvron et al. 2021, CaiT)."""
+
+    def __init__(self, dim: int, init_value: float = 1e-5) -> None:
         super().__init__()
-        self.ln_1 = nn.LayerNorm(dim)
-        self.attn = Attention(dim, heads, dropout)
-        self.ln_2 = nn.LayerNorm(dim)
-        self.mlp = MLP(dim, int(dim * mlp_ratio), dropout)
+        self.gamma = nn.Parameter(torch.full((dim,), init_value))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.gamma
+
+
+class Block(nn.Module):
+    def __init__(self, c: ViTConfig) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(c.dim, eps=c.norm_eps)
+        self.attn = Attention(c.dim, c.heads, c.dropout, c.qkv_bias)
+        self.ls_1: nn.Module = LayerScale(c.dim) if c.layer_scale else nn.Identity()
+        self.ln_2 = nn.LayerNorm(c.dim, eps=c.norm_eps)
+        self.mlp = MLP(c.dim, int(c.dim * c.mlp_ratio), c.dropout)
+        self.ls_2: nn.Module = LayerScale(c.dim) if c.layer_scale else nn.Identity()
 
     def forward(self, x: Tensor, return_attention: bool = False) -> tuple[Tensor, Tensor | None]:
         y, attn = self.attn(self.ln_1(x), return_attention)
-        x = x + y
-        x = x + self.mlp(self.ln_2(x))
+        x = x + self.ls_1(y)
+        x = x + self.ls_2(self.mlp(self.ln_2(x)))
         return x, attn
 
 
@@ -177,22 +244,39 @@ class ViT(nn.Module):
         self.config = config
         c = config
         self.patch_embed = PatchEmbed(c.patch_size, c.in_channels, c.dim)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, c.dim))
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, c.dim)) if c.class_token else None
+        self.reg_token = nn.Parameter(torch.zeros(1, c.reg_tokens, c.dim)) if c.reg_tokens else None
+        embedded = c.num_embedded_prefix_tokens
         self.pos_embed: Tensor
         if c.pos_embed == "learned":
-            self.pos_embed = nn.Parameter(torch.zeros(1, 1 + c.num_patches, c.dim))
+            self.pos_embed = nn.Parameter(torch.zeros(1, embedded + c.num_patches, c.dim))
         else:  # fixed tables are rebuilt from the config, so they stay out of the state dict
-            self.register_buffer("pos_embed", build_pos_embed(c.pos_embed, c.grid_size, c.dim), persistent=False)
+            table = build_pos_embed(c.pos_embed, c.grid_size, c.dim, embedded)
+            self.register_buffer("pos_embed", table, persistent=False)
         self.drop = nn.Dropout(c.dropout)
-        self.blocks = nn.ModuleList([Block(c.dim, c.heads, c.mlp_ratio, c.dropout) for _ in range(c.depth)])
-        self.norm = nn.LayerNorm(c.dim)
+        self.norm_pre = nn.LayerNorm(c.dim, eps=c.norm_eps) if c.pre_norm else nn.Identity()
+        self.blocks = nn.ModuleList([Block(c) for _ in range(c.depth)])
+        # With fc_norm the final norm moves from all tokens to the pooled vector (timm's layout).
+        self.norm = nn.Identity() if c.fc_norm else nn.LayerNorm(c.dim, eps=c.norm_eps)
+        self.fc_norm = nn.LayerNorm(c.dim, eps=c.norm_eps) if c.fc_norm else nn.Identity()
         self.head = nn.Linear(c.dim, c.num_classes)
         self._init_weights()
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return self.config.num_prefix_tokens
+
+    @property
+    def readout(self) -> Readout:
+        """How attention maps are read out of this model: the way it pools for its prediction."""
+        return Readout(self.config.num_prefix_tokens, self.config.pool)
 
     def _init_weights(self) -> None:
         if isinstance(self.pos_embed, nn.Parameter):
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
-        nn.init.normal_(self.cls_token, std=1e-6)
+        for token in (self.cls_token, self.reg_token):
+            if token is not None:
+                nn.init.normal_(token, std=1e-6)
         # As timm: linear layers trunc-normal(0.02); the patch-embedding conv keeps PyTorch's
         # fan-in scaled default, so patch content is not drowned by the positional table.
         for m in self.modules():
@@ -224,7 +308,7 @@ class ViT(nn.Module):
             return u, s.sqrt(), vh
 
         if isinstance(self.pos_embed, nn.Parameter) and dim % 4 == 0:
-            self.pos_embed.copy_(build_pos_embed("sincos2d", c.grid_size, dim))
+            self.pos_embed.copy_(build_pos_embed("sincos2d", c.grid_size, dim, c.num_embedded_prefix_tokens))
         for attn in (m for m in self.modules() if isinstance(m, Attention)):
             w = attn.qkv.weight  # (3 * dim, dim); q = x @ w[:dim].T, and so on
             for h in range(c.heads):
@@ -239,16 +323,19 @@ class ViT(nn.Module):
 
     def no_weight_decay(self) -> set[str]:
         """Parameter names that AdamW should not decay (besides biases and norm weights)."""
-        return {"pos_embed", "cls_token"}
+        names = {"pos_embed", "cls_token", "reg_token"}
+        return {n for n, _ in self.named_parameters() if n in names}
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
     def forward_features(self, x: Tensor, return_attention: bool = False) -> tuple[Tensor, list[Tensor]]:
-        """Encode images (B, C, H, W) -> token features (B, 1 + N, dim) and per-layer attention."""
+        """Encode images (B, C, H, W) -> token features (B, P + N, dim) and per-layer attention.
+
+        P is `num_prefix_tokens`: the CLS token (when present) and the registers come first.
+        """
         x = self.patch_embed(x)  # (B, N, dim)
-        cls = self.cls_token.expand(x.shape[0], -1, -1)
-        x = self.drop(torch.cat([cls, x], dim=1) + self.pos_embed)  # (B, 1 + N, dim)
+        x = self.norm_pre(self.drop(self.add_prefix_and_positions(x)))  # (B, P + N, dim)
         attentions: list[Tensor] = []
         for block in self.blocks:
             x, attn = block(x, return_attention)
@@ -256,8 +343,18 @@ class ViT(nn.Module):
                 attentions.append(attn)
         return self.norm(x), attentions
 
+    def add_prefix_and_positions(self, x: Tensor) -> Tensor:
+        """Patch tokens (B, N, dim) -> CLS, registers and patches with positions (B, P + N, dim)."""
+        B = x.shape[0]
+        prefix = [t.expand(B, -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
+        if self.config.no_embed_class:
+            return torch.cat([*prefix, x + self.pos_embed], dim=1)
+        return torch.cat([*prefix, x], dim=1) + self.pos_embed
+
     def forward_head(self, x: Tensor) -> Tensor:
-        return self.head(x[:, 0])  # classify from the CLS token
+        """Token features (B, P + N, dim) -> logits: from the CLS token, or the mean of the patches."""
+        pooled = x[:, 0] if self.config.pool == "cls" else x[:, self.num_prefix_tokens :].mean(dim=1)
+        return self.head(self.fc_norm(pooled))
 
     def forward(self, x: Tensor) -> Tensor:
         """Images (B, C, H, W) -> logits (B, num_classes), through the fused attention path."""
@@ -265,7 +362,7 @@ class ViT(nn.Module):
         return self.forward_head(features)
 
     def forward_with_attention(self, x: Tensor) -> tuple[Tensor, list[Tensor]]:
-        """Logits and every layer's attention weights, each (B, heads, 1 + N, 1 + N)."""
+        """Logits and every layer's attention weights, each (B, heads, P + N, P + N)."""
         features, attentions = self.forward_features(x, return_attention=True)
         return self.forward_head(features), attentions
 

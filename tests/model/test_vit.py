@@ -54,7 +54,7 @@ def test_config_errors_are_clear(changes: dict[str, object], message: str) -> No
 def test_config_round_trips_and_rejects_unknown_fields() -> None:
     assert ViTConfig.from_dict(TINY.to_dict()) == TINY
     with pytest.raises(ValueError, match="unknown ViTConfig fields"):
-        ViTConfig.from_dict({**TINY.to_dict(), "qkv_bias": True})
+        ViTConfig.from_dict({**TINY.to_dict(), "rope_theta": 100.0})
 
 
 def test_fixed_position_tables_stay_out_of_the_state_dict() -> None:
