@@ -27,19 +27,6 @@ class ImageOutput:
     attention_map: Tensor | None  # (grid, grid) in [0, 1], when asked for
 
 
-def resolve_device(name: str) -> torch.device:
-    """'auto' picks the first GPU when there is one, else the CPU; explicit names are checked."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"VIT_DEVICE={name} but no CUDA device is available; use auto or cpu")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(f"VIT_DEVICE={name} but only {torch.cuda.device_count()} CUDA devices exist")
-    return device
-
-
 def batch_sizes(max_batch_size: int) -> list[int]:
     """1, 2, 4, ... up to and including the maximum: the sizes the batcher will produce most."""
     return sorted({min(2**k, max_batch_size) for k in range(max_batch_size.bit_length() + 1)})

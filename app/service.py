@@ -20,7 +20,7 @@ from PIL import Image
 from app.batcher import DynamicBatcher
 from app.decode import decode_image
 from app.errors import RequestTimeout
-from app.inference import ImageInput, ImageOutput, Predictor, resolve_device
+from app.inference import ImageInput, ImageOutput, Predictor
 from app.metrics import Metrics
 from app.postprocess import to_result
 from app.preprocess import Preprocessor
@@ -28,6 +28,7 @@ from app.schemas import ModelInfo, ModelRef, PredictResponse
 from app.settings import Settings
 from app.uploads import Upload
 from model.checkpoint import Checkpoint, load_checkpoint
+from model.device import resolve_device
 
 log = logging.getLogger("app")
 
@@ -67,7 +68,10 @@ class Service:
         s = self.settings
         if s.threads:
             torch.set_num_threads(s.threads)
-        device = resolve_device(s.device)
+        try:
+            device = resolve_device(s.device)
+        except ValueError as e:
+            raise ValueError(f"VIT_DEVICE: {e}") from None
         self.checkpoint = load_checkpoint(s.weights, device)
         self.predictor = Predictor(self.checkpoint, device)
         self.preprocessor = Preprocessor(self.checkpoint.preprocessing)

@@ -12,9 +12,10 @@ from fastapi import Request
 from torch import Tensor
 
 from app.decode import decode_image
-from app.inference import inference_dtype, resolve_device
+from app.inference import inference_dtype
 from app.preprocess import Preprocessor
 from model.checkpoint import load_checkpoint
+from model.device import resolve_device
 
 
 class ViTLitAPI(ls.LitAPI):

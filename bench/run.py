@@ -23,11 +23,11 @@ from typing import Any
 
 import torch
 
-from app.inference import resolve_device
 from app.settings import BUNDLED_WEIGHTS
 from bench.limits import forward_throughput, preprocessing_cost, sample_images
 from bench.load import LoadResult, ServerProcess, require_hey, run_hey, start_litserve, start_service
 from model.checkpoint import load_checkpoint
+from model.device import resolve_device
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

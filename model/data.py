@@ -60,6 +60,7 @@ class DataOptions:
     shapes_test: int = 5_000
     seed: int = 0
     val_fraction: float = 0.1  # imagefolder without a val/ folder: share of train/ held out
+    preprocessing: Preprocessing | None = None  # fine-tuning: the checkpoint's recipe instead of the dataset's
 
 
 def train_transform(p: Preprocessing, flip: bool, randaugment: bool) -> v2.Compose:
@@ -151,7 +152,7 @@ def shapes_preprocessing(image_size: int = SHAPES_SIZE, channels: int = 3) -> Pr
 
 
 def build_shapes(opts: DataOptions) -> DataBundle:
-    p = shapes_preprocessing(image_size_for(opts), opts.channels or 3)
+    p = opts.preprocessing or shapes_preprocessing(image_size_for(opts), opts.channels or 3)
     # Test data comes from a different seed stream than training data, so the two never overlap.
     train = ShapesDataset(opts.shapes_train, opts.seed, train_transform(p, flip=True, randaugment=False))
     test = ShapesDataset(opts.shapes_test, opts.seed + 1_000_003, eval_transform(p))
@@ -171,7 +172,7 @@ def torchvision_dataset(cls: Any, root: Path, train: bool, download: bool, expec
 
 
 def build_cifar10(opts: DataOptions) -> DataBundle:
-    p = Preprocessing(image_size_for(opts), 3, *CIFAR10_STATS, resize="squash")
+    p = opts.preprocessing or Preprocessing(image_size_for(opts), 3, *CIFAR10_STATS, resize="squash")
     expected = opts.data_dir / "cifar-10-batches-py"
     ds = datasets.CIFAR10
     train = torchvision_dataset(
@@ -182,11 +183,11 @@ def build_cifar10(opts: DataOptions) -> DataBundle:
 
 
 def build_mnist(opts: DataOptions) -> DataBundle:
-    channels = opts.channels or 1
+    channels = opts.preprocessing.channels if opts.preprocessing else opts.channels or 1
     if channels not in (1, 3):
         raise ValueError(f"mnist channels must be 1 or 3, got {channels}")
     mean, std = MNIST_STATS
-    p = Preprocessing(image_size_for(opts), channels, mean * channels, std * channels, resize="squash")
+    p = opts.preprocessing or Preprocessing(image_size_for(opts), channels, mean * channels, std * channels)
     gray = [v2.Grayscale(num_output_channels=3)] if channels == 3 else []
     expected = opts.data_dir / "MNIST" / "raw"
     ds = datasets.MNIST
@@ -207,7 +208,7 @@ def build_imagefolder(opts: DataOptions) -> DataBundle:
             f"imagefolder expects {train_dir}/<class name>/<image files> (and optionally "
             f"{opts.data_dir / 'val'}/<class name>/...); {train_dir} does not exist"
         )
-    p = Preprocessing(image_size_for(opts), 3, *IMAGENET_STATS, resize="center_crop")
+    p = opts.preprocessing or Preprocessing(image_size_for(opts), 3, *IMAGENET_STATS, resize="center_crop")
     train_tf = train_transform(p, flip=True, randaugment=opts.randaugment)
     val_dir = next((opts.data_dir / d for d in ("val", "test") if (opts.data_dir / d).is_dir()), None)
     if val_dir is not None:

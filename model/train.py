@@ -2,6 +2,7 @@
 
     python -m model.train --dataset shapes --epochs 12 --output weights/vit-shapes.safetensors
     torchrun --nproc_per_node 4 -m model.train --dataset cifar10 --download ...   # data-parallel
+    python -m model.train --init-from vit-small.safetensors --dataset imagefolder ...  # fine-tune
 
 AdamW with linear warm-up then cosine decay, gradient clipping, label smoothing, bf16 autocast on
 CUDA. Each epoch prints and records train loss/accuracy and test accuracy; the best checkpoint by
@@ -30,9 +31,15 @@ from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 from tqdm import tqdm
 
-from model.checkpoint import save_checkpoint
-from model.data import DATASETS, DEFAULT_GEOMETRY, DataOptions, build_data
-from model.vit import POS_EMBED_KINDS, PRESETS, ViT, ViTConfig, param_count_str
+from model.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
+from model.data import DATASETS, DEFAULT_GEOMETRY, DataBundle, DataOptions, build_data
+from model.device import resolve_device
+from model.preprocessing import Preprocessing
+from model.vit import POS_EMBED_KINDS, PRESETS, ViT, ViTConfig, param_count_str, resample_pos_embed
+
+ARCHITECTURE_FLAGS = ("preset", "patch_size", "dim", "depth", "heads", "mlp_ratio", "pos_embed")
+SCRATCH_LR, FINETUNE_LR = 5e-4, 1e-4
+FINETUNE_LAYER_DECAY = 0.75
 
 
 @dataclass
@@ -68,7 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     d.add_argument("--shapes-train", type=int, default=50_000, help="shapes: training samples")
     d.add_argument("--shapes-test", type=int, default=5_000, help="shapes: test samples")
     m = p.add_argument_group("model")
-    m.add_argument("--preset", choices=sorted(PRESETS), default="micro", help="size preset (default: micro)")
+    m.add_argument("--preset", choices=sorted(PRESETS), help="size preset (default: micro)")
     m.add_argument("--image-size", type=int, help="input side (default: per dataset)")
     m.add_argument("--patch-size", type=int, help="patch side (default: per dataset)")
     m.add_argument("--dim", type=int, help="overrides the preset")
@@ -76,17 +83,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     m.add_argument("--heads", type=int, help="overrides the preset")
     m.add_argument("--mlp-ratio", type=float, help="overrides the preset")
     m.add_argument("--dropout", type=float, default=0.0)
-    m.add_argument("--pos-embed", choices=POS_EMBED_KINDS, default="learned")
+    m.add_argument("--pos-embed", choices=POS_EMBED_KINDS, help="position embedding (default: learned)")
     m.add_argument(
         "--init",
         choices=("mimetic", "timm"),
         default="mimetic",
         help="attention init: mimetic (local attention from the start; default) or plain timm trunc-normal",
     )
+    f = p.add_argument_group("fine-tuning")
+    f.add_argument(
+        "--init-from",
+        type=Path,
+        help="start from this checkpoint (ours or converted): its architecture and preprocessing; a new head "
+        "when the classes differ, positions resampled when --image-size differs",
+    )
+    f.add_argument(
+        "--layer-decay",
+        type=float,
+        help=f"layer-wise lr decay: block i of d trains at lr * decay^(d + 1 - i) "
+        f"(default: {FINETUNE_LAYER_DECAY} with --init-from, else 1.0)",
+    )
+    f.add_argument("--freeze-backbone", action="store_true", help="train the head only (linear probing)")
+    f.add_argument("--mean", type=float, nargs="+", help="override the checkpoint's normalisation mean")
+    f.add_argument("--std", type=float, nargs="+", help="override the checkpoint's normalisation std")
     o = p.add_argument_group("optimisation")
     o.add_argument("--epochs", type=int, default=12)
     o.add_argument("--batch-size", type=int, default=128, help="per process")
-    o.add_argument("--lr", type=float, default=5e-4, help="peak learning rate")
+    o.add_argument(
+        "--lr", type=float, help=f"peak learning rate (default: {SCRATCH_LR}, or {FINETUNE_LR} with --init-from)"
+    )
     o.add_argument("--weight-decay", type=float, default=0.05)
     o.add_argument("--warmup-epochs", type=float, default=1.0)
     o.add_argument("--label-smoothing", type=float, default=0.1)
@@ -98,12 +123,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     r.add_argument("--output", type=Path, default=Path("runs/vit.safetensors"), help="checkpoint path")
     r.add_argument("--resume", action="store_true", help="continue from <output>.state.pt")
     r.add_argument("--no-progress", action="store_true", help="no progress bars (logs and CI)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.init_from is not None:
+        given = [f"--{f.replace('_', '-')}" for f in ARCHITECTURE_FLAGS if getattr(args, f) is not None]
+        if given:
+            p.error(f"--init-from takes the architecture from the checkpoint; drop {', '.join(given)}")
+    elif args.freeze_backbone or args.mean or args.std:
+        p.error("--freeze-backbone, --mean and --std apply to fine-tuning: also pass --init-from CHECKPOINT")
+    finetuning = args.init_from is not None
+    args.lr = args.lr if args.lr is not None else (FINETUNE_LR if finetuning else SCRATCH_LR)
+    args.layer_decay = (
+        args.layer_decay if args.layer_decay is not None else (FINETUNE_LAYER_DECAY if finetuning else 1.0)
+    )
+    if not 0.0 < args.layer_decay <= 1.0:
+        p.error(f"--layer-decay must be in (0, 1], got {args.layer_decay}")
+    return args
 
 
 def build_config(args: argparse.Namespace, num_classes: int, channels: int) -> ViTConfig:
     image_size, patch_size = DEFAULT_GEOMETRY[args.dataset]
-    size = dict(PRESETS[args.preset])
+    size = dict(PRESETS[args.preset or "micro"])
     for key in ("dim", "depth", "heads", "mlp_ratio"):
         if getattr(args, key) is not None:
             size[key] = getattr(args, key)
@@ -113,9 +152,44 @@ def build_config(args: argparse.Namespace, num_classes: int, channels: int) -> V
         in_channels=channels,
         num_classes=num_classes,
         dropout=args.dropout,
-        pos_embed=args.pos_embed,
+        pos_embed=args.pos_embed or "learned",
         **size,
     )
+
+
+def finetune_preprocessing(args: argparse.Namespace, source: Checkpoint) -> Preprocessing:
+    """The source checkpoint's recipe at the new image size, with --mean/--std when given."""
+    p = source.preprocessing.with_image_size(args.image_size or source.config.image_size)
+    mean, std = tuple(args.mean or p.mean), tuple(args.std or p.std)
+    try:
+        return Preprocessing(
+            p.image_size, p.channels, mean, std, p.resize, p.crop_pct, p.interpolation, p.resize_backend
+        )
+    except ValueError as e:
+        raise SystemExit(f"--mean/--std: {e}") from None
+
+
+def finetune_model(args: argparse.Namespace, source: Checkpoint, data: DataBundle) -> ViT:
+    """The source model adapted to the data: a new head for new classes, positions resampled to the new grid."""
+    try:
+        config = ViTConfig(**{
+            **source.config.to_dict(), "num_classes": len(data.classes),
+            "image_size": data.preprocessing.image_size, "dropout": args.dropout,
+        })  # fmt: skip
+    except ValueError as e:
+        raise SystemExit(f"cannot fine-tune {args.init_from} at this size: {e}") from None
+    state = dict(source.model.state_dict())
+    if data.classes != source.classes:  # another label set: the old head's rows mean nothing here
+        del state["head.weight"], state["head.bias"]
+    if "pos_embed" in state and config.grid_size != source.config.grid_size:
+        state["pos_embed"] = resample_pos_embed(state["pos_embed"], config.grid_size, config.num_embedded_prefix_tokens)
+    model = ViT(config)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and set(missing) <= {"head.weight", "head.bias"}, (missing, unexpected)
+    if args.freeze_backbone:
+        for name, p in model.named_parameters():
+            p.requires_grad_(name.startswith("head."))
+    return model
 
 
 def setup_distributed() -> Distributed:
@@ -126,25 +200,32 @@ def setup_distributed() -> Distributed:
     return Distributed(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
 
 
-def resolve_device(name: str, ddp: Distributed) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and ddp.enabled:
-        name = f"cuda:{ddp.local_rank}"
-    device = torch.device(name)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    return device
+def layer_id(name: str, depth: int) -> int:
+    """0 for the embeddings, i + 1 for block i, depth + 1 for the final norm and head."""
+    if name.startswith("blocks."):
+        return int(name.split(".")[1]) + 1
+    if name.startswith(("patch_embed.", "cls_token", "reg_token", "pos_embed", "norm_pre.")):
+        return 0
+    return depth + 1
 
 
-def param_groups(model: ViT, weight_decay: float) -> list[dict[str, Any]]:
-    """Decay matrices only: biases, norms, the CLS token and positions are left alone."""
+def param_groups(model: ViT, weight_decay: float, layer_decay: float = 1.0) -> list[dict[str, Any]]:
+    """Decay matrices only (biases, norms, tokens and positions are left alone); with layer_decay < 1
+    each layer's lr is scaled by layer_decay^(distance from the head), as BEiT and MAE fine-tune."""
     skip = model.no_weight_decay()
-    decay: list[nn.Parameter] = []
-    no_decay: list[nn.Parameter] = []
+    depth = model.config.depth
+    groups: dict[tuple[int, bool], dict[str, Any]] = {}
     for name, p in model.named_parameters():
-        (no_decay if p.ndim < 2 or name in skip else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        if not p.requires_grad:
+            continue
+        decays = not (p.ndim < 2 or name in skip)
+        layer = layer_id(name, depth)
+        group = groups.setdefault((layer, decays), {
+            "params": [], "weight_decay": weight_decay if decays else 0.0,
+            "lr_scale": layer_decay ** (depth + 1 - layer),
+        })  # fmt: skip
+        group["params"].append(p)
+    return list(groups.values())
 
 
 def lr_at(step: int, total: int, warmup: int, peak: float) -> float:
@@ -216,11 +297,15 @@ def state_path(output: Path) -> Path:
     return output.with_name(output.name + ".state.pt")
 
 
-def main(argv: list[str] | None = None) -> History:
-    args = parse_args(argv)
-    ddp = setup_distributed()
-    device = resolve_device(args.device, ddp)
-    torch.manual_seed(args.seed + ddp.rank)
+def load_source(path: Path) -> Checkpoint:
+    try:
+        return load_checkpoint(path)
+    except CheckpointError as e:
+        raise SystemExit(f"--init-from: {e}") from None
+
+
+def load_data(args: argparse.Namespace, ddp: Distributed, source: Checkpoint | None) -> DataBundle:
+    """The dataset, with the source checkpoint's preprocessing when fine-tuning."""
     opts = DataOptions(
         dataset=args.dataset,
         data_dir=args.data_dir,
@@ -231,87 +316,122 @@ def main(argv: list[str] | None = None) -> History:
         shapes_train=args.shapes_train,
         shapes_test=args.shapes_test,
         seed=args.seed,
+        preprocessing=finetune_preprocessing(args, source) if source else None,
     )
     if ddp.enabled and args.download:  # rank 0 downloads first; the others then read the files
         if ddp.is_main:
             build_data(opts)
         dist.barrier()
-    data = build_data(opts)
+    return build_data(opts)
+
+
+def build_model(args: argparse.Namespace, data: DataBundle, source: Checkpoint | None) -> ViT:
+    """From the source checkpoint when fine-tuning, else a fresh model of the asked-for size."""
+    if source is not None:
+        return finetune_model(args, source, data)
     config = build_config(args, len(data.classes), data.preprocessing.channels)
     if config.image_size != data.preprocessing.image_size:
         raise SystemExit(f"--image-size {config.image_size} disagrees with the data ({data.preprocessing.image_size})")
     model = ViT(config)
     if args.init == "mimetic":
         model.mimetic_init_(torch.Generator().manual_seed(args.seed))
-    model = model.to(device)
+    return model
+
+
+def resume(
+    args: argparse.Namespace, model: ViT, optimizer: torch.optim.Optimizer, device: torch.device
+) -> tuple[History, int]:
+    """History and first epoch from <output>.state.pt, with model and optimizer restored."""
+    state = torch.load(state_path(args.output), map_location=device, weights_only=True)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    return History(state["epochs"], state["best_accuracy"], state["best_epoch"]), int(state["epoch"]) + 1
+
+
+@dataclass
+class Schedule:
+    total_steps: int
+    warmup_steps: int
+    steps_per_epoch: int
+
+
+def train_epoch(
+    args: argparse.Namespace, net: nn.Module, model: ViT, optimizer: torch.optim.Optimizer,
+    loader: DataLoader[Any], schedule: Schedule, epoch: int, device: torch.device, ddp: Distributed,
+) -> tuple[float, float]:  # fmt: skip
+    """One pass over the training data -> (mean loss, accuracy) over all processes."""
+    net.train()
+    loss_sum = torch.zeros((), device=device)
+    correct = torch.zeros((), device=device)
+    seen = 0
+    bar = tqdm(loader, desc=f"epoch {epoch}/{args.epochs}", disable=args.no_progress or not ddp.is_main)
+    for i, (x, y) in enumerate(bar):
+        lr = lr_at((epoch - 1) * schedule.steps_per_epoch + i, schedule.total_steps, schedule.warmup_steps, args.lr)
+        for group in optimizer.param_groups:
+            group["lr"] = lr * group.get("lr_scale", 1.0)
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with autocast(device):
+            logits = net(x)
+            loss = F.cross_entropy(logits.float(), y, label_smoothing=args.label_smoothing)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if args.clip_grad > 0:
+            nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], args.clip_grad)
+        optimizer.step()
+        loss_sum += loss.detach() * y.numel()
+        correct += (logits.argmax(1) == y).sum()
+        seen += y.numel()
+        if i % 20 == 0:
+            bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr:.2e}")
+    stats = torch.stack([loss_sum, correct, torch.tensor(float(seen), device=device)])
+    if ddp.enabled:
+        dist.all_reduce(stats)
+    return float(stats[0] / stats[2]), float(stats[1] / stats[2])
+
+
+def main(argv: list[str] | None = None) -> History:
+    args = parse_args(argv)
+    ddp = setup_distributed()
+    device = resolve_device(args.device, ddp.local_rank if ddp.enabled else None)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    torch.manual_seed(args.seed + ddp.rank)
+    source = load_source(args.init_from) if args.init_from else None
+    data = load_data(args, ddp, source)
+    model = build_model(args, data, source).to(device)
     train_loader = make_loader(data.train, args, ddp, train=True)
     test_loader = make_loader(data.test, args, ddp, train=False)
-    optimizer = torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.999))
-    steps_per_epoch = len(train_loader)
-    total_steps, warmup_steps = args.epochs * steps_per_epoch, int(args.warmup_epochs * steps_per_epoch)
-    history, start_epoch = History(), 1
-    if args.resume:
-        state = torch.load(state_path(args.output), map_location=device, weights_only=True)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        history = History(state["epochs"], state["best_accuracy"], state["best_epoch"])
-        start_epoch = int(state["epoch"]) + 1
+    optimizer = torch.optim.AdamW(
+        param_groups(model, args.weight_decay, args.layer_decay), lr=args.lr, betas=(0.9, 0.999)
+    )
+    n = len(train_loader)
+    schedule = Schedule(args.epochs * n, int(args.warmup_epochs * n), n)
+    history, start_epoch = resume(args, model, optimizer, device) if args.resume else (History(), 1)
     net: nn.Module = (
         DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None) if ddp.enabled else model
     )
     if ddp.is_main:
         sizes = f"{len(data.train)} train / {len(data.test)} test images"  # type: ignore[arg-type]
         print(f"{args.dataset}: {sizes}, {len(data.classes)} classes")
-        print(f"ViT {param_count_str(model.num_parameters())} params {config} on {device} x{ddp.world_size}")
+        print(f"ViT {param_count_str(model.num_parameters())} params {model.config} on {device} x{ddp.world_size}")
+        if source is not None:
+            print(f"fine-tuning from {args.init_from} (version {source.version}), layer decay {args.layer_decay}")
     started = time.monotonic()
     for epoch in range(start_epoch, args.epochs + 1):
         if isinstance(train_loader.sampler, DistributedSampler):
             train_loader.sampler.set_epoch(epoch)
-        net.train()
-        loss_sum = torch.zeros((), device=device)
-        correct = torch.zeros((), device=device)
-        seen = 0
-        bar = tqdm(train_loader, desc=f"epoch {epoch}/{args.epochs}", disable=args.no_progress or not ddp.is_main)
-        for i, (x, y) in enumerate(bar):
-            step = (epoch - 1) * steps_per_epoch + i
-            for group in optimizer.param_groups:
-                group["lr"] = lr_at(step, total_steps, warmup_steps, args.lr)
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            with autocast(device):
-                logits = net(x)
-                loss = F.cross_entropy(logits.float(), y, label_smoothing=args.label_smoothing)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if args.clip_grad > 0:
-                nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad)
-            optimizer.step()
-            loss_sum += loss.detach() * y.numel()
-            correct += (logits.argmax(1) == y).sum()
-            seen += y.numel()
-            if i % 20 == 0:
-                bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{optimizer.param_groups[0]['lr']:.2e}")
-        stats = torch.stack([loss_sum, correct, torch.tensor(float(seen), device=device)])
-        if ddp.enabled:
-            dist.all_reduce(stats)
+        train_loss, train_acc = train_epoch(args, net, model, optimizer, train_loader, schedule, epoch, device, ddp)
         test_acc = evaluate_accuracy(model, test_loader, device, ddp)
         record = {
             "epoch": epoch,
-            "train_loss": float(stats[0] / stats[2]),
-            "train_accuracy": float(stats[1] / stats[2]),
+            "train_loss": train_loss,
+            "train_accuracy": train_acc,
             "test_accuracy": test_acc,
             "elapsed_s": round(time.monotonic() - started, 1),
         }
         history.epochs.append(record)
         if ddp.is_main:
-            print(
-                f"epoch {epoch}: train loss {record['train_loss']:.4f} acc {record['train_accuracy']:.4f} | "
-                f"test acc {test_acc:.4f} | {record['elapsed_s']:.0f}s",
-                flush=True,
-            )
-            if test_acc > history.best_accuracy:
-                history.best_accuracy, history.best_epoch = test_acc, epoch
-                save_checkpoint(args.output, model, data.classes, data.preprocessing, summary(args, history, started))
-            write_artifacts(args, model, optimizer, history, epoch)
+            end_of_epoch(args, model, optimizer, history, record, data, source, started)
     if ddp.enabled:
         dist.destroy_process_group()
     if ddp.is_main:
@@ -319,9 +439,26 @@ def main(argv: list[str] | None = None) -> History:
     return history
 
 
-def summary(args: argparse.Namespace, history: History, started: float) -> dict[str, Any]:
+def end_of_epoch(
+    args: argparse.Namespace, model: ViT, optimizer: torch.optim.Optimizer, history: History,
+    record: dict[str, float], data: DataBundle, source: Checkpoint | None, started: float,
+) -> None:  # fmt: skip
+    """Print the epoch, keep the best checkpoint, and write metrics, curves and the resumable state."""
+    print(
+        f"epoch {record['epoch']}: train loss {record['train_loss']:.4f} acc {record['train_accuracy']:.4f} | "
+        f"test acc {record['test_accuracy']:.4f} | {record['elapsed_s']:.0f}s",
+        flush=True,
+    )
+    if record["test_accuracy"] > history.best_accuracy:
+        history.best_accuracy, history.best_epoch = record["test_accuracy"], int(record["epoch"])
+        training = summary(args, history, started, source)
+        save_checkpoint(args.output, model, data.classes, data.preprocessing, training)
+    write_artifacts(args, model, optimizer, history, int(record["epoch"]))
+
+
+def summary(args: argparse.Namespace, history: History, started: float, source: Checkpoint | None) -> dict[str, Any]:
     """The training record a checkpoint carries."""
-    return {
+    record = {
         "dataset": args.dataset,
         "epochs": history.best_epoch,
         "epochs_planned": args.epochs,
@@ -330,9 +467,15 @@ def summary(args: argparse.Namespace, history: History, started: float) -> dict[
         "train_samples": args.shapes_train if args.dataset == "shapes" else None,
         "batch_size": args.batch_size,
         "lr": args.lr,
-        "init": args.init,
+        "init": args.init if source is None else "init_from",
         "train_time_s": round(time.monotonic() - started, 1),
     }
+    if source is not None:
+        record["init_from"] = {"checkpoint": Path(source.path).name, "version": source.version}
+        record |= {"layer_decay": args.layer_decay, "freeze_backbone": args.freeze_backbone}
+        if "converted_from" in source.training:
+            record["init_from"]["converted_from"] = source.training["converted_from"]
+    return record
 
 
 def write_artifacts(

@@ -1,0 +1,104 @@
+"""python -m model.convert {timm,torchvision,hf} ... --output OUT.safetensors"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from model.checkpoint import load_checkpoint, save_checkpoint
+from model.convert import __doc__ as PACKAGE_DOC
+from model.convert.converted import ConversionError, Converted, check_equal, read_classes
+from model.vit import param_count_str
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m model.convert",
+        description=(PACKAGE_DOC or "").split("\n\n")[0],
+        epilog="The output serves with VIT_WEIGHTS=OUT.safetensors bin/serve and fine-tunes with model.train --init-from.",
+    )
+    sources = p.add_subparsers(dest="source", required=True, metavar="{timm,torchvision,hf}")
+
+    def common(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--output", type=Path, required=True, help="checkpoint to write (.safetensors)")
+        sp.add_argument("--classes", type=Path, help="labels, one per line (default: from the source)")
+        sp.add_argument(
+            "--no-check", action="store_true", help="skip comparing logits with the source model (very large models)"
+        )
+
+    def weights(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--arch", required=True, help="the library's model name")
+        w = sp.add_mutually_exclusive_group(required=True)
+        w.add_argument("--weights", type=Path, help="state dict file: .safetensors, or .pth/.bin (tensors only)")
+        w.add_argument("--pretrained", action="store_true", help="download the library's pretrained weights")
+
+    t = sources.add_parser("timm", help="a timm VisionTransformer (vit_*, deit_*, deit3_*, ...)")
+    weights(t)
+    common(t)
+    tv = sources.add_parser("torchvision", help="torchvision's vit_b_16, vit_b_32, vit_l_16, vit_l_32, vit_h_14")
+    weights(tv)
+    tv.add_argument(
+        "--recipe",
+        help="weights enum member whose transforms and categories apply, e.g. IMAGENET1K_SWAG_E2E_V1 "
+        "(default: the one whose crop matches the weights' image size)",
+    )
+    common(tv)
+    hf = sources.add_parser("hf", help="a Hugging Face ViTForImageClassification directory (save_pretrained)")
+    hf.add_argument("--model-dir", type=Path, required=True, help="directory with config.json and the weights")
+    common(hf)
+    return p.parse_args(argv)
+
+
+def load_source(args: argparse.Namespace) -> Converted:
+    if args.source == "timm":
+        from model.convert.timm_vit import convert_timm
+
+        return convert_timm(args.arch, args.weights, args.pretrained)
+    if args.source == "torchvision":
+        from model.convert.torchvision_vit import convert_torchvision
+
+        return convert_torchvision(args.arch, args.weights, args.pretrained, args.recipe)
+    from model.convert.hf_vit import convert_hf
+
+    return convert_hf(args.model_dir)
+
+
+def convert(args: argparse.Namespace) -> Path:
+    """Convert, check against the source, write, and re-load the written file."""
+    converted = load_source(args)
+    config = converted.config
+    if args.classes is not None:
+        converted.classes = read_classes(args.classes, config.num_classes)
+    model = converted.build()
+    source = dict(converted.source)
+    if not args.no_check:
+        source["max_relative_logit_diff"] = check_equal(model, converted)
+    save_checkpoint(args.output, model, converted.classes, converted.preprocessing, {"converted_from": source})
+    written = load_checkpoint(args.output)  # the file is a valid checkpoint of this project
+    p = converted.preprocessing
+    print(
+        f"{source['source']} {source.get('arch', source.get('model_dir', ''))}: ViT {param_count_str(model.num_parameters())} "
+        f"params, {config.image_size} px, patch {config.patch_size}, {config.num_classes} classes, pool {config.pool}"
+    )
+    print(
+        f"preprocessing: {p.resize} {p.resize_size} -> {p.image_size} px, {p.interpolation} ({p.resize_backend}), "
+        f"mean {p.mean}, std {p.std}"
+    )
+    if "max_relative_logit_diff" in source:
+        print(f"logits match the source model: max relative difference {source['max_relative_logit_diff']:.1e}")
+    print(f"wrote {args.output} (version {written.version})")
+    return Path(args.output)
+
+
+def main(argv: list[str] | None = None) -> Path:
+    args = parse_args(argv)
+    try:
+        return convert(args)
+    except ConversionError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""What every source converter returns, and the check that the conversion is exact."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from model.preprocessing import Preprocessing
+from model.vit import ViT, ViTConfig
+
+# Logits of the converted model may differ from the library's by float rounding only; anything
+# above this (relative to the logits' scale) means a feature was missed, and nothing is written.
+MAX_RELATIVE_LOGIT_DIFF = 1e-4
+
+
+class ConversionError(Exception):
+    """The source cannot be converted: unreadable, or it uses a feature our ViT does not implement."""
+
+
+def unsupported(feature: str, hint: str = "") -> ConversionError:
+    """The one error for a feature of the source model that `model.vit.ViT` does not implement."""
+    return ConversionError(f"unsupported feature: {feature}" + (f"; {hint}" if hint else ""))
+
+
+@dataclass
+class Converted:
+    """A source model translated into our config, weights, classes and preprocessing."""
+
+    config: ViTConfig
+    state_dict: dict[str, Tensor]
+    classes: list[str]
+    preprocessing: Preprocessing
+    reference: Callable[[Tensor], Tensor]  # the library's model: images -> logits
+    source: dict[str, Any] = field(default_factory=dict)  # recorded in the checkpoint
+
+    def build(self) -> ViT:
+        """Our model with the converted weights; every tensor must find its place."""
+        model = ViT(self.config)
+        missing, unexpected = model.load_state_dict(self.state_dict, strict=False)
+        if missing or unexpected:
+            raise ConversionError(
+                f"the weights do not map onto the model: missing {sorted(missing)[:6]}, unexpected {sorted(unexpected)[:6]}"
+            )
+        return model.eval()
+
+
+@torch.inference_mode()
+def logit_difference(
+    model: nn.Module, reference: Callable[[Tensor], Tensor], config: ViTConfig, batch: int = 2
+) -> float:
+    """Largest |ours - reference| over the logits of a seeded random batch, relative to the logits' scale."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, config.in_channels, config.image_size, config.image_size, generator=generator)
+    ours, theirs = model(x).float(), reference(x).float()
+    if ours.shape != theirs.shape:
+        raise ConversionError(f"logits have shape {tuple(ours.shape)}, the source model gives {tuple(theirs.shape)}")
+    return float((ours - theirs).abs().max() / theirs.abs().max().clamp_min(1.0))
+
+
+def check_equal(model: nn.Module, converted: Converted, batch: int = 2) -> float:
+    """Raise unless our logits equal the source model's; returns the relative difference."""
+    diff = logit_difference(model, converted.reference, converted.config, batch)
+    if not diff <= MAX_RELATIVE_LOGIT_DIFF:
+        raise ConversionError(
+            f"the converted model's logits differ from the source model's by {diff:.2e} (relative; "
+            f"limit {MAX_RELATIVE_LOGIT_DIFF:.0e}): the source uses something this converter does not map"
+        )
+    return diff
+
+
+def read_classes(path: Path, num_classes: int) -> list[str]:
+    """One label per line (trailing blank lines ignored); the count must match the model's head."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConversionError(f"--classes {path}: cannot read it ({e})") from e
+    while lines and not lines[-1].strip():
+        lines.pop()
+    labels = [line.strip() for line in lines]
+    if len(labels) != num_classes:
+        raise ConversionError(f"--classes {path}: {len(labels)} labels for a head with {num_classes} classes")
+    if any(not label for label in labels):
+        raise ConversionError(f"--classes {path}: line {labels.index('') + 1} is empty; give every class a label")
+    return labels
+
+
+def numbered_classes(num_classes: int) -> list[str]:
+    return [f"class_{i}" for i in range(num_classes)]
+
+
+def mlp_ratio(dim: int, hidden: int) -> float:
+    """The ratio that makes int(dim * ratio) == hidden, as our MLP computes its width."""
+    ratio = hidden / dim
+    if int(dim * ratio) != hidden:
+        raise unsupported(f"an MLP width of {hidden} for width {dim} (not expressible as a ratio)")
+    return ratio

@@ -1,0 +1,153 @@
+"""Hugging Face `ViTForImageClassification` (a `save_pretrained` directory) -> our ViT.
+
+transformers loads the directory (model.safetensors or pytorch_model.bin, with its own handling of
+older key names); its separate query, key and value projections are stacked into our fused qkv.
+The image processor's settings come from preprocessor_config.json, or ViTImageProcessor's defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from model.convert.converted import ConversionError, Converted, mlp_ratio, unsupported
+from model.preprocessing import Interpolation, Preprocessing
+from model.vit import ViTConfig
+
+LAYER = r"^vit\.layers\.(\d+)\."
+RENAMES = [
+    (re.compile(r"^vit\.embeddings\.cls_token$"), "cls_token"),
+    (re.compile(r"^vit\.embeddings\.position_embeddings$"), "pos_embed"),
+    (re.compile(r"^vit\.embeddings\.patch_embeddings\.projection\."), "patch_embed.proj."),
+    (re.compile(LAYER + r"attention\.o_proj\."), r"blocks.\1.attn.proj."),
+    (re.compile(LAYER + r"layernorm_before\."), r"blocks.\1.ln_1."),
+    (re.compile(LAYER + r"layernorm_after\."), r"blocks.\1.ln_2."),
+    (re.compile(LAYER + r"mlp\.(fc\d)\."), r"blocks.\1.mlp.\2."),
+    (re.compile(r"^vit\.layernorm\."), "norm."),
+    (re.compile(r"^classifier\."), "head."),
+]
+QKV = re.compile(LAYER + r"attention\.([qkv])_proj\.(weight|bias)$")
+RESAMPLE: dict[int, Interpolation] = {2: "bilinear", 3: "bicubic"}  # PIL's resampling filter numbers
+
+
+def convert_hf(model_dir: Path) -> Converted:
+    """Load a ViTForImageClassification directory with transformers and convert it."""
+    import transformers
+    from transformers import AutoConfig, ViTForImageClassification
+
+    if not (model_dir / "config.json").is_file():
+        raise ConversionError(f"{model_dir}: no config.json; pass a directory written by save_pretrained")
+    hf_config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+    if hf_config.model_type == "deit":
+        raise unsupported("a distillation token (DeiT models)", "only model_type 'vit' converts")
+    if hf_config.model_type != "vit":
+        raise ConversionError(f"{model_dir}: model_type {hf_config.model_type!r} is not a ViT (expected 'vit')")
+    if hf_config.hidden_act != "gelu":
+        raise unsupported(f"the activation {hf_config.hidden_act!r} (only exact GELU, 'gelu')")
+    try:
+        model = ViTForImageClassification.from_pretrained(model_dir, local_files_only=True).eval()
+    except (OSError, ValueError) as e:
+        raise ConversionError(f"{model_dir}: transformers could not load it ({e})") from e
+    config = hf_vit_config(hf_config, model)
+    classes = [str(hf_config.id2label[i]) for i in range(config.num_classes)]
+    preprocessing = hf_preprocessing(model_dir / "preprocessor_config.json", config)
+
+    def reference(x: Tensor) -> Tensor:
+        logits: Tensor = model(pixel_values=x).logits
+        return logits
+
+    source = {"source": "huggingface", "model_dir": model_dir.name, "transformers_version": transformers.__version__}
+    return Converted(config, map_state_dict(model.state_dict()), classes, preprocessing, reference, source)
+
+
+def hf_vit_config(c: Any, model: Any) -> ViTConfig:
+    if not isinstance(model.classifier, torch.nn.Linear):
+        raise unsupported("no classification head (num_labels=0)")
+    if not isinstance(c.image_size, int) or not isinstance(c.patch_size, int):
+        raise unsupported(f"a non-square image or patch size ({c.image_size}, {c.patch_size})")
+    return ViTConfig(
+        image_size=c.image_size,
+        patch_size=c.patch_size,
+        in_channels=int(c.num_channels),
+        num_classes=int(c.num_labels),
+        dim=int(c.hidden_size),
+        depth=int(c.num_hidden_layers),
+        heads=int(c.num_attention_heads),
+        mlp_ratio=mlp_ratio(int(c.hidden_size), int(c.intermediate_size)),
+        norm_eps=float(c.layer_norm_eps),
+        qkv_bias=bool(c.qkv_bias),
+    )
+
+
+def map_state_dict(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Rename to our keys; stack each layer's q, k and v projections into one qkv."""
+    out: dict[str, Tensor] = {}
+    parts: dict[tuple[str, str], dict[str, Tensor]] = {}
+    for key, value in state.items():
+        match = QKV.match(key)
+        if match:
+            layer, which, kind = match.groups()
+            parts.setdefault((layer, kind), {})[which] = value
+            continue
+        out[rename(key)] = value
+    for (layer, kind), p in parts.items():
+        out[f"blocks.{layer}.attn.qkv.{kind}"] = torch.cat([p["q"], p["k"], p["v"]], dim=0)
+    return out
+
+
+def rename(key: str) -> str:
+    for pattern, replacement in RENAMES:
+        new = pattern.sub(replacement, key)
+        if new != key:
+            return new
+    return key
+
+
+def hf_preprocessing(path: Path, config: ViTConfig) -> Preprocessing:
+    """The image processor's resize and normalisation as our Preprocessing (transformers 5 resizes tensors)."""
+    p: dict[str, Any] = {}
+    if path.is_file():
+        try:
+            p = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise ConversionError(f"{path}: not readable JSON ({e})") from e
+    size = config.image_size
+    resample = int(p.get("resample", 2))
+    if resample not in RESAMPLE:
+        raise unsupported(f"resample={resample} in {path.name} (2, bilinear, and 3, bicubic, are supported)")
+    if p.get("do_rescale", True) and abs(float(p.get("rescale_factor", 1 / 255)) - 1 / 255) > 1e-9:
+        raise unsupported(f"rescale_factor={p['rescale_factor']} in {path.name} (only 1/255)")
+    if not p.get("do_resize", True):
+        raise unsupported(f"do_resize=false in {path.name}: images would have to arrive at {size} px already")
+    mean, std = (p.get("image_mean", [0.5] * 3), p.get("image_std", [0.5] * 3))
+    if not p.get("do_normalize", True):
+        mean, std = [0.0] * 3, [1.0] * 3
+    policy, crop_pct = hf_resize_policy(p.get("size", {"height": size, "width": size}), p, size, path)
+    return Preprocessing(
+        image_size=size,
+        channels=config.in_channels,
+        mean=tuple(float(x) for x in mean),
+        std=tuple(float(x) for x in std),
+        resize=policy,
+        crop_pct=crop_pct,
+        interpolation=RESAMPLE[resample],
+        resize_backend="tensor",
+    )
+
+
+def hf_resize_policy(target: Any, p: dict[str, Any], size: int, path: Path) -> tuple[Any, float]:
+    """(resize policy, crop_pct) from the processor's `size` and optional centre crop."""
+    crop = p.get("crop_size", {}) if p.get("do_center_crop", False) else {}
+    crop_side = crop.get("height", size) if isinstance(crop, dict) else int(crop)
+    if crop_side != size or (isinstance(crop, dict) and crop.get("width", size) != size):
+        raise ConversionError(f"{path.name} crops to {crop}, but the model takes {size} px")
+    if isinstance(target, dict) and "shortest_edge" in target:
+        return "center_crop", size / int(target["shortest_edge"])
+    if isinstance(target, dict) and target.get("height") == target.get("width") and target.get("height"):
+        return "squash", size / int(target["height"])
+    raise unsupported(f"size={target} in {path.name} (square height/width or shortest_edge)")

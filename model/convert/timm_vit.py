@@ -1,0 +1,211 @@
+"""timm `VisionTransformer` -> our ViT: the same network, so the weights map almost name for name."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from model.convert.converted import ConversionError, Converted, mlp_ratio, numbered_classes, unsupported
+from model.convert.weights_file import read_state_dict
+from model.preprocessing import Preprocessing
+from model.vit import ViTConfig
+
+RENAMES = [  # timm name -> ours; everything else is already named alike
+    (re.compile(r"^blocks\.(\d+)\.norm1\."), r"blocks.\1.ln_1."),
+    (re.compile(r"^blocks\.(\d+)\.norm2\."), r"blocks.\1.ln_2."),
+    (re.compile(r"^blocks\.(\d+)\.ls1\."), r"blocks.\1.ls_1."),
+    (re.compile(r"^blocks\.(\d+)\.ls2\."), r"blocks.\1.ls_2."),
+]
+CROP_MODES = {"center": "center_crop", "squash": "squash"}
+
+
+def convert_timm(arch: str, weights: Path | None, pretrained: bool) -> Converted:
+    """Build `arch` in timm with the given weights (a file, or timm's own download) and convert it."""
+    import timm
+
+    if arch not in timm.list_models() and arch.split(".")[0] not in timm.list_models():
+        raise ConversionError(f"timm has no model {arch!r}; see timm.list_models('vit_*')")
+    if pretrained:
+        try:
+            model = timm.create_model(arch, pretrained=True)
+        except Exception as e:  # hub and network errors come in many types
+            raise ConversionError(
+                f"could not fetch pretrained weights for {arch} ({e}); without internet, download them "
+                "elsewhere and pass --weights FILE"
+            ) from e
+        source = "timm pretrained"
+    else:
+        assert weights is not None
+        model = timm_model_for(arch, read_state_dict(weights), weights)
+        source = weights.name
+    converted = from_timm_model(model.eval())
+    converted.source |= {"arch": arch, "weights": source}
+    return converted
+
+
+def timm_model_for(arch: str, state: dict[str, Tensor], path: Path) -> Any:
+    """timm's model for `arch`, sized to the file's head and position table, with its weights loaded."""
+    import timm
+
+    if "head.weight" not in state:
+        raise ConversionError(f"{path}: no classification head (head.weight); a headless backbone cannot classify")
+    num_classes = int(state["head.weight"].shape[0])
+    model: Any = timm.create_model(arch, pretrained=False, num_classes=num_classes)
+    pos = state.get("pos_embed")
+    if pos is not None and getattr(model, "pos_embed", None) is not None and pos.shape != model.pos_embed.shape:
+        embedded = 0 if model.no_embed_class else model.num_prefix_tokens
+        grid = int((pos.shape[1] - embedded) ** 0.5)
+        model = timm.create_model(arch, pretrained=False, num_classes=num_classes, img_size=grid * patch_side(model))
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        raise ConversionError(f"{path}: the weights do not fit timm's {arch}: {str(e).splitlines()[0]}") from e
+    return model
+
+
+def patch_side(model: Any) -> int:
+    kernel = model.patch_embed.proj.kernel_size
+    return int(kernel[0])
+
+
+def from_timm_model(m: Any) -> Converted:
+    """Convert a built timm model (any weights), refusing what our ViT does not implement."""
+    import timm
+    from timm.data import resolve_data_config
+
+    config = timm_config(m)
+    state = {rename(k): v for k, v in m.state_dict().items()}
+    if m.patch_embed.proj.bias is None:  # CLIP-style bias-free patch embedding: a zero bias is the same
+        state["patch_embed.proj.bias"] = torch.zeros(config.dim)
+    preprocessing = timm_preprocessing(resolve_data_config(model=m), config)
+    source = {"source": "timm", "timm_version": timm.__version__}
+    return Converted(config, state, timm_classes(m, config.num_classes), preprocessing, m, source)
+
+
+def timm_config(m: Any) -> ViTConfig:
+    """Our config for a timm ViT; raises ConversionError naming the first feature we lack."""
+    from timm.layers import Mlp, PatchEmbed
+    from timm.layers.attention import Attention
+    from timm.models.vision_transformer import Block, LayerScale, VisionTransformer
+
+    if type(m).__name__ == "VisionTransformerDistilled":
+        raise unsupported(
+            "a distillation token (DeiT distilled models)", "use a non-distilled DeiT such as deit_small_patch16_224"
+        )
+    if type(m) is not VisionTransformer:
+        raise unsupported(f"the model class {type(m).__name__} (only timm's VisionTransformer converts)")
+    if m.global_pool not in ("token", "avg"):
+        raise unsupported(f"global_pool={m.global_pool!r} (token and avg are supported)")
+    if getattr(m, "attn_pool", None) is not None:
+        raise unsupported("attention pooling (global_pool='map')")
+    if getattr(m, "pool_include_prefix", False):
+        raise unsupported("pooling over the prefix tokens (pool_include_prefix=True)")
+    if m.pos_embed is None:
+        raise unsupported("no absolute position embedding (pos_embed='none')")
+    pe = m.patch_embed
+    if type(pe) is not PatchEmbed or not isinstance(pe.norm, nn.Identity) or not isinstance(pe.proj, nn.Conv2d):
+        raise unsupported("a patch embedding other than one convolution (embed_layer, embed_norm_layer)")
+    if pe.proj.kernel_size != pe.proj.stride or pe.img_size[0] != pe.img_size[1]:
+        raise unsupported(f"overlapping patches or a non-square input {tuple(pe.img_size)}")
+    if not isinstance(m.head, nn.Linear):
+        raise unsupported("no classification head (num_classes=0)", "convert a model with a head")
+    norms: list[nn.Module] = [m.norm_pre, m.norm, m.fc_norm]
+    blocks: list[Any] = list(m.blocks)
+    first = blocks[0]
+    layer_scale = isinstance(first.ls1, LayerScale)
+    for i, b in enumerate(blocks):
+        if type(b) is not Block:
+            raise unsupported(f"the block type {type(b).__name__} (block_fn)")
+        a, mlp = b.attn, b.mlp
+        if type(a) is not Attention or not all(
+            isinstance(getattr(a, n, nn.Identity()), nn.Identity) for n in ("q_norm", "k_norm", "norm")
+        ):
+            raise unsupported(f"block {i}: attention with qk-norm or an inner norm (qk_norm, scale_attn_norm)")
+        if a.proj.bias is None or (a.qkv.bias is None) != (first.attn.qkv.bias is None):
+            raise unsupported(f"block {i}: attention projection without bias (proj_bias=False)")
+        if type(mlp) is not Mlp or not isinstance(mlp.norm, nn.Identity) or not isinstance(mlp.fc1, nn.Linear):
+            raise unsupported(f"block {i}: an MLP other than Linear-GELU-Linear (mlp_layer, scale_mlp_norm)")
+        if type(mlp.act) is not nn.GELU or mlp.act.approximate != "none":
+            raise unsupported(f"block {i}: the activation {mlp.act!r} (only exact GELU)")
+        if isinstance(b.ls1, LayerScale) != layer_scale or isinstance(b.ls2, LayerScale) != layer_scale:
+            raise unsupported("layer scale on some blocks only")
+        norms += [b.norm1, b.norm2]
+    eps = layer_norm_eps([n for n in norms if not isinstance(n, nn.Identity)])
+    if isinstance(m.norm, nn.Identity) and isinstance(m.fc_norm, nn.Identity):
+        raise unsupported("no final norm (final_norm=False)")
+    dim = m.embed_dim
+    return ViTConfig(
+        image_size=int(pe.img_size[0]),
+        patch_size=int(pe.proj.kernel_size[0]),
+        in_channels=int(pe.proj.in_channels),
+        num_classes=int(m.head.out_features),
+        dim=dim,
+        depth=len(blocks),
+        heads=int(first.attn.num_heads),
+        mlp_ratio=mlp_ratio(dim, int(first.mlp.fc1.out_features)),
+        norm_eps=eps,
+        qkv_bias=first.attn.qkv.bias is not None,
+        class_token=m.cls_token is not None,
+        reg_tokens=int(m.num_reg_tokens),
+        no_embed_class=bool(m.no_embed_class),
+        pool="cls" if m.global_pool == "token" else "avg",
+        fc_norm=isinstance(m.fc_norm, nn.LayerNorm),
+        layer_scale=layer_scale,
+        pre_norm=isinstance(m.norm_pre, nn.LayerNorm),
+    )
+
+
+def layer_norm_eps(norms: list[nn.Module]) -> float:
+    """The one epsilon all the model's norms share (each must be an affine LayerNorm)."""
+    for n in norms:
+        if not isinstance(n, nn.LayerNorm) or not n.elementwise_affine or n.bias is None:
+            raise unsupported(f"the norm layer {type(n).__name__} (only affine LayerNorm)")
+    eps = {float(n.eps) for n in norms}  # type: ignore[arg-type]
+    if len(eps) != 1:
+        raise unsupported(f"LayerNorms with different epsilons {sorted(eps)}")
+    return eps.pop()
+
+
+def rename(key: str) -> str:
+    for pattern, replacement in RENAMES:
+        key = pattern.sub(replacement, key)
+    return key
+
+
+def timm_classes(m: Any, num_classes: int) -> list[str]:
+    """ImageNet class names for the ImageNet heads timm knows, else class_0, class_1, ..."""
+    from timm.data import ImageNetInfo, infer_imagenet_subset
+
+    subset = infer_imagenet_subset(m)
+    if subset:
+        names = [str(d) for d in ImageNetInfo(subset).label_descriptions()]
+        if len(names) == num_classes:
+            return names
+    return numbered_classes(num_classes)
+
+
+def timm_preprocessing(data: dict[str, Any], config: ViTConfig) -> Preprocessing:
+    """timm's evaluation transform (resolve_data_config) as our Preprocessing."""
+    channels, height, width = data["input_size"]
+    if (height, width) != (config.image_size, config.image_size) or channels != config.in_channels:
+        raise ConversionError(
+            f"timm's data config wants input {data['input_size']}, the model takes {config.image_size} px"
+        )
+    if data.get("crop_mode", "center") not in CROP_MODES:
+        raise unsupported(f"crop_mode={data['crop_mode']!r} in the data config (center and squash are supported)")
+    if data["interpolation"] not in ("bilinear", "bicubic"):
+        raise unsupported(f"interpolation={data['interpolation']!r} in the data config (bilinear and bicubic)")
+    return Preprocessing(
+        image_size=config.image_size,
+        channels=channels,
+        mean=tuple(float(x) for x in data["mean"]),
+        std=tuple(float(x) for x in data["std"]),
+        resize=CROP_MODES[data.get("crop_mode", "center")],  # type: ignore[arg-type]
+        crop_pct=float(data["crop_pct"]),
+        interpolation=data["interpolation"],
+        resize_backend="pil",  # timm's eval transform resizes the PIL image
+    )
