@@ -12,7 +12,8 @@ import httpx
 import pytest
 import torch
 
-from model.checkpoint import Preprocessing, save_checkpoint
+from model.checkpoint import save_checkpoint
+from model.preprocessing import Preprocessing
 from model.shapes import SHAPE_CLASSES, make_sample
 from model.vit import ViT, ViTConfig
 from tests.app.conftest import ClientFactory

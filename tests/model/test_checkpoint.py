@@ -7,7 +7,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from model.checkpoint import CheckpointError, Preprocessing, load_checkpoint, save_checkpoint
+from model.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from model.preprocessing import Preprocessing
 from model.shapes import SHAPE_CLASSES
 from tests.conftest import TINY, TINY_PREPROCESSING, tiny_model
 

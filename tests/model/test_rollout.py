@@ -3,8 +3,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.rollout import attention_map, attention_rollout, discard_lowest, fuse_heads, last_layer_attention
-from tests.conftest import tiny_model
+from model.rollout import (
+    Readout,
+    attention_map,
+    attention_rollout,
+    discard_lowest,
+    fuse_heads,
+    last_layer_attention,
+    scale_to_unit,
+)
+from model.vit import ViTConfig
+from tests.conftest import TINY, tiny_model
 
 
 def random_attention(b: int = 2, heads: int = 3, n: int = 17, layers: int = 4, seed: int = 0) -> list[torch.Tensor]:
@@ -88,3 +97,22 @@ def test_model_attention_maps_match_grid() -> None:
         _, attentions = model.forward_with_attention(torch.randn(2, 3, 32, 32))
     assert attention_map(attentions, "rollout").shape == (2, 4, 4)
     assert attention_map(attentions, "last").shape == (2, 4, 4)
+
+
+def test_readout_skips_registers_and_follows_the_pooling() -> None:
+    """A CLS token, 3 registers and a 4x4 grid: maps cover the 16 patches only, read as the model pools."""
+    attentions = random_attention(n=1 + 3 + 16)
+    last = fuse_heads(attentions[-1])
+    cls = last_layer_attention(attentions, readout=Readout(prefix_tokens=4, pool="cls"))
+    expected = scale_to_unit(last[:, 0, 4:].reshape(2, 4, 4))
+    torch.testing.assert_close(cls, expected)
+    avg = last_layer_attention(attentions, readout=Readout(prefix_tokens=4, pool="avg"))
+    torch.testing.assert_close(avg, scale_to_unit(last[:, 4:, 4:].mean(dim=1).reshape(2, 4, 4)))
+    assert attention_rollout(attentions, readout=Readout(4, "avg")).shape == (2, 4, 4)
+
+
+def test_model_without_cls_token_gives_maps() -> None:
+    model = tiny_model(ViTConfig(**{**TINY.to_dict(), "class_token": False, "pool": "avg", "reg_tokens": 2}))
+    _, attentions = model.forward_with_attention(torch.randn(2, 3, 32, 32))
+    for method in ("rollout", "last"):
+        assert attention_map(attentions, method, model.readout).shape == (2, 4, 4)

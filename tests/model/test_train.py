@@ -3,12 +3,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 from model import evaluate, train
 from model.checkpoint import load_checkpoint
+from tests.conftest import Pretrained
 from tests.model.fake_datasets import write_cifar10, write_imagefolder, write_mnist
 
 TINY_ARGS = ["--dim", "32", "--depth", "1", "--heads", "2", "--batch-size", "8", "--workers", "0", "--no-progress"]
@@ -111,3 +114,86 @@ def test_torchrun_trains_data_parallel(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr[-2000:]
     assert "x2" in r.stdout  # two processes trained
     assert load_checkpoint(out).training["dataset"] == "shapes"
+
+
+def test_fine_tune_a_converted_model_on_an_image_folder(
+    tmp_path: Path, pretrained: Callable[[str], Pretrained]
+) -> None:
+    """A converted timm ViT fine-tunes at another resolution on new classes, and its loss falls."""
+    write_imagefolder(tmp_path / "data", per_class=12)
+    source = load_checkpoint(pretrained("timm").checkpoint)
+    out = tmp_path / "ft" / "vit.safetensors"
+    history = train.main([
+        "--init-from", source.path, "--dataset", "imagefolder", "--data-dir", str(tmp_path / "data"),
+        "--image-size", "64", "--epochs", "4", "--batch-size", "8", "--workers", "0", "--no-progress",
+        "--output", str(out),
+    ])  # fmt: skip
+    losses = [e["train_loss"] for e in history.epochs]
+    assert losses[-1] < 0.7 * losses[0], losses
+    ckpt = load_checkpoint(out)
+    assert ckpt.classes == ["cat", "dog", "fox"] and ckpt.config.num_classes == 3
+    assert ckpt.config.image_size == 64 and ckpt.config.dim == source.config.dim  # same backbone, new size
+    assert ckpt.model.pos_embed.shape == (1, 1 + 4 * 4, source.config.dim)  # 14x14 positions resampled to 4x4
+    p = ckpt.preprocessing  # the source's recipe, at the new size
+    assert (p.image_size, p.mean, p.crop_pct, p.interpolation) == (64, source.preprocessing.mean, 0.9, "bicubic")
+    assert ckpt.training["init_from"]["version"] == source.version
+    assert ckpt.training["init_from"]["converted_from"]["source"] == "timm"
+    assert ckpt.training["lr"] == train.FINETUNE_LR and ckpt.training["layer_decay"] == train.FINETUNE_LAYER_DECAY
+
+
+def test_freeze_backbone_trains_the_head_only(tmp_path: Path, tiny_checkpoint: Path) -> None:
+    """Linear probing: every backbone tensor is unchanged; the head (same classes: kept, then trained) moves."""
+    source = load_checkpoint(tiny_checkpoint)
+    out = tmp_path / "probe.safetensors"
+    train.main([
+        "--init-from", str(tiny_checkpoint), "--dataset", "shapes", "--shapes-train", "32", "--shapes-test", "16",
+        "--freeze-backbone", "--epochs", "1", "--batch-size", "8", "--workers", "0", "--no-progress",
+        "--output", str(out),
+    ])  # fmt: skip
+    before, after = source.model.state_dict(), load_checkpoint(out).model.state_dict()
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed == {"head.weight", "head.bias"}
+
+
+def test_same_classes_keep_the_head_and_new_classes_replace_it(tmp_path: Path, tiny_checkpoint: Path) -> None:
+    source = load_checkpoint(tiny_checkpoint)  # shapes classes
+    args = ["--init-from", str(tiny_checkpoint), "--epochs", "1", "--batch-size", "8", "--workers", "0",
+            "--no-progress", "--lr", "0", "--warmup-epochs", "0"]  # fmt: skip
+    shapes = ["--dataset", "shapes", "--shapes-train", "16", "--shapes-test", "8"]
+    train.main([*args, *shapes, "--output", str(tmp_path / "same.safetensors")])
+    kept = load_checkpoint(tmp_path / "same.safetensors").model.state_dict()["head.weight"]
+    assert torch.equal(kept, source.model.state_dict()["head.weight"])  # lr 0: nothing moved, head kept
+    write_imagefolder(tmp_path / "data")
+    folder = ["--dataset", "imagefolder", "--data-dir", str(tmp_path / "data"), "--image-size", "32"]
+    train.main([*args, *folder, "--output", str(tmp_path / "new.safetensors")])
+    assert load_checkpoint(tmp_path / "new.safetensors").model.state_dict()["head.weight"].shape == (3, 32)
+
+
+def test_layer_decay_scales_learning_rates_by_depth(tiny_checkpoint: Path) -> None:
+    model = load_checkpoint(tiny_checkpoint).model  # depth 2
+    groups = train.param_groups(model, 0.05, layer_decay=0.5)
+    scale_of = {id(p): g["lr_scale"] for g in groups for p in g["params"]}
+    named = dict(model.named_parameters())
+    assert scale_of[id(named["patch_embed.proj.weight"])] == 0.5**3
+    assert scale_of[id(named["blocks.0.attn.qkv.weight"])] == 0.5**2
+    assert scale_of[id(named["blocks.1.mlp.fc1.weight"])] == 0.5
+    assert scale_of[id(named["head.weight"])] == 1.0
+    decay_of = {id(p): g["weight_decay"] for g in groups for p in g["params"]}
+    assert decay_of[id(named["head.bias"])] == 0.0 and decay_of[id(named["head.weight"])] == 0.05
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--dim", "64"], "--init-from takes the architecture from the checkpoint; drop --dim"),
+        (["--image-size", "36"], "cannot fine-tune"),
+    ],
+)
+def test_fine_tuning_errors_are_clear(tiny_checkpoint: Path, extra: list[str], message: str) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "model.train", "--init-from", str(tiny_checkpoint), "--shapes-train", "8",
+         "--shapes-test", "8", "--epochs", "1", *extra],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode != 0 and message in r.stderr, r.stderr[-1500:]
+    assert "Traceback" not in r.stderr

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.vit import ViT, ViTConfig, build_pos_embed
+from model.vit import ViT, ViTConfig, build_pos_embed, resample_pos_embed
 from tests.conftest import TINY, tiny_model
 
 
@@ -137,3 +137,51 @@ def test_no_weight_decay_names_real_parameters() -> None:
 def test_grayscale_input() -> None:
     model = tiny_model(ViTConfig(**{**TINY.to_dict(), "in_channels": 1}))
     assert model(torch.randn(2, 1, 32, 32)).shape == (2, 10)
+
+
+OPTIONS: list[dict[str, object]] = [
+    {"reg_tokens": 2},
+    {"class_token": False, "pool": "avg"},
+    {"reg_tokens": 3, "no_embed_class": True, "pool": "avg", "fc_norm": True},
+    {"layer_scale": True, "pre_norm": True, "qkv_bias": False, "norm_eps": 1e-6},
+    {"reg_tokens": 1, "no_embed_class": True, "pos_embed": "sincos2d"},
+]
+
+
+@pytest.mark.parametrize("options", OPTIONS)
+def test_options_keep_fused_and_explicit_attention_equal(options: dict[str, object]) -> None:
+    model = tiny_model(ViTConfig(**{**TINY.to_dict(), **options}))
+    for name, p in model.named_parameters():  # layer scale starts tiny and tokens near zero: make every path count
+        if name.endswith("gamma") or name in ("cls_token", "reg_token"):
+            torch.nn.init.normal_(p, std=0.5)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        fused = model(x)
+        explicit, attentions = model.forward_with_attention(x)
+    torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=1e-5)
+    tokens = model.num_prefix_tokens + TINY.num_patches
+    assert all(a.shape == (2, TINY.heads, tokens, tokens) for a in attentions)
+
+
+def test_old_config_records_load_with_the_original_architecture() -> None:
+    old = {k: v for k, v in TINY.to_dict().items() if k in ("image_size", "patch_size", "in_channels", "num_classes",
+                                                            "dim", "depth", "heads", "mlp_ratio", "dropout", "pos_embed")}  # fmt: skip
+    config = ViTConfig.from_dict(old)
+    assert (config.norm_eps, config.class_token, config.reg_tokens, config.pool) == (1e-5, True, 0, "cls")
+    assert set(ViT(config).state_dict()) == set(tiny_model().state_dict())
+
+
+def test_cls_pooling_needs_a_cls_token() -> None:
+    with pytest.raises(ValueError, match="pool='cls' needs class_token=True"):
+        ViTConfig(**{**TINY.to_dict(), "class_token": False})
+
+
+def test_position_resampling_equals_timm() -> None:
+    from timm.layers import resample_abs_pos_embed
+
+    table = torch.randn(1, 2 + 14 * 14, 48)
+    for new_grid in (4, 7, 20):
+        ours = resample_pos_embed(table, new_grid, prefix=2)
+        theirs = resample_abs_pos_embed(table, [new_grid, new_grid], num_prefix_tokens=2)
+        torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=0)
+    assert resample_pos_embed(table, 14, prefix=2) is table

@@ -1,0 +1,97 @@
+"""Converted timm, torchvision and Hugging Face models served through /predict: probabilities equal the
+library's own pipeline (its eval transform and model) on the same non-square file."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from tests.app.conftest import ClientFactory
+from tests.conftest import Pretrained, encode
+
+PROBABILITY_ATOL = 1e-4
+
+
+@pytest.mark.parametrize("source", ["timm", "torchvision", "hf"])
+async def test_served_probabilities_equal_the_library(
+    make_client: ClientFactory, pretrained: Callable[[str], Pretrained], photo: Image.Image, source: str
+) -> None:
+    ref = pretrained(source)
+    png = encode(photo)
+    async with make_client(weights=ref.checkpoint, max_batch_size=2, warmup=False) as client:
+        r = await client.post(
+            "/predict", files={"file": ("photo.png", png, "image/png")}, params={"top_k": 3, "attention": "rollout"}
+        )
+        info = (await client.get("/v1/model")).json()
+    assert r.status_code == 200, r.text
+    result = r.json()["results"][0]
+    served = torch.tensor(result["probabilities"])
+    with torch.inference_mode():
+        pixels = ref.transform(Image.open(io.BytesIO(png)).convert("RGB"))
+        expected = ref.model(pixels[None]).float().softmax(dim=-1)[0]
+    assert expected.max() > 0.05  # a peaked distribution, so the tolerance means something
+    torch.testing.assert_close(served, expected, atol=PROBABILITY_ATOL, rtol=0)
+    assert result["top_k"][0]["index"] == int(expected.argmax())
+    assert result["top_k"][0]["label"] == info["classes"][int(expected.argmax())]
+    assert result["attention"]["grid"] == [14, 14]
+    assert info["input_size"] == [224, 224] and info["training"]["converted_from"]["source"] in (
+        "timm", "torchvision", "huggingface",
+    )  # fmt: skip
+
+
+async def test_average_pooled_model_with_registers_serves_attention_maps(
+    make_client: ClientFactory, tmp_path: Path, photo: Image.Image
+) -> None:
+    import timm
+
+    from model.checkpoint import save_checkpoint
+    from model.convert.timm_vit import from_timm_model
+
+    m = timm.create_model("vit_tiny_patch16_224", num_classes=3, class_token=False, global_pool="avg", reg_tokens=4)
+    converted = from_timm_model(m.eval())
+    path = tmp_path / "gap.safetensors"
+    save_checkpoint(path, converted.build(), ["a", "b", "c"], converted.preprocessing)
+    async with make_client(weights=path, warmup=False) as client:
+        for method in ("rollout", "last"):
+            r = await client.post(
+                "/predict", files={"file": ("p.png", encode(photo), "image/png")}, params={"attention": method}
+            )
+            assert r.status_code == 200, r.text
+            grid = torch.tensor(r.json()["results"][0]["attention"]["map"])
+            assert grid.shape == (14, 14) and float(grid.min()) == 0.0 and float(grid.max()) == 1.0
+
+
+def test_serving_imports_neither_the_libraries_nor_training_code(pretrained: Callable[[str], Pretrained]) -> None:
+    checkpoint = pretrained("hf").checkpoint
+    code = f"""
+import asyncio, io, sys
+import httpx
+from PIL import Image
+from asgi_lifespan import LifespanManager
+from app.main import create_app
+from app.settings import Settings
+
+async def main():
+    app = create_app(Settings(weights={str(checkpoint)!r}, device="cpu", warmup=False))
+    async with LifespanManager(app) as manager:
+        transport = httpx.ASGITransport(app=manager.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            buf = io.BytesIO()
+            Image.new("RGB", (300, 200), (10, 200, 30)).save(buf, "PNG")
+            r = await client.post("/predict", files={{"file": ("x.png", buf.getvalue(), "image/png")}})
+            assert r.status_code == 200, r.text
+
+asyncio.run(main())
+banned = ("timm", "transformers", "huggingface_hub", "model.data", "model.train", "model.shapes", "model.convert")
+print(sorted(m for m in sys.modules if m.startswith(banned)))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "[]"

@@ -1,0 +1,254 @@
+"""python -m model.convert: each library's model, built at random init by the library itself, converts
+through the CLI into a checkpoint whose logits equal the library's (fp32, atol 1e-4)."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import timm
+import torch
+import torchvision
+from safetensors.torch import save_file
+from torchvision.models import get_model_weights
+
+from model.checkpoint import load_checkpoint
+from model.convert.__main__ import main as convert_main
+from model.convert.converted import ConversionError, check_equal
+from model.convert.timm_vit import from_timm_model
+from model.convert.torchvision_vit import matching_recipe, torchvision_preprocessing
+from model.vit import ViTConfig
+from tests.conftest import Pretrained
+
+ATOL = 1e-4
+
+
+def same_logits(checkpoint: Path, reference: Callable[[torch.Tensor], torch.Tensor], channels: int = 3) -> None:
+    ckpt = load_checkpoint(checkpoint)
+    size = ckpt.config.image_size
+    x = torch.randn(3, channels, size, size, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        ours, theirs = ckpt.model(x), reference(x)
+    assert theirs.std() > 0.5  # the comparison is not between two near-constant outputs
+    torch.testing.assert_close(ours, theirs, atol=ATOL, rtol=0)
+
+
+def convert_timm_model(model: Any, tmp_path: Path, arch: str, suffix: str = ".safetensors") -> Path:
+    weights = tmp_path / f"weights{suffix}"
+    if suffix == ".safetensors":
+        save_file(model.state_dict(), str(weights))
+    else:
+        torch.save(model.state_dict(), weights)
+    out = tmp_path / "out.safetensors"
+    return convert_main(["timm", "--arch", arch, "--weights", str(weights), "--output", str(out)])
+
+
+@pytest.mark.parametrize("source", ["timm", "torchvision", "hf"])
+def test_converted_logits_equal_the_library(pretrained: Callable[[str], Pretrained], source: str) -> None:
+    ref = pretrained(source)
+    same_logits(ref.checkpoint, ref.model)
+    ckpt = load_checkpoint(ref.checkpoint)
+    assert ckpt.training["converted_from"]["source"] in ("timm", "torchvision", "huggingface")
+    assert ckpt.training["converted_from"]["max_relative_logit_diff"] <= 1e-4
+
+
+@pytest.mark.parametrize(
+    ("arch", "features"),
+    [
+        ("deit3_small_patch16_224", {"layer_scale": True, "no_embed_class": True}),
+        ("vit_little_patch16_reg1_gap_256", {"reg_tokens": 1, "pool": "avg", "fc_norm": True, "layer_scale": True}),
+    ],
+)
+def test_timm_architectures_with_extra_features(tmp_path: Path, arch: str, features: dict[str, Any]) -> None:
+    torch.manual_seed(0)
+    m = timm.create_model(arch, pretrained=False, num_classes=7).eval()
+    torch.nn.init.normal_(m.head.weight, std=0.5)
+    for name, p in m.named_parameters():
+        if name.endswith("gamma"):  # layer scale starts at 1e-6: the blocks would hardly count
+            torch.nn.init.uniform_(p, 0.5, 1.5)
+    out = convert_timm_model(m, tmp_path, arch, suffix=".pth")
+    config = load_checkpoint(out).config
+    assert {k: getattr(config, k) for k in features} == features
+    assert config.num_classes == 7 and config.norm_eps == 1e-6
+    same_logits(out, m)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"pre_norm": True, "qkv_bias": False},  # CLIP-style pre-norm
+        {"class_token": False, "global_pool": "avg", "fc_norm": False, "reg_tokens": 2},  # no CLS: average pooling
+        {"reg_tokens": 4, "no_embed_class": True, "init_values": 1e-3},
+    ],
+)
+def test_timm_options_convert_exactly(kwargs: dict[str, Any]) -> None:
+    torch.manual_seed(0)
+    m = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=5, **kwargs).eval()
+    torch.nn.init.normal_(m.head.weight, std=0.5)
+    converted = from_timm_model(m)
+    model = converted.build()
+    assert check_equal(model, converted) <= 1e-5
+    x = torch.randn(2, 3, 224, 224)
+    with torch.inference_mode():
+        torch.testing.assert_close(model(x), m(x), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("build", "feature"),
+    [
+        (lambda: timm.create_model("deit_tiny_distilled_patch16_224"), "distillation token"),
+        (lambda: timm.create_model("vit_tiny_patch16_224", qk_norm=True), "qk-norm"),
+        (lambda: timm.create_model("vit_tiny_patch16_224", global_pool="map"), "global_pool='map'"),
+        (lambda: timm.create_model("vit_tiny_patch16_224", num_classes=0), "no classification head"),
+        (lambda: timm.create_model("vit_tiny_patch16_224", act_layer="gelu_tanh"), "only exact GELU"),
+    ],
+)
+def test_timm_features_we_lack_are_refused_by_name(build: Callable[[], Any], feature: str) -> None:
+    with pytest.raises(ConversionError, match="unsupported feature: .*" + feature.replace("(", r"\(")):
+        from_timm_model(build())
+
+
+def test_refusal_through_the_cli_exits_2_with_one_line(tmp_path: Path) -> None:
+    m = timm.create_model("deit_tiny_distilled_patch16_224")
+    torch.save(m.state_dict(), tmp_path / "distilled.pth")
+    r = subprocess.run(
+        [sys.executable, "-m", "model.convert", "timm", "--arch", "deit_tiny_distilled_patch16_224",
+         "--weights", str(tmp_path / "distilled.pth"), "--output", str(tmp_path / "out.safetensors")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 2
+    assert "error: unsupported feature: a distillation token" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "out.safetensors").exists()
+
+
+def test_timm_imagenet_heads_get_imagenet_names(pretrained: Callable[[str], Pretrained]) -> None:
+    classes = load_checkpoint(pretrained("timm").checkpoint).classes
+    assert len(classes) == 1000 and classes[0].startswith("tench") and classes[-1].startswith("toilet tissue")
+
+
+def test_timm_preprocessing_is_the_data_config(pretrained: Callable[[str], Pretrained]) -> None:
+    p = load_checkpoint(pretrained("timm").checkpoint).preprocessing
+    assert (p.image_size, p.resize, p.crop_pct, p.interpolation, p.resize_backend) == (
+        224, "center_crop", 0.9, "bicubic", "pil",
+    )  # fmt: skip
+    assert p.resize_size == 248 and p.mean == (0.5, 0.5, 0.5)
+
+
+def test_torchvision_classes_and_recipe(pretrained: Callable[[str], Pretrained]) -> None:
+    ckpt = load_checkpoint(pretrained("torchvision").checkpoint)
+    assert ckpt.classes == pretrained("torchvision").classes and ckpt.classes[0] == "tench"
+    p = ckpt.preprocessing
+    assert (p.resize_size, p.image_size, p.interpolation) == (256, 224, "bilinear")
+    assert ckpt.training["converted_from"]["recipe"] == "IMAGENET1K_V1"
+    assert ckpt.config.norm_eps == 1e-6
+
+
+def test_torchvision_recipe_follows_the_image_size() -> None:
+    """A 384 px vit_b_16 takes the SWAG recipe whose crop is 384 (bicubic, no resize margin)."""
+    recipe = matching_recipe(get_model_weights("vit_b_16"), 384)
+    assert recipe.name == "IMAGENET1K_SWAG_E2E_V1"
+    p = torchvision_preprocessing(recipe, ViTConfig(image_size=384, patch_size=16))
+    assert (p.interpolation, p.resize_size, p.image_size) == ("bicubic", 384, 384)
+
+
+def test_weights_of_another_architecture_are_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    m = torchvision.models.VisionTransformer(
+        image_size=32, patch_size=16, num_layers=1, num_heads=2, hidden_dim=32, mlp_dim=64, num_classes=3
+    )
+    torch.save(m.state_dict(), tmp_path / "w.pth")
+    with pytest.raises(SystemExit):
+        convert_main(["torchvision", "--arch", "vit_b_16", "--weights", str(tmp_path / "w.pth"),
+                      "--output", str(tmp_path / "o.safetensors")])  # fmt: skip
+    assert "the weights do not fit torchvision's vit_b_16" in capsys.readouterr().err
+
+
+def test_hf_labels_and_processor(pretrained: Callable[[str], Pretrained]) -> None:
+    ckpt = load_checkpoint(pretrained("hf").checkpoint)
+    assert ckpt.classes == ["cat", "dog", "fox", "owl", "yak"]
+    p = ckpt.preprocessing
+    assert (p.resize, p.crop_pct, p.interpolation, p.resize_backend) == ("squash", 1.0, "bicubic", "tensor")
+    assert ckpt.config.norm_eps == 1e-12
+
+
+def test_hf_transformers4_directory_with_pytorch_model_bin(tmp_path: Path) -> None:
+    from transformers import ViTConfig as HFConfig
+    from transformers import ViTForImageClassification
+
+    config = HFConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=48,
+                      image_size=32, patch_size=8, num_labels=3, qkv_bias=False)  # fmt: skip
+    m = ViTForImageClassification(config).eval()
+    torch.nn.init.normal_(m.classifier.weight, std=2.0)
+    m.save_pretrained(tmp_path / "d")
+    # the layout transformers 4 wrote: pytorch_model.bin, with its key names
+    (tmp_path / "d" / "model.safetensors").unlink()
+    torch.save({transformers4_name(k): v for k, v in m.state_dict().items()}, tmp_path / "d" / "pytorch_model.bin")
+    out = convert_main(["hf", "--model-dir", str(tmp_path / "d"), "--output", str(tmp_path / "o.safetensors")])
+    ckpt = load_checkpoint(out)
+    assert ckpt.classes == ["LABEL_0", "LABEL_1", "LABEL_2"] and not ckpt.config.qkv_bias
+    assert ckpt.preprocessing.interpolation == "bilinear" and ckpt.preprocessing.mean == (0.5, 0.5, 0.5)
+    same_logits(out, lambda x: m(pixel_values=x).logits)
+
+
+def transformers4_name(key: str) -> str:
+    """transformers 5's ViT key -> the name transformers 4 saved it under."""
+    v4 = {"q_proj": "attention.query", "k_proj": "attention.key", "v_proj": "attention.value", "o_proj": "output.dense"}
+    key = key.replace("vit.layers.", "vit.encoder.layer.")
+    for new, old in v4.items():
+        key = key.replace(f"attention.{new}.", f"attention.{old}.")
+    return key.replace(".mlp.fc1.", ".intermediate.dense.").replace(".mlp.fc2.", ".output.dense.")
+
+
+def test_classes_file_overrides_labels(tmp_path: Path, pretrained: Callable[[str], Pretrained]) -> None:
+    hf_dir = pretrained("hf").checkpoint.parent / "hf-vit"
+    (tmp_path / "labels.txt").write_text("a\nb\nc\nd\ne\n\n")
+    out = convert_main(["hf", "--model-dir", str(hf_dir), "--classes", str(tmp_path / "labels.txt"),
+                        "--output", str(tmp_path / "o.safetensors")])  # fmt: skip
+    assert load_checkpoint(out).classes == ["a", "b", "c", "d", "e"]
+    (tmp_path / "short.txt").write_text("a\nb\n")
+    with pytest.raises(SystemExit) as e:
+        convert_main(["hf", "--model-dir", str(hf_dir), "--classes", str(tmp_path / "short.txt"),
+                      "--output", str(tmp_path / "o2.safetensors")])  # fmt: skip
+    assert e.value.code == 2
+
+
+def test_pickled_objects_are_never_unpickled(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "evil.pth"
+    torch.save({"head.weight": torch.zeros(2, 2), "payload": argparse.Namespace(run="rm -rf /")}, path)
+    with pytest.raises(SystemExit):
+        convert_main(
+            ["timm", "--arch", "vit_tiny_patch16_224", "--weights", str(path), "--output", str(tmp_path / "o")]
+        )
+    assert "not a plain state dict; torch.load(weights_only=True) refused it" in capsys.readouterr().err
+
+
+def test_wrapped_training_checkpoints_are_unwrapped(tmp_path: Path) -> None:
+    m = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=4).eval()
+    torch.nn.init.normal_(m.head.weight, std=0.5)
+    wrapped = {"state_dict": {f"module.{k}": v for k, v in m.state_dict().items()}, "epoch": 7}
+    torch.save(wrapped, tmp_path / "ckpt.pth")
+    out = convert_main(["timm", "--arch", "vit_tiny_patch16_224", "--weights", str(tmp_path / "ckpt.pth"),
+                        "--output", str(tmp_path / "o.safetensors")])  # fmt: skip
+    same_logits(out, m)
+
+
+def test_the_check_catches_a_wrong_mapping() -> None:
+    m = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=5).eval()
+    torch.nn.init.normal_(m.head.weight, std=0.5)
+    converted = from_timm_model(m)
+    qkv = converted.state_dict["blocks.0.attn.qkv.weight"]
+    dim = qkv.shape[1]
+    converted.state_dict["blocks.0.attn.qkv.weight"] = torch.cat([qkv[dim : 2 * dim], qkv[:dim], qkv[2 * dim :]])
+    with pytest.raises(ConversionError, match="logits differ from the source model's"):
+        check_equal(converted.build(), converted)
+
+
+def test_module_entry_point_help() -> None:
+    r = subprocess.run([sys.executable, "-m", "model.convert", "--help"], capture_output=True, text=True, check=True)
+    assert "{timm,torchvision,hf}" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "model.convert", "timm", "--help"], capture_output=True, text=True)
+    assert "--weights" in r.stdout and "--pretrained" in r.stdout and "--classes" in r.stdout
