@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from app.errors import install_error_handlers
 from app.metrics import Metrics
+from app.pages import install_pages
 from app.routes import router
 from app.service import Service
 from app.settings import Settings
@@ -26,7 +27,7 @@ from model.checkpoint import CheckpointError
 log = logging.getLogger("app")
 
 DESCRIPTION = """
-Vision Transformer image classification with dynamic batching.
+Vision Transformer image classification with dynamic batching. Try it in a browser at `/`.
 
 `POST /predict` takes one image as multipart field `file`, several as repeated `files`, or the raw
 bytes with an `image/*` Content-Type, and answers class probabilities for each image, plus attention
@@ -87,11 +88,14 @@ def create_app(settings: Settings | None = None, exit_on_startup_error: bool = F
             await service.shutdown()
             log.info("stopped")
 
-    app = FastAPI(title="ViT serving", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
+    app = FastAPI(
+        title="ViT serving", version="0.1.0", description=DESCRIPTION, lifespan=lifespan, docs_url=None, redoc_url=None
+    )
     app.state.service = None  # until the lifespan has loaded the model
     app.state.metrics = metrics
     install_error_handlers(app)
     app.include_router(router)
+    install_pages(app)  # the try-it page at /, and /docs and /redoc with local assets
     app.add_middleware(RequestTelemetry, metrics=metrics)
     return app
 

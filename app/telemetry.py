@@ -12,7 +12,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from app.metrics import Metrics
 
 log = logging.getLogger("app.access")
-ROUTES = frozenset({"/predict", "/v1/model", "/health/live", "/health/ready", "/metrics", "/docs", "/openapi.json"})
+ROUTES = frozenset(
+    {"/", "/predict", "/v1/model", "/health/live", "/health/ready", "/metrics", "/docs", "/openapi.json"}
+)
 VALID_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 

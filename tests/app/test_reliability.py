@@ -16,8 +16,7 @@ from model.checkpoint import save_checkpoint
 from model.preprocessing import Preprocessing
 from model.shapes import SHAPE_CLASSES, make_sample
 from model.vit import ViT, ViTConfig
-from tests.app.conftest import ClientFactory
-from tests.app.test_server import Server
+from tests.app.conftest import ClientFactory, Server
 from tests.conftest import encode
 
 pytestmark = pytest.mark.slow

@@ -9,7 +9,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from tests.app.test_server import Server
+from tests.app.conftest import Server
 from tests.conftest import write_tiny_checkpoint
 
 pytestmark = pytest.mark.slow

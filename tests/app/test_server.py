@@ -3,13 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import socket
-import subprocess
-import sys
-import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,63 +11,10 @@ import httpx
 import pytest
 
 from model.shapes import make_sample
+from tests.app.conftest import Server
 from tests.conftest import encode
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-class Server:
-    def __init__(self, checkpoint: Path, **env: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        environment = {**os.environ, "VIT_WEIGHTS": str(checkpoint), "VIT_DEVICE": "cpu", **env}
-        # Output goes to a file, not a pipe: an unread pipe fills up and blocks the server's logging.
-        self.output = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(self.port),
-             "--timeout-graceful-shutdown", "20"],
-            cwd=ROOT, env=environment, stdout=self.output, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
-
-    def read_output(self) -> str:
-        if self.output.closed:
-            return self.final_output
-        self.output.seek(0)
-        return self.output.read()
-
-    def wait_ready(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited early:\n{self.read_output()}")
-            try:
-                if httpx.get(f"{self.url}/health/ready", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError("server did not become ready")
-
-    def stop(self) -> str:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        if not self.output.closed:
-            self.final_output = self.read_output()
-            self.output.close()
-        return self.final_output
 
 
 @pytest.fixture

@@ -1,0 +1,206 @@
+// The try-it page: upload images, show top classes and the attention overlay, all from this service's API.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const API_KEY_STORAGE = "vit-api-key";
+const DEFAULT_METHODS = ["rollout", "last"];
+let methods = DEFAULT_METHODS;
+
+function apiHeaders() {
+  const key = $("api-key").value.trim();
+  return key ? { "X-API-Key": key } : {};
+}
+
+async function errorText(response) {
+  // The API answers errors as {"detail": "..."}; anything else is shown as its status line.
+  let detail = `${response.status} ${response.statusText}`;
+  try {
+    const body = await response.json();
+    if (body && body.detail !== undefined) {
+      detail = typeof body.detail === "string" ? body.detail : JSON.stringify(body.detail);
+    }
+  } catch (_) { /* not JSON: keep the status line */ }
+  const retry = response.headers.get("Retry-After");
+  if (retry) detail += ` (retry after ${retry} s)`;
+  return detail;
+}
+
+async function loadModel() {
+  const status = $("model-status");
+  try {
+    const response = await fetch("/v1/model");
+    if (response.status === 503) {
+      status.textContent = "The model is still loading; retrying…";
+      setTimeout(loadModel, 2000);
+      return;
+    }
+    if (!response.ok) throw new Error(await errorText(response));
+    showModel(await response.json());
+  } catch (e) {
+    status.textContent = `Could not read the model description: ${e.message}`;
+  }
+}
+
+function showModel(info) {
+  $("model-name").textContent = info.name;
+  $("model-version").textContent = info.version;
+  const channels = info.channels === 1 ? "grayscale" : "RGB";
+  $("model-input").textContent = `${info.input_size[0]} × ${info.input_size[1]} px, ${channels}`;
+  $("model-class-count").textContent = `${info.classes.length}: ${info.classes.slice(0, 10).join(", ")}${info.classes.length > 10 ? ", …" : ""}`;
+  const list = $("model-classes");
+  list.replaceChildren(...info.classes.map((c) => Object.assign(document.createElement("li"), { textContent: c })));
+  $("top-k").max = String(Math.min(info.classes.length, 1000));
+  $("top-k").value = String(Math.min(5, info.classes.length));
+  $("model-status").textContent = "";
+  $("model-info").hidden = false;
+  $("model-classes-details").hidden = false;
+}
+
+async function loadMethods() {
+  // The attention kinds the API offers, from its own OpenAPI schema, so new kinds appear here by themselves.
+  try {
+    const schema = await (await fetch("/openapi.json")).json();
+    const params = schema.paths["/predict"].post.parameters || [];
+    const attention = params.find((p) => p.name === "attention");
+    const kinds = (attention && attention.schema && attention.schema.enum) || [];
+    const offered = kinds.filter((k) => k !== "none");
+    if (offered.length) methods = offered;
+  } catch (_) { /* keep the defaults */ }
+  fillMethods($("method"), methods[0]);
+}
+
+function fillMethods(select, selected) {
+  select.replaceChildren(...methods.map((m) => new Option(m, m, m === selected, m === selected)));
+}
+
+function addResultItem(file, before) {
+  const item = $("result-template").content.firstElementChild.cloneNode(true);
+  item.querySelector(".filename").textContent = file.name || "pasted image";
+  const thumb = item.querySelector(".thumbnail");
+  thumb.addEventListener("error", () => { item.querySelector(".thumb").hidden = true; });  // not an image
+  thumb.src = URL.createObjectURL(file);
+  thumb.alt = `Uploaded image ${file.name || ""}`.trim();
+  $("results").insertBefore(item, before);  // a batch keeps its order; the newest batch comes first
+  $("results-empty").hidden = true;
+  return item;
+}
+
+async function classify(file, before) {
+  const item = addResultItem(file, before);
+  const cache = new Map();
+  const select = item.querySelector(".result-method");
+  fillMethods(select, $("method").value);
+  select.addEventListener("change", () => request(file, item, select.value, cache));
+  await request(file, item, select.value, cache);
+}
+
+async function request(file, item, method, cache) {
+  const status = item.querySelector(".status");
+  const error = item.querySelector(".error");
+  status.hidden = false;
+  status.textContent = `Classifying (${method} map)…`;
+  error.hidden = true;
+  try {
+    let data = cache.get(method);
+    if (!data) {
+      const body = new FormData();
+      body.append("file", file, file.name || "pasted.png");
+      const query = new URLSearchParams({ top_k: $("top-k").value || "5", attention: method, overlay: "true" });
+      const response = await fetch(`/predict?${query}`, { method: "POST", body, headers: apiHeaders() });
+      if (response.status === 401) showApiKeyField();
+      if (!response.ok) throw new Error(await errorText(response));
+      data = await response.json();
+      cache.set(method, data);
+    }
+    showResult(item, data.results[0], method, file.name || "the pasted image");
+    status.hidden = true;
+  } catch (e) {
+    status.hidden = true;
+    error.textContent = e instanceof TypeError ? `Could not reach the service: ${e.message}` : e.message;
+    error.hidden = false;
+  }
+}
+
+function showResult(item, result, method, name) {
+  const list = item.querySelector(".top-k");
+  list.replaceChildren(...result.top_k.map((entry) => {
+    const li = document.createElement("li");
+    const pct = `${(entry.probability * 100).toFixed(1)} %`;
+    const label = Object.assign(document.createElement("span"), { className: "label", textContent: entry.label });
+    const bar = Object.assign(document.createElement("progress"), { max: 1, value: entry.probability });
+    bar.setAttribute("aria-label", `${entry.label}: ${pct}`);
+    const value = Object.assign(document.createElement("span"), { className: "pct", textContent: pct });
+    li.append(label, bar, value);
+    return li;
+  }));
+  list.hidden = false;
+  item.querySelector(".map-choice").hidden = false;
+  const figure = item.querySelector(".overlay-figure");
+  if (result.attention && result.overlay_png) {
+    const [rows, cols] = result.attention.grid;
+    const overlay = item.querySelector(".overlay");
+    overlay.src = `data:image/png;base64,${result.overlay_png}`;
+    overlay.alt = `Attention map (${method}) over ${name}, ${rows} × ${cols} patch grid`;
+    item.querySelector(".overlay-caption").textContent = `${method} map · ${rows} × ${cols} grid`;
+    figure.hidden = false;
+  } else {
+    figure.hidden = true;
+  }
+}
+
+function showApiKeyField() {
+  const row = $("api-key-row");
+  if (row.hidden) {
+    row.hidden = false;
+    $("api-key").focus();
+  }
+}
+
+function classifyAll(files) {
+  const images = Array.from(files || []);
+  if (!images.length) {
+    $("results-empty").hidden = false;
+    $("results-empty").textContent = "Choose or drop at least one image first.";
+    return;
+  }
+  const before = $("results").firstElementChild;
+  images.forEach((f) => classify(f, before));
+}
+
+function wireEvents() {
+  const zone = $("drop-zone");
+  const input = $("files");
+  $("upload-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    classifyAll(input.files);
+  });
+  zone.addEventListener("click", () => input.click());
+  zone.addEventListener("keydown", (e) => {
+    if (e.key === "Enter" || e.key === " ") {
+      e.preventDefault();
+      input.click();
+    }
+  });
+  zone.addEventListener("dragover", (e) => {
+    e.preventDefault();
+    zone.classList.add("dragging");
+  });
+  zone.addEventListener("dragleave", () => zone.classList.remove("dragging"));
+  zone.addEventListener("drop", (e) => {
+    e.preventDefault();
+    zone.classList.remove("dragging");
+    classifyAll(e.dataTransfer.files);
+  });
+  document.addEventListener("paste", (e) => {
+    const files = Array.from(e.clipboardData ? e.clipboardData.files : []);
+    if (files.length) classifyAll(files);
+  });
+  const key = $("api-key");
+  key.value = sessionStorage.getItem(API_KEY_STORAGE) || "";
+  if (key.value) $("api-key-row").hidden = false;
+  key.addEventListener("change", () => sessionStorage.setItem(API_KEY_STORAGE, key.value.trim()));
+}
+
+wireEvents();
+loadModel();
+loadMethods();
