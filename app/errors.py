@@ -41,6 +41,12 @@ class Unauthorized(ServiceError):
     status = 401
 
 
+class ModelNotFound(ServiceError):
+    """A model name (or version) that this service does not serve."""
+
+    status = 404
+
+
 class Overloaded(ServiceError):
     status = 503
 

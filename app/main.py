@@ -70,8 +70,7 @@ def create_app(settings: Settings | None = None, exit_on_startup_error: bool = F
         try:
             resolved = settings or Settings()
             configure_logging(resolved.log_level)
-            service = Service(resolved, metrics)
-            await asyncio.to_thread(service.load)
+            service = await asyncio.to_thread(Service.load, resolved, metrics)
         except (ValidationError, CheckpointError, ValueError, OSError) as e:
             if not exit_on_startup_error:
                 raise

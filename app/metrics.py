@@ -16,29 +16,41 @@ class Metrics:
         self.latency = Histogram(
             "vit_request_latency_seconds", "HTTP request latency", ["route"], buckets=LATENCY_BUCKETS, registry=r
         )
-        self.batch_size = Histogram("vit_batch_size", "Images per forward pass", buckets=BATCH_BUCKETS, registry=r)
-        self.inference = Histogram(
-            "vit_inference_seconds", "Time of one batch's forward pass", buckets=LATENCY_BUCKETS, registry=r
+        self.batch_size = Histogram(
+            "vit_batch_size", "Images per forward pass", ["model"], buckets=BATCH_BUCKETS, registry=r
         )
-        self.queue = Gauge("vit_queue_depth", "Images waiting for a batch", registry=r)
-        self.images = Counter("vit_images_processed", "Images computed by the model", registry=r)
+        self.inference = Histogram(
+            "vit_inference_seconds", "Time of one batch's forward pass", ["model"], buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.queue = Gauge("vit_queue_depth", "Images waiting for a batch", ["model"], registry=r)
+        self.images = Counter("vit_images_processed", "Images computed by the model", ["model"], registry=r)
         self.dropped_images = Counter(
             "vit_images_dropped", "Images dropped before computing (cancelled: client gone; expired: deadline)",
-            ["reason"], registry=r,
+            ["model", "reason"], registry=r,
         )  # fmt: skip
-        self.ready = Gauge("vit_ready", "1 when the model is loaded and warm", registry=r)
-
-    # BatchObserver
-    def batch_done(self, size: int, seconds: float) -> None:
-        self.batch_size.observe(size)
-        self.inference.observe(seconds)
-        self.images.inc(size)
-
-    def dropped(self, reason: str, count: int) -> None:
-        self.dropped_images.labels(reason).inc(count)
-
-    def queue_depth(self, depth: int) -> None:
-        self.queue.set(depth)
+        self.ready = Gauge("vit_ready", "1 when every model is loaded and warm", registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class ModelMetrics:
+    """One model's view of the metrics: its batcher's observer, every series labelled with its name."""
+
+    def __init__(self, metrics: Metrics, model: str) -> None:
+        self.metrics = metrics
+        self.model = model
+        metrics.queue.labels(model).set(0)  # the series exists from the start
+
+    # BatchObserver
+    def batch_done(self, size: int, seconds: float) -> None:
+        m = self.metrics
+        m.batch_size.labels(self.model).observe(size)
+        m.inference.labels(self.model).observe(seconds)
+        m.images.labels(self.model).inc(size)
+
+    def dropped(self, reason: str, count: int) -> None:
+        self.metrics.dropped_images.labels(self.model, reason).inc(count)
+
+    def queue_depth(self, depth: int) -> None:
+        self.metrics.queue.labels(self.model).set(depth)

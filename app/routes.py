@@ -9,9 +9,10 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from app.disconnects import ClientDisconnected, unless_disconnected
 from app.errors import InvalidInput, NotReady, Unauthorized
-from app.schemas import ErrorBody, Health, ModelInfo, PredictResponse
-from app.service import ClientDisconnected, PredictOptions, Service
+from app.schemas import ErrorBody, Health, ModelInfo, ModelList, PredictResponse
+from app.service import PredictOptions, Service
 from app.uploads import read_uploads
 
 router = APIRouter()
@@ -46,6 +47,7 @@ ERRORS = {
     s: {"model": ErrorBody, "description": d}
     for s, d in {
         401: "API key missing or wrong (only when VIT_API_KEYS is set)",
+        404: "No model of that name",
         413: "Body or image too large",
         415: "Not a supported image type",
         422: "Undecodable image, bad parameters, no file or too many files",
@@ -89,13 +91,17 @@ async def predict(
     top_k: Annotated[int, Query(ge=1, le=1000, description="How many top classes to list")] = 5,
     attention: Annotated[Literal["none", "rollout", "last"], Query(description="Attention map to return")] = "none",
     overlay: Annotated[bool, Query(description="Also return a PNG of the map over the image (base64)")] = False,
+    model: Annotated[str | None, Query(description="Which served model (default: the first)")] = None,
 ) -> Response:
     """Classify one or more images; optionally return attention maps and overlays."""
     if overlay and attention == "none":
         raise InvalidInput("overlay=true draws an attention map: also pass attention=rollout or attention=last")
+    served = service.model(model)
     uploads = await read_uploads(request, service.settings.max_upload_bytes, service.settings.max_files)
     try:
-        result = await service.predict(uploads, PredictOptions(top_k, attention, overlay), request)
+        result = await unless_disconnected(
+            request, service.predict(served, uploads, PredictOptions(top_k, attention, overlay))
+        )
     except ClientDisconnected:
         return Response(status_code=499)  # never delivered: the client is gone
     return JSONResponse(result.model_dump(exclude_none=True))
@@ -103,8 +109,14 @@ async def predict(
 
 @router.get("/v1/model", response_model=ModelInfo, responses={503: ERRORS[503]})
 async def model_info(service: ReadyServiceDep) -> ModelInfo:
-    """Describe the served model: classes, input, config, training summary."""
-    return service.model_info()
+    """Describe the default model: classes, input, config, training summary."""
+    return service.default.info()
+
+
+@router.get("/v1/models", response_model=ModelList, responses={503: ERRORS[503]})
+async def list_models(service: ReadyServiceDep) -> ModelList:
+    """Every served model, the default first."""
+    return ModelList(default=service.default.name, models=[m.info() for m in service.models.values()])
 
 
 @router.get("/health/live", response_model=Health)
@@ -115,7 +127,7 @@ async def live() -> Health:
 
 @router.get("/health/ready", response_model=Health, responses={503: ERRORS[503]})
 async def ready(request: Request) -> Health:
-    """Readiness: 200 once the model is loaded and warm; 503 before that and while draining."""
+    """Readiness: 200 once every model is loaded and warm; 503 before that and while draining."""
     service: Service | None = request.app.state.service
     if service is None or not service.ready:
         raise NotReady("not ready: loading the model or draining")

@@ -51,6 +51,11 @@ class ModelInfo(BaseModel):
     dtype: str
 
 
+class ModelList(BaseModel):
+    default: str = Field(description="The model /predict uses without ?model=", examples=["vit-shapes"])
+    models: list[ModelInfo]
+
+
 class ErrorBody(BaseModel):
     detail: str = Field(examples=["photo.tif: TIFF images are not supported; send one of image/bmp, image/gif, ..."])
 

@@ -10,12 +10,17 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 BUNDLED_WEIGHTS = Path(__file__).resolve().parent.parent / "weights" / "vit-shapes.safetensors"
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="VIT_", env_file=".env", extra="ignore")
 
-    weights: Path = Field(BUNDLED_WEIGHTS, description="Checkpoint to serve (safetensors, from model.train)")
+    weights: Path = Field(BUNDLED_WEIGHTS, description="Checkpoint to serve; its name is the file's stem")
+    models: str | None = Field(
+        None,
+        description="Several checkpoints: name=path,name=path (the first is the default); replaces VIT_WEIGHTS",
+    )
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
     max_batch_size: int = Field(32, ge=1, le=1024, description="Most images in one forward pass")
     max_wait_ms: float = Field(5.0, ge=0, le=1000, description="Longest wait after the first image to fill a batch")
@@ -47,6 +52,28 @@ class Settings(BaseSettings):
                 "or a full-size request could never be accepted"
             )
         return self
+
+    @model_validator(mode="after")
+    def check_models(self) -> Settings:
+        if self.models is not None and "weights" in self.model_fields_set:
+            raise ValueError("set VIT_MODELS or VIT_WEIGHTS, not both (VIT_WEIGHTS is the one-model shorthand)")
+        self.model_paths()  # a malformed list fails at startup, with what to fix
+        return self
+
+    def model_paths(self) -> dict[str, Path]:
+        """Model name -> checkpoint, in VIT_MODELS order (the first is the default)."""
+        if self.models is None:
+            return {self.weights.stem: self.weights}
+        paths: dict[str, Path] = {}
+        for entry in (e.strip() for e in self.models.split(",")):
+            name, sep, path = entry.partition("=")
+            name, path = name.strip(), path.strip()
+            if not sep or not path or not MODEL_NAME.fullmatch(name):
+                raise ValueError(f"VIT_MODELS entry {entry!r} is not name=path (names: letters, digits, '.', '_', '-')")
+            if name in paths:
+                raise ValueError(f"VIT_MODELS names {name!r} twice")
+            paths[name] = Path(path)
+        return paths
 
     def api_key_set(self) -> frozenset[str]:
         if self.api_keys is None:

@@ -144,7 +144,7 @@ async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
 
 async def test_overloaded_is_503_with_retry_after(make_client: ClientFactory, shape_png: bytes) -> None:
     async with make_client(max_queue=2, max_files=2, max_batch_size=1, max_wait_ms=0) as client:
-        batcher = client.app.state.service.batcher  # type: ignore[attr-defined]
+        batcher = client.app.state.service.default.batcher  # type: ignore[attr-defined]
         original = batcher.run_batch
         release, entered = asyncio.Event(), threading.Event()
         loop = asyncio.get_running_loop()
@@ -169,7 +169,7 @@ async def test_overloaded_is_503_with_retry_after(make_client: ClientFactory, sh
 
 async def test_timeout_is_504(make_client: ClientFactory, shape_png: bytes) -> None:
     async with make_client(request_timeout_s=0.2) as client:
-        batcher = client.app.state.service.batcher  # type: ignore[attr-defined]
+        batcher = client.app.state.service.default.batcher  # type: ignore[attr-defined]
         original = batcher.run_batch
 
         def slow(batch):  # type: ignore[no-untyped-def]

@@ -17,6 +17,9 @@ from tests.app.conftest import ClientFactory
 from tests.conftest import encode
 
 
+TINY_MODEL = '{model="tiny"}'  # the tiny checkpoint's file stem names its model
+
+
 def metric(text: str, name: str, labels: str = "") -> float:
     m = re.search(rf"^{re.escape(name)}{re.escape(labels)} (\S+)$", text, re.MULTILINE)
     assert m, f"{name}{labels} not in metrics"
@@ -100,7 +103,7 @@ async def test_overlay_is_a_png_of_the_image(client: httpx.AsyncClient) -> None:
 
 async def test_attention_and_plain_requests_share_a_batch(make_client: ClientFactory, shape_png: bytes) -> None:
     async with make_client(max_batch_size=8, max_wait_ms=0) as client:
-        batcher = client.app.state.service.batcher  # type: ignore[attr-defined]
+        batcher = client.app.state.service.default.batcher  # type: ignore[attr-defined]
         real, gate, loop = batcher.run_batch, asyncio.Event(), asyncio.get_running_loop()
         entered = threading.Event()
         sizes: list[int] = []
@@ -139,10 +142,10 @@ async def test_concurrent_burst_is_batched(make_client: ClientFactory, shape_png
         )
         assert all(r.status_code == 200 for r in responses)
         text = (await client.get("/metrics")).text
-        batches = metric(text, "vit_batch_size_count")
-        images = metric(text, "vit_batch_size_sum")
+        batches = metric(text, "vit_batch_size_count", TINY_MODEL)
+        images = metric(text, "vit_batch_size_sum", TINY_MODEL)
         assert images == 32 and batches < 32  # some forward passes carried several images
-        assert metric(text, "vit_images_processed_total") == 32
+        assert metric(text, "vit_images_processed_total", TINY_MODEL) == 32
 
 
 async def test_model_info(client: httpx.AsyncClient, tiny_checkpoint: Path) -> None:
@@ -185,8 +188,8 @@ async def test_openapi_documents_the_api(client: httpx.AsyncClient) -> None:
     spec = (await client.get("/openapi.json")).json()
     predict = spec["paths"]["/predict"]["post"]
     assert {"multipart/form-data", "image/*"} <= set(predict["requestBody"]["content"])
-    assert {p["name"] for p in predict["parameters"]} == {"top_k", "attention", "overlay"}
+    assert {p["name"] for p in predict["parameters"]} == {"top_k", "attention", "overlay", "model"}
     assert {"200", "413", "415", "422", "503", "504"} <= set(predict["responses"])
-    for path in ("/v1/model", "/health/live", "/health/ready", "/metrics"):
+    for path in ("/v1/model", "/v1/models", "/health/live", "/health/ready", "/metrics"):
         assert path in spec["paths"]
     assert (await client.get("/docs")).status_code == 200

@@ -1,0 +1,134 @@
+"""One served checkpoint, built whole: its predictor, preprocessing and batcher, and the path of its images.
+
+decode (thread pool) -> preprocess -> DynamicBatcher -> Predictor (forward thread) -> outputs
+
+Both `POST /predict` and the Open Inference Protocol's `infer` come through here, so their images
+share the same decoding, limits, batches, deadlines and overload answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from concurrent.futures import Executor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+from app.batcher import DynamicBatcher
+from app.decode import decode_image
+from app.errors import RequestTimeout
+from app.inference import ImageInput, ImageOutput, Predictor
+from app.metrics import ModelMetrics
+from app.preprocess import Preprocessor
+from app.schemas import ModelInfo, ModelRef
+from app.settings import Settings
+from app.uploads import Upload
+from model.checkpoint import Checkpoint, load_checkpoint
+
+log = logging.getLogger("app")
+
+
+@dataclass(frozen=True)
+class Prepared:
+    filename: str
+    image: Image.Image | None  # kept only when an overlay is drawn
+    pixels: torch.Tensor
+
+
+@dataclass
+class ServedModel:
+    name: str
+    checkpoint: Checkpoint
+    predictor: Predictor
+    preprocessor: Preprocessor
+    batcher: DynamicBatcher[ImageInput, ImageOutput]
+    max_image_pixels: int
+
+    @classmethod
+    def load(
+        cls, name: str, path: Path, settings: Settings, device: torch.device, metrics: ModelMetrics
+    ) -> ServedModel:
+        """Load the checkpoint onto the device and warm it up (blocking; run off the event loop)."""
+        checkpoint = load_checkpoint(path, device)
+        predictor = Predictor(checkpoint, device)
+        log.info(
+            "model %s: loaded %s (version %s, %d classes) on %s as %s",
+            name, path, checkpoint.version, len(checkpoint.classes), device, predictor.dtype,
+        )  # fmt: skip
+        if settings.warmup:
+            predictor.warm_up(settings.max_batch_size)
+        s = settings
+        batcher = DynamicBatcher(predictor, s.max_batch_size, s.max_wait_ms, s.max_queue, metrics)
+        return cls(name, checkpoint, predictor, Preprocessor(checkpoint.preprocessing), batcher, s.max_image_pixels)
+
+    @property
+    def ref(self) -> ModelRef:
+        return ModelRef(name=self.name, version=self.checkpoint.version)
+
+    @property
+    def classes(self) -> list[str]:
+        return self.checkpoint.classes
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        """(channels, height, width) of one preprocessed image."""
+        return self.predictor.input_shape
+
+    def info(self) -> ModelInfo:
+        c = self.checkpoint
+        return ModelInfo(
+            name=self.name,
+            version=c.version,
+            content_hash=c.content_hash,
+            classes=c.classes,
+            input_size=[c.config.image_size, c.config.image_size],
+            channels=c.config.in_channels,
+            config=c.config.to_dict(),
+            preprocessing=asdict(c.preprocessing),
+            training=c.training,
+            device=str(self.predictor.device),
+            dtype=str(self.predictor.dtype).removeprefix("torch."),
+        )
+
+    def prepare(self, upload: Upload, keep_image: bool) -> Prepared:
+        """Decode, validate and preprocess one upload (runs on the decode pool)."""
+        image = decode_image(upload.data, upload.filename, self.checkpoint.config.in_channels, self.max_image_pixels)
+        return Prepared(upload.filename, image if keep_image else None, self.preprocessor(image))
+
+    async def run_uploads(
+        self, uploads: Sequence[Upload], attention: str, keep_images: bool, pool: Executor, timeout_s: float
+    ) -> tuple[list[Prepared], list[ImageOutput]]:
+        """All of one request's files: decoded first, so a bad one fails the request before any compute."""
+        deadline = time.monotonic() + timeout_s
+        loop = asyncio.get_running_loop()
+        with self.batcher.admit(len(uploads)) as admission:  # refused here, before any CPU is spent on decoding
+            prepared = await asyncio.gather(
+                *(loop.run_in_executor(pool, self.prepare, u, keep_images) for u in uploads)
+            )
+            futures = admission.submit([ImageInput(p.pixels, attention) for p in prepared], deadline)
+        return list(prepared), await wait_for_outputs(futures, deadline)
+
+    async def run_pixels(self, pixels: torch.Tensor, attention: str, timeout_s: float) -> list[ImageOutput]:
+        """Already preprocessed images (N, C, H, W) through the same batcher."""
+        deadline = time.monotonic() + timeout_s
+        futures = self.batcher.submit([ImageInput(p, attention) for p in pixels], deadline)
+        return await wait_for_outputs(futures, deadline)
+
+
+async def wait_for_outputs(futures: list[asyncio.Future[ImageOutput]], deadline: float) -> list[ImageOutput]:
+    """All outputs of one request. When one image fails, time runs out or the request is cancelled (the
+    client left), its other queued images are cancelled too: the batcher skips them, never computing them."""
+    try:
+        return list(await asyncio.wait_for(asyncio.gather(*futures), max(0.0, deadline - time.monotonic())))
+    except TimeoutError:
+        raise RequestTimeout(
+            "the request was not answered within VIT_REQUEST_TIMEOUT_S; retry or send fewer images"
+        ) from None
+    finally:
+        for f in futures:
+            f.cancel()  # a no-op for those already answered
