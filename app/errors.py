@@ -65,7 +65,17 @@ class InferenceFailed(ServiceError):
     status = 500
 
 
-def error_response(status: int, detail: object, headers: dict[str, str] | None = None) -> JSONResponse:
+V2_PREFIX = "/v2"
+V2_BAD_REQUEST = {415, 422}  # the Open Inference Protocol answers any malformed request or tensor with 400
+
+
+def error_response(
+    request: Request, status: int, detail: object, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    """{"detail": ...} for our API; {"error": ...} (and 400 for bad input) for the Open Inference Protocol."""
+    if request.url.path == V2_PREFIX or request.url.path.startswith(V2_PREFIX + "/"):
+        status = 400 if status in V2_BAD_REQUEST else status
+        return JSONResponse({"error": str(detail)}, status_code=status, headers=headers)
     return JSONResponse({"detail": detail}, status_code=status, headers=headers)
 
 
@@ -74,21 +84,21 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ServiceError)
     async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
-        return error_response(exc.status, exc.detail, exc.headers)
+        return error_response(request, exc.status, exc.detail, exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         problems = [
             f"{'.'.join(str(p) for p in e['loc'] if p not in ('query', 'body'))}: {e['msg']}" for e in exc.errors()
         ]
-        return error_response(422, "invalid request: " + "; ".join(problems))
+        return error_response(request, 422, "invalid request: " + "; ".join(problems))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(exc.status_code, exc.detail, getattr(exc, "headers", None))
+        return error_response(request, exc.status_code, exc.detail, getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
     async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
         request_id = request.scope.get("state", {}).get("request_id", "-")
         log.exception("unhandled error in %s %s (request %s)", request.method, request.url.path, request_id)
-        return error_response(500, f"internal error; quote request id {request_id} when reporting it")
+        return error_response(request, 500, f"internal error; quote request id {request_id} when reporting it")

@@ -22,6 +22,7 @@ from app.routes import router
 from app.service import Service
 from app.settings import Settings
 from app.telemetry import RequestTelemetry
+from app.v2_routes import router as v2_router
 from model.checkpoint import CheckpointError
 
 log = logging.getLogger("app")
@@ -31,7 +32,8 @@ Vision Transformer image classification with dynamic batching. Try it in a brows
 
 `POST /predict` takes one image as multipart field `file`, several as repeated `files`, or the raw
 bytes with an `image/*` Content-Type, and answers class probabilities for each image, plus attention
-maps (`attention=rollout|last`) and overlays (`overlay=true`) on request.
+maps (`attention=rollout|last`) and overlays (`overlay=true`) on request. The same models also
+speak the Open Inference Protocol (KServe V2) under `/v2`, for Triton and KServe clients.
 """
 
 
@@ -94,6 +96,7 @@ def create_app(settings: Settings | None = None, exit_on_startup_error: bool = F
     app.state.metrics = metrics
     install_error_handlers(app)
     app.include_router(router)
+    app.include_router(v2_router)  # the Open Inference Protocol (KServe V2) over the same models
     install_pages(app)  # the try-it page at /, and /docs and /redoc with local assets
     app.add_middleware(RequestTelemetry, metrics=metrics)
     return app

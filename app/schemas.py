@@ -62,3 +62,58 @@ class ErrorBody(BaseModel):
 
 class Health(BaseModel):
     status: str = Field(examples=["ok"])
+
+
+# Open Inference Protocol (V2) bodies.
+
+
+class V2Error(BaseModel):
+    error: str = Field(examples=["input 'pixels' must have shape [-1, 1, 64, 64] for this model, got [1, 3, 64, 64]"])
+
+
+class V2ServerMetadata(BaseModel):
+    name: str = Field(examples=["vit-serve"])
+    version: str = Field(examples=["0.1.0"])
+    extensions: list[str] = Field(examples=[["binary_tensor_data", "classification"]])
+
+
+class V2Live(BaseModel):
+    live: bool
+
+
+class V2Ready(BaseModel):
+    ready: bool
+
+
+class V2ModelReady(BaseModel):
+    name: str
+    ready: bool
+
+
+class V2TensorMetadata(BaseModel):
+    name: str
+    datatype: str
+    shape: list[int] = Field(description="-1 marks the batch dimension")
+
+
+class V2ModelMetadata(BaseModel):
+    name: str
+    versions: list[str] = Field(description="The checkpoint's content-hash version")
+    platform: str = Field(examples=["pytorch"])
+    inputs: list[V2TensorMetadata]
+    outputs: list[V2TensorMetadata]
+
+
+class V2TensorOut(BaseModel):
+    name: str
+    datatype: str
+    shape: list[int]
+    parameters: dict[str, Any] | None = None
+    data: list[Any] | None = None
+
+
+class V2InferResponse(BaseModel):
+    model_name: str
+    model_version: str
+    id: str | None = None
+    outputs: list[V2TensorOut]

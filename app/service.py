@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from app.errors import ModelNotFound
+from app.inference import ImageOutput
 from app.metrics import Metrics, ModelMetrics
 from app.postprocess import to_result
 from app.schemas import PredictResponse
@@ -86,6 +87,17 @@ class Service:
             for p, out in zip(prepared, outputs, strict=True)
         ]
         return PredictResponse(model=model.ref, results=results)
+
+    async def compute(
+        self, model: ServedModel, uploads: list[Upload] | None, pixels: torch.Tensor | None, attention: str
+    ) -> list[ImageOutput]:
+        """Outputs for encoded files (decoded as /predict decodes them) or for preprocessed pixels."""
+        timeout = self.settings.request_timeout_s
+        if uploads is not None:
+            _, outputs = await model.run_uploads(uploads, attention, False, self.decode_pool, timeout)
+            return outputs
+        assert pixels is not None
+        return await model.run_pixels(pixels, attention, timeout)
 
     async def shutdown(self) -> None:
         """Turn unready, answer every accepted image of every model, then stop."""

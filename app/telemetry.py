@@ -13,9 +13,35 @@ from app.metrics import Metrics
 
 log = logging.getLogger("app.access")
 ROUTES = frozenset(
-    {"/", "/predict", "/v1/model", "/health/live", "/health/ready", "/metrics", "/docs", "/openapi.json"}
+    {
+        "/",
+        "/predict",
+        "/v1/model",
+        "/v1/models",
+        "/health/live",
+        "/health/ready",
+        "/metrics",
+        "/docs",
+        "/openapi.json",
+        "/v2",
+        "/v2/health/live",
+        "/v2/health/ready",
+    }
 )
 VALID_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+V2_MODEL_PATH = re.compile(r"^/v2/models/[^/]+(?:/versions/[^/]+)?(/ready|/infer)?$")
+
+
+def route_label(path: str) -> str:
+    """A bounded set of labels: our routes, the V2 routes with the model name left out, else 'other'."""
+    if path in ROUTES:
+        return path
+    match = V2_MODEL_PATH.match(path)
+    if match:
+        return "/v2/models/{name}" + (match.group(1) or "")
+    return "other"
 
 
 class RequestTelemetry:
@@ -32,7 +58,7 @@ class RequestTelemetry:
         incoming = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
         request_id = incoming if VALID_REQUEST_ID.fullmatch(incoming) else uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = request_id
-        route = scope["path"] if scope["path"] in ROUTES else "other"
+        route = route_label(scope["path"])
         status = 499  # stays so when the client leaves before any response
         started = time.perf_counter()
 
@@ -50,5 +76,5 @@ class RequestTelemetry:
             seconds = time.perf_counter() - started
             self.metrics.requests.labels(route, str(status)).inc()
             self.metrics.latency.labels(route).observe(seconds)
-            if route != "/metrics" and not route.startswith("/health"):
+            if route != "/metrics" and "/health/" not in route:
                 log.info("%s %s %d %.1fms id=%s", scope["method"], scope["path"], status, seconds * 1e3, request_id)

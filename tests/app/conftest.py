@@ -30,7 +30,10 @@ def make_client(tiny_checkpoint: Path) -> ClientFactory:
 
     @asynccontextmanager
     async def factory(**overrides: Any) -> AsyncIterator[httpx.AsyncClient]:
-        settings = Settings(**{"weights": tiny_checkpoint, "device": "cpu", **overrides})
+        base: dict[str, Any] = (
+            {"device": "cpu"} if "models" in overrides else {"weights": tiny_checkpoint, "device": "cpu"}
+        )
+        settings = Settings(**{**base, **overrides})
         app = create_app(settings)
         async with LifespanManager(app, startup_timeout=60, shutdown_timeout=60) as manager:
             transport = httpx.ASGITransport(app=manager.app)

@@ -16,7 +16,6 @@ from model.shapes import SHAPE_CLASSES, make_sample
 from tests.app.conftest import ClientFactory
 from tests.conftest import encode
 
-
 TINY_MODEL = '{model="tiny"}'  # the tiny checkpoint's file stem names its model
 
 

@@ -1,0 +1,303 @@
+"""The Open Inference Protocol (KServe V2) over REST: request parsing and tensor encoding, no HTTP.
+
+Inputs (one per request): `image`, BYTES [N] or [N, 1], encoded image files decoded and preprocessed
+exactly as /predict does; or `pixels`, FP32 [N, C, H, W], already preprocessed. Outputs:
+`probabilities`, FP32 [N, classes], and `attention`, FP32 [N, grid, grid], when the request parameter
+`attention` names a map. Extensions: binary tensor data (`Inference-Header-Content-Length`,
+`binary_data_size`; BYTES elements as 4-byte little-endian length + bytes) and classification
+(`classification: k` on an output: BYTES [N, k] of Triton's "score:index:label").
+In JSON, a BYTES element of `image` is the base64 of the file (raw image bytes are not valid JSON text).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ValidationError
+
+from app.errors import InvalidInput
+from app.inference import ImageOutput
+from app.uploads import Upload
+
+HEADER_LENGTH = "inference-header-content-length"
+IMAGE, PIXELS = "image", "pixels"
+PROBABILITIES, ATTENTION = "probabilities", "attention"
+ATTENTION_KINDS = ("none", "rollout", "last")
+
+
+class TensorIn(BaseModel):
+    name: str
+    shape: list[int]
+    datatype: str
+    parameters: dict[str, Any] | None = None
+    data: Any = None
+
+
+class OutputWanted(BaseModel):
+    name: str
+    parameters: dict[str, Any] | None = None
+
+
+class InferRequest(BaseModel):
+    id: str | None = None
+    parameters: dict[str, Any] | None = None
+    inputs: list[TensorIn]
+    outputs: list[OutputWanted] | None = None
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """A parsed request: either files to decode or preprocessed pixels, and what to send back."""
+
+    request: InferRequest
+    attention: str
+    uploads: list[Upload] | None
+    pixels: torch.Tensor | None
+
+
+def split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
+    """(JSON part, binary part) per the binary extension's Inference-Header-Content-Length."""
+    if header_length is None:
+        return body, b""
+    if not header_length.isdigit() or int(header_length) > len(body):
+        raise InvalidInput(
+            f"Inference-Header-Content-Length {header_length!r} must be the byte length of the JSON header, "
+            f"at most the body's {len(body)} bytes"
+        )
+    n = int(header_length)
+    return body[:n], body[n:]
+
+
+def parse_request(header: bytes) -> InferRequest:
+    try:
+        return InferRequest.model_validate(json.loads(header))
+    except (ValueError, UnicodeDecodeError) as e:  # json errors are ValueErrors
+        if isinstance(e, ValidationError):
+            problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+            raise InvalidInput(f"invalid inference request: {problems}") from None
+        raise InvalidInput(f"the inference request is not valid JSON ({e})") from None
+
+
+def decode_request(header: bytes, binary: bytes, input_shape: tuple[int, int, int], max_images: int) -> Decoded:
+    """Check and decode one infer request against the model's input shape (C, H, W)."""
+    request = parse_request(header)
+    attention = request_attention(request)
+    if len(request.inputs) != 1:
+        raise InvalidInput(f"send exactly one input, {IMAGE!r} (BYTES) or {PIXELS!r} (FP32); got {len(request.inputs)}")
+    check_outputs(request, attention)  # before any compute is spent
+    tensor = request.inputs[0]
+    chunk = binary_chunk(tensor, binary)
+    if tensor.name == IMAGE:
+        return Decoded(request, attention, decode_images(tensor, chunk, max_images), None)
+    if tensor.name == PIXELS:
+        return Decoded(request, attention, None, decode_pixels(tensor, chunk, input_shape, max_images))
+    raise InvalidInput(
+        f"unknown input {tensor.name!r}; this model takes {IMAGE!r} (BYTES [N], encoded image files) "
+        f"or {PIXELS!r} (FP32 [N, {', '.join(map(str, input_shape))}], preprocessed)"
+    )
+
+
+def request_attention(request: InferRequest) -> str:
+    attention = (request.parameters or {}).get("attention", "none")
+    if attention not in ATTENTION_KINDS:
+        raise InvalidInput(
+            f"request parameter attention must be one of {', '.join(ATTENTION_KINDS)}; got {attention!r}"
+        )
+    return str(attention)
+
+
+def check_outputs(request: InferRequest, attention: str) -> None:
+    for output in request.outputs or []:
+        if output.name not in (PROBABILITIES, ATTENTION):
+            raise InvalidInput(f"unknown output {output.name!r}; this model gives {PROBABILITIES!r} and {ATTENTION!r}")
+        if output.name == ATTENTION and attention == "none":
+            raise InvalidInput(f"output {ATTENTION!r} needs the request parameter attention set to rollout or last")
+        k = (output.parameters or {}).get("classification", 0)
+        if output.name == ATTENTION and k:
+            raise InvalidInput(f"classification applies to {PROBABILITIES!r}, not {ATTENTION!r}")
+        if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+            raise InvalidInput(f"output {output.name!r}: classification must be a non-negative integer, got {k!r}")
+
+
+def binary_chunk(tensor: TensorIn, binary: bytes) -> bytes | None:
+    """The input's bytes from the binary part, or None when its data is in the JSON."""
+    size = (tensor.parameters or {}).get("binary_data_size")
+    if size is None:
+        if binary:
+            raise InvalidInput(f"{len(binary)} bytes of binary data follow the JSON, but no input has binary_data_size")
+        return None
+    if not isinstance(size, int) or size != len(binary):
+        raise InvalidInput(
+            f"input {tensor.name!r}: binary_data_size {size!r} does not match the {len(binary)} bytes after the JSON header"
+        )
+    return binary
+
+
+def batch_size(tensor: TensorIn, max_images: int) -> int:
+    n = tensor.shape[0] if tensor.shape else 0
+    if n < 1:
+        raise InvalidInput(f"input {tensor.name!r}: shape {tensor.shape} has no images")
+    if n > max_images:
+        raise InvalidInput(f"input {tensor.name!r}: {n} images in one request; at most {max_images} are accepted")
+    return n
+
+
+def decode_images(tensor: TensorIn, chunk: bytes | None, max_images: int) -> list[Upload]:
+    if tensor.datatype != "BYTES":
+        raise InvalidInput(f"input {IMAGE!r} must be BYTES (encoded image files), got {tensor.datatype}")
+    if len(tensor.shape) not in (1, 2) or (len(tensor.shape) == 2 and tensor.shape[1] != 1):
+        raise InvalidInput(f"input {IMAGE!r} must have shape [N] or [N, 1], got {tensor.shape}")
+    n = batch_size(tensor, max_images)
+    files = split_bytes_elements(chunk) if chunk is not None else json_bytes_elements(tensor.data)
+    if len(files) != n:
+        raise InvalidInput(f"input {IMAGE!r}: shape {tensor.shape} says {n} images, the data holds {len(files)}")
+    return [Upload(f"{IMAGE}[{i}]", data) for i, data in enumerate(files)]
+
+
+def split_bytes_elements(buf: bytes) -> list[bytes]:
+    """The binary extension's BYTES layout: each element a 4-byte little-endian length, then its bytes."""
+    out: list[bytes] = []
+    i = 0
+    while i < len(buf):
+        if i + 4 > len(buf):
+            raise InvalidInput(f"binary BYTES data ends inside the length prefix of element {len(out)}")
+        size = int.from_bytes(buf[i : i + 4], "little")
+        i += 4
+        if i + size > len(buf):
+            raise InvalidInput(f"binary BYTES element {len(out)} claims {size} bytes, only {len(buf) - i} remain")
+        out.append(buf[i : i + size])
+        i += size
+    return out
+
+
+def json_bytes_elements(data: Any) -> list[bytes]:
+    if data is None:
+        raise InvalidInput(f"input {IMAGE!r} has no data: send it in 'data' (base64) or as binary_data_size bytes")
+    out = []
+    for i, element in enumerate(flatten(data)):
+        if not isinstance(element, str):
+            raise InvalidInput(
+                f"input {IMAGE!r}: element {i} must be a base64 string in JSON, got {type(element).__name__}"
+            )
+        try:
+            out.append(base64.b64decode(element, validate=True))
+        except (binascii.Error, ValueError):
+            raise InvalidInput(
+                f"input {IMAGE!r}: element {i} is not base64; in JSON send base64 of the file, "
+                "or send raw bytes with the binary extension"
+            ) from None
+    return out
+
+
+def decode_pixels(
+    tensor: TensorIn, chunk: bytes | None, input_shape: tuple[int, int, int], max_images: int
+) -> torch.Tensor:
+    if tensor.datatype != "FP32":
+        raise InvalidInput(f"input {PIXELS!r} must be FP32, got {tensor.datatype}")
+    expected = [-1, *input_shape]
+    if len(tensor.shape) != 4 or list(tensor.shape[1:]) != list(input_shape):
+        raise InvalidInput(f"input {PIXELS!r} must have shape {expected} for this model, got {tensor.shape}")
+    n = batch_size(tensor, max_images)
+    count = n * math.prod(input_shape)
+    if chunk is not None:
+        if len(chunk) != count * 4:
+            raise InvalidInput(
+                f"input {PIXELS!r}: shape {tensor.shape} needs {count * 4} bytes of FP32, got {len(chunk)}"
+            )
+        array = np.frombuffer(chunk, dtype="<f4")
+    else:
+        try:
+            array = np.asarray(flatten(tensor.data), dtype=np.float32)
+        except (TypeError, ValueError):
+            raise InvalidInput(f"input {PIXELS!r}: data must be numbers") from None
+        if array.size != count:
+            raise InvalidInput(
+                f"input {PIXELS!r}: shape {tensor.shape} needs {count} values, the data holds {array.size}"
+            )
+    if not np.isfinite(array).all():
+        raise InvalidInput(f"input {PIXELS!r} contains NaN or infinite values")
+    return torch.from_numpy(array.astype(np.float32).reshape(n, *input_shape))
+
+
+def flatten(data: Any) -> list[Any]:
+    """Row-major elements of JSON tensor data, flat or nested."""
+    if not isinstance(data, list):
+        return [data]
+    out: list[Any] = []
+    for item in data:
+        out.extend(flatten(item) if isinstance(item, list) else [item])
+    return out
+
+
+@dataclass(frozen=True)
+class Encoded:
+    body: bytes
+    header_length: int | None  # set when binary outputs follow the JSON
+
+
+def encode_response(
+    decoded: Decoded, outputs: list[ImageOutput], classes: list[str], model_name: str, model_version: str
+) -> Encoded:
+    """The infer response: requested outputs (default: probabilities, and attention when asked for)."""
+    request = decoded.request
+    wanted = request.outputs or [OutputWanted(name=PROBABILITIES)] + (
+        [OutputWanted(name=ATTENTION)] if decoded.attention != "none" else []
+    )
+    binary_default = bool((request.parameters or {}).get("binary_data_output", False))
+    tensors, binaries = [], []
+    for output in wanted:
+        params = output.parameters or {}
+        name, datatype, shape, values = output_tensor(output.name, params, decoded.attention, outputs, classes)
+        if params.get("binary_data", binary_default):
+            raw = to_bytes(datatype, values)
+            tensors.append(
+                {"name": name, "datatype": datatype, "shape": shape, "parameters": {"binary_data_size": len(raw)}}
+            )
+            binaries.append(raw)
+        else:
+            data = values.tolist() if isinstance(values, np.ndarray) else values
+            tensors.append({"name": name, "datatype": datatype, "shape": shape, "data": data})
+    response: dict[str, Any] = {"model_name": model_name, "model_version": model_version, "outputs": tensors}
+    if request.id is not None:
+        response["id"] = request.id
+    header = json.dumps(response, separators=(",", ":")).encode()
+    if not binaries:
+        return Encoded(header, None)
+    return Encoded(header + b"".join(binaries), len(header))
+
+
+def output_tensor(
+    name: str, params: dict[str, Any], attention: str, outputs: list[ImageOutput], classes: list[str]
+) -> tuple[str, str, list[int], np.ndarray | list[str]]:
+    """(name, datatype, shape, flat row-major values) of one output."""
+    n = len(outputs)
+    if name == PROBABILITIES:
+        probs = torch.stack([o.probabilities for o in outputs])  # (N, classes)
+        k = params.get("classification", 0)
+        if k:  # checked by check_outputs
+            k = min(k, len(classes))
+            values, indices = probs.topk(k, dim=1)
+            labels = [
+                f"{v:f}:{i}:{classes[i]}"
+                for row_v, row_i in zip(values.tolist(), indices.tolist(), strict=True)
+                for v, i in zip(row_v, row_i, strict=True)
+            ]
+            return name, "BYTES", [n, k], labels
+        return name, "FP32", list(probs.shape), probs.flatten().numpy()
+    if name == ATTENTION:
+        maps = torch.stack([o.attention_map for o in outputs if o.attention_map is not None])  # (N, g, g)
+        return name, "FP32", list(maps.shape), maps.float().flatten().numpy()
+    raise AssertionError(f"unchecked output {name!r}")
+
+
+def to_bytes(datatype: str, values: np.ndarray | list[str]) -> bytes:
+    if isinstance(values, np.ndarray):
+        return values.astype("<f4").tobytes()
+    return b"".join(len(b).to_bytes(4, "little") + b for b in (v.encode() for v in values))
