@@ -61,7 +61,8 @@ class Server:
     def __init__(self, checkpoint: Path, **env: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        environment = {**os.environ, "VIT_WEIGHTS": str(checkpoint), "VIT_DEVICE": "cpu", **env}
+        weights = {} if "VIT_MODELS" in env else {"VIT_WEIGHTS": str(checkpoint)}
+        environment = {**os.environ, **weights, "VIT_DEVICE": "cpu", **env}
         # Output goes to a file, not a pipe: an unread pipe fills up and blocks the server's logging.
         self.output = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
         self.proc = subprocess.Popen(

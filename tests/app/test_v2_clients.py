@@ -1,0 +1,171 @@
+"""The Open Inference Protocol with the real clients, tritonclient[http] and kserve, against a real uvicorn."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+from collections.abc import Iterator
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.http as triton
+from kserve import InferenceRESTClient, InferInput, InferRequest, RESTConfig
+from kserve.protocol.infer_type import RequestedOutput
+from PIL import Image
+from tritonclient.utils import InferenceServerException
+
+from app.preprocess import Preprocessor
+from app.settings import BUNDLED_WEIGHTS
+from model.checkpoint import load_checkpoint
+from model.shapes import SHAPE_CLASSES, make_sample
+from tests.app.conftest import Server
+from tests.conftest import encode, write_tiny_checkpoint
+
+pytestmark = pytest.mark.slow
+MODEL = "vit-shapes"
+VERSION = load_checkpoint(BUNDLED_WEIGHTS).version
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    tiny = write_tiny_checkpoint(tmp_path_factory.mktemp("v2") / "tiny.safetensors")
+    s = Server(BUNDLED_WEIGHTS, VIT_MODELS=f"{MODEL}={BUNDLED_WEIGHTS},tiny={tiny}")
+    try:
+        s.wait_ready()
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> Iterator[triton.InferenceServerClient]:
+    c = triton.InferenceServerClient(server.url.removeprefix("http://"))
+    yield c
+    c.close()
+
+
+def held_out(label: str) -> bytes:
+    index = next(i for i in range(500) if SHAPE_CLASSES[make_sample(20261121, i).label] == label)
+    return encode(make_sample(20261121, index).image)
+
+
+def image_input(*files: bytes, binary: bool = True) -> triton.InferInput:
+    """Raw file bytes through the binary extension, or base64 strings in the JSON."""
+    tensor = triton.InferInput("image", [len(files)], "BYTES")
+    elements = files if binary else tuple(base64.b64encode(f).decode() for f in files)
+    tensor.set_data_from_numpy(np.array(elements, dtype=np.object_), binary_data=binary)
+    return tensor
+
+
+def test_tritonclient_health_and_metadata(client: triton.InferenceServerClient) -> None:
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready(MODEL) and client.is_model_ready(MODEL, VERSION) and client.is_model_ready("tiny")
+    assert not client.is_model_ready("nope")
+    meta = client.get_server_metadata()
+    assert meta["name"] == "vit-serve" and {"binary_tensor_data", "classification"} <= set(meta["extensions"])
+    model = client.get_model_metadata(MODEL)
+    assert model["versions"] == [VERSION]
+    assert {(t["name"], t["datatype"], tuple(t["shape"])) for t in model["inputs"]} == {
+        ("image", "BYTES", (-1,)), ("pixels", "FP32", (-1, 1, 64, 64)),
+    }  # fmt: skip
+    assert {(t["name"], t["datatype"], tuple(t["shape"])) for t in model["outputs"]} == {
+        ("probabilities", "FP32", (-1, 10)), ("attention", "FP32", (-1, 8, 8)),
+    }  # fmt: skip
+    with pytest.raises(InferenceServerException, match="has no version 'abc'"):
+        client.get_model_metadata(MODEL, "abc")
+
+
+def test_tritonclient_binary_images_with_binary_and_json_outputs(client: triton.InferenceServerClient) -> None:
+    outputs = [triton.InferRequestedOutput("probabilities", binary_data=True),
+               triton.InferRequestedOutput("attention", binary_data=False)]  # fmt: skip
+    result = client.infer(
+        MODEL, [image_input(held_out("star"), held_out("ring"))], outputs=outputs, parameters={"attention": "rollout"}
+    )
+    probabilities = result.as_numpy("probabilities")
+    assert probabilities.shape == (2, 10) and probabilities.dtype == np.float32
+    assert [SHAPE_CLASSES[i] for i in probabilities.argmax(1)] == ["star", "ring"]
+    np.testing.assert_allclose(probabilities.sum(1), 1.0, atol=1e-5)
+    maps = result.as_numpy("attention")
+    assert maps.shape == (2, 8, 8) and maps.min() == 0.0 and maps.max() == 1.0
+    assert result.get_response()["model_version"] == VERSION
+
+
+def test_tritonclient_classification_extension(client: triton.InferenceServerClient) -> None:
+    result = client.infer(
+        MODEL, [image_input(held_out("arrow"))], outputs=[triton.InferRequestedOutput("probabilities", class_count=3)]
+    )
+    top = result.as_numpy("probabilities")
+    assert top.shape == (1, 3)
+    score, index, label = top[0, 0].decode().split(":")
+    assert label == "arrow" and SHAPE_CLASSES[int(index)] == "arrow" and 0.5 < float(score) <= 1.0
+
+
+def test_tritonclient_fp32_pixels_match_the_image_path(client: triton.InferenceServerClient) -> None:
+    """Preprocessed pixels sent as FP32 give the probabilities the service computes from the file."""
+    png = held_out("cross")
+    checkpoint = load_checkpoint(BUNDLED_WEIGHTS)
+    pixels = Preprocessor(checkpoint.preprocessing)(Image.open(io.BytesIO(png)).convert("L"))[None].numpy()
+    for binary in (True, False):
+        tensor = triton.InferInput("pixels", list(pixels.shape), "FP32")
+        tensor.set_data_from_numpy(pixels, binary_data=binary)
+        from_pixels = client.infer(MODEL, [tensor]).as_numpy("probabilities")
+        from_file = client.infer(MODEL, [image_input(png, binary=binary)]).as_numpy("probabilities")
+        np.testing.assert_allclose(from_pixels, from_file, atol=1e-6)
+
+
+def test_tritonclient_errors_are_4xx_with_what_to_fix(client: triton.InferenceServerClient) -> None:
+    wrong = triton.InferInput("pixels", [1, 3, 64, 64], "FP32")
+    wrong.set_data_from_numpy(np.zeros((1, 3, 64, 64), np.float32))
+    with pytest.raises(InferenceServerException, match=r"\[400\].*must have shape \[-1, 1, 64, 64\]"):
+        client.infer(MODEL, [wrong])
+    with pytest.raises(InferenceServerException, match=r"\[400\] image\[0\]: not a recognised image"):
+        client.infer(MODEL, [image_input(b"plain text, not an image")])
+    with pytest.raises(InferenceServerException, match=r"\[400\].*attention must be one of"):
+        client.infer(MODEL, [image_input(held_out("star"))], parameters={"attention": "gradcam"})
+    with pytest.raises(InferenceServerException, match=r"\[404\] no model named 'nope'"):
+        client.infer("nope", [image_input(held_out("star"))])
+
+
+def test_kserve_client(server: Server) -> None:
+    async def run() -> None:
+        client = InferenceRESTClient(RESTConfig(protocol="v2", timeout=30))
+        try:
+            assert await client.is_server_live(server.url) and await client.is_server_ready(server.url)
+            assert await client.is_model_ready(server.url, MODEL)
+            files = InferInput("image", [1], "BYTES")
+            files.set_data_from_numpy(np.array([held_out("star")], dtype=np.object_), binary_data=True)
+            request = InferRequest(
+                model_name=MODEL, infer_inputs=[files], parameters={"attention": "last"}, request_id="r-1"
+            )
+            response = await client.infer(server.url, request, model_name=MODEL)
+            assert response.id == "r-1"  # (this client does not read model_version back from REST)
+            by_name = {o.name: o.as_numpy() for o in response.outputs}
+            assert SHAPE_CLASSES[int(by_name["probabilities"].argmax())] == "star"
+            assert by_name["attention"].shape == (1, 8, 8)
+            wanted = [RequestedOutput("probabilities", parameters={"binary_data": True})]
+            request = InferRequest(model_name="tiny", infer_inputs=[InferInput("pixels", [2, 3, 32, 32], "FP32")],
+                                   request_outputs=wanted)  # fmt: skip
+            request.inputs[0].set_data_from_numpy(np.zeros((2, 3, 32, 32), np.float32), binary_data=False)
+            response = await client.infer(server.url, request, model_name="tiny")
+            assert response.outputs[0].as_numpy().shape == (2, 10)
+        finally:
+            await client.close()
+
+    asyncio.run(run())
+
+
+def test_v2_and_predict_share_the_batcher_and_metrics(server: Server, client: triton.InferenceServerClient) -> None:
+    before = httpx.get(f"{server.url}/metrics").text
+    png = held_out("star")
+    client.infer(MODEL, [image_input(png, png)])
+    httpx.post(f"{server.url}/predict", files={"file": ("s.png", png, "image/png")}, timeout=30)
+    after = httpx.get(f"{server.url}/metrics").text
+
+    def processed(text: str) -> float:
+        line = next(x for x in text.splitlines() if x.startswith(f'vit_images_processed_total{{model="{MODEL}"}}'))
+        return float(line.split()[-1])
+
+    assert processed(after) - processed(before) == 3
+    assert 'vit_requests_total{route="/v2/models/{name}/infer",status="200"}' in after

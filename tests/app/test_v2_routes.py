@@ -1,0 +1,218 @@
+"""Open Inference Protocol routes in process: every malformed request is a 4xx {"error": ...} saying what to
+fix; V2 shares the /predict path's batcher, limits, API keys and overload answers."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import struct
+import threading
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.app.conftest import ClientFactory
+
+INFER = "/v2/models/tiny/infer"
+
+
+def bytes_tensor(*files: bytes) -> bytes:
+    return b"".join(struct.pack("<I", len(f)) + f for f in files)
+
+
+async def infer_binary(client: httpx.AsyncClient, header: dict[str, Any], binary: bytes, **kw: Any) -> httpx.Response:
+    head = json.dumps(header).encode()
+    headers = {"Inference-Header-Content-Length": str(len(head)), **kw.pop("headers", {})}
+    return await client.post(INFER, content=head + binary, headers=headers, **kw)
+
+
+def image_request(*files: bytes, **extra: Any) -> tuple[dict[str, Any], bytes]:
+    binary = bytes_tensor(*files)
+    tensor = {
+        "name": "image",
+        "datatype": "BYTES",
+        "shape": [len(files)],
+        "parameters": {"binary_data_size": len(binary)},
+    }
+    return {"inputs": [tensor], **extra}, binary
+
+
+def assert_v2_error(r: httpx.Response, status: int, fragment: str) -> None:
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert set(body) == {"error"} and fragment in body["error"], body
+
+
+async def test_json_request_with_base64_images_and_classification(client: httpx.AsyncClient, shape_png: bytes) -> None:
+    body = {
+        "id": "abc",
+        "parameters": {"attention": "rollout"},
+        "inputs": [
+            {
+                "name": "image",
+                "datatype": "BYTES",
+                "shape": [2, 1],
+                "data": [[base64.b64encode(shape_png).decode()]] * 2,
+            }
+        ],
+        "outputs": [{"name": "probabilities", "parameters": {"classification": 2}}, {"name": "attention"}],
+    }
+    r = await client.post(INFER, json=body)
+    assert r.status_code == 200, r.text
+    out = {o["name"]: o for o in r.json()["outputs"]}
+    assert r.json()["id"] == "abc" and r.json()["model_name"] == "tiny"
+    assert out["probabilities"]["datatype"] == "BYTES" and out["probabilities"]["shape"] == [2, 2]
+    score, index, label = out["probabilities"]["data"][0].split(":")
+    assert 0 < float(score) <= 1 and label == ["circle", "square", "triangle", "pentagon", "hexagon", "star", "cross",
+                                               "ring", "crescent", "arrow"][int(index)]  # fmt: skip
+    assert out["attention"]["shape"] == [2, 4, 4] and len(out["attention"]["data"]) == 32
+
+
+async def test_binary_outputs_follow_the_json_header(client: httpx.AsyncClient, shape_png: bytes) -> None:
+    header, binary = image_request(shape_png, parameters={"binary_data_output": True})
+    r = await infer_binary(client, header, binary)
+    assert r.status_code == 200 and r.headers["content-type"] == "application/octet-stream"
+    n = int(r.headers["inference-header-content-length"])
+    meta = json.loads(r.content[:n])
+    (probabilities,) = meta["outputs"]
+    assert probabilities["parameters"]["binary_data_size"] == 40 and len(r.content) == n + 40
+    values = np.frombuffer(r.content[n:], dtype="<f4")
+    assert values.shape == (10,) and abs(float(values.sum()) - 1.0) < 1e-5
+
+
+async def test_v2_and_predict_images_share_one_batch(make_client: ClientFactory, shape_png: bytes) -> None:
+    async with make_client(max_batch_size=8, max_wait_ms=200) as client:
+        batcher = client.app.state.service.default.batcher  # type: ignore[attr-defined]
+        sizes: list[int] = []
+        original = batcher.run_batch
+        batcher.run_batch = lambda batch: sizes.append(len(batch)) or original(batch)
+        header, binary = image_request(shape_png, shape_png)
+        v2, predict = await asyncio.gather(
+            infer_binary(client, header, binary),
+            client.post("/predict", files={"file": ("a.png", shape_png, "image/png")}),
+        )
+        assert v2.status_code == 200 and predict.status_code == 200
+        assert sizes == [3]  # two V2 images and one /predict image in one forward pass
+        v2_probs = v2.json()["outputs"][0]["data"][:10]
+        assert v2_probs == pytest.approx(predict.json()["results"][0]["probabilities"], abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "fragment"),
+    [
+        (b"{not json", 400, "not valid JSON"),
+        ({"inputs": "x"}, 400, "invalid inference request: inputs"),
+        ({"inputs": []}, 400, "send exactly one input"),
+        ({"inputs": [{"name": "img", "datatype": "BYTES", "shape": [1], "data": ["aGk="]}]}, 400, "unknown input 'img'"),
+        ({"inputs": [{"name": "image", "datatype": "FP32", "shape": [1], "data": [1.0]}]}, 400, "must be BYTES"),
+        ({"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1, 2], "data": ["a", "b"]}]}, 400, "shape [N] or [N, 1]"),
+        ({"inputs": [{"name": "image", "datatype": "BYTES", "shape": [2], "data": ["aGk="]}]}, 400, "says 2 images, the data holds 1"),
+        ({"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1], "data": ["@@@"]}]}, 400, "is not base64"),
+        ({"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1], "data": ["aGk="]}]}, 400, "image[0]: not a recognised image"),
+        ({"inputs": [{"name": "image", "datatype": "BYTES", "shape": [0], "data": []}]}, 400, "has no images"),
+        ({"inputs": [{"name": "image", "datatype": "BYTES", "shape": [17], "data": ["aGk="] * 17}]}, 400, "at most 16"),
+        ({"inputs": [{"name": "pixels", "datatype": "FP16", "shape": [1, 3, 32, 32], "data": [0]}]}, 400, "must be FP32"),
+        ({"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 1, 32, 32], "data": [0]}]}, 400, "must have shape [-1, 3, 32, 32]"),
+        ({"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 3, 32, 32], "data": [0.0] * 5}]}, 400, "needs 3072 values, the data holds 5"),
+        ({"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 3, 32, 32], "data": ["x"] * 3072}]}, 400, "data must be numbers"),
+        ({"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 3, 32, 32], "data": [float("nan")] * 3072}]}, 400, "NaN or infinite"),
+        ({"parameters": {"attention": "gradcam"}, "inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 3, 32, 32], "data": [0.0] * 3072}]}, 400, "attention must be one of"),
+        ({"outputs": [{"name": "logits"}], "inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 3, 32, 32], "data": [0.0] * 3072}]}, 400, "unknown output 'logits'"),
+        ({"outputs": [{"name": "attention"}], "inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 3, 32, 32], "data": [0.0] * 3072}]}, 400, "needs the request parameter attention"),
+        ({"outputs": [{"name": "probabilities", "parameters": {"classification": -1}}], "inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 3, 32, 32], "data": [0.0] * 3072}]}, 400, "non-negative integer"),
+    ],
+)  # fmt: skip
+async def test_malformed_requests_are_400_with_what_to_fix(
+    client: httpx.AsyncClient, body: Any, status: int, fragment: str
+) -> None:
+    content = body if isinstance(body, bytes) else json.dumps(body, allow_nan=True).encode()
+    assert_v2_error(await client.post(INFER, content=content), status, fragment)
+
+
+@pytest.mark.parametrize(
+    ("binary", "size", "header_length", "fragment"),
+    [
+        (bytes_tensor(b"abc")[:2], None, None, "ends inside the length prefix"),
+        (struct.pack("<I", 100) + b"abc", None, None, "claims 100 bytes, only 3 remain"),
+        (bytes_tensor(b"abc"), 3, None, "binary_data_size 3 does not match the 7 bytes"),
+        (bytes_tensor(b"abc"), None, "99999", "Inference-Header-Content-Length '99999'"),
+        (bytes_tensor(b"abc"), None, "x", "Inference-Header-Content-Length 'x'"),
+    ],
+)
+async def test_malformed_binary_data_is_400(
+    client: httpx.AsyncClient, binary: bytes, size: int | None, header_length: str | None, fragment: str
+) -> None:
+    header = {"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1],
+                          "parameters": {"binary_data_size": size if size is not None else len(binary)}}]}  # fmt: skip
+    head = json.dumps(header).encode()
+    r = await client.post(
+        INFER, content=head + binary, headers={"Inference-Header-Content-Length": header_length or str(len(head))}
+    )
+    assert_v2_error(r, 400, fragment)
+
+
+async def test_binary_pixels_must_have_the_right_size(client: httpx.AsyncClient) -> None:
+    data = np.zeros((1, 3, 32, 32), "<f4").tobytes()[:-4]
+    header = {"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 3, 32, 32],
+                          "parameters": {"binary_data_size": len(data)}}]}  # fmt: skip
+    assert_v2_error(await infer_binary(client, header, data), 400, "needs 12288 bytes of FP32, got 12284")
+
+
+async def test_models_and_versions(client: httpx.AsyncClient) -> None:
+    version = (await client.get("/v2/models/tiny")).json()["versions"][0]
+    assert (await client.get(f"/v2/models/tiny/versions/{version}/ready")).json() == {"name": "tiny", "ready": True}
+    assert_v2_error(await client.get("/v2/models/tiny/versions/0000/ready"), 404, f"it serves version {version}")
+    assert_v2_error(await client.get("/v2/models/other"), 404, "no model named 'other'; this service serves: tiny")
+    assert (await client.get("/v2/health/live")).json() == {"live": True}
+    assert (await client.get("/v2/health/ready")).json() == {"ready": True}
+    assert_v2_error(await client.get("/v2/nothing-here"), 404, "Not Found")
+
+
+async def test_api_keys_guard_infer(make_client: ClientFactory, shape_png: bytes) -> None:
+    async with make_client(api_keys="k1") as client:
+        header, binary = image_request(shape_png)
+        assert_v2_error(await infer_binary(client, header, binary), 401, "missing or invalid API key")
+        r = await infer_binary(client, header, binary, headers={"Authorization": "Bearer k1"})
+        assert r.status_code == 200, r.text
+        assert (await client.get("/v2/models/tiny")).status_code == 200  # metadata stays open, as /v1/model
+
+
+async def test_body_limit_and_overload(make_client: ClientFactory, shape_png: bytes) -> None:
+    async with make_client(max_upload_bytes=20_000, max_queue=2, max_files=2, max_batch_size=1, max_wait_ms=0) as client:
+        header, binary = image_request(b"x" * 30_000)
+        assert_v2_error(await infer_binary(client, header, binary), 413, "over the limit of 20000 bytes")
+        batcher = client.app.state.service.default.batcher  # type: ignore[attr-defined]
+        original, release, entered = batcher.run_batch, asyncio.Event(), threading.Event()
+        loop = asyncio.get_running_loop()
+
+        def held(batch):  # type: ignore[no-untyped-def]
+            entered.set()
+            asyncio.run_coroutine_threadsafe(release.wait(), loop).result(10)
+            return original(batch)
+
+        batcher.run_batch = held
+        header, binary = image_request(shape_png)
+        first = asyncio.create_task(infer_binary(client, header, binary))
+        while not entered.is_set():
+            assert not first.done(), first.result().text
+            await asyncio.sleep(0.005)
+        header2, binary2 = image_request(shape_png, shape_png)
+        queued = asyncio.create_task(infer_binary(client, header2, binary2))
+        while batcher.queue_depth < 2:
+            await asyncio.sleep(0.005)
+        r = await infer_binary(client, header, binary)
+        assert_v2_error(r, 503, "overloaded")
+        assert int(r.headers["retry-after"]) >= 1
+        release.set()
+        assert [t.status_code for t in await asyncio.gather(first, queued)] == [200, 200]
+
+
+async def test_v2_appears_in_the_openapi_schema(client: httpx.AsyncClient) -> None:
+    paths = (await client.get("/openapi.json")).json()["paths"]
+    assert {"/v2", "/v2/health/live", "/v2/health/ready", "/v2/models/{name}", "/v2/models/{name}/ready",
+            "/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer"} <= set(paths)  # fmt: skip
+    body = paths["/v2/models/{name}/infer"]["post"]["requestBody"]["content"]
+    assert {"application/json", "application/octet-stream"} <= set(body)
