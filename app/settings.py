@@ -19,7 +19,7 @@ class Settings(BaseSettings):
     weights: Path = Field(BUNDLED_WEIGHTS, description="Checkpoint to serve; its name is the file's stem")
     models: str | None = Field(
         None,
-        description="Several checkpoints: name=path,name=path (the first is the default); replaces VIT_WEIGHTS",
+        description="Several checkpoints: name=path,name=path (the first is the default); when set, VIT_WEIGHTS is not used",
     )
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
     max_batch_size: int = Field(32, ge=1, le=1024, description="Most images in one forward pass")
@@ -53,10 +53,13 @@ class Settings(BaseSettings):
             )
         return self
 
+    @field_validator("models")
+    @classmethod
+    def empty_models_means_unset(cls, v: str | None) -> str | None:
+        return v if v and v.strip() else None  # compose passes VIT_MODELS= when it is not set
+
     @model_validator(mode="after")
     def check_models(self) -> Settings:
-        if self.models is not None and "weights" in self.model_fields_set:
-            raise ValueError("set VIT_MODELS or VIT_WEIGHTS, not both (VIT_WEIGHTS is the one-model shorthand)")
         self.model_paths()  # a malformed list fails at startup, with what to fix
         return self
 

@@ -19,7 +19,7 @@ import yaml
 
 from app.settings import Settings
 from model.shapes import make_sample
-from tests.app.test_server import free_port
+from tests.app.conftest import free_port
 from tests.conftest import encode
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -30,10 +30,7 @@ def make_client(tiny_checkpoint: Path) -> ClientFactory:
 
     @asynccontextmanager
     async def factory(**overrides: Any) -> AsyncIterator[httpx.AsyncClient]:
-        base: dict[str, Any] = (
-            {"device": "cpu"} if "models" in overrides else {"weights": tiny_checkpoint, "device": "cpu"}
-        )
-        settings = Settings(**{**base, **overrides})
+        settings = Settings(**{"weights": tiny_checkpoint, "device": "cpu", **overrides})
         app = create_app(settings)
         async with LifespanManager(app, startup_timeout=60, shutdown_timeout=60) as manager:
             transport = httpx.ASGITransport(app=manager.app)
@@ -61,8 +58,7 @@ class Server:
     def __init__(self, checkpoint: Path, **env: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        weights = {} if "VIT_MODELS" in env else {"VIT_WEIGHTS": str(checkpoint)}
-        environment = {**os.environ, **weights, "VIT_DEVICE": "cpu", **env}
+        environment = {**os.environ, "VIT_WEIGHTS": str(checkpoint), "VIT_DEVICE": "cpu", **env}
         # Output goes to a file, not a pipe: an unread pipe fills up and blocks the server's logging.
         self.output = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
         self.proc = subprocess.Popen(

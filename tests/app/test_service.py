@@ -47,6 +47,9 @@ async def test_two_models_serve_side_by_side(
 
 def test_vit_weights_names_its_model_by_the_file_stem(tiny_checkpoint: Path) -> None:
     assert Settings(weights=tiny_checkpoint).model_paths() == {"tiny": tiny_checkpoint}
+    assert Settings(weights=tiny_checkpoint, models="").model_paths() == {"tiny": tiny_checkpoint}  # compose's empty
+    both = Settings(weights=tiny_checkpoint, models="a=/x.safetensors")  # the container always sets VIT_WEIGHTS
+    assert both.model_paths() == {"a": Path("/x.safetensors")}
 
 
 @pytest.mark.parametrize(
@@ -55,7 +58,6 @@ def test_vit_weights_names_its_model_by_the_file_stem(tiny_checkpoint: Path) -> 
         ({"models": "a=/x.safetensors,b"}, "VIT_MODELS entry 'b' is not name=path"),
         ({"models": "a=/x.safetensors,a=/y.safetensors"}, "VIT_MODELS names 'a' twice"),
         ({"models": "bad name=/x.safetensors"}, "is not name=path"),
-        ({"models": "a=/x.safetensors", "weights": "/y.safetensors"}, "set VIT_MODELS or VIT_WEIGHTS, not both"),
     ],
 )
 def test_bad_model_lists_are_refused_with_what_to_fix(env: dict[str, str], message: str) -> None:

@@ -181,7 +181,9 @@ async def test_api_keys_guard_infer(make_client: ClientFactory, shape_png: bytes
 
 
 async def test_body_limit_and_overload(make_client: ClientFactory, shape_png: bytes) -> None:
-    async with make_client(max_upload_bytes=20_000, max_queue=2, max_files=2, max_batch_size=1, max_wait_ms=0) as client:
+    async with make_client(
+        max_upload_bytes=20_000, max_queue=2, max_files=2, max_batch_size=1, max_wait_ms=0
+    ) as client:
         header, binary = image_request(b"x" * 30_000)
         assert_v2_error(await infer_binary(client, header, binary), 413, "over the limit of 20000 bytes")
         batcher = client.app.state.service.default.batcher  # type: ignore[attr-defined]
