@@ -5,6 +5,7 @@ const $ = (id) => document.getElementById(id);
 const API_KEY_STORAGE = "vit-api-key";
 const DEFAULT_METHODS = ["rollout", "last"];
 let methods = DEFAULT_METHODS;
+let models = new Map();  // name -> description, from /v1/models
 
 function apiHeaders() {
   const key = $("api-key").value.trim();
@@ -28,17 +29,26 @@ async function errorText(response) {
 async function loadModel() {
   const status = $("model-status");
   try {
-    const response = await fetch("/v1/model");
+    const response = await fetch("/v1/models");
     if (response.status === 503) {
       status.textContent = "The model is still loading; retrying…";
       setTimeout(loadModel, 2000);
       return;
     }
     if (!response.ok) throw new Error(await errorText(response));
-    showModel(await response.json());
+    const listing = await response.json();
+    models = new Map(listing.models.map((m) => [m.name, m]));
+    const select = $("model-select");
+    select.replaceChildren(...listing.models.map((m) => new Option(`${m.name} (${m.version})`, m.name, m.name === listing.default, m.name === listing.default)));
+    $("model-picker").hidden = models.size < 2;
+    showModel(models.get(listing.default));
   } catch (e) {
     status.textContent = `Could not read the model description: ${e.message}`;
   }
+}
+
+function chosenModel() {
+  return models.size > 1 ? $("model-select").value : null;
 }
 
 function showModel(info) {
@@ -87,14 +97,16 @@ function addResultItem(file, before) {
 
 async function classify(file, before) {
   const item = addResultItem(file, before);
+  const model = chosenModel();  // a result stays with the model it was sent to
+  if (model) item.querySelector(".filename").textContent += ` · ${model}`;
   const cache = new Map();
   const select = item.querySelector(".result-method");
   fillMethods(select, $("method").value);
-  select.addEventListener("change", () => request(file, item, select.value, cache));
-  await request(file, item, select.value, cache);
+  select.addEventListener("change", () => request(file, item, select.value, cache, model));
+  await request(file, item, select.value, cache, model);
 }
 
-async function request(file, item, method, cache) {
+async function request(file, item, method, cache, model) {
   const status = item.querySelector(".status");
   const error = item.querySelector(".error");
   status.hidden = false;
@@ -106,6 +118,7 @@ async function request(file, item, method, cache) {
       const body = new FormData();
       body.append("file", file, file.name || "pasted.png");
       const query = new URLSearchParams({ top_k: $("top-k").value || "5", attention: method, overlay: "true" });
+      if (model) query.set("model", model);
       const response = await fetch(`/predict?${query}`, { method: "POST", body, headers: apiHeaders() });
       if (response.status === 401) showApiKeyField();
       if (!response.ok) throw new Error(await errorText(response));
@@ -195,6 +208,7 @@ function wireEvents() {
     const files = Array.from(e.clipboardData ? e.clipboardData.files : []);
     if (files.length) classifyAll(files);
   });
+  $("model-select").addEventListener("change", (e) => showModel(models.get(e.target.value)));
   const key = $("api-key");
   key.value = sessionStorage.getItem(API_KEY_STORAGE) || "";
   if (key.value) $("api-key-row").hidden = false;

@@ -267,3 +267,30 @@ def test_api_key_and_too_large_image_errors(browser: webdriver.Chrome, tmp_path:
         assert large == "large.png: 64x64 = 4096 pixels is over the limit of 1000; resize it first"
     finally:
         server.stop()
+
+
+@pytest.mark.slow
+def test_model_picker_sends_images_to_the_chosen_model(
+    browser: webdriver.Chrome, tmp_path: Path, tiny_checkpoint: Path
+) -> None:
+    server = Server(BUNDLED_WEIGHTS, VIT_MODELS=f"vit-shapes={BUNDLED_WEIGHTS},tiny={tiny_checkpoint}")
+    try:
+        server.wait_ready()
+        open_page(browser, server)
+        picker = browser.find_element(By.ID, "model-select")
+        assert picker.is_displayed()
+        assert [o.get_attribute("value") for o in Select(picker).options] == ["vit-shapes", "tiny"]
+        Select(picker).select_by_value("tiny")
+        assert browser.find_element(By.ID, "model-name").text == "tiny"
+        assert browser.find_element(By.ID, "model-input").text == "32 × 32 px, RGB"
+        upload(browser, tmp_path, {"star.png": held_out("star")})
+        item = result(browser, "star.png · tiny")
+        assert item.find_element(By.CSS_SELECTOR, ".overlay-caption").text == "rollout map · 4 × 4 grid"  # tiny's grid
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+def test_one_model_shows_no_picker(browser: webdriver.Chrome, service: Server) -> None:
+    open_page(browser, service)
+    assert not browser.find_element(By.ID, "model-select").is_displayed()
