@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from model.checkpoint import Checkpoint
-from model.rollout import attention_map
+from model.rollout import GRADIENT, attention_map, gradient_attention_map
 
 log = logging.getLogger("app.inference")
 
@@ -18,7 +18,8 @@ log = logging.getLogger("app.inference")
 @dataclass(frozen=True)
 class ImageInput:
     pixels: Tensor  # (C, S, S) float32, normalised
-    attention: str  # "none", "rollout" or "last"
+    attention: str  # "none", "rollout", "last" or "gradient"
+    target: int | None = None  # the class a gradient map explains (None: the top-1 class)
 
 
 @dataclass(frozen=True)
@@ -57,25 +58,50 @@ class Predictor:
                 torch.cuda.empty_cache()  # give the batcher's smaller retries the memory back
             raise
 
-    @torch.inference_mode()
     def forward(self, batch: list[ImageInput]) -> list[ImageOutput]:
         x = torch.stack([item.pixels for item in batch])
         x = x.pin_memory() if self.device.type == "cuda" else x
         x = x.to(self.device, self.dtype, non_blocking=True)  # (B, C, S, S)
-        wanted = [i for i, item in enumerate(batch) if item.attention != "none"]
+        by_gradient = [i for i, item in enumerate(batch) if item.attention == GRADIENT]
+        others = [i for i in range(len(batch)) if batch[i].attention != GRADIENT]
+        outputs: dict[int, ImageOutput] = {}
+        if others:
+            outputs |= self.forward_weights(x[others] if by_gradient else x, [batch[i] for i in others], others)
+        if by_gradient:  # class-specific maps need a backward pass: their own forward, with gradients
+            targets = [batch[i].target for i in by_gradient]
+            chosen = None if all(t is None for t in targets) else self.targets(x[by_gradient], targets)
+            logits, maps = gradient_attention_map(self.model, x[by_gradient], chosen)
+            probabilities = logits.float().softmax(dim=-1).cpu()
+            for j, i in enumerate(by_gradient):
+                outputs[i] = ImageOutput(probabilities[j], maps[j].float().cpu())
+        return [outputs[i] for i in range(len(batch))]
+
+    @torch.inference_mode()
+    def forward_weights(self, x: Tensor, items: list[ImageInput], index: list[int]) -> dict[int, ImageOutput]:
+        """Probabilities, and rollout/last maps for the items asking: one pass for all of them."""
+        wanted = [j for j, item in enumerate(items) if item.attention != "none"]
         maps: dict[int, Tensor] = {}
         if wanted:  # one pass on the explicit path serves plain and attention requests alike
             logits, attentions = self.model.forward_with_attention(x)
-            for method in {batch[i].attention for i in wanted}:
-                idx = [i for i in wanted if batch[i].attention == method]
+            for method in {items[j].attention for j in wanted}:
+                idx = [j for j in wanted if items[j].attention == method]
                 rows = torch.tensor(idx, device=self.device)
                 found = attention_map([a[rows] for a in attentions], method, self.model.readout)
-                for i, m in zip(idx, found.float().cpu(), strict=True):
-                    maps[i] = m
+                for j, m in zip(idx, found.float().cpu(), strict=True):
+                    maps[j] = m
         else:
             logits = self.model(x)
         probabilities = logits.float().softmax(dim=-1).cpu()  # (B, num_classes)
-        return [ImageOutput(probabilities[i], maps.get(i)) for i in range(len(batch))]
+        return {i: ImageOutput(probabilities[j], maps.get(j)) for j, i in enumerate(index)}
+
+    def targets(self, x: Tensor, targets: list[int | None]) -> Tensor:
+        """The asked-for class per image; the top-1 class where none was asked for."""
+        top1: list[int] = []
+        if any(t is None for t in targets):
+            with torch.inference_mode():
+                top1 = self.model(x).argmax(dim=1).tolist()
+        chosen = [t if t is not None else top1[j] for j, t in enumerate(targets)]
+        return torch.tensor(chosen, device=self.device)  # made outside inference mode: it enters autograd
 
     def warm_up(self, max_batch_size: int) -> float:
         """Run every power-of-two batch size up to the maximum (and the maximum), both paths; returns seconds."""
@@ -84,7 +110,7 @@ class Predictor:
         blank = torch.zeros(self.input_shape)
         for size in sizes:
             self([ImageInput(blank, "none")] * size)
-        self([ImageInput(blank, "rollout"), ImageInput(blank, "last")])
+        self([ImageInput(blank, "rollout"), ImageInput(blank, "last"), ImageInput(blank, GRADIENT)])
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - started

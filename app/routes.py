@@ -89,18 +89,27 @@ async def predict(
     request: Request,
     service: ReadyServiceDep,
     top_k: Annotated[int, Query(ge=1, le=1000, description="How many top classes to list")] = 5,
-    attention: Annotated[Literal["none", "rollout", "last"], Query(description="Attention map to return")] = "none",
+    attention: Annotated[
+        Literal["none", "rollout", "last", "gradient"],
+        Query(description="Attention map to return: rollout or last (class-agnostic), gradient (for one class)"),
+    ] = "none",
     overlay: Annotated[bool, Query(description="Also return a PNG of the map over the image (base64)")] = False,
     model: Annotated[str | None, Query(description="Which served model (default: the first)")] = None,
+    target: Annotated[
+        str | None, Query(description="With attention=gradient: the class (label or index) to explain; default top-1")
+    ] = None,
 ) -> Response:
     """Classify one or more images; optionally return attention maps and overlays."""
     if overlay and attention == "none":
-        raise InvalidInput("overlay=true draws an attention map: also pass attention=rollout or attention=last")
+        raise InvalidInput("overlay=true draws an attention map: also pass attention=rollout, last or gradient")
+    if target is not None and attention != "gradient":
+        raise InvalidInput("target chooses the class a gradient map explains: also pass attention=gradient")
     served = service.model(model)
+    target_index = served.target_index(target)
     uploads = await read_uploads(request, service.settings.max_upload_bytes, service.settings.max_files)
     try:
         result = await unless_disconnected(
-            request, service.predict(served, uploads, PredictOptions(top_k, attention, overlay))
+            request, service.predict(served, uploads, PredictOptions(top_k, attention, overlay, target_index))
         )
     except ClientDisconnected:
         return Response(status_code=499)  # never delivered: the client is gone

@@ -19,7 +19,7 @@ class TopK(BaseModel):
 
 
 class AttentionMap(BaseModel):
-    method: str = Field(description="rollout or last", examples=["rollout"])
+    method: str = Field(description="rollout, last or gradient", examples=["rollout"])
     grid: list[int] = Field(description="[rows, columns] of the patch grid", examples=[[8, 8]])
     map: list[list[float]] = Field(description="Relevance of each patch, scaled to [0, 1]")
 
@@ -28,7 +28,7 @@ class ImageResult(BaseModel):
     filename: str = Field(examples=["star.png"])
     top_k: list[TopK]
     probabilities: list[float] = Field(description="One per class, in the model's class order; they sum to 1")
-    attention: AttentionMap | None = Field(None, description="Only when attention=rollout or last")
+    attention: AttentionMap | None = Field(None, description="Only when attention=rollout, last or gradient")
     overlay_png: str | None = Field(None, description="Base64 PNG of the map over the image; only when overlay=true")
 
 

@@ -21,7 +21,7 @@ from PIL import Image
 
 from app.batcher import DynamicBatcher
 from app.decode import decode_image
-from app.errors import RequestTimeout
+from app.errors import InvalidInput, RequestTimeout
 from app.inference import ImageInput, ImageOutput, Predictor
 from app.metrics import ModelMetrics
 from app.preprocess import Preprocessor
@@ -100,9 +100,24 @@ class ServedModel:
         image = decode_image(upload.data, upload.filename, self.checkpoint.config.in_channels, self.max_image_pixels)
         return Prepared(upload.filename, image if keep_image else None, self.preprocessor(image))
 
+    def target_index(self, target: str | None) -> int | None:
+        """A class label, or its index, as the class index a gradient map explains."""
+        if target is None:
+            return None
+        classes = self.classes
+        if target in classes:
+            return classes.index(target)
+        if target.isdigit() and int(target) < len(classes):
+            return int(target)
+        shown = ", ".join(classes[:10]) + (f", ... ({len(classes)} in all)" if len(classes) > 10 else "")
+        raise InvalidInput(
+            f"target {target!r} names no class of model {self.name}; give a label or an index 0..{len(classes) - 1}: {shown}"
+        )
+
     async def run_uploads(
-        self, uploads: Sequence[Upload], attention: str, keep_images: bool, pool: Executor, timeout_s: float
-    ) -> tuple[list[Prepared], list[ImageOutput]]:
+        self, uploads: Sequence[Upload], attention: str, keep_images: bool, pool: Executor, timeout_s: float,
+        target: int | None = None,
+    ) -> tuple[list[Prepared], list[ImageOutput]]:  # fmt: skip
         """All of one request's files: decoded first, so a bad one fails the request before any compute."""
         deadline = time.monotonic() + timeout_s
         loop = asyncio.get_running_loop()
@@ -110,13 +125,15 @@ class ServedModel:
             prepared = await asyncio.gather(
                 *(loop.run_in_executor(pool, self.prepare, u, keep_images) for u in uploads)
             )
-            futures = admission.submit([ImageInput(p.pixels, attention) for p in prepared], deadline)
+            futures = admission.submit([ImageInput(p.pixels, attention, target) for p in prepared], deadline)
         return list(prepared), await wait_for_outputs(futures, deadline)
 
-    async def run_pixels(self, pixels: torch.Tensor, attention: str, timeout_s: float) -> list[ImageOutput]:
+    async def run_pixels(
+        self, pixels: torch.Tensor, attention: str, timeout_s: float, target: int | None = None
+    ) -> list[ImageOutput]:
         """Already preprocessed images (N, C, H, W) through the same batcher."""
         deadline = time.monotonic() + timeout_s
-        futures = self.batcher.submit([ImageInput(p, attention) for p in pixels], deadline)
+        futures = self.batcher.submit([ImageInput(p, attention, target) for p in pixels], deadline)
         return await wait_for_outputs(futures, deadline)
 
 

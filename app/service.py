@@ -32,6 +32,7 @@ class PredictOptions:
     top_k: int = 5
     attention: str = "none"
     overlay: bool = False
+    target: int | None = None  # the class a gradient map explains (None: each image's top-1)
 
 
 class Service:
@@ -80,8 +81,9 @@ class Service:
     async def predict(self, model: ServedModel, uploads: list[Upload], options: PredictOptions) -> PredictResponse:
         """One /predict request: images in, top-k, probabilities and maps out."""
         prepared, outputs = await model.run_uploads(
-            uploads, options.attention, options.overlay, self.decode_pool, self.settings.request_timeout_s
-        )
+            uploads, options.attention, options.overlay, self.decode_pool, self.settings.request_timeout_s,
+            options.target,
+        )  # fmt: skip
         results = [
             to_result(p.filename, out, model.classes, options.top_k, options.attention, p.image)
             for p, out in zip(prepared, outputs, strict=True)
@@ -89,15 +91,16 @@ class Service:
         return PredictResponse(model=model.ref, results=results)
 
     async def compute(
-        self, model: ServedModel, uploads: list[Upload] | None, pixels: torch.Tensor | None, attention: str
-    ) -> list[ImageOutput]:
+        self, model: ServedModel, uploads: list[Upload] | None, pixels: torch.Tensor | None, attention: str,
+        target: int | None = None,
+    ) -> list[ImageOutput]:  # fmt: skip
         """Outputs for encoded files (decoded as /predict decodes them) or for preprocessed pixels."""
         timeout = self.settings.request_timeout_s
         if uploads is not None:
-            _, outputs = await model.run_uploads(uploads, attention, False, self.decode_pool, timeout)
+            _, outputs = await model.run_uploads(uploads, attention, False, self.decode_pool, timeout, target)
             return outputs
         assert pixels is not None
-        return await model.run_pixels(pixels, attention, timeout)
+        return await model.run_pixels(pixels, attention, timeout, target)
 
     async def shutdown(self) -> None:
         """Turn unready, answer every accepted image of every model, then stop."""

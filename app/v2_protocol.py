@@ -3,7 +3,8 @@
 Inputs (one per request): `image`, BYTES [N] or [N, 1], encoded image files decoded and preprocessed
 exactly as /predict does; or `pixels`, FP32 [N, C, H, W], already preprocessed. Outputs:
 `probabilities`, FP32 [N, classes], and `attention`, FP32 [N, grid, grid], when the request parameter
-`attention` names a map. Extensions: binary tensor data (`Inference-Header-Content-Length`,
+`attention` names a map (`rollout`, `last`, or `gradient` for the class in the parameter `target`,
+default each image's top-1). Extensions: binary tensor data (`Inference-Header-Content-Length`,
 `binary_data_size`; BYTES elements as 4-byte little-endian length + bytes) and classification
 (`classification: k` on an output: BYTES [N, k] of Triton's "score:index:label").
 In JSON, a BYTES element of `image` is the base64 of the file (raw image bytes are not valid JSON text).
@@ -29,7 +30,7 @@ from app.uploads import Upload
 HEADER_LENGTH = "inference-header-content-length"
 IMAGE, PIXELS = "image", "pixels"
 PROBABILITIES, ATTENTION = "probabilities", "attention"
-ATTENTION_KINDS = ("none", "rollout", "last")
+ATTENTION_KINDS = ("none", "rollout", "last", "gradient")
 
 
 class TensorIn(BaseModel):
@@ -58,6 +59,7 @@ class Decoded:
 
     request: InferRequest
     attention: str
+    target: str | None  # with attention=gradient: the class to explain, label or index
     uploads: list[Upload] | None
     pixels: torch.Tensor | None
 
@@ -89,15 +91,16 @@ def decode_request(header: bytes, binary: bytes, input_shape: tuple[int, int, in
     """Check and decode one infer request against the model's input shape (C, H, W)."""
     request = parse_request(header)
     attention = request_attention(request)
+    target = request_target(request, attention)
     if len(request.inputs) != 1:
         raise InvalidInput(f"send exactly one input, {IMAGE!r} (BYTES) or {PIXELS!r} (FP32); got {len(request.inputs)}")
     check_outputs(request, attention)  # before any compute is spent
     tensor = request.inputs[0]
     chunk = binary_chunk(tensor, binary)
     if tensor.name == IMAGE:
-        return Decoded(request, attention, decode_images(tensor, chunk, max_images), None)
+        return Decoded(request, attention, target, decode_images(tensor, chunk, max_images), None)
     if tensor.name == PIXELS:
-        return Decoded(request, attention, None, decode_pixels(tensor, chunk, input_shape, max_images))
+        return Decoded(request, attention, target, None, decode_pixels(tensor, chunk, input_shape, max_images))
     raise InvalidInput(
         f"unknown input {tensor.name!r}; this model takes {IMAGE!r} (BYTES [N], encoded image files) "
         f"or {PIXELS!r} (FP32 [N, {', '.join(map(str, input_shape))}], preprocessed)"
@@ -113,12 +116,27 @@ def request_attention(request: InferRequest) -> str:
     return str(attention)
 
 
+def request_target(request: InferRequest, attention: str) -> str | None:
+    target = (request.parameters or {}).get("target")
+    if target is None:
+        return None
+    if attention != "gradient":
+        raise InvalidInput(
+            "the parameter target chooses the class a gradient map explains: also set attention to gradient"
+        )
+    if isinstance(target, bool) or not isinstance(target, str | int):
+        raise InvalidInput(f"the parameter target must be a class label or index, got {target!r}")
+    return str(target)
+
+
 def check_outputs(request: InferRequest, attention: str) -> None:
     for output in request.outputs or []:
         if output.name not in (PROBABILITIES, ATTENTION):
             raise InvalidInput(f"unknown output {output.name!r}; this model gives {PROBABILITIES!r} and {ATTENTION!r}")
         if output.name == ATTENTION and attention == "none":
-            raise InvalidInput(f"output {ATTENTION!r} needs the request parameter attention set to rollout or last")
+            raise InvalidInput(
+                f"output {ATTENTION!r} needs the request parameter attention set to rollout, last or gradient"
+            )
         k = (output.parameters or {}).get("classification", 0)
         if output.name == ATTENTION and k:
             raise InvalidInput(f"classification applies to {PROBABILITIES!r}, not {ATTENTION!r}")

@@ -171,9 +171,10 @@ async def infer(request: Request, service: ReadyServiceDep, name: str, version: 
     body = await read_body(request, service.settings.max_upload_bytes)
     header, binary = split_body(body, request.headers.get(HEADER_LENGTH))
     decoded = decode_request(header, binary, model.input_shape, service.settings.max_files)
+    target = model.target_index(decoded.target)
     try:
         outputs = await unless_disconnected(
-            request, service.compute(model, decoded.uploads, decoded.pixels, decoded.attention)
+            request, service.compute(model, decoded.uploads, decoded.pixels, decoded.attention, target)
         )
     except ClientDisconnected:
         return Response(status_code=499)  # never delivered: the client is gone

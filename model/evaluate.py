@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 
 from model.checkpoint import Checkpoint, load_checkpoint
 from model.data import DATASETS, DataOptions, ShapesDataset, build_data, eval_transform
-from model.rollout import ATTENTION_METHODS, attention_map
+from model.rollout import ATTENTION_METHODS, GRADIENT, attention_map, gradient_attention_map
 
 DEFAULT_SHAPES_EVAL_SEED = 20261121  # never used for training: a fresh held-out set
 
@@ -45,7 +45,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--download", action="store_true")
     p.add_argument("--samples", type=int, default=5000, help="shapes: held-out images to render")
     p.add_argument("--seed", type=int, default=DEFAULT_SHAPES_EVAL_SEED, help="shapes: seed of the held-out set")
-    p.add_argument("--attention", choices=ATTENTION_METHODS, default="rollout", help="map scored by the pointing game")
+    p.add_argument(
+        "--attention", choices=(*ATTENTION_METHODS, GRADIENT), default="rollout", help="map scored by the pointing game"
+    )
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", type=Path, help="also write the results here")
@@ -61,7 +63,7 @@ def pointing_hits(maps: Tensor, masks: Tensor) -> Tensor:
     return per_patch[torch.arange(B), peak]
 
 
-@torch.inference_mode()
+@torch.no_grad()  # not inference_mode: class-specific maps run a backward pass of their own
 def evaluate(
     ckpt: Checkpoint,
     loader: DataLoader[Any],
@@ -78,6 +80,9 @@ def evaluate(
         x = x.to(device)
         if masks is None:
             logits = model(x)
+        elif attention == GRADIENT:
+            logits, maps = gradient_attention_map(model, x)
+            maps = maps.cpu()
         else:
             logits, attentions = model.forward_with_attention(x)
             maps = attention_map(attentions, attention, model.readout).cpu()

@@ -8,19 +8,33 @@ Both return (B, grid_h, grid_w) maps scaled to [0, 1] per image.
 Models with register tokens or without a CLS token are read out the way they classify: the
 prefix tokens (CLS, registers) are skipped over, and an average-pooled model's map is the mean
 relevance over the patch tokens' rows, since its prediction is made from their mean.
+
+Axial models have two attention layers per block, along the rows and then the columns. For `rollout`
+and `last` each block's two are composed into one token-to-token matrix, column attention after
+row attention (heads fused first: the row and column layers' heads are unrelated): a token reaches
+any patch through one row step and one column step, as information flows in the block.
+
+`gradient_attention_map` answers "why this class": gradient-weighted attention rollout (Chefer, Gur
+& Wolf, "Generic Attention-model Explainability", ICCV 2021, the gradient form of their CVPR 2021
+"Transformer Interpretability Beyond Attention Visualization"). Each attention layer's weights A
+are weighted by the gradient of the target class's logit, negatives dropped and heads averaged,
+A_bar = mean_h((dy_t/dA * A)^+), and relevance accumulates through the layers as R <- R + A_bar R
+from R = I. It costs one forward pass on the explicit attention path plus one backward pass to the
+attention weights; every image in a batch gets its own target and its own map.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 import torch
 from torch import Tensor
 
 HeadFusion = Literal["mean", "max", "min"]
-ATTENTION_METHODS: tuple[str, ...] = ("rollout", "last")
+ATTENTION_METHODS: tuple[str, ...] = ("rollout", "last")  # class-agnostic, from the weights alone
+GRADIENT = "gradient"  # class-specific: gradient_attention_map
 
 
 @dataclass(frozen=True)
@@ -29,6 +43,7 @@ class Readout:
 
     prefix_tokens: int = 1  # CLS and register tokens before the patches
     pool: str = "cls"  # "cls" or "avg"
+    axial: bool = False  # two attention layers per block (rows, then columns)
 
     def row(self, relevance: Tensor) -> Tensor:
         """(B, T, T) token-to-token relevance -> (B, N) relevance of each patch to the prediction."""
@@ -79,10 +94,20 @@ def to_grid(patches: Tensor) -> Tensor:
     return scale_to_unit(patches.reshape(-1, grid, grid))
 
 
+def block_attention(attentions: list[Tensor], head_fusion: HeadFusion, readout: Readout) -> list[Tensor]:
+    """Per-layer (B, heads, T, T) weights -> one fused (B, T, T) matrix per block (axial: columns after rows)."""
+    fused = [fuse_heads(a.float(), head_fusion) for a in attentions]
+    if not readout.axial:
+        return fused
+    if len(fused) % 2:
+        raise ValueError(f"an axial model has two attention layers per block, got {len(fused)}")
+    return [col @ row for row, col in zip(fused[0::2], fused[1::2], strict=True)]
+
+
 def attention_rollout(
     attentions: list[Tensor], head_fusion: HeadFusion = "mean", discard_ratio: float = 0.0, readout: Readout = CLS
 ) -> Tensor:
-    """Roll attention out through all layers -> (B, grid, grid) patch relevance in [0, 1]."""
+    """Roll attention out through all blocks -> (B, grid, grid) patch relevance in [0, 1]."""
     if not attentions:
         raise ValueError("attention_rollout needs at least one layer of attention weights")
     if not 0.0 <= discard_ratio < 1.0:
@@ -90,23 +115,55 @@ def attention_rollout(
     B, _, N, _ = attentions[0].shape
     eye = torch.eye(N, dtype=torch.float32, device=attentions[0].device)
     result = eye.expand(B, N, N)
-    for attention in attentions:
-        fused = discard_lowest(fuse_heads(attention.float(), head_fusion), discard_ratio)  # (B, N, N)
-        a = fused + eye  # the residual connection carries each token to itself
+    for block in block_attention(attentions, head_fusion, readout):
+        a = discard_lowest(block, discard_ratio) + eye  # the residual connection carries each token to itself
         a = a / a.sum(dim=-1, keepdim=True)
         result = a @ result
     return to_grid(readout.row(result))
 
 
 def last_layer_attention(attentions: list[Tensor], head_fusion: HeadFusion = "mean", readout: Readout = CLS) -> Tensor:
-    """Final layer's attention from the readout token(s) to the patches -> (B, grid, grid) in [0, 1]."""
+    """Final block's attention from the readout token(s) to the patches -> (B, grid, grid) in [0, 1]."""
     if not attentions:
         raise ValueError("last_layer_attention needs at least one layer of attention weights")
-    return to_grid(readout.row(fuse_heads(attentions[-1].float(), head_fusion)))
+    return to_grid(readout.row(block_attention(attentions, head_fusion, readout)[-1]))
+
+
+def gradient_rollout(attentions: list[Tensor], gradients: list[Tensor], readout: Readout = CLS) -> Tensor:
+    """Class-specific relevance from each layer's weights and their gradients -> (B, grid, grid) in [0, 1]."""
+    if not attentions or len(attentions) != len(gradients):
+        raise ValueError(f"need one gradient per attention layer, got {len(gradients)} for {len(attentions)}")
+    B, _, N, _ = attentions[0].shape
+    relevance = torch.eye(N, dtype=torch.float32, device=attentions[0].device).expand(B, N, N)
+    for a, g in zip(attentions, gradients, strict=True):  # axial layers one after another, as they run
+        weighted = (g.float() * a.float()).clamp_min(0).mean(dim=1)  # (B, N, N)
+        relevance = relevance + weighted @ relevance
+    return to_grid(readout.row(relevance))
+
+
+class AttentionModel(Protocol):
+    @property
+    def readout(self) -> Readout: ...
+
+    def forward_with_attention(self, x: Tensor) -> tuple[Tensor, list[Tensor]]: ...
+
+
+def gradient_attention_map(model: AttentionModel, x: Tensor, targets: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Logits (B, classes) and each image's map for its target class (default: its top-1) -> (B, g, g).
+
+    Runs with gradients enabled (outside inference mode); only the attention weights get gradients.
+    """
+    with torch.enable_grad():
+        logits, attentions = model.forward_with_attention(x.detach())
+        chosen = logits.argmax(dim=1) if targets is None else targets.to(logits.device)
+        score = logits.gather(1, chosen[:, None]).sum()  # images are independent: one backward serves all
+        gradients = torch.autograd.grad(score, attentions)
+    maps = gradient_rollout([a.detach() for a in attentions], [g.detach() for g in gradients], model.readout)
+    return logits.detach(), maps
 
 
 def attention_map(attentions: list[Tensor], method: str, readout: Readout = CLS) -> Tensor:
-    """Dispatch by name: 'rollout' or 'last'."""
+    """Dispatch by name: 'rollout' or 'last' (class-specific maps need gradients: gradient_attention_map)."""
     if method == "rollout":
         return attention_rollout(attentions, readout=readout)
     if method == "last":

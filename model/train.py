@@ -20,7 +20,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import torch
 import torch.distributed as dist
@@ -35,9 +35,22 @@ from model.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_
 from model.data import DATASETS, DEFAULT_GEOMETRY, DataBundle, DataOptions, build_data
 from model.device import resolve_device
 from model.preprocessing import Preprocessing
-from model.vit import POS_EMBED_KINDS, PRESETS, ViT, ViTConfig, param_count_str, resample_pos_embed
+from model.vit import (
+    POS_EMBED_KINDS,
+    PRESETS,
+    AttentionPattern,
+    Head,
+    Norm,
+    ViT,
+    ViTConfig,
+    param_count_str,
+    resample_pos_embed,
+)
 
-ARCHITECTURE_FLAGS = ("preset", "patch_size", "dim", "depth", "heads", "mlp_ratio", "pos_embed")
+ARCHITECTURE_FLAGS = (
+    "preset", "patch_size", "dim", "depth", "heads", "mlp_ratio", "pos_embed", "norm", "head", "head_hidden",
+    "attention_pattern",
+)  # fmt: skip
 SCRATCH_LR, FINETUNE_LR = 5e-4, 1e-4
 FINETUNE_LAYER_DECAY = 0.75
 
@@ -84,6 +97,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     m.add_argument("--mlp-ratio", type=float, help="overrides the preset")
     m.add_argument("--dropout", type=float, default=0.0)
     m.add_argument("--pos-embed", choices=POS_EMBED_KINDS, help="position embedding (default: learned)")
+    m.add_argument("--norm", choices=get_args(Norm), help="pre-norm blocks (default) or post-norm, LN(x + f(x))")
+    m.add_argument("--head", choices=get_args(Head), help="linear (default) or the ViT paper's MLP head")
+    m.add_argument("--head-hidden", type=int, help="hidden width of the MLP head (default: 4 x classes)")
+    m.add_argument(
+        "--attention-pattern",
+        choices=get_args(AttentionPattern),
+        help="full (default) or axial: rows of the patch grid, then columns (Ho et al. 2019)",
+    )
     m.add_argument(
         "--init",
         choices=("mimetic", "timm"),
@@ -153,6 +174,10 @@ def build_config(args: argparse.Namespace, num_classes: int, channels: int) -> V
         num_classes=num_classes,
         dropout=args.dropout,
         pos_embed=args.pos_embed or "learned",
+        norm=args.norm or "pre",
+        head=args.head or "linear",
+        head_hidden=args.head_hidden or 0,
+        attention_pattern=args.attention_pattern or "full",
         **size,
     )
 
@@ -179,13 +204,14 @@ def finetune_model(args: argparse.Namespace, source: Checkpoint, data: DataBundl
     except ValueError as e:
         raise SystemExit(f"cannot fine-tune {args.init_from} at this size: {e}") from None
     state = dict(source.model.state_dict())
-    if data.classes != source.classes:  # another label set: the old head's rows mean nothing here
-        del state["head.weight"], state["head.bias"]
+    new_head = data.classes != source.classes  # another label set: the old head's outputs mean nothing here
+    if new_head:
+        state = {k: v for k, v in state.items() if not k.startswith("head.")}
     if "pos_embed" in state and config.grid_size != source.config.grid_size:
         state["pos_embed"] = resample_pos_embed(state["pos_embed"], config.grid_size, config.num_embedded_prefix_tokens)
     model = ViT(config)
     missing, unexpected = model.load_state_dict(state, strict=False)
-    assert not unexpected and set(missing) <= {"head.weight", "head.bias"}, (missing, unexpected)
+    assert not unexpected and all(k.startswith("head.") for k in missing) and (new_head or not missing)
     if args.freeze_backbone:
         for name, p in model.named_parameters():
             p.requires_grad_(name.startswith("head."))

@@ -7,6 +7,10 @@ asked for, every block computes softmax(QK^T / sqrt(d)) explicitly and hands the
 The same network as timm's `VisionTransformer`, including the options pretrained ViTs use:
 register tokens, no CLS token with average pooling, `fc_norm`, layer scale, a pre-norm over the
 embeddings and positions added to patch tokens only. Each defaults to off, as in the original ViT.
+
+The variants tutorials build are options too: post-norm blocks (the original Transformer's
+LN(x + f(x))), the ViT paper's MLP pre-training head, and axial attention (Ho et al. 2019) that
+attends along the rows of the patch grid, then along its columns.
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ from model.rollout import Readout
 PosEmbed = Literal["learned", "sincos1d", "sincos2d"]
 POS_EMBED_KINDS: tuple[str, ...] = get_args(PosEmbed)
 Pool = Literal["cls", "avg"]
+Norm = Literal["pre", "post"]
+Head = Literal["linear", "mlp"]
+AttentionPattern = Literal["full", "axial"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,10 @@ class ViTConfig:
     fc_norm: bool = False  # final LayerNorm after pooling instead of over all tokens (timm's fc_norm)
     layer_scale: bool = False  # learned per-channel scale on each residual branch (CaiT, DeiT III)
     pre_norm: bool = False  # LayerNorm over the embeddings before the first block (CLIP)
+    norm: Norm = "pre"  # pre: x + f(LN(x)) (ViT); post: LN(x + f(x)) (the original Transformer)
+    head: Head = "linear"  # linear, or the ViT paper's MLP head: LN -> Linear -> GELU -> Dropout -> Linear
+    head_hidden: int = 0  # the MLP head's hidden width (0: 4 x num_classes)
+    attention_pattern: AttentionPattern = "full"  # full, or axial: rows of the patch grid, then columns
 
     def __post_init__(self) -> None:
         if self.image_size <= 0 or self.patch_size <= 0:
@@ -78,6 +89,11 @@ class ViTConfig:
             raise ValueError(f"reg_tokens must be >= 0, got {self.reg_tokens}")
         if self.norm_eps <= 0:
             raise ValueError(f"norm_eps must be positive, got {self.norm_eps}")
+        for name, kinds in (("norm", Norm), ("head", Head), ("attention_pattern", AttentionPattern)):
+            if getattr(self, name) not in get_args(kinds):
+                raise ValueError(f"{name} must be one of {get_args(kinds)}, got {getattr(self, name)!r}")
+        if self.head_hidden < 0:
+            raise ValueError(f"head_hidden must be >= 0, got {self.head_hidden}")
 
     @property
     def grid_size(self) -> int:
@@ -86,6 +102,11 @@ class ViTConfig:
     @property
     def num_patches(self) -> int:
         return self.grid_size**2
+
+    @property
+    def head_width(self) -> int:
+        """Hidden width of the MLP head."""
+        return self.head_hidden or 4 * self.num_classes
 
     @property
     def num_prefix_tokens(self) -> int:
@@ -210,6 +231,78 @@ class MLP(nn.Module):
         return self.drop(self.fc2(self.act(self.fc1(x))))
 
 
+def axial_mask(grid: int, prefix: int, axis: str) -> Tensor:
+    """(P + N, P + N) bool, True where a query may attend to a key under axial attention along `axis`.
+
+    Patch tokens attend to the prefix tokens and to the patches of their own row (or column); the
+    prefix tokens (CLS, registers) attend to every token.
+    """
+    index = torch.arange(grid * grid)
+    line = index // grid if axis == "row" else index % grid
+    mask = torch.ones(prefix + grid * grid, prefix + grid * grid, dtype=torch.bool)
+    mask[prefix:, prefix:] = line[:, None] == line[None, :]
+    return mask
+
+
+class AxialAttention(Attention):
+    """Self-attention along one axis of the patch grid (Ho et al. 2019), with global prefix tokens.
+
+    Each patch attends to the patches of its own row (axis="row") or column (axis="col") and to the
+    prefix tokens; each prefix token (CLS, registers) attends to every token. The CLS token is global
+    because it is the classifier's readout: it must be able to gather from every patch in every block,
+    and patches that attend to it receive what it gathered, so information still crosses the grid
+    within one layer. The cost is O(N sqrt(N) + P N) in the number of patches N, against O(N^2).
+    The fused path runs the rows (or columns) as a batch of short sequences; the explicit path, used
+    only for attention maps, computes the same softmax over all tokens with the axial mask.
+    """
+
+    def __init__(self, dim: int, heads: int, dropout: float, qkv_bias: bool, grid: int, prefix: int, axis: str) -> None:
+        super().__init__(dim, heads, dropout, qkv_bias)
+        self.grid, self.prefix, self.axis = grid, prefix, axis
+        self.mask: Tensor
+        self.register_buffer("mask", axial_mask(grid, prefix, axis), persistent=False)
+
+    def forward(self, x: Tensor, return_attention: bool = False) -> tuple[Tensor, Tensor | None]:
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)  # each (B, nh, P + g*g, hs)
+        drop = self.attn_drop if self.training else 0.0
+        attn: Tensor | None = None
+        if return_attention:
+            scores = ((q * self.scale) @ k.transpose(-2, -1)).masked_fill(~self.mask, float("-inf"))
+            attn = scores.softmax(dim=-1)  # (B, nh, T, T), zero off the axis
+            y = F.dropout(attn, drop, self.training) @ v
+        else:
+            y = self.along_axis(q, k, v, drop)
+        y = y.transpose(1, 2).reshape(B, N, C)
+        return self.proj_drop(self.proj(y)), attn
+
+    def along_axis(self, q: Tensor, k: Tensor, v: Tensor, drop: float) -> Tensor:
+        """(B, nh, T, hs) each -> (B, nh, T, hs): g sequences of g patches (plus the prefix keys) per image."""
+        B, nh, _, hs = q.shape
+        P, g = self.prefix, self.grid
+
+        def lines(t: Tensor) -> Tensor:  # patches -> (B * g, nh, g, hs), one sequence per row or column
+            grid = t[:, :, P:].reshape(B, nh, g, g, hs)
+            grid = grid if self.axis == "row" else grid.transpose(2, 3)
+            return grid.permute(0, 2, 1, 3, 4).reshape(B * g, nh, g, hs)
+
+        def prefix_for_each_line(t: Tensor) -> Tensor:  # (B, nh, P, hs) -> (B * g, nh, P, hs)
+            return t[:, :, :P].unsqueeze(1).expand(B, g, nh, P, hs).reshape(B * g, nh, P, hs)
+
+        keys, values = lines(k), lines(v)
+        if P:
+            keys = torch.cat([prefix_for_each_line(k), keys], dim=2)
+            values = torch.cat([prefix_for_each_line(v), values], dim=2)
+        y = F.scaled_dot_product_attention(lines(q), keys, values, dropout_p=drop)  # (B * g, nh, g, hs)
+        y = y.reshape(B, g, nh, g, hs).permute(0, 2, 1, 3, 4)  # (B, nh, line, position, hs)
+        y = (y if self.axis == "row" else y.transpose(2, 3)).reshape(B, nh, g * g, hs)
+        if not P:
+            return y
+        prefix = F.scaled_dot_product_attention(q[:, :, :P], k, v, dropout_p=drop)  # global: (B, nh, P, hs)
+        return torch.cat([prefix, y], dim=2)
+
+
 class LayerScale(nn.Module):
     """Learned per-channel scale of a residual branch (Touvron et al. 2021, CaiT)."""
 
@@ -222,20 +315,73 @@ class LayerScale(nn.Module):
 
 
 class Block(nn.Module):
+    """Attention then MLP, each a residual branch; pre-norm x + f(LN(x)) or post-norm LN(x + f(x)).
+
+    With axial attention the attention branch is two: along the rows, then along the columns.
+    """
+
     def __init__(self, c: ViTConfig) -> None:
         super().__init__()
+        self.post_norm = c.norm == "post"
+
+        def layer_scale() -> nn.Module:
+            return LayerScale(c.dim) if c.layer_scale else nn.Identity()
+
+        def attention(axis: str) -> Attention:
+            if c.attention_pattern == "full":
+                return Attention(c.dim, c.heads, c.dropout, c.qkv_bias)
+            return AxialAttention(c.dim, c.heads, c.dropout, c.qkv_bias, c.grid_size, c.num_prefix_tokens, axis)
+
         self.ln_1 = nn.LayerNorm(c.dim, eps=c.norm_eps)
-        self.attn = Attention(c.dim, c.heads, c.dropout, c.qkv_bias)
-        self.ls_1: nn.Module = LayerScale(c.dim) if c.layer_scale else nn.Identity()
+        self.attn = attention("row")
+        self.ls_1 = layer_scale()
+        self.axial = c.attention_pattern == "axial"
+        if self.axial:
+            self.ln_col = nn.LayerNorm(c.dim, eps=c.norm_eps)
+            self.attn_col = attention("col")
+            self.ls_col = layer_scale()
         self.ln_2 = nn.LayerNorm(c.dim, eps=c.norm_eps)
         self.mlp = MLP(c.dim, int(c.dim * c.mlp_ratio), c.dropout)
-        self.ls_2: nn.Module = LayerScale(c.dim) if c.layer_scale else nn.Identity()
+        self.ls_2 = layer_scale()
 
-    def forward(self, x: Tensor, return_attention: bool = False) -> tuple[Tensor, Tensor | None]:
-        y, attn = self.attn(self.ln_1(x), return_attention)
-        x = x + self.ls_1(y)
-        x = x + self.ls_2(self.mlp(self.ln_2(x)))
-        return x, attn
+    def attention_layers(self) -> list[tuple[Attention, nn.Module, nn.Module]]:
+        """(attention, its norm, its layer scale): one, or two for axial blocks (rows, then columns)."""
+        layers: list[tuple[Attention, nn.Module, nn.Module]] = [(self.attn, self.ln_1, self.ls_1)]
+        if self.axial:
+            layers.append((self.attn_col, self.ln_col, self.ls_col))
+        return layers
+
+    def branch_input(self, x: Tensor, norm: nn.Module) -> Tensor:
+        return x if self.post_norm else norm(x)
+
+    def add_branch(self, x: Tensor, y: Tensor, norm: nn.Module) -> Tensor:
+        return norm(x + y) if self.post_norm else x + y
+
+    def forward(self, x: Tensor, return_attention: bool = False) -> tuple[Tensor, list[Tensor]]:
+        """Tokens (B, T, dim) -> tokens, and each attention layer's weights when asked for."""
+        attentions: list[Tensor] = []
+        for attention, norm, scale in self.attention_layers():
+            y, attn = attention(self.branch_input(x, norm), return_attention)
+            x = self.add_branch(x, scale(y), norm)
+            if attn is not None:
+                attentions.append(attn)
+        x = self.add_branch(x, self.ls_2(self.mlp(self.branch_input(x, self.ln_2))), self.ln_2)
+        return x, attentions
+
+
+class MLPHead(nn.Module):
+    """The ViT paper's pre-training head: LayerNorm -> Linear -> GELU -> Dropout -> Linear."""
+
+    def __init__(self, dim: int, hidden: int, classes: int, dropout: float, eps: float) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(dim, eps=eps)
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU()
+        self.drop = nn.Dropout(dropout)
+        self.fc2 = nn.Linear(hidden, classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.drop(self.act(self.fc1(self.norm(x)))))
 
 
 class ViT(nn.Module):
@@ -256,10 +402,16 @@ class ViT(nn.Module):
         self.drop = nn.Dropout(c.dropout)
         self.norm_pre = nn.LayerNorm(c.dim, eps=c.norm_eps) if c.pre_norm else nn.Identity()
         self.blocks = nn.ModuleList([Block(c) for _ in range(c.depth)])
-        # With fc_norm the final norm moves from all tokens to the pooled vector (timm's layout).
-        self.norm = nn.Identity() if c.fc_norm else nn.LayerNorm(c.dim, eps=c.norm_eps)
+        # With fc_norm the final norm moves from all tokens to the pooled vector (timm's layout); a
+        # post-norm model's last block already ends in a LayerNorm, as the original Transformer's does.
+        final_norm = not c.fc_norm and c.norm == "pre"
+        self.norm = nn.LayerNorm(c.dim, eps=c.norm_eps) if final_norm else nn.Identity()
         self.fc_norm = nn.LayerNorm(c.dim, eps=c.norm_eps) if c.fc_norm else nn.Identity()
-        self.head = nn.Linear(c.dim, c.num_classes)
+        self.head: nn.Module = (
+            nn.Linear(c.dim, c.num_classes)
+            if c.head == "linear"
+            else MLPHead(c.dim, c.head_width, c.num_classes, c.dropout, c.norm_eps)
+        )
         self._init_weights()
 
     @property
@@ -269,7 +421,7 @@ class ViT(nn.Module):
     @property
     def readout(self) -> Readout:
         """How attention maps are read out of this model: the way it pools for its prediction."""
-        return Readout(self.config.num_prefix_tokens, self.config.pool)
+        return Readout(self.config.num_prefix_tokens, self.config.pool, self.config.attention_pattern == "axial")
 
     def _init_weights(self) -> None:
         if isinstance(self.pos_embed, nn.Parameter):
@@ -338,9 +490,8 @@ class ViT(nn.Module):
         x = self.norm_pre(self.drop(self.add_prefix_and_positions(x)))  # (B, P + N, dim)
         attentions: list[Tensor] = []
         for block in self.blocks:
-            x, attn = block(x, return_attention)
-            if attn is not None:
-                attentions.append(attn)
+            x, attns = block(x, return_attention)
+            attentions += attns
         return self.norm(x), attentions
 
     def add_prefix_and_positions(self, x: Tensor) -> Tensor:
@@ -362,7 +513,7 @@ class ViT(nn.Module):
         return self.forward_head(features)
 
     def forward_with_attention(self, x: Tensor) -> tuple[Tensor, list[Tensor]]:
-        """Logits and every layer's attention weights, each (B, heads, P + N, P + N)."""
+        """Logits and every attention layer's weights, each (B, heads, P + N, P + N); two per axial block."""
         features, attentions = self.forward_features(x, return_attention=True)
         return self.forward_head(features), attentions
 
