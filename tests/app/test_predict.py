@@ -9,12 +9,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 from PIL import Image
 
-from model.checkpoint import load_checkpoint
+from model.checkpoint import load_checkpoint, save_checkpoint
 from model.shapes import SHAPE_CLASSES, make_sample
+from model.vit import ViTConfig
 from tests.app.conftest import ClientFactory
-from tests.conftest import encode
+from tests.conftest import TINY, TINY_PREPROCESSING, encode, tiny_model
 
 TINY_MODEL = '{model="tiny"}'  # the tiny checkpoint's file stem names its model
 
@@ -192,3 +194,77 @@ async def test_openapi_documents_the_api(client: httpx.AsyncClient) -> None:
     for path in ("/v1/model", "/v1/models", "/health/live", "/health/ready", "/metrics"):
         assert path in spec["paths"]
     assert (await client.get("/docs")).status_code == 200
+
+
+async def test_gradient_maps_per_image_and_per_target(client: httpx.AsyncClient) -> None:
+    images = [encode(make_sample(20261121, i).image) for i in range(3)]
+    files = [("files", (f"{i}.png", png, "image/png")) for i, png in enumerate(images)]
+    batch = (await client.post("/predict", files=files, params={"attention": "gradient"})).json()["results"]
+    for i, png in enumerate(images):
+        alone = await client.post(
+            "/predict", files={"file": ("a.png", png, "image/png")}, params={"attention": "gradient"}
+        )
+        assert alone.status_code == 200, alone.text
+        assert batch[i]["attention"]["method"] == "gradient" and batch[i]["attention"]["grid"] == [4, 4]
+        in_batch, on_its_own = batch[i]["attention"]["map"], alone.json()["results"][0]["attention"]["map"]
+        torch.testing.assert_close(torch.tensor(in_batch), torch.tensor(on_its_own), atol=1e-4, rtol=0)
+    by_label = await client.post("/predict", files=files[:1], params={"attention": "gradient", "target": "star"})
+    by_index = await client.post("/predict", files=files[:1], params={"attention": "gradient", "target": "5"})
+    assert by_label.json()["results"][0]["attention"] == by_index.json()["results"][0]["attention"]
+    overlay = await client.post("/predict", files=files[:1], params={"attention": "gradient", "overlay": "true"})
+    assert overlay.json()["results"][0]["overlay_png"]
+
+
+@pytest.mark.parametrize(
+    ("params", "fragment"),
+    [
+        ({"attention": "gradient", "target": "unicorn"}, "target 'unicorn' names no class of model tiny; give a label or an index 0..9: circle, square"),
+        ({"attention": "gradient", "target": "10"}, "target '10' names no class"),
+        ({"attention": "rollout", "target": "star"}, "target chooses the class a gradient map explains: also pass attention=gradient"),
+        ({"target": "3"}, "also pass attention=gradient"),
+    ],
+)  # fmt: skip
+async def test_target_errors_are_422(
+    client: httpx.AsyncClient, shape_png: bytes, params: dict[str, str], fragment: str
+) -> None:
+    r = await client.post("/predict", files={"file": ("a.png", shape_png, "image/png")}, params=params)
+    assert r.status_code == 422 and fragment in r.json()["detail"], r.text
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [{"norm": "post"}, {"head": "mlp"}, {"attention_pattern": "axial"},
+     {"attention_pattern": "axial", "class_token": False, "pool": "avg", "reg_tokens": 1}],
+)  # fmt: skip
+async def test_variants_serve_every_map(
+    make_client: ClientFactory, tmp_path: Path, shape_png: bytes, variant: dict[str, object]
+) -> None:
+    path = tmp_path / "variant.safetensors"
+    model = tiny_model(ViTConfig(**{**TINY.to_dict(), **variant}))
+    save_checkpoint(path, model, list(SHAPE_CLASSES), TINY_PREPROCESSING)
+    async with make_client(weights=path) as client:
+        config = (await client.get("/v1/model")).json()["config"]
+        assert {k: config[k] for k in variant} == variant
+        for method in ("rollout", "last", "gradient"):
+            r = await client.post(
+                "/predict", files={"file": ("a.png", shape_png, "image/png")}, params={"attention": method}
+            )
+            assert r.status_code == 200, r.text
+            grid = r.json()["results"][0]["attention"]["map"]
+            assert len(grid) == 4 and all(0.0 <= v <= 1.0 for row in grid for v in row)
+
+
+async def test_v2_gradient_maps_with_a_target(client: httpx.AsyncClient, shape_png: bytes) -> None:
+    body = {
+        "parameters": {"attention": "gradient", "target": "star"},
+        "inputs": [
+            {"name": "image", "datatype": "BYTES", "shape": [1], "data": [base64.b64encode(shape_png).decode()]}
+        ],
+    }
+    r = await client.post("/v2/models/tiny/infer", json=body)
+    assert r.status_code == 200, r.text
+    maps = next(o for o in r.json()["outputs"] if o["name"] == "attention")
+    assert maps["shape"] == [1, 4, 4]
+    body["parameters"] = {"attention": "rollout", "target": "star"}
+    r = await client.post("/v2/models/tiny/infer", json=body)
+    assert r.status_code == 400 and "also set attention to gradient" in r.json()["error"]

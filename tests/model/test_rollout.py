@@ -9,6 +9,8 @@ from model.rollout import (
     attention_rollout,
     discard_lowest,
     fuse_heads,
+    gradient_attention_map,
+    gradient_rollout,
     last_layer_attention,
     scale_to_unit,
 )
@@ -116,3 +118,88 @@ def test_model_without_cls_token_gives_maps() -> None:
     _, attentions = model.forward_with_attention(torch.randn(2, 3, 32, 32))
     for method in ("rollout", "last"):
         assert attention_map(attentions, method, model.readout).shape == (2, 4, 4)
+
+
+def test_axial_blocks_compose_columns_after_rows() -> None:
+    """An axial model's two layers per block become one matrix: head-fused columns times head-fused rows."""
+    layers = random_attention(n=17, layers=4)  # two blocks: (row, col), (row, col)
+    readout = Readout(1, "cls", axial=True)
+    blocks = [fuse_heads(layers[1]) @ fuse_heads(layers[0]), fuse_heads(layers[3]) @ fuse_heads(layers[2])]
+    torch.testing.assert_close(
+        last_layer_attention(layers, readout=readout), scale_to_unit(blocks[1][:, 0, 1:].reshape(2, 4, 4))
+    )
+    eye = torch.eye(17)
+    expected = torch.eye(17).expand(2, 17, 17)
+    for b in blocks:
+        a = b + eye
+        expected = (a / a.sum(-1, keepdim=True)) @ expected
+    torch.testing.assert_close(
+        attention_rollout(layers, readout=readout), scale_to_unit(expected[:, 0, 1:].reshape(2, 4, 4))
+    )
+    with pytest.raises(ValueError, match="two attention layers per block"):
+        attention_rollout(layers[:3], readout=readout)
+
+
+def test_gradient_rollout_follows_chefer() -> None:
+    """R = I; per layer R += mean_h((grad * A)^+) R; the map is the readout row over the patches."""
+    attentions, gradients = random_attention(n=17, layers=3), [torch.randn(2, 3, 17, 17) for _ in range(3)]
+    relevance = torch.eye(17).expand(2, 17, 17)
+    for a, g in zip(attentions, gradients, strict=True):
+        relevance = relevance + (g * a).clamp_min(0).mean(dim=1) @ relevance
+    torch.testing.assert_close(
+        gradient_rollout(attentions, gradients), scale_to_unit(relevance[:, 0, 1:].reshape(2, 4, 4))
+    )
+
+
+@pytest.fixture(scope="module")
+def bundled() -> torch.nn.Module:
+    from app.settings import BUNDLED_WEIGHTS
+    from model.checkpoint import load_checkpoint
+
+    return load_checkpoint(BUNDLED_WEIGHTS).model
+
+
+@pytest.fixture(scope="module")
+def shapes_batch() -> torch.Tensor:
+    from model.data import shapes_preprocessing
+    from model.preprocessing import EvalTransform
+    from model.shapes import make_sample
+
+    transform = EvalTransform(shapes_preprocessing(64, 1))
+    return torch.stack([transform(make_sample(20261121, i).image) for i in range(6)])
+
+
+def test_gradient_maps_are_per_image_in_a_batch(bundled: torch.nn.Module, shapes_batch: torch.Tensor) -> None:
+    """Each image's map in a batch is the map it gets alone, for every image, not just the first."""
+    _, maps = gradient_attention_map(bundled, shapes_batch)
+    assert maps.shape == (6, 8, 8) and float(maps.min()) >= 0.0 and float(maps.max()) <= 1.0
+    for i in range(6):
+        _, alone = gradient_attention_map(bundled, shapes_batch[i : i + 1])
+        torch.testing.assert_close(maps[i], alone[0], atol=1e-4, rtol=0)
+    assert not torch.allclose(maps[0], maps[1])
+
+
+def test_gradient_maps_depend_on_the_target_class(bundled: torch.nn.Module, shapes_batch: torch.Tensor) -> None:
+    logits, top1 = gradient_attention_map(bundled, shapes_batch)
+    predicted = logits.argmax(1)
+    _, same = gradient_attention_map(bundled, shapes_batch, predicted)
+    torch.testing.assert_close(same, top1)
+    _, other = gradient_attention_map(bundled, shapes_batch, (predicted + 3) % 10)
+    assert all(not torch.allclose(top1[i], other[i], atol=1e-3) for i in range(6))
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {"attention_pattern": "axial"},
+        {"class_token": False, "pool": "avg", "reg_tokens": 2, "attention_pattern": "axial"},
+    ],
+)
+def test_every_map_works_for_axial_models(variant: dict[str, object]) -> None:
+    model = tiny_model(ViTConfig(**{**TINY.to_dict(), **variant}))
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        _, attentions = model.forward_with_attention(x)
+    for method in ("rollout", "last"):
+        assert attention_map(attentions, method, model.readout).shape == (2, 4, 4)
+    assert gradient_attention_map(model, x)[1].shape == (2, 4, 4)

@@ -197,3 +197,28 @@ def test_fine_tuning_errors_are_clear(tiny_checkpoint: Path, extra: list[str], m
     )  # fmt: skip
     assert r.returncode != 0 and message in r.stderr, r.stderr[-1500:]
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [["--norm", "post"], ["--head", "mlp", "--head-hidden", "16"], ["--attention-pattern", "axial"],
+     ["--norm", "post", "--head", "mlp", "--attention-pattern", "axial"]],
+)  # fmt: skip
+def test_variants_train_save_load_and_evaluate(tmp_path: Path, flags: list[str]) -> None:
+    _, out = run(
+        tmp_path, "--dataset", "shapes", "--shapes-train", "32", "--shapes-test", "16", "--epochs", "1", *flags
+    )
+    config = load_checkpoint(out).config
+    given = dict(zip(flags[0::2], flags[1::2], strict=True))
+    assert config.norm == given.get("--norm", "pre") and config.head == given.get("--head", "linear")
+    assert config.attention_pattern == given.get("--attention-pattern", "full")
+    for method in ("rollout", "gradient"):
+        result = evaluate.main(
+            ["--checkpoint", str(out), "--samples", "24", "--batch-size", "12", "--attention", method]
+        )
+        assert result.pointing_game is not None and 0.0 <= result.pointing_game <= 1.0
+
+
+def test_fine_tuning_refuses_variant_flags(tiny_checkpoint: Path) -> None:
+    with pytest.raises(SystemExit):
+        train.parse_args(["--init-from", str(tiny_checkpoint), "--attention-pattern", "axial"])

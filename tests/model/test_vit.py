@@ -185,3 +185,104 @@ def test_position_resampling_equals_timm() -> None:
         theirs = resample_abs_pos_embed(table, [new_grid, new_grid], num_prefix_tokens=2)
         torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=0)
     assert resample_pos_embed(table, 14, prefix=2) is table
+
+
+VARIANTS: list[dict[str, object]] = [
+    {"norm": "post"},
+    {"head": "mlp"},
+    {"head": "mlp", "head_hidden": 24},
+    {"attention_pattern": "axial"},
+    {"attention_pattern": "axial", "class_token": False, "pool": "avg", "reg_tokens": 2},
+    {"attention_pattern": "axial", "norm": "post", "head": "mlp"},
+]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_variants_keep_fused_and_explicit_attention_equal(variant: dict[str, object]) -> None:
+    model = tiny_model(ViTConfig(**{**TINY.to_dict(), **variant}))
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        fused = model(x)
+        explicit, attentions = model.forward_with_attention(x)
+    torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=1e-5)
+    per_block = 2 if variant.get("attention_pattern") == "axial" else 1
+    assert len(attentions) == per_block * TINY.depth
+
+
+def copy_into_torch_layer(block: torch.nn.Module, layer: torch.nn.TransformerEncoderLayer) -> None:
+    with torch.no_grad():
+        layer.self_attn.in_proj_weight.copy_(block.attn.qkv.weight)
+        layer.self_attn.in_proj_bias.copy_(block.attn.qkv.bias)
+        layer.self_attn.out_proj.weight.copy_(block.attn.proj.weight)
+        layer.self_attn.out_proj.bias.copy_(block.attn.proj.bias)
+        for ours, theirs in ((block.mlp.fc1, layer.linear1), (block.mlp.fc2, layer.linear2),
+                             (block.ln_1, layer.norm1), (block.ln_2, layer.norm2)):  # fmt: skip
+            theirs.weight.copy_(ours.weight)
+            theirs.bias.copy_(ours.bias)
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_blocks_equal_torchs_transformer_encoder_layer(norm: str) -> None:
+    """Post-norm is nn.TransformerEncoderLayer(norm_first=False); pre-norm is norm_first=True."""
+    config = ViTConfig(**{**TINY.to_dict(), "norm": norm})
+    block = tiny_model(config).blocks[0].eval()
+    for p in block.parameters():  # LayerNorms start at exactly 1 and 0: randomise them too
+        torch.nn.init.normal_(p, std=0.2) if p.ndim == 1 else None
+    layer = torch.nn.TransformerEncoderLayer(
+        TINY.dim, TINY.heads, int(TINY.dim * TINY.mlp_ratio), dropout=0.0, activation="gelu",
+        batch_first=True, norm_first=norm == "pre",
+    ).eval()  # fmt: skip
+    copy_into_torch_layer(block, layer)
+    x = torch.randn(2, 17, TINY.dim)
+    with torch.no_grad():
+        torch.testing.assert_close(block(x)[0], layer(x), atol=1e-5, rtol=1e-5)
+
+
+def test_post_norm_model_has_no_extra_final_norm() -> None:
+    model = tiny_model(ViTConfig(**{**TINY.to_dict(), "norm": "post"}))
+    assert isinstance(model.norm, torch.nn.Identity)  # the last block already ends in LayerNorm
+
+
+def test_mlp_head_is_the_vit_papers() -> None:
+    model = tiny_model(ViTConfig(**{**TINY.to_dict(), "head": "mlp"}))
+    head = model.head
+    assert [type(m).__name__ for m in head.children()] == ["LayerNorm", "Linear", "GELU", "Dropout", "Linear"]
+    assert head.fc1.out_features == 4 * TINY.num_classes and head.fc2.out_features == TINY.num_classes
+    wider = tiny_model(ViTConfig(**{**TINY.to_dict(), "head": "mlp", "head_hidden": 64}))
+    assert wider.head.fc1.out_features == 64
+
+
+def test_axial_attention_stays_on_its_row_and_column() -> None:
+    model = tiny_model(ViTConfig(**{**TINY.to_dict(), "attention_pattern": "axial"}))
+    with torch.no_grad():
+        _, (row, col, *_) = model.forward_with_attention(torch.randn(1, 3, 32, 32))
+    g, P = TINY.grid_size, 1
+    for query in range(TINY.num_patches):
+        r, c = divmod(query, g)
+        row_keys = {P + i for i in range(TINY.num_patches) if i // g == r} | {0}
+        col_keys = {P + i for i in range(TINY.num_patches) if i % g == c} | {0}
+        assert set(row[0, :, P + query].nonzero()[:, 1].tolist()) == row_keys
+        assert set(col[0, :, P + query].nonzero()[:, 1].tolist()) == col_keys
+    assert bool((row[0, :, 0] > 0).all()) and bool((col[0, :, 0] > 0).all())  # CLS attends to every token
+
+
+def test_axial_cls_token_reaches_every_patch_in_one_block() -> None:
+    """Changing one patch changes the CLS output of the first block: the CLS token is global."""
+    block = tiny_model(ViTConfig(**{**TINY.to_dict(), "attention_pattern": "axial"})).blocks[0].double()
+    x = torch.randn(1, 17, TINY.dim, dtype=torch.float64)
+    for patch in range(1, 17):
+        y = x.clone()
+        y[0, patch] += torch.randn(TINY.dim, dtype=torch.float64)  # not a constant: LayerNorm removes those
+        with torch.no_grad():
+            change = (block(x)[0][0, 0] - block(y)[0][0, 0]).abs().max()
+        assert change > 1e-9, patch  # float64: far above rounding; an unreachable patch changes nothing
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [({"norm": "sandwich"}, "norm must be one of"), ({"head": "conv"}, "head must be one of"),
+     ({"attention_pattern": "local"}, "attention_pattern must be one of"), ({"head_hidden": -1}, "head_hidden")],
+)  # fmt: skip
+def test_variant_config_errors_are_clear(changes: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ViTConfig(**{**TINY.to_dict(), **changes})
