@@ -80,13 +80,13 @@ def evaluate(
         x = x.to(device)
         if masks is None:
             logits = model(x)
-        elif attention == GRADIENT:
-            logits, maps = gradient_attention_map(model, x)
-            maps = maps.cpu()
         else:
-            logits, attentions = model.forward_with_attention(x)
-            maps = attention_map(attentions, attention, model.readout).cpu()
-            hits += int(pointing_hits(maps, masks[offset : offset + len(y)]).sum())
+            if attention == GRADIENT:
+                logits, maps = gradient_attention_map(model, x)
+            else:
+                logits, attentions = model.forward_with_attention(x)
+                maps = attention_map(attentions, attention, model.readout)
+            hits += int(pointing_hits(maps.cpu(), masks[offset : offset + len(y)]).sum())
         preds = logits.argmax(1).cpu()
         confusion += torch.bincount(y * k + preds, minlength=k * k).reshape(k, k)
         offset += len(y)

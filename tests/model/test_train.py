@@ -222,3 +222,12 @@ def test_variants_train_save_load_and_evaluate(tmp_path: Path, flags: list[str])
 def test_fine_tuning_refuses_variant_flags(tiny_checkpoint: Path) -> None:
     with pytest.raises(SystemExit):
         train.parse_args(["--init-from", str(tiny_checkpoint), "--attention-pattern", "axial"])
+
+
+def test_the_bundled_checkpoints_maps_point_at_the_shape() -> None:
+    """Both the class-agnostic and the class-specific maps of a trained model find the shape far above chance."""
+    from app.settings import BUNDLED_WEIGHTS
+
+    for method in ("rollout", "gradient"):
+        result = evaluate.main(["--checkpoint", str(BUNDLED_WEIGHTS), "--samples", "200", "--attention", method])
+        assert result.pointing_game is not None and result.pointing_game > 0.9, (method, result.pointing_game)

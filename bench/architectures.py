@@ -1,0 +1,184 @@
+"""The architecture variants and the class-specific maps, measured in one run on this machine.
+
+    python -m bench.architectures                      # writes bench/results/architectures.{json,md}
+    python -m bench.architectures --train 20000 --epochs 3 --eval 2000
+
+(1) Each variant (standard pre-norm ViT, post-norm, MLP head, axial attention) trained on `shapes`
+with the same budget (samples, epochs, batch, seed, micro preset, grayscale), then scored by
+`model.evaluate` on a fresh held-out set: accuracy and the pointing game of its rollout maps.
+(2) Forward time of full against axial attention as the image grows (patch 8, micro widths, one
+batch), median of repeated runs. (3) On the bundled checkpoint: the pointing game and the latency of
+`gradient` maps against `rollout`, through the service's own Predictor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from app.inference import ImageInput, Predictor
+from app.settings import BUNDLED_WEIGHTS
+from model import evaluate, train
+from model.checkpoint import load_checkpoint
+from model.vit import PRESETS, ViT, ViTConfig
+
+RESULTS = Path(__file__).resolve().parent / "results"
+VARIANTS: dict[str, list[str]] = {
+    "standard (pre-norm, linear head, full attention)": [],
+    "post-norm": ["--norm", "post"],
+    "MLP head (hidden 4 x classes)": ["--head", "mlp"],
+    "axial attention": ["--attention-pattern", "axial"],
+}
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.architectures", description=__doc__.split("\n\n")[0])
+    p.add_argument("--train", type=int, default=20_000, help="shapes training samples per epoch")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--eval", type=int, default=2_000, help="held-out samples for accuracy and pointing game")
+    p.add_argument("--sizes", type=int, nargs="+", default=[64, 96, 128, 160, 192, 224, 256])
+    p.add_argument("--batch", type=int, default=8, help="images per forward in the timing")
+    p.add_argument("--threads", type=int, default=1, help="torch threads for the timings")
+    p.add_argument("--out", type=Path, default=RESULTS / "architectures")
+    p.add_argument("--runs", type=Path, default=Path("runs/architectures"))
+    return p.parse_args()
+
+
+def train_variants(args: argparse.Namespace) -> list[dict[str, Any]]:
+    rows = []
+    for name, flags in VARIANTS.items():
+        out = args.runs / (name.split(" ")[0].lower() + ".safetensors")
+        started = time.monotonic()
+        train.main([
+            "--dataset", "shapes", "--channels", "1", "--shapes-train", str(args.train), "--shapes-test", "1000",
+            "--epochs", str(args.epochs), "--batch-size", "64", "--warmup-epochs", "0.2", "--workers", "1",
+            "--seed", "0", "--no-progress", "--output", str(out), *flags,
+        ])  # fmt: skip
+        seconds = time.monotonic() - started
+        result = evaluate.main(["--checkpoint", str(out), "--samples", str(args.eval), "--attention", "rollout"])
+        params = load_checkpoint(out).model.num_parameters()
+        rows.append({"variant": name, "flags": " ".join(flags) or "(defaults)", "parameters": params,
+                     "accuracy": result.accuracy, "pointing_game": result.pointing_game, "train_s": round(seconds)})  # fmt: skip
+        print(rows[-1], flush=True)
+    return rows
+
+
+@torch.inference_mode()
+def forward_ms(model: ViT, x: torch.Tensor, repeats: int = 7) -> float:
+    model(x)  # warm-up
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        model(x)
+        times.append((time.perf_counter() - started) * 1e3)
+    return statistics.median(times)
+
+
+def time_attention(args: argparse.Namespace) -> list[dict[str, Any]]:
+    rows = []
+    for size in args.sizes:
+        x = torch.randn(args.batch, 1, size, size)
+        row: dict[str, Any] = {"image_size": size, "patches": (size // 8) ** 2}
+        for pattern in ("full", "axial"):
+            config = ViTConfig(
+                image_size=size, patch_size=8, in_channels=1, attention_pattern=pattern, **PRESETS["micro"]
+            )
+            row[f"{pattern}_ms"] = round(forward_ms(ViT(config).eval(), x), 2)
+        row["axial_speedup"] = round(row["full_ms"] / row["axial_ms"], 2)
+        rows.append(row)
+        print(row, flush=True)
+    return rows
+
+
+def compare_maps(args: argparse.Namespace) -> list[dict[str, Any]]:
+    checkpoint = load_checkpoint(BUNDLED_WEIGHTS)
+    predictor = Predictor(checkpoint, torch.device("cpu"))
+    blank = torch.zeros(predictor.input_shape)
+    rows = []
+    for method in ("rollout", "gradient"):
+        result = evaluate.main(
+            ["--checkpoint", str(BUNDLED_WEIGHTS), "--samples", str(args.eval), "--attention", method]
+        )
+        latency = {}
+        for batch in (1, 8):
+            items = [ImageInput(blank, method)] * batch
+            predictor(items)
+            times = []
+            for _ in range(15):
+                started = time.perf_counter()
+                predictor(items)
+                times.append((time.perf_counter() - started) * 1e3)
+            latency[batch] = round(statistics.median(times), 2)
+        plain = [ImageInput(blank, "none")]
+        rows.append({"method": method, "pointing_game": result.pointing_game, "accuracy": result.accuracy,
+                     "ms_batch_1": latency[1], "ms_batch_8": latency[8]})  # fmt: skip
+        print(rows[-1], flush=True)
+    started = time.perf_counter()
+    for _ in range(15):
+        predictor(plain)
+    rows.append(
+        {"method": "none (probabilities only)", "ms_batch_1": round((time.perf_counter() - started) / 15 * 1e3, 2)}
+    )
+    return rows
+
+
+def markdown(results: dict[str, Any]) -> str:
+    a = results["args"]
+    lines = [
+        "# Architecture variants and class-specific maps",
+        "",
+        f"`python -m bench.architectures` on {results['machine']}, torch {results['torch']}, "
+        f"{results['threads']} torch thread(s) for the timings.",
+        "",
+        f"## Variants on `shapes` (same budget: {a['train']} samples x {a['epochs']} epochs, batch 64, seed 0, "
+        f"micro preset, grayscale 64 px; scored on {a['eval']} fresh held-out images)",
+        "",
+        "| variant | flags | parameters | top-1 accuracy | pointing game (rollout) | training time |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in results["variants"]:
+        lines.append(f"| {r['variant']} | `{r['flags']}` | {r['parameters']:,} | {r['accuracy']:.2%} | "
+                     f"{r['pointing_game']:.2%} | {r['train_s']} s |")  # fmt: skip
+    lines += ["", f"## Forward time, full against axial attention (patch 8, micro widths, batch {a['batch']})", "",
+              "| image | patches | full | axial | full / axial |", "|---|---|---|---|---|"]  # fmt: skip
+    for r in results["attention"]:
+        lines.append(
+            f"| {r['image_size']} px | {r['patches']} | {r['full_ms']} ms | {r['axial_ms']} ms | {r['axial_speedup']}x |"
+        )
+    lines += ["", "## Maps on the bundled checkpoint (service Predictor, CPU)", "",
+              "| map | pointing game | batch of 1 | batch of 8 |", "|---|---|---|---|"]  # fmt: skip
+    for r in results["maps"]:
+        game = f"{r['pointing_game']:.2%}" if "pointing_game" in r else "-"
+        lines.append(
+            f"| {r['method']} | {game} | {r['ms_batch_1']} ms | {r.get('ms_batch_8', '-')} ms |".replace("- ms", "-")
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    args = parse_args()
+    results: dict[str, Any] = {
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "machine": f"{platform.machine()}, {torch.get_num_threads()} cores seen by torch",
+        "torch": torch.__version__,
+    }
+    results["variants"] = train_variants(args)
+    torch.set_num_threads(args.threads)
+    results["threads"] = args.threads
+    results["attention"] = time_attention(args)
+    results["maps"] = compare_maps(args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(results, indent=2))
+    args.out.with_suffix(".md").write_text(markdown(results))
+    print(markdown(results))
+
+
+if __name__ == "__main__":
+    main()
