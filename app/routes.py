@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hmac
-from typing import Annotated, Literal
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -11,7 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from app.disconnects import ClientDisconnected, unless_disconnected
 from app.errors import InvalidInput, NotReady, Unauthorized
-from app.schemas import ErrorBody, Health, ModelInfo, ModelList, PredictResponse
+from app.schemas import AttentionParam, ErrorBody, Health, ModelInfo, ModelList, PredictResponse
 from app.service import PredictOptions, Service
 from app.uploads import read_uploads
 
@@ -90,7 +90,7 @@ async def predict(
     service: ReadyServiceDep,
     top_k: Annotated[int, Query(ge=1, le=1000, description="How many top classes to list")] = 5,
     attention: Annotated[
-        Literal["none", "rollout", "last", "gradient"],
+        AttentionParam,
         Query(description="Attention map to return: rollout or last (class-agnostic), gradient (for one class)"),
     ] = "none",
     overlay: Annotated[bool, Query(description="Also return a PNG of the map over the image (base64)")] = False,

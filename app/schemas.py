@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
+
+from model.rollout import MapMethod
+
+AttentionParam = Literal["none", MapMethod]  # the `attention` choice of /predict and of V2 requests
 
 
 class ModelRef(BaseModel):

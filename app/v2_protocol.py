@@ -17,7 +17,7 @@ import binascii
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 import torch
@@ -25,12 +25,13 @@ from pydantic import BaseModel, ValidationError
 
 from app.errors import InvalidInput
 from app.inference import ImageOutput
+from app.schemas import AttentionParam
 from app.uploads import Upload
 
 HEADER_LENGTH = "inference-header-content-length"
 IMAGE, PIXELS = "image", "pixels"
 PROBABILITIES, ATTENTION = "probabilities", "attention"
-ATTENTION_KINDS = ("none", "rollout", "last", "gradient")
+ATTENTION_KINDS: tuple[str, ...] = get_args(AttentionParam)
 
 
 class TensorIn(BaseModel):

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 
 from model.checkpoint import Checkpoint, load_checkpoint
 from model.data import DATASETS, DataOptions, ShapesDataset, build_data, eval_transform
-from model.rollout import ATTENTION_METHODS, GRADIENT, attention_map, gradient_attention_map
+from model.rollout import GRADIENT, MAP_METHODS, attention_map, gradient_attention_map
 
 DEFAULT_SHAPES_EVAL_SEED = 20261121  # never used for training: a fresh held-out set
 
@@ -45,9 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--download", action="store_true")
     p.add_argument("--samples", type=int, default=5000, help="shapes: held-out images to render")
     p.add_argument("--seed", type=int, default=DEFAULT_SHAPES_EVAL_SEED, help="shapes: seed of the held-out set")
-    p.add_argument(
-        "--attention", choices=(*ATTENTION_METHODS, GRADIENT), default="rollout", help="map scored by the pointing game"
-    )
+    p.add_argument("--attention", choices=MAP_METHODS, default="rollout", help="map scored by the pointing game")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", type=Path, help="also write the results here")

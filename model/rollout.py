@@ -27,13 +27,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, get_args
 
 import torch
 from torch import Tensor
 
 HeadFusion = Literal["mean", "max", "min"]
-ATTENTION_METHODS: tuple[str, ...] = ("rollout", "last")  # class-agnostic, from the weights alone
+MapMethod = Literal["rollout", "last", "gradient"]  # rollout, last: from the weights alone; gradient: per class
+MAP_METHODS: tuple[str, ...] = get_args(MapMethod)
+ATTENTION_METHODS: tuple[str, ...] = ("rollout", "last")  # what attention_map computes
 GRADIENT = "gradient"  # class-specific: gradient_attention_map
 
 

@@ -50,7 +50,8 @@ def convert_hf(model_dir: Path) -> Converted:
     if hf_config.hidden_act != "gelu":
         raise unsupported(f"the activation {hf_config.hidden_act!r} (only exact GELU, 'gelu')")
     try:
-        model = ViTForImageClassification.from_pretrained(model_dir, local_files_only=True).eval()
+        # float32 whatever dtype it was saved in: the checkpoint and the logit check are float32
+        model = ViTForImageClassification.from_pretrained(model_dir, local_files_only=True).float().eval()
     except (OSError, ValueError) as e:
         raise ConversionError(f"{model_dir}: transformers could not load it ({e})") from e
     config = hf_vit_config(hf_config, model)

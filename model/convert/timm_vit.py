@@ -42,7 +42,7 @@ def convert_timm(arch: str, weights: Path | None, pretrained: bool) -> Converted
         assert weights is not None
         model = timm_model_for(arch, read_state_dict(weights), weights)
         source = weights.name
-    converted = from_timm_model(model.eval())
+    converted = from_timm_model(model.float().eval())
     converted.source |= {"arch": arch, "weights": source}
     return converted
 

@@ -59,7 +59,8 @@ def convert_torchvision(arch: str, weights: Path | None, pretrained: bool, weigh
         model = torchvision_model_for(arch, read_state_dict(weights), weights)
         source = weights.name
         recipe = enum[weights_name] if weights_name else matching_recipe(enum, model.image_size)
-    config = torchvision_config(model.eval())
+    model = model.float().eval()
+    config = torchvision_config(model)
     state = {rename(k): v for k, v in model.state_dict().items()}
     categories = list(recipe.meta["categories"])
     classes = categories if len(categories) == config.num_classes else numbered_classes(config.num_classes)

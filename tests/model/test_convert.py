@@ -252,3 +252,15 @@ def test_module_entry_point_help() -> None:
     assert "{timm,torchvision,hf}" in r.stdout
     r = subprocess.run([sys.executable, "-m", "model.convert", "timm", "--help"], capture_output=True, text=True)
     assert "--weights" in r.stdout and "--pretrained" in r.stdout and "--classes" in r.stdout
+
+
+def test_half_precision_weights_convert_to_float32(tmp_path: Path) -> None:
+    m = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=4).eval()
+    torch.nn.init.normal_(m.head.weight, std=0.5)
+    save_file({k: v.half() for k, v in m.state_dict().items()}, str(tmp_path / "half.safetensors"))
+    out = convert_main(["timm", "--arch", "vit_tiny_patch16_224", "--weights", str(tmp_path / "half.safetensors"),
+                        "--output", str(tmp_path / "o.safetensors")])  # fmt: skip
+    ckpt = load_checkpoint(out)
+    assert all(t.dtype == torch.float32 for t in ckpt.model.state_dict().values())
+    m.load_state_dict({k: v.half().float() for k, v in m.state_dict().items()})  # the same rounded weights
+    same_logits(out, m)
