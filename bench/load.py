@@ -110,9 +110,10 @@ def batch_counters(url: str) -> tuple[float, float] | None:
         text = httpx.get(url + "/metrics", timeout=5).text
     except httpx.HTTPError:
         return None
-    images = re.search(r"^vit_batch_size_sum (\S+)$", text, re.MULTILINE)
-    batches = re.search(r"^vit_batch_size_count (\S+)$", text, re.MULTILINE)
-    return (float(images.group(1)), float(batches.group(1))) if images and batches else None
+    # summed over the served models (their series carry a model label)
+    images = re.findall(r"^vit_batch_size_sum(?:\{[^}]*\})? (\S+)$", text, re.MULTILINE)
+    batches = re.findall(r"^vit_batch_size_count(?:\{[^}]*\})? (\S+)$", text, re.MULTILINE)
+    return (sum(map(float, images)), sum(map(float, batches))) if images and batches else None
 
 
 def run_hey(url: str, body: Path, content_type: str, concurrency: int, seconds: float) -> LoadResult:
