@@ -40,7 +40,9 @@ class ModelMetrics:
     def __init__(self, metrics: Metrics, model: str) -> None:
         self.metrics = metrics
         self.model = model
-        metrics.queue.labels(model).set(0)  # the series exists from the start
+        for series in (metrics.batch_size, metrics.inference, metrics.images):
+            series.labels(model)  # every series exists from the start, at zero
+        metrics.queue.labels(model).set(0)
 
     # BatchObserver
     def batch_done(self, size: int, seconds: float) -> None:

@@ -19,11 +19,17 @@ from model.device import resolve_device
 
 
 class ViTLitAPI(ls.LitAPI):
-    def __init__(self, weights: str, max_batch_size: int, wait_ms: float) -> None:
+    def __init__(self, weights: str, max_batch_size: int, wait_ms: float, threads: int) -> None:
         super().__init__(max_batch_size=max_batch_size, batch_timeout=wait_ms / 1000.0)
         self.weights = weights
+        self.threads = threads
 
     def setup(self, device: str) -> None:
+        # setup() runs in LitServe's inference worker, a process of its own: the thread count must be
+        # set here (setting it in the parent leaves the worker at torch's default).
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        self.worker_threads = torch.get_num_threads()
         self.device = resolve_device("auto")
         self.dtype = inference_dtype(self.device)
         self.ckpt = load_checkpoint(self.weights, self.device)
@@ -53,7 +59,8 @@ class ViTLitAPI(ls.LitAPI):
             {"label": self.ckpt.classes[i], "index": i, "probability": p}
             for p, i in zip(values.tolist(), indices.tolist(), strict=True)
         ]
-        return {"top_k": top, "probabilities": probs.tolist()}
+        # worker_threads lets the benchmark check the peer's setting instead of assuming it
+        return {"top_k": top, "probabilities": probs.tolist(), "worker_threads": self.worker_threads}
 
 
 def main() -> None:
@@ -64,9 +71,7 @@ def main() -> None:
     p.add_argument("--wait-ms", type=float, default=5.0)
     p.add_argument("--threads", type=int, default=0)
     args = p.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    api = ViTLitAPI(args.weights, args.max_batch_size, args.wait_ms)
+    api = ViTLitAPI(args.weights, args.max_batch_size, args.wait_ms, args.threads)
     server = ls.LitServer(api, accelerator="auto", workers_per_device=1, timeout=30)
     server.run(port=args.port, log_level="warning", generate_client_file=False)
 

@@ -21,6 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import httpx
 import torch
 
 from app.settings import BUNDLED_WEIGHTS
@@ -57,6 +58,19 @@ def multipart(data: bytes, filename: str) -> tuple[bytes, str]:
         + f"\r\n--{boundary}--\r\n".encode()
     )
     return body, f"multipart/form-data; boundary={boundary}"
+
+
+def check_peer_threads(server: ServerProcess, body: Path, content_type: str, threads: int) -> int:
+    """The torch threads LitServe's inference worker really runs with; they must be the service's."""
+    r = httpx.post(
+        server.url + "/predict", content=body.read_bytes(), headers={"content-type": content_type}, timeout=30
+    )
+    r.raise_for_status()
+    worker: int = r.json()["worker_threads"]
+    if threads and worker != threads:
+        raise SystemExit(f"LitServe's worker runs {worker} torch threads, the service {threads}: not a fair peer")
+    print(f"  LitServe worker: {worker} torch threads (checked)")
+    return worker
 
 
 def sweep(
@@ -129,6 +143,7 @@ def main() -> None:
             print("4. LitServe, same checkpoint and batch settings (multipart)")
             server = start_litserve(args.weights, args.max_batch_size, args.wait_ms, args.threads)
             try:
+                report["litserve_worker_threads"] = check_peer_threads(server, form_body, form_type, args.threads)
                 runs["litserve"] = sweep(
                     server, "/predict", form_body, form_type, args.concurrency, args.duration, "litserve"
                 )
