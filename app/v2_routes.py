@@ -148,22 +148,17 @@ async def model_ready(service: ReadyServiceDep, name: str, version: str | None =
     return V2ModelReady(name=version_of(service, name, version).name, ready=True)
 
 
-@router.post(
-    "/models/{name}/infer",
-    response_model=V2InferResponse,
-    response_model_exclude_none=True,
-    responses=v2_errors(400, 401, 404, 413, 503, 504),
-    openapi_extra=INFER_BODY,
-    dependencies=[Depends(check_api_key)],
-)
-@router.post(
-    "/models/{name}/versions/{version}/infer",
-    response_model=V2InferResponse,
-    response_model_exclude_none=True,
-    responses=v2_errors(400, 401, 404, 413, 503, 504),
-    openapi_extra=INFER_BODY,
-    dependencies=[Depends(check_api_key)],
-)
+INFER_ROUTE: dict[str, Any] = {
+    "response_model": V2InferResponse,
+    "response_model_exclude_none": True,
+    "responses": v2_errors(400, 401, 404, 413, 503, 504),
+    "openapi_extra": INFER_BODY,
+    "dependencies": [Depends(check_api_key)],
+}
+
+
+@router.post("/models/{name}/infer", **INFER_ROUTE)
+@router.post("/models/{name}/versions/{version}/infer", **INFER_ROUTE)
 async def infer(request: Request, service: ReadyServiceDep, name: str, version: str | None = None) -> Response:
     """Inference: encoded images (BYTES `image`) or preprocessed pixels (FP32 `pixels`) in; probabilities,
     attention maps (request parameter `attention`) and classification strings out."""

@@ -101,6 +101,7 @@ def compare_maps(args: argparse.Namespace) -> list[dict[str, Any]]:
     checkpoint = load_checkpoint(BUNDLED_WEIGHTS)
     predictor = Predictor(checkpoint, torch.device("cpu"))
     blank = torch.zeros(predictor.input_shape)
+    plain = [ImageInput(blank, "none")]
     rows = []
     for method in ("rollout", "gradient"):
         result = evaluate.main(
@@ -116,7 +117,6 @@ def compare_maps(args: argparse.Namespace) -> list[dict[str, Any]]:
                 predictor(items)
                 times.append((time.perf_counter() - started) * 1e3)
             latency[batch] = round(statistics.median(times), 2)
-        plain = [ImageInput(blank, "none")]
         rows.append({"method": method, "pointing_game": result.pointing_game, "accuracy": result.accuracy,
                      "ms_batch_1": latency[1], "ms_batch_8": latency[8]})  # fmt: skip
         print(rows[-1], flush=True)

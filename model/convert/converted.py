@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,6 +88,18 @@ def read_classes(path: Path, num_classes: int) -> list[str]:
     if any(not label for label in labels):
         raise ConversionError(f"--classes {path}: line {labels.index('') + 1} is empty; give every class a label")
     return labels
+
+
+Renames = list[tuple[re.Pattern[str], str]]
+
+
+def rename_key(key: str, renames: Renames) -> str:
+    """A source's tensor name in ours: the first rule that matches rewrites it; unmatched names are kept."""
+    for pattern, replacement in renames:
+        new = pattern.sub(replacement, key)
+        if new != key:
+            return new
+    return key
 
 
 def numbered_classes(num_classes: int) -> list[str]:

@@ -15,12 +15,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from model.convert.converted import ConversionError, Converted, mlp_ratio, unsupported
+from model.convert.converted import ConversionError, Converted, Renames, mlp_ratio, rename_key, unsupported
 from model.preprocessing import Interpolation, Preprocessing
 from model.vit import ViTConfig
 
 LAYER = r"^vit\.layers\.(\d+)\."
-RENAMES = [
+RENAMES: Renames = [
     (re.compile(r"^vit\.embeddings\.cls_token$"), "cls_token"),
     (re.compile(r"^vit\.embeddings\.position_embeddings$"), "pos_embed"),
     (re.compile(r"^vit\.embeddings\.patch_embeddings\.projection\."), "patch_embed.proj."),
@@ -95,18 +95,10 @@ def map_state_dict(state: dict[str, Tensor]) -> dict[str, Tensor]:
             layer, which, kind = match.groups()
             parts.setdefault((layer, kind), {})[which] = value
             continue
-        out[rename(key)] = value
+        out[rename_key(key, RENAMES)] = value
     for (layer, kind), p in parts.items():
         out[f"blocks.{layer}.attn.qkv.{kind}"] = torch.cat([p["q"], p["k"], p["v"]], dim=0)
     return out
-
-
-def rename(key: str) -> str:
-    for pattern, replacement in RENAMES:
-        new = pattern.sub(replacement, key)
-        if new != key:
-            return new
-    return key
 
 
 def hf_preprocessing(path: Path, config: ViTConfig) -> Preprocessing:

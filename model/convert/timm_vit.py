@@ -9,12 +9,20 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from model.convert.converted import ConversionError, Converted, mlp_ratio, numbered_classes, unsupported
+from model.convert.converted import (
+    ConversionError,
+    Converted,
+    Renames,
+    mlp_ratio,
+    numbered_classes,
+    rename_key,
+    unsupported,
+)
 from model.convert.weights_file import read_state_dict
 from model.preprocessing import Preprocessing
 from model.vit import ViTConfig
 
-RENAMES = [  # timm name -> ours; everything else is already named alike
+RENAMES: Renames = [  # timm name -> ours; everything else is already named alike
     (re.compile(r"^blocks\.(\d+)\.norm1\."), r"blocks.\1.ln_1."),
     (re.compile(r"^blocks\.(\d+)\.norm2\."), r"blocks.\1.ln_2."),
     (re.compile(r"^blocks\.(\d+)\.ls1\."), r"blocks.\1.ls_1."),
@@ -78,7 +86,7 @@ def from_timm_model(m: Any) -> Converted:
     from timm.data import resolve_data_config
 
     config = timm_config(m)
-    state = {rename(k): v for k, v in m.state_dict().items()}
+    state = {rename_key(k, RENAMES): v for k, v in m.state_dict().items()}
     if m.patch_embed.proj.bias is None:  # CLIP-style bias-free patch embedding: a zero bias is the same
         state["patch_embed.proj.bias"] = torch.zeros(config.dim)
     preprocessing = timm_preprocessing(resolve_data_config(model=m), config)
@@ -168,12 +176,6 @@ def layer_norm_eps(norms: list[nn.Module]) -> float:
     if len(eps) != 1:
         raise unsupported(f"LayerNorms with different epsilons {sorted(eps)}")
     return eps.pop()
-
-
-def rename(key: str) -> str:
-    for pattern, replacement in RENAMES:
-        key = pattern.sub(replacement, key)
-    return key
 
 
 def timm_classes(m: Any, num_classes: int) -> list[str]:

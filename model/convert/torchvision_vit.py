@@ -13,14 +13,22 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from model.convert.converted import ConversionError, Converted, mlp_ratio, numbered_classes, unsupported
+from model.convert.converted import (
+    ConversionError,
+    Converted,
+    Renames,
+    mlp_ratio,
+    numbered_classes,
+    rename_key,
+    unsupported,
+)
 from model.convert.weights_file import read_state_dict
 from model.preprocessing import Preprocessing
 from model.vit import ViTConfig
 
 ARCHS = ("vit_b_16", "vit_b_32", "vit_l_16", "vit_l_32", "vit_h_14")
 LAYER = r"^encoder\.layers\.encoder_layer_(\d+)\."
-RENAMES = [
+RENAMES: Renames = [
     (re.compile(r"^conv_proj\."), "patch_embed.proj."),
     (re.compile(r"^class_token$"), "cls_token"),
     (re.compile(r"^encoder\.pos_embedding$"), "pos_embed"),
@@ -61,7 +69,7 @@ def convert_torchvision(arch: str, weights: Path | None, pretrained: bool, weigh
         recipe = enum[weights_name] if weights_name else matching_recipe(enum, model.image_size)
     model = model.float().eval()
     config = torchvision_config(model)
-    state = {rename(k): v for k, v in model.state_dict().items()}
+    state = {rename_key(k, RENAMES): v for k, v in model.state_dict().items()}
     categories = list(recipe.meta["categories"])
     classes = categories if len(categories) == config.num_classes else numbered_classes(config.num_classes)
     info = {"source": "torchvision", "arch": arch, "weights": source, "recipe": recipe.name}
@@ -140,11 +148,3 @@ def torchvision_preprocessing(recipe: Any, config: ViTConfig) -> Preprocessing:
         interpolation=interpolation,
         resize_backend="pil",  # weights.transforms() resizes a PIL image with PIL
     )
-
-
-def rename(key: str) -> str:
-    for pattern, replacement in RENAMES:
-        new = pattern.sub(replacement, key)
-        if new != key:
-            return new
-    return key
