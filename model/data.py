@@ -74,11 +74,6 @@ def train_transform(p: Preprocessing, flip: bool, randaugment: bool) -> v2.Compo
     return v2.Compose(steps)
 
 
-def eval_transform(p: Preprocessing) -> EvalTransform:
-    """The deterministic transform a checkpoint is scored and served with."""
-    return EvalTransform(p)
-
-
 def channel_steps(p: Preprocessing) -> list[Any]:
     """Grayscale models take luminance (ITU-R 601-2) of RGB input; 1-channel input passes unchanged."""
     return [v2.Grayscale(num_output_channels=1)] if p.channels == 1 else []
@@ -155,7 +150,7 @@ def build_shapes(opts: DataOptions) -> DataBundle:
     p = opts.preprocessing or shapes_preprocessing(image_size_for(opts), opts.channels or 3)
     # Test data comes from a different seed stream than training data, so the two never overlap.
     train = ShapesDataset(opts.shapes_train, opts.seed, train_transform(p, flip=True, randaugment=False))
-    test = ShapesDataset(opts.shapes_test, opts.seed + 1_000_003, eval_transform(p))
+    test = ShapesDataset(opts.shapes_test, opts.seed + 1_000_003, EvalTransform(p))
     return DataBundle(train, test, list(SHAPE_CLASSES), p)
 
 
@@ -178,7 +173,7 @@ def build_cifar10(opts: DataOptions) -> DataBundle:
     train = torchvision_dataset(
         ds, opts.data_dir, True, opts.download, expected, transform=train_transform(p, True, opts.randaugment)
     )
-    test = torchvision_dataset(ds, opts.data_dir, False, opts.download, expected, transform=eval_transform(p))
+    test = torchvision_dataset(ds, opts.data_dir, False, opts.download, expected, transform=EvalTransform(p))
     return DataBundle(train, test, list(train.classes), p)
 
 
@@ -193,7 +188,7 @@ def build_mnist(opts: DataOptions) -> DataBundle:
     ds = datasets.MNIST
     # No flips: a mirrored digit is a different (or no) digit.
     train_tf = v2.Compose([*gray, train_transform(p, flip=False, randaugment=False)])
-    test_tf = v2.Compose([*gray, eval_transform(p)])
+    test_tf = v2.Compose([*gray, EvalTransform(p)])
     train = torchvision_dataset(ds, opts.data_dir, True, opts.download, expected, transform=train_tf)
     test = torchvision_dataset(ds, opts.data_dir, False, opts.download, expected, transform=test_tf)
     classes = [c.split(" - ")[0] for c in train.classes]  # "0 - zero" -> "0"
@@ -213,7 +208,7 @@ def build_imagefolder(opts: DataOptions) -> DataBundle:
     val_dir = next((opts.data_dir / d for d in ("val", "test") if (opts.data_dir / d).is_dir()), None)
     if val_dir is not None:
         train = datasets.ImageFolder(str(train_dir), transform=train_tf)
-        test = datasets.ImageFolder(str(val_dir), transform=eval_transform(p))
+        test = datasets.ImageFolder(str(val_dir), transform=EvalTransform(p))
         if test.classes != train.classes:
             raise ValueError(f"class folders differ between {train_dir} and {val_dir}")
         return DataBundle(train, test, list(train.classes), p)
@@ -222,7 +217,7 @@ def build_imagefolder(opts: DataOptions) -> DataBundle:
     n_val = max(1, int(len(full) * opts.val_fraction))
     return DataBundle(
         TransformedSubset(Subset(full, order[n_val:]), train_tf),
-        TransformedSubset(Subset(full, order[:n_val]), eval_transform(p)),
+        TransformedSubset(Subset(full, order[:n_val]), EvalTransform(p)),
         list(full.classes),
         p,
     )

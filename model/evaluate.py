@@ -20,7 +20,8 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 from model.checkpoint import Checkpoint, load_checkpoint
-from model.data import DATASETS, DataOptions, ShapesDataset, build_data, eval_transform
+from model.data import DATASETS, DataOptions, ShapesDataset, build_data
+from model.preprocessing import EvalTransform
 from model.rollout import GRADIENT, MAP_METHODS, attention_map, gradient_attention_map
 
 DEFAULT_SHAPES_EVAL_SEED = 20261121  # never used for training: a fresh held-out set
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> Evaluation:
     dataset = args.dataset or ckpt.training.get("dataset") or "shapes"
     masks = None
     if dataset == "shapes":
-        test = ShapesDataset(args.samples, args.seed, eval_transform(ckpt.preprocessing))
+        test = ShapesDataset(args.samples, args.seed, EvalTransform(ckpt.preprocessing))
         masks = test.masks
     else:
         opts = DataOptions(
