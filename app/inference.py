@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor
 
+from app.onnx_backend import OnnxLogits
 from model.checkpoint import Checkpoint
 from model.rollout import GRADIENT, attention_map, gradient_attention_map
 
@@ -28,6 +31,20 @@ class ImageOutput:
     attention_map: Tensor | None  # (grid, grid) in [0, 1], when asked for
 
 
+Backend = Literal["torch", "onnxruntime"]
+
+
+def resolve_backend(asked: str, device: torch.device) -> Backend:
+    """VIT_BACKEND to the backend that computes plain probabilities: auto is ONNX Runtime on the CPU, torch on CUDA."""
+    if asked == "auto":
+        return "onnxruntime" if device.type == "cpu" else "torch"
+    if asked == "onnxruntime" and device.type != "cpu":
+        raise ValueError(
+            f"VIT_BACKEND=onnxruntime runs on the CPU, not {device}; use VIT_BACKEND=torch (or auto) on a GPU"
+        )
+    return "onnxruntime" if asked == "onnxruntime" else "torch"
+
+
 def batch_sizes(max_batch_size: int) -> list[int]:
     """1, 2, 4, ... up to and including the maximum: the sizes the batcher will produce most."""
     return sorted({min(2**k, max_batch_size) for k in range(max_batch_size.bit_length() + 1)})
@@ -41,14 +58,22 @@ def inference_dtype(device: torch.device) -> torch.dtype:
 
 
 class Predictor:
-    """Runs batches through the checkpoint's model: probabilities for all, attention maps for those asking."""
+    """Runs batches through the checkpoint's model: probabilities for all, attention maps for those asking.
 
-    def __init__(self, checkpoint: Checkpoint, device: torch.device) -> None:
+    Plain probabilities come from the backend (eager torch, or an ONNX Runtime graph exported from the
+    same model); attention maps always come from the torch model, which alone returns the weights.
+    """
+
+    def __init__(self, checkpoint: Checkpoint, device: torch.device, backend: Backend = "torch") -> None:
         self.device = device
         self.dtype = inference_dtype(device)
         self.model = checkpoint.model.to(device=device, dtype=self.dtype).eval()
         config = checkpoint.config
         self.input_shape = (config.in_channels, config.image_size, config.image_size)
+        self.backend = backend
+        self.logits: Callable[[Tensor], Tensor] = self.model
+        if backend == "onnxruntime":
+            self.logits = OnnxLogits(self.model, self.input_shape, torch.get_num_threads())
 
     def __call__(self, batch: list[ImageInput]) -> list[ImageOutput]:
         try:
@@ -90,7 +115,7 @@ class Predictor:
                 for j, m in zip(idx, found.float().cpu(), strict=True):
                     maps[j] = m
         else:
-            logits = self.model(x)
+            logits = self.logits(x)
         probabilities = logits.float().softmax(dim=-1).cpu()  # (B, num_classes)
         return {i: ImageOutput(probabilities[j], maps.get(j)) for j, i in enumerate(index)}
 
@@ -99,7 +124,7 @@ class Predictor:
         top1: list[int] = []
         if any(t is None for t in targets):
             with torch.inference_mode():
-                top1 = self.model(x).argmax(dim=1).tolist()
+                top1 = self.logits(x).argmax(dim=1).tolist()
         chosen = [t if t is not None else top1[j] for j, t in enumerate(targets)]
         return torch.tensor(chosen, device=self.device)  # made outside inference mode: it enters autograd
 

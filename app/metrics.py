@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import gc
+import time
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+GC_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.5, 1.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
@@ -29,6 +34,25 @@ class Metrics:
             ["model", "reason"], registry=r,
         )  # fmt: skip
         self.ready = Gauge("vit_ready", "1 when every model is loaded and warm", registry=r)
+        self.gc_pause = Histogram(
+            "vit_gc_pause_seconds", "Garbage collections (every thread waits meanwhile), by generation",
+            ["generation"], buckets=GC_BUCKETS, registry=r,
+        )  # fmt: skip
+        self._gc_started = 0.0
+
+    def watch_gc(self) -> None:
+        """Time every garbage collection of the process from now on (until `unwatch_gc`)."""
+        gc.callbacks.append(self._on_gc)
+
+    def unwatch_gc(self) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        else:
+            self.gc_pause.labels(str(info["generation"])).observe(time.perf_counter() - self._gc_started)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -53,6 +53,7 @@ class ModelInfo(BaseModel):
     training: dict[str, Any]
     device: str
     dtype: str
+    backend: str = Field(description="What computes probabilities: torch or onnxruntime", examples=["onnxruntime"])
 
 
 class ModelList(BaseModel):

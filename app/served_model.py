@@ -22,8 +22,9 @@ from PIL import Image
 from app.batcher import DynamicBatcher
 from app.decode import decode_image
 from app.errors import InvalidInput, RequestTimeout
-from app.inference import ImageInput, ImageOutput, Predictor
+from app.inference import ImageInput, ImageOutput, Predictor, resolve_backend
 from app.metrics import ModelMetrics
+from app.onnx_backend import OnnxExportError
 from app.preprocess import Preprocessor
 from app.schemas import ModelInfo, ModelRef
 from app.settings import Settings
@@ -55,16 +56,27 @@ class ServedModel:
     ) -> ServedModel:
         """Load the checkpoint onto the device and warm it up (blocking; run off the event loop)."""
         checkpoint = load_checkpoint(path, device)
-        predictor = Predictor(checkpoint, device)
+        predictor = cls.build_predictor(name, checkpoint, device, settings.backend)
         log.info(
-            "model %s: loaded %s (version %s, %d classes) on %s as %s",
-            name, path, checkpoint.version, len(checkpoint.classes), device, predictor.dtype,
+            "model %s: loaded %s (version %s, %d classes) on %s as %s, backend %s",
+            name, path, checkpoint.version, len(checkpoint.classes), device, predictor.dtype, predictor.backend,
         )  # fmt: skip
         if settings.warmup:
             predictor.warm_up(settings.max_batch_size)
         s = settings
         batcher = DynamicBatcher(predictor, s.max_batch_size, s.max_wait_ms, s.max_queue, metrics)
         return cls(name, checkpoint, predictor, Preprocessor(checkpoint.preprocessing), batcher, s.max_image_pixels)
+
+    @staticmethod
+    def build_predictor(name: str, checkpoint: Checkpoint, device: torch.device, backend: str) -> Predictor:
+        """The checkpoint's predictor on the asked backend; with auto, torch where ONNX export fails."""
+        try:
+            return Predictor(checkpoint, device, resolve_backend(backend, device))
+        except OnnxExportError as e:
+            if backend != "auto":
+                raise OnnxExportError(f"model {name}: {e}; VIT_BACKEND=torch serves it without ONNX") from None
+            log.warning("model %s: %s; serving it with torch", name, e)
+            return Predictor(checkpoint, device, "torch")
 
     @property
     def ref(self) -> ModelRef:
@@ -92,6 +104,7 @@ class ServedModel:
             preprocessing=asdict(c.preprocessing),
             training=c.training,
             device=str(self.predictor.device),
+            backend=self.predictor.backend,
             dtype=str(self.predictor.dtype).removeprefix("torch."),
         )
 

@@ -22,6 +22,11 @@ class Settings(BaseSettings):
         description="Several checkpoints: name=path,name=path (the first is the default); when set, VIT_WEIGHTS is not used",
     )
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
+    backend: Literal["auto", "torch", "onnxruntime"] = Field(
+        "auto",
+        description="What computes probabilities: onnxruntime (a graph exported at startup; CPU only), torch, "
+        "or auto (onnxruntime on the CPU, torch on a GPU); attention maps always use torch",
+    )
     max_batch_size: int = Field(32, ge=1, le=1024, description="Most images in one forward pass")
     max_wait_ms: float = Field(5.0, ge=0, le=1000, description="Longest wait after the first image to fill a batch")
     max_queue: int = Field(256, ge=1, description="Images waiting for a batch before new requests get 503")

@@ -1,9 +1,10 @@
 """The peer: LitServe serving the same checkpoint with the same decode, preprocessing and batch settings.
 
-python -m bench.litserve_server --weights weights/vit-shapes.safetensors --port 8001
+python -m bench.litserve_server --weights weights/vit-shapes.safetensors --port 8001 [--backend onnxruntime]
 """
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 
 import litserve as ls
@@ -13,16 +14,18 @@ from torch import Tensor
 
 from app.decode import decode_image
 from app.inference import inference_dtype
+from app.onnx_backend import OnnxLogits
 from app.preprocess import Preprocessor
 from model.checkpoint import load_checkpoint
 from model.device import resolve_device
 
 
 class ViTLitAPI(ls.LitAPI):
-    def __init__(self, weights: str, max_batch_size: int, wait_ms: float, threads: int) -> None:
+    def __init__(self, weights: str, max_batch_size: int, wait_ms: float, threads: int, backend: str) -> None:
         super().__init__(max_batch_size=max_batch_size, batch_timeout=wait_ms / 1000.0)
         self.weights = weights
         self.threads = threads
+        self.backend = backend
 
     def setup(self, device: str) -> None:
         # setup() runs in LitServe's inference worker, a process of its own: the thread count must be
@@ -34,6 +37,10 @@ class ViTLitAPI(ls.LitAPI):
         self.dtype = inference_dtype(self.device)
         self.ckpt = load_checkpoint(self.weights, self.device)
         self.model = self.ckpt.model.to(self.dtype).eval()
+        self.logits: Callable[[Tensor], Tensor] = self.model
+        if self.backend == "onnxruntime":  # the service's own ONNX backend, exported the same way
+            c = self.ckpt.config
+            self.logits = OnnxLogits(self.model, (c.in_channels, c.image_size, c.image_size), self.worker_threads)
         self.pre = Preprocessor(self.ckpt.preprocessing)
 
     # The annotation must be the real Request class (no postponed annotations in this module):
@@ -48,7 +55,7 @@ class ViTLitAPI(ls.LitAPI):
 
     @torch.inference_mode()
     def predict(self, x: Tensor) -> Tensor:
-        return self.model(x.to(self.device, self.dtype)).float().softmax(-1).cpu()
+        return self.logits(x.to(self.device, self.dtype)).float().softmax(-1).cpu()
 
     def unbatch(self, output: Tensor) -> list[Tensor]:
         return list(output)
@@ -60,7 +67,12 @@ class ViTLitAPI(ls.LitAPI):
             for p, i in zip(values.tolist(), indices.tolist(), strict=True)
         ]
         # worker_threads lets the benchmark check the peer's setting instead of assuming it
-        return {"top_k": top, "probabilities": probs.tolist(), "worker_threads": self.worker_threads}
+        return {
+            "top_k": top,
+            "probabilities": probs.tolist(),
+            "worker_threads": self.worker_threads,
+            "backend": self.backend,
+        }
 
 
 def main() -> None:
@@ -70,8 +82,9 @@ def main() -> None:
     p.add_argument("--max-batch-size", type=int, default=32)
     p.add_argument("--wait-ms", type=float, default=5.0)
     p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--backend", choices=["torch", "onnxruntime"], default="torch")
     args = p.parse_args()
-    api = ViTLitAPI(args.weights, args.max_batch_size, args.wait_ms, args.threads)
+    api = ViTLitAPI(args.weights, args.max_batch_size, args.wait_ms, args.threads, args.backend)
     server = ls.LitServer(api, accelerator="auto", workers_per_device=1, timeout=30)
     server.run(port=args.port, log_level="warning", generate_client_file=False)
 

@@ -77,7 +77,7 @@ class ServerProcess:
         Path(self.log.name).unlink(missing_ok=True)
 
 
-def start_service(weights: Path, max_batch_size: int, wait_ms: float, threads: int) -> ServerProcess:
+def start_service(weights: Path, max_batch_size: int, wait_ms: float, threads: int, backend: str) -> ServerProcess:
     port = free_port()
     argv = [
         sys.executable,
@@ -93,14 +93,16 @@ def start_service(weights: Path, max_batch_size: int, wait_ms: float, threads: i
     env = {
         "VIT_WEIGHTS": str(weights), "VIT_DEVICE": "auto", "VIT_MAX_BATCH_SIZE": str(max_batch_size),
         "VIT_MAX_WAIT_MS": str(wait_ms), "VIT_MAX_QUEUE": "4096", "VIT_THREADS": str(threads), "VIT_LOG_LEVEL": "warning",
+        "VIT_BACKEND": backend,
     }  # fmt: skip
     return ServerProcess(argv, env, port, "/health/ready")
 
 
-def start_litserve(weights: Path, max_batch_size: int, wait_ms: float, threads: int) -> ServerProcess:
+def start_litserve(weights: Path, max_batch_size: int, wait_ms: float, threads: int, backend: str) -> ServerProcess:
     port = free_port()
     argv = [sys.executable, "-m", "bench.litserve_server", "--weights", str(weights), "--port", str(port),
-            "--max-batch-size", str(max_batch_size), "--wait-ms", str(wait_ms), "--threads", str(threads)]  # fmt: skip
+            "--max-batch-size", str(max_batch_size), "--wait-ms", str(wait_ms), "--threads", str(threads),
+            "--backend", backend]  # fmt: skip
     return ServerProcess(argv, {}, port, "/health")
 
 

@@ -26,11 +26,16 @@ ClientFactory = Callable[..., AbstractAsyncContextManager[httpx.AsyncClient]]
 
 @pytest.fixture
 def make_client(tiny_checkpoint: Path) -> ClientFactory:
-    """`async with make_client(max_batch_size=4) as client:` — the app with its lifespan run, in process."""
+    """`async with make_client(max_batch_size=4) as client:` — the app with its lifespan run, in process.
+
+    The backend is torch unless a test asks for another: exporting the ONNX graph costs about 2 s per
+    app. The ONNX Runtime backend (the CPU default) has its own tests through the same routes
+    (tests/app/test_onnx_backend.py), and the real-server tests run the default.
+    """
 
     @asynccontextmanager
     async def factory(**overrides: Any) -> AsyncIterator[httpx.AsyncClient]:
-        settings = Settings(**{"weights": tiny_checkpoint, "device": "cpu", **overrides})
+        settings = Settings(**{"weights": tiny_checkpoint, "device": "cpu", "backend": "torch", **overrides})
         app = create_app(settings)
         async with LifespanManager(app, startup_timeout=60, shutdown_timeout=60) as manager:
             transport = httpx.ASGITransport(app=manager.app)

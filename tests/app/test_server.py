@@ -40,7 +40,9 @@ def test_predictions_over_the_network(server: Server) -> None:
         r = client.post("/predict", content=png, headers={"content-type": "image/png"})
         assert r.status_code == 200, r.text
         assert client.post("/predict", content=b"junk", headers={"content-type": "image/png"}).status_code == 415
-        assert client.get("/v1/model").json()["classes"][0] == "circle"
+        info = client.get("/v1/model").json()
+        assert info["classes"][0] == "circle"
+        assert info["backend"] == "onnxruntime"  # the default on the CPU
 
 
 def test_concurrent_clients_are_batched(server: Server) -> None:

@@ -1,0 +1,108 @@
+"""VIT_BACKEND=onnxruntime: probabilities from the graph exported at startup equal torch's; maps come from torch."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+import pytest
+import torch
+
+from app.inference import resolve_backend
+from app.onnx_backend import OnnxExportError, OnnxLogits
+from model.shapes import make_sample
+from model.vit import ViTConfig
+from tests.app.conftest import ClientFactory
+from tests.conftest import TINY, encode, tiny_model
+
+TOLERANCE = 1e-5  # largest difference allowed between ONNX Runtime's and torch's probabilities
+
+VARIANTS = {
+    "standard": TINY,
+    "post-norm, MLP head": replace(TINY, norm="post", head="mlp"),
+    "axial attention": replace(TINY, attention_pattern="axial"),
+    "registers, average pool, fc_norm, layer scale": replace(
+        TINY, reg_tokens=2, class_token=False, pool="avg", fc_norm=True, layer_scale=True
+    ),
+    "grayscale, sincos positions": replace(TINY, in_channels=1, pos_embed="sincos2d"),
+}
+
+
+@pytest.mark.parametrize("config", VARIANTS.values(), ids=VARIANTS.keys())
+def test_exported_graph_gives_torchs_probabilities(config: ViTConfig) -> None:
+    model = tiny_model(config, seed=1)
+    logits = OnnxLogits(model, (config.in_channels, config.image_size, config.image_size), threads=1)
+    torch.manual_seed(2)
+    for batch in (1, 3, 8):  # the batch dimension is dynamic
+        x = torch.randn(batch, config.in_channels, config.image_size, config.image_size)
+        with torch.inference_mode():
+            expected = model(x).softmax(-1)
+        got = logits(x).softmax(-1)
+        assert got.shape == expected.shape
+        assert (got - expected).abs().max() < TOLERANCE
+
+
+def test_auto_is_onnxruntime_on_the_cpu_and_torch_on_a_gpu() -> None:
+    assert resolve_backend("auto", torch.device("cpu")) == "onnxruntime"
+    assert resolve_backend("auto", torch.device("cuda", 0)) == "torch"
+    assert resolve_backend("torch", torch.device("cpu")) == "torch"
+    with pytest.raises(ValueError, match="VIT_BACKEND=onnxruntime runs on the CPU"):
+        resolve_backend("onnxruntime", torch.device("cuda", 0))
+
+
+async def test_served_probabilities_and_maps_equal_the_torch_backend(make_client: ClientFactory) -> None:
+    images = [encode(make_sample(7, i).image) for i in range(4)]
+    files = [("files", (f"{i}.png", im, "image/png")) for i, im in enumerate(images)]
+    answers = {}
+    for backend in ("onnxruntime", "torch"):
+        async with make_client(backend=backend) as client:
+            assert (await client.get("/v1/model")).json()["backend"] == backend
+            plain = await client.post("/predict", files=files)
+            mapped = await client.post("/predict", files=files, params={"attention": "rollout"})
+            assert plain.status_code == mapped.status_code == 200, (plain.text, mapped.text)
+            answers[backend] = (plain.json()["results"], mapped.json()["results"])
+    (ort_plain, ort_mapped), (pt_plain, pt_mapped) = answers["onnxruntime"], answers["torch"]
+    for a, b in zip(ort_plain, pt_plain, strict=True):
+        assert a["probabilities"] == pytest.approx(b["probabilities"], abs=TOLERANCE)
+        assert [t["index"] for t in a["top_k"]] == [t["index"] for t in b["top_k"]]
+    for a, b in zip(ort_mapped, pt_mapped, strict=True):  # maps come from the torch model on both backends
+        assert torch.tensor(a["attention"]["map"]).allclose(torch.tensor(b["attention"]["map"]), atol=1e-6)
+
+
+async def test_v2_infer_on_onnxruntime(make_client: ClientFactory) -> None:
+    pixels = torch.randn(2, 3, 32, 32)
+    body = {
+        "inputs": [{"name": "pixels", "datatype": "FP32", "shape": [2, 3, 32, 32], "data": pixels.flatten().tolist()}]
+    }
+    async with make_client(backend="onnxruntime") as client:
+        r = await client.post("/v2/models/tiny/infer", json=body)
+        assert r.status_code == 200, r.text
+        (out,) = r.json()["outputs"]
+        model = client.app.state.service.default.predictor.model  # type: ignore[attr-defined]
+        with torch.inference_mode():
+            expected = model(pixels).softmax(-1)
+        assert out["data"] == pytest.approx(expected.flatten().tolist(), abs=TOLERANCE)
+
+
+async def test_a_model_that_does_not_export_is_served_by_torch_under_auto(
+    make_client: ClientFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def unsupported(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("aten::some_op has no ONNX translation")
+
+    monkeypatch.setattr(torch.onnx, "export", unsupported)
+    with caplog.at_level(logging.WARNING, logger="app"):
+        async with make_client(backend="auto") as client:
+            assert (await client.get("/v1/model")).json()["backend"] == "torch"
+            r = await client.post("/predict", files={"file": ("a.png", encode(make_sample(1, 1).image), "image/png")})
+            assert r.status_code == 200
+    assert any("could not be exported to ONNX" in m and "serving it with torch" in m for m in caplog.messages)
+    with pytest.raises(OnnxExportError, match=r"model tiny: the model could not be exported.*VIT_BACKEND=torch"):
+        async with make_client(backend="onnxruntime"):
+            pass
+
+
+async def test_unknown_backend_is_refused(make_client: ClientFactory) -> None:
+    with pytest.raises(ValueError, match="backend"):
+        async with make_client(backend="tensorrt"):
+            pass
