@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from app.decode import decode_image
-from app.inference import batch_sizes, inference_dtype
+from app.inference import Backend, Predictor, batch_sizes
 from app.preprocess import Preprocessor
 from model.checkpoint import Checkpoint
 from model.shapes import make_sample
@@ -25,19 +25,20 @@ class ForwardResult:
 
 @torch.inference_mode()
 def forward_throughput(
-    ckpt: Checkpoint, device: torch.device, max_batch_size: int, seconds: float = 1.5
+    ckpt: Checkpoint, device: torch.device, max_batch_size: int, backend: Backend, seconds: float = 1.5
 ) -> list[ForwardResult]:
-    """Images per second of model(x) alone at batch sizes 1, 2, 4, ... up to the maximum."""
-    model = ckpt.model.to(device=device, dtype=inference_dtype(device)).eval()
+    """Images per second of the backend's forward alone (what the service runs for plain probabilities)
+    at batch sizes 1, 2, 4, ... up to the maximum."""
+    predictor = Predictor(ckpt, device, backend)
     c = ckpt.config
     results = []
     for bs in batch_sizes(max_batch_size):
-        x = torch.randn(bs, c.in_channels, c.image_size, c.image_size, device=device, dtype=inference_dtype(device))
-        for _ in range(3):
-            model(x)
+        x = torch.randn(bs, c.in_channels, c.image_size, c.image_size, device=device, dtype=predictor.dtype)
+        for _ in range(2):
+            predictor.logits(x)
         n, started = 0, time.perf_counter()
-        while time.perf_counter() - started < seconds:
-            model(x)
+        while time.perf_counter() - started < seconds or n < 2:
+            predictor.logits(x)
             n += 1
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -47,11 +48,12 @@ def forward_throughput(
 
 
 def sample_images() -> dict[str, bytes]:
-    """PNG and JPEG, small (the model's own 64 px) and large (a 1024x768 photo-sized upload)."""
+    """PNG and JPEG: small (the bundled model's own 64 px), medium (500x375, an ImageNet-sized photo)
+    and large (1024x768)."""
     small = make_sample(4242, 0).image
-    large = small.resize((1024, 768), Image.Resampling.BICUBIC)
     out = {}
-    for name, image in (("small", small), ("large", large)):
+    for name, size in (("small", None), ("medium", (500, 375)), ("large", (1024, 768))):
+        image = small if size is None else small.resize(size, Image.Resampling.BICUBIC)
         for fmt in ("PNG", "JPEG"):
             buf = io.BytesIO()
             image.save(buf, format=fmt, **({"quality": 90} if fmt == "JPEG" else {}))

@@ -1,13 +1,14 @@
 """One run of the serving benchmark; writes bench/results/<name>.json, .md and .png.
 
-    python -m bench.run                       # bundled checkpoint, batch 32, wait 5 ms, 10 s per level
-    python -m bench.run --duration 5 --concurrency 1 8 32 --no-litserve
+    python -m bench.run --threads 1 --attention --duration 8 --name cpu     # bundled checkpoint, both backends
+    python -m bench.run --model vit-s16 --threads 1 --concurrency 1 8 32 --duration 20 --name cpu-vit-s16
+    python -m bench.run --duration 5 --concurrency 1 8 32 --backends onnxruntime --no-litserve
 
-Measured on the same machine, in this order: (1) the limit: raw forward throughput of the model on
-pre-made tensors at each batch size, and the per-image preprocessing cost; (2) the service under
-`hey`, posting raw image bytes, at each concurrency; (3) the service with batching off; (4) the
-service and LitServe, posting the same multipart body, at each concurrency. Compare ratios within
-one run: the machines are shared and noisy.
+For each backend, on the same machine and in this order: (1) the limit: the backend's forward pass
+alone on pre-made tensors at each batch size (and, once, the per-image preprocessing cost); (2) the
+service under `hey`, posting raw image bytes, then a multipart body, at each concurrency; (3) the
+service with batching off; (4) LitServe running the same backend, posting the same multipart body.
+Compare ratios within one run: the machines are shared and noisy.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import tempfile
 import time
 import uuid
 from dataclasses import asdict
@@ -24,18 +26,32 @@ from typing import Any
 import httpx
 import torch
 
+from app.inference import Backend
 from app.settings import BUNDLED_WEIGHTS
 from bench.limits import forward_throughput, preprocessing_cost, sample_images
 from bench.load import LoadResult, ServerProcess, require_hey, run_hey, start_litserve, start_service
-from model.checkpoint import load_checkpoint
+from model.checkpoint import load_checkpoint, save_checkpoint
 from model.device import resolve_device
+from model.preprocessing import Preprocessing
+from model.vit import ViT, ViTConfig
 
 RESULTS = Path(__file__).resolve().parent / "results"
+# ViT-S/16 at 224 px as timm builds it (22 M parameters), random weights: compute dominates, as with real models
+VIT_S16 = ViTConfig(image_size=224, patch_size=16, dim=384, depth=12, heads=6, num_classes=1000, norm_eps=1e-6)
+VIT_S16_PREPROCESSING = Preprocessing(
+    224, 3, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), "center_crop", crop_pct=0.9, interpolation="bicubic"
+)
+DEFAULT_IMAGE = {"bundled": "png-small", "vit-s16": "jpeg-medium"}
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
-    p.add_argument("--weights", type=Path, default=BUNDLED_WEIGHTS)
+    p.add_argument("--model", choices=["bundled", "vit-s16"], default="bundled",
+                   help="the bundled checkpoint, or a random-weight ViT-S/16 at 224 px with 1,000 classes")  # fmt: skip
+    p.add_argument("--weights", type=Path, help="serve this checkpoint instead of --model")
+    p.add_argument("--image", choices=sorted(sample_images()), help="the posted image (default: by model)")
+    p.add_argument("--backends", nargs="+", choices=["torch", "onnxruntime"],
+                   help="default: both on the CPU, torch on a GPU")  # fmt: skip
     p.add_argument("--max-batch-size", type=int, default=32)
     p.add_argument("--wait-ms", type=float, default=5.0)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64, 128])
@@ -47,12 +63,12 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def multipart(data: bytes, filename: str) -> tuple[bytes, str]:
+def multipart(data: bytes, filename: str, content_type: str) -> tuple[bytes, str]:
     boundary = uuid.uuid4().hex
     body = (
         (
             f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{filename}"\r\n'
-            "Content-Type: image/png\r\n\r\n"
+            f"Content-Type: {content_type}\r\n\r\n"
         ).encode()
         + data
         + f"\r\n--{boundary}--\r\n".encode()
@@ -60,16 +76,18 @@ def multipart(data: bytes, filename: str) -> tuple[bytes, str]:
     return body, f"multipart/form-data; boundary={boundary}"
 
 
-def check_peer_threads(server: ServerProcess, body: Path, content_type: str, threads: int) -> int:
-    """The torch threads LitServe's inference worker really runs with; they must be the service's."""
+def check_peer(server: ServerProcess, body: Path, content_type: str, threads: int, backend: str) -> int:
+    """The torch threads and backend LitServe's inference worker really runs; they must be the service's."""
     r = httpx.post(
-        server.url + "/predict", content=body.read_bytes(), headers={"content-type": content_type}, timeout=30
+        server.url + "/predict", content=body.read_bytes(), headers={"content-type": content_type}, timeout=60
     )
     r.raise_for_status()
     worker: int = r.json()["worker_threads"]
     if threads and worker != threads:
         raise SystemExit(f"LitServe's worker runs {worker} torch threads, the service {threads}: not a fair peer")
-    print(f"  LitServe worker: {worker} torch threads (checked)")
+    if r.json()["backend"] != backend:
+        raise SystemExit(f"LitServe's worker runs {r.json()['backend']}, the service {backend}: not a fair peer")
+    print(f"  LitServe worker: {worker} torch threads, {backend} (checked)")
     return worker
 
 
@@ -85,6 +103,13 @@ def sweep(
     return results
 
 
+def vit_s16_checkpoint(path: Path) -> Path:
+    torch.manual_seed(0)
+    save_checkpoint(path, ViT(VIT_S16).eval(), [f"class_{i}" for i in range(1000)], VIT_S16_PREPROCESSING,
+                    {"note": "random weights, for speed measurements only"})  # fmt: skip
+    return path
+
+
 def main() -> None:
     args = parse_args()
     require_hey()
@@ -92,128 +117,165 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = resolve_device("auto")
-    ckpt = load_checkpoint(args.weights, device)
-    report: dict[str, Any] = {
-        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                    "cpus": torch.get_num_threads(), "device": str(device), "torch": torch.__version__,
-                    "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None},
-        "settings": {"weights": str(args.weights), "model_version": ckpt.version, "max_batch_size": args.max_batch_size,
-                     "wait_ms": args.wait_ms, "duration_s": args.duration, "threads": args.threads},
-        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-    }  # fmt: skip
-    print("1. limits: forward throughput on pre-made tensors, preprocessing per image")
-    report["forward"] = [asdict(r) for r in forward_throughput(ckpt, device, args.max_batch_size)]
-    for r in report["forward"]:
-        print(f"  batch {r['batch_size']:>4}: {r['images_per_s']:9.1f} img/s ({r['ms_per_batch']:.2f} ms)")
-    report["preprocess_ms"] = preprocessing_cost(ckpt)
-    print("  preprocess ms/image:", {k: round(v, 3) for k, v in report["preprocess_ms"].items()})
-    del ckpt
-
-    image = sample_images()["png-small"]
-    raw_body, form_body = RESULTS / "body.png", RESULTS / "body.multipart"
-    raw_body.write_bytes(image)
-    form, form_type = multipart(image, "shape.png")
-    form_body.write_bytes(form)
-    runs: dict[str, list[LoadResult]] = {}
-    try:
-        print("2. service, batching on (raw bytes)")
-        server = start_service(args.weights, args.max_batch_size, args.wait_ms, args.threads)
-        try:
-            runs["service"] = sweep(
-                server, "/predict", raw_body, "image/png", args.concurrency, args.duration, "service"
-            )
-            runs["service-multipart"] = sweep(
-                server, "/predict", form_body, form_type, args.concurrency, args.duration, "service (multipart)"
-            )
-            if args.attention:
-                runs["service-rollout"] = sweep(
-                    server, "/predict?attention=rollout", raw_body, "image/png", [1], args.duration, "service + rollout"
-                )
-        finally:
-            server.stop()
-        print("3. service, batching off (VIT_MAX_BATCH_SIZE=1)")
-        server = start_service(args.weights, 1, args.wait_ms, args.threads)
-        try:
-            runs["unbatched"] = sweep(
-                server, "/predict", raw_body, "image/png", args.concurrency, args.duration, "unbatched"
-            )
-        finally:
-            server.stop()
-        if not args.no_litserve:
-            print("4. LitServe, same checkpoint and batch settings (multipart)")
-            server = start_litserve(args.weights, args.max_batch_size, args.wait_ms, args.threads)
-            try:
-                report["litserve_worker_threads"] = check_peer_threads(server, form_body, form_type, args.threads)
-                runs["litserve"] = sweep(
-                    server, "/predict", form_body, form_type, args.concurrency, args.duration, "litserve"
-                )
-            finally:
-                server.stop()
-    finally:
-        raw_body.unlink(missing_ok=True)
-        form_body.unlink(missing_ok=True)
-    report["load"] = {k: [asdict(r) for r in v] for k, v in runs.items()}
-    report["targets"] = targets(report)
+    backends: list[Backend] = args.backends or (["torch", "onnxruntime"] if device.type == "cpu" else ["torch"])
+    with tempfile.TemporaryDirectory() as tmp:
+        weights = args.weights or (
+            vit_s16_checkpoint(Path(tmp) / "vit-s16.safetensors") if args.model == "vit-s16" else BUNDLED_WEIGHTS
+        )
+        image_name = args.image or DEFAULT_IMAGE[args.model]
+        ckpt = load_checkpoint(weights, device)
+        report: dict[str, Any] = {
+            "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+                        "cpus": torch.get_num_threads(), "device": str(device), "torch": torch.__version__,
+                        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None},
+            "settings": {"model": args.model if args.weights is None else str(args.weights),
+                         "model_version": ckpt.version, "parameters": sum(p.numel() for p in ckpt.model.parameters()),
+                         "image_size": ckpt.config.image_size, "classes": len(ckpt.classes), "image": image_name,
+                         "max_batch_size": args.max_batch_size, "wait_ms": args.wait_ms, "duration_s": args.duration,
+                         "threads": args.threads},
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "preprocess_ms": preprocessing_cost(ckpt),
+            "backends": {},
+        }  # fmt: skip
+        print("preprocess ms/image:", {k: round(v, 3) for k, v in report["preprocess_ms"].items()})
+        del ckpt
+        for backend in backends:
+            preprocess_ms = report["preprocess_ms"][image_name]
+            report["backends"][backend] = run_backend(args, weights, device, backend, image_name, preprocess_ms)
     (RESULTS / f"{args.name}.json").write_text(json.dumps(report, indent=2))
     (RESULTS / f"{args.name}.md").write_text(markdown(report))
     plot(report, RESULTS / f"{args.name}.png")
     print(markdown(report))
 
 
+def run_backend(
+    args: argparse.Namespace,
+    weights: Path,
+    device: torch.device,
+    backend: Backend,
+    image_name: str,
+    preprocess_ms: float,
+) -> dict[str, Any]:
+    print(f"== backend {backend}")
+    print("1. limit: forward throughput on pre-made tensors")
+    ckpt = load_checkpoint(weights, device)
+    forward = [asdict(r) for r in forward_throughput(ckpt, device, args.max_batch_size, backend)]
+    del ckpt
+    for r in forward:
+        print(f"  batch {r['batch_size']:>4}: {r['images_per_s']:9.1f} img/s ({r['ms_per_batch']:.2f} ms)")
+    image = sample_images()[image_name]
+    suffix = "jpeg" if image_name.startswith("jpeg") else "png"
+    raw_body, form_body = RESULTS / "body.image", RESULTS / "body.multipart"
+    raw_body.write_bytes(image)
+    form, form_type = multipart(image, f"image.{suffix}", f"image/{suffix}")
+    form_body.write_bytes(form)
+    levels, seconds, s = args.concurrency, args.duration, args
+    runs: dict[str, list[LoadResult]] = {}
+    try:
+        print("2. service, batching on")
+        server = start_service(weights, s.max_batch_size, s.wait_ms, s.threads, backend)
+        try:
+            runs["service"] = sweep(server, "/predict", raw_body, f"image/{suffix}", levels, seconds, "service")
+            runs["service-multipart"] = sweep(
+                server, "/predict", form_body, form_type, levels, seconds, "service (multipart)"
+            )
+            if args.attention:
+                runs["service-rollout"] = sweep(server, "/predict?attention=rollout", raw_body, f"image/{suffix}",
+                                                [1], seconds, "service + rollout")  # fmt: skip
+        finally:
+            server.stop()
+        print("3. service, batching off (VIT_MAX_BATCH_SIZE=1)")
+        server = start_service(weights, 1, s.wait_ms, s.threads, backend)
+        try:
+            runs["unbatched"] = sweep(server, "/predict", raw_body, f"image/{suffix}", levels, seconds, "unbatched")
+        finally:
+            server.stop()
+        peer_threads = None
+        if not args.no_litserve:
+            print(f"4. LitServe, {backend}, same checkpoint and batch settings (multipart)")
+            server = start_litserve(weights, s.max_batch_size, s.wait_ms, s.threads, backend)
+            try:
+                peer_threads = check_peer(server, form_body, form_type, s.threads, backend)
+                runs["litserve"] = sweep(server, "/predict", form_body, form_type, levels, seconds, "litserve")
+            finally:
+                server.stop()
+    finally:
+        raw_body.unlink(missing_ok=True)
+        form_body.unlink(missing_ok=True)
+    result: dict[str, Any] = {"forward": forward, "litserve_worker_threads": peer_threads}
+    result["load"] = {k: [asdict(r) for r in v] for k, v in runs.items()}
+    result["targets"] = targets(result, preprocess_ms)
+    return result
+
+
 def at(runs: list[dict[str, Any]], concurrency: int) -> dict[str, Any] | None:
     return next((r for r in runs if r["concurrency"] == concurrency), None)
 
 
-def targets(report: dict[str, Any]) -> dict[str, Any]:
-    """The issue's targets as measured ratios (None where a run was skipped)."""
-    load = report["load"]
-    raw_max = max(r["images_per_s"] for r in report["forward"])
-    raw_1 = next(r for r in report["forward"] if r["batch_size"] == 1)
-    out: dict[str, Any] = {}
-    service = load.get("service", [])
+def targets(result: dict[str, Any], preprocess_ms: float) -> dict[str, float]:
+    """The issue's targets as measured ratios, for one backend (absent where a run was skipped)."""
+    load = result["load"]
+    raw_max = max(r["images_per_s"] for r in result["forward"])
+    raw_1 = next(r for r in result["forward"] if r["batch_size"] == 1)
+    out: dict[str, float] = {}
+    service, multi, peer = load.get("service", []), load.get("service-multipart", []), load.get("litserve", [])
     if service:
         out["saturation_vs_raw"] = max(r["requests_per_s"] for r in service) / raw_max
         one = at(service, 1)
         if one:
             out["c1_p50_ms"] = one["p50_ms"]
-            out["c1_budget_ms"] = raw_1["ms_per_batch"] + report["preprocess_ms"]["png-small"] + 3.0
-    if service and load.get("unbatched") and at(service, 32) and at(load["unbatched"], 32):
-        out["vs_unbatched_c32"] = at(service, 32)["requests_per_s"] / at(load["unbatched"], 32)["requests_per_s"]  # type: ignore[index]
-    multi, peer = load.get("service-multipart", []), load.get("litserve", [])
-    if multi and peer and at(multi, 32) and at(peer, 32):
-        out["vs_litserve_c32"] = at(multi, 32)["requests_per_s"] / at(peer, 32)["requests_per_s"]  # type: ignore[index]
-        out["p99_vs_litserve_c32"] = at(multi, 32)["p99_ms"] / at(peer, 32)["p99_ms"]  # type: ignore[index]
-    if service and load.get("service-rollout") and at(service, 1):
+            out["c1_budget_ms"] = raw_1["ms_per_batch"] + preprocess_ms + 3.0
+    unbatched = load.get("unbatched", [])
+    for c in (8, 32):
+        ours, off = at(service, c), at(unbatched, c)
+        if ours and off:
+            out[f"vs_unbatched_c{c}"] = ours["requests_per_s"] / off["requests_per_s"]
+    for c in (8, 32, 128):
+        ours, theirs = at(multi, c), at(peer, c)
+        if ours and theirs:
+            out[f"vs_litserve_c{c}"] = ours["requests_per_s"] / theirs["requests_per_s"]
+            out[f"p99_vs_litserve_c{c}"] = ours["p99_ms"] / theirs["p99_ms"]
+    if at(multi, 32):
+        out["p99_over_p50_c32"] = at(multi, 32)["p99_ms"] / at(multi, 32)["p50_ms"]  # type: ignore[index]
+    if load.get("service-rollout") and at(service, 1):
         out["rollout_vs_plain_c1_p50"] = load["service-rollout"][0]["p50_ms"] / at(service, 1)["p50_ms"]  # type: ignore[index]
     return out
 
 
 def markdown(report: dict[str, Any]) -> str:
     m, s = report["machine"], report["settings"]
+    gpu = f" ({m['gpu']})" if m["gpu"] else ""
     lines = [
-        f"Machine: {m['processor']}, {m['cpus']} torch threads, {m['device']}{' (' + m['gpu'] + ')' if m['gpu'] else ''}, torch {m['torch']}",
-        f"Model {s['model_version']}, max batch {s['max_batch_size']}, wait {s['wait_ms']} ms, {s['duration_s']} s per level",
-        "",
-        "| batch size | forward img/s | ms/batch |",
-        "|---:|---:|---:|",
-        *[f"| {r['batch_size']} | {r['images_per_s']:.0f} | {r['ms_per_batch']:.2f} |" for r in report["forward"]],
+        f"Machine: {m['processor']}, {m['cpus']} torch threads, {m['device']}{gpu}, torch {m['torch']}",
+        f"Model {s['model']} ({s['model_version']}, {s['parameters'] / 1e6:.1f} M parameters, {s['image_size']} px, "
+        f"{s['classes']} classes), posting {s['image']}; max batch {s['max_batch_size']}, wait {s['wait_ms']} ms, "
+        f"{s['duration_s']} s per level, started {report['started']}",
         "",
         "| preprocessing (decode + resize + normalise) | ms/image |",
         "|---|---:|",
         *[f"| {k} | {v:.3f} |" for k, v in report["preprocess_ms"].items()],
-        "",
-        "| server | concurrency | req/s | p50 ms | p90 ms | p99 ms | errors | mean batch |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for name, runs in report["load"].items():
-        for r in runs:
-            batch = f"{r['mean_batch_size']:.2f}" if r["mean_batch_size"] else "-"
-            lines.append(
-                f"| {name} | {r['concurrency']} | {r['requests_per_s']:.1f} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} | "
-                f"{r['p99_ms']:.2f} | {r['errors']} | {batch} |"
-            )
-    lines += ["", "| target | measured |", "|---|---:|"]
-    lines += [f"| {k} | {v:.3f} |" for k, v in report["targets"].items()]
+    for backend, result in report["backends"].items():
+        lines += [
+            "",
+            f"### Backend {backend}",
+            "",
+            "| batch size | forward img/s | ms/batch |",
+            "|---:|---:|---:|",
+            *[f"| {r['batch_size']} | {r['images_per_s']:.1f} | {r['ms_per_batch']:.2f} |" for r in result["forward"]],
+            "",
+            "| server | concurrency | req/s | p50 ms | p90 ms | p99 ms | errors | mean batch |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for name, runs in result["load"].items():
+            for r in runs:
+                batch = f"{r['mean_batch_size']:.2f}" if r["mean_batch_size"] else "-"
+                lines.append(
+                    f"| {name} | {r['concurrency']} | {r['requests_per_s']:.1f} | {r['p50_ms']:.2f} | "
+                    f"{r['p90_ms']:.2f} | {r['p99_ms']:.2f} | {r['errors']} | {batch} |"
+                )
+        lines += ["", "| target | measured |", "|---|---:|"]
+        lines += [f"| {k} | {v:.3f} |" for k, v in result["targets"].items()]
     return "\n".join(lines) + "\n"
 
 
@@ -223,19 +285,22 @@ def plot(report: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    for name, runs in report["load"].items():
-        if len(runs) < 2:
-            continue
-        cs = [r["concurrency"] for r in runs]
-        ax1.plot(cs, [r["requests_per_s"] for r in runs], marker="o", label=name)
-        ax2.plot(cs, [r["p99_ms"] for r in runs], marker="o", label=name)
-    raw_max = max(r["images_per_s"] for r in report["forward"])
-    ax1.axhline(raw_max, linestyle="--", color="grey", label="raw forward (max batch)")
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for backend, result in report["backends"].items():
+        for name, runs in result["load"].items():
+            if len(runs) < 2:
+                continue
+            cs = [r["concurrency"] for r in runs]
+            style = "-" if backend == "onnxruntime" else "--"
+            ax1.plot(cs, [r["requests_per_s"] for r in runs], style, marker="o", label=f"{name} [{backend}]")
+            ax2.plot(cs, [r["p99_ms"] for r in runs], style, marker="o", label=f"{name} [{backend}]")
+        raw_max = max(r["images_per_s"] for r in result["forward"])
+        ax1.axhline(raw_max, linestyle=":", color="grey")
+        ax1.annotate(f"raw forward [{backend}]", (1, raw_max), fontsize=7, color="grey", va="bottom")
     ax1.set(xscale="log", xlabel="concurrency", ylabel="requests/s", title="Throughput")
     ax2.set(xscale="log", yscale="log", xlabel="concurrency", ylabel="p99 latency (ms)", title="p99 latency")
-    ax1.legend(fontsize=8)
-    ax2.legend(fontsize=8)
+    ax1.legend(fontsize=6)
+    ax2.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
