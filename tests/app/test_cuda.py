@@ -1,0 +1,97 @@
+"""The GPU path, on a real GPU: it runs wherever CUDA is present and is skipped (and reported so) elsewhere.
+
+The service on `VIT_DEVICE=auto` must pick the GPU, serve bf16 (fp16 on GPUs without bf16) results
+within a stated tolerance of the fp32 CPU results for the same images, and survive a real CUDA
+out-of-memory error by retrying the batch in halves.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from app.decode import decode_image
+from app.preprocess import Preprocessor
+from app.settings import BUNDLED_WEIGHTS
+from model.checkpoint import load_checkpoint
+from model.rollout import attention_map
+from model.shapes import make_sample
+from tests.app.conftest import ClientFactory
+from tests.conftest import encode
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+PROBABILITY_TOLERANCE = 0.02  # absolute, per class: bf16 keeps about 3 significant digits
+MAP_TOLERANCE = 0.05  # absolute, per cell of a map scaled to [0, 1]
+
+
+async def test_auto_serves_on_the_gpu_within_tolerance_of_the_cpu(make_client: ClientFactory) -> None:
+    pngs = [encode(make_sample(11, i).image) for i in range(6)]
+    files = [("files", (f"{i}.png", png, "image/png")) for i, png in enumerate(pngs)]
+    ckpt = load_checkpoint(BUNDLED_WEIGHTS)  # the fp32 CPU reference, decoded and preprocessed as served
+    channels = ckpt.config.in_channels
+    x = torch.stack([Preprocessor(ckpt.preprocessing)(decode_image(png, "x", channels, 10**8)) for png in pngs])
+    with torch.inference_mode():
+        logits, attentions = ckpt.model.eval().forward_with_attention(x)
+        expected = logits.softmax(-1)
+        maps = attention_map(attentions, "rollout", ckpt.model.readout)
+    async with make_client(weights=BUNDLED_WEIGHTS, device="auto", backend="auto") as client:
+        info = (await client.get("/v1/model")).json()
+        assert info["device"].startswith("cuda") and info["backend"] == "torch"
+        assert info["dtype"] == ("bfloat16" if torch.cuda.is_bf16_supported() else "float16")
+        plain = await client.post("/predict", files=files)
+        mapped = await client.post("/predict", files=files, params={"attention": "rollout"})
+    assert plain.status_code == mapped.status_code == 200, (plain.text, mapped.text)
+    for i, (a, b) in enumerate(zip(plain.json()["results"], mapped.json()["results"], strict=True)):
+        got = torch.tensor(a["probabilities"])
+        assert (got - expected[i]).abs().max() < PROBABILITY_TOLERANCE
+        assert a["top_k"][0]["index"] == int(expected[i].argmax())
+        assert (torch.tensor(b["attention"]["map"]) - maps[i].float()).abs().max() < MAP_TOLERANCE
+
+
+async def test_a_real_out_of_memory_batch_is_retried_in_halves(make_client: ClientFactory) -> None:
+    """Cap this process's GPU memory between what batches of 64 and 128 need, then send 128 images at once."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    settings = {"max_batch_size": 128, "max_files": 128, "max_queue": 256, "warmup": False}
+    async with make_client(weights=BUNDLED_WEIGHTS, device="auto", **settings) as client:
+        served = client.app.state.service.default  # type: ignore[attr-defined]
+        predictor, batcher = served.predictor, served.batcher
+        blank = torch.zeros(1, *predictor.input_shape, device=device, dtype=predictor.dtype)
+
+        def peak(batch: int) -> int:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+            base = torch.cuda.memory_allocated(device)
+            with torch.inference_mode():
+                predictor.model(blank.expand(batch, -1, -1, -1).contiguous())
+            return torch.cuda.max_memory_allocated(device) - base
+
+        half, full = peak(64), peak(128)
+        assert full > half
+        real, events = batcher.run_batch, []
+
+        def recorded(batch):  # type: ignore[no-untyped-def]
+            try:
+                out = real(batch)
+            except torch.OutOfMemoryError:
+                events.append((len(batch), "out of memory"))
+                raise
+            events.append((len(batch), "ok"))
+            return out
+
+        batcher.run_batch = recorded
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.empty_cache()
+        cap = torch.cuda.memory_allocated(device) + (half + full) // 2
+        torch.cuda.set_per_process_memory_fraction(cap / total, device)
+        try:
+            shape = [128, *predictor.input_shape]
+            pixels = {"name": "pixels", "datatype": "FP32", "shape": shape, "data": [0.0] * (128 * blank.numel())}
+            r = await client.post(f"/v2/models/{served.name}/infer", json={"inputs": [pixels]})
+        finally:
+            torch.cuda.set_per_process_memory_fraction(1.0, device)
+        assert r.status_code == 200, r.text
+        assert r.json()["outputs"][0]["shape"] == [128, len(served.classes)]
+        assert events[0] == (128, "out of memory")  # a real CUDA OOM, not a simulated one
+        assert sum(n for n, what in events if what == "ok") == 128 and all(n <= 64 for n, _ in events[1:])
+        assert (await client.get("/health/ready")).status_code == 200
