@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -51,9 +52,10 @@ class ServerProcess:
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.log = open(ROOT / "bench" / "results" / f"server-{port}.log", "w")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            argv, cwd=ROOT, env={**os.environ, **env}, stdout=self.log, stderr=subprocess.STDOUT
-        )
+        self.proc = subprocess.Popen(  # its own process group: LitServe's workers are its children
+            argv, cwd=ROOT, env={**os.environ, **env}, stdout=self.log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
         deadline = time.monotonic() + 180
         while True:
             if self.proc.poll() is not None:
@@ -68,11 +70,14 @@ class ServerProcess:
             time.sleep(0.2)
 
     def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
+        """SIGTERM, then SIGKILL to the whole group: no worker may outlive the server and load the next run."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
         self.log.close()
         Path(self.log.name).unlink(missing_ok=True)
 
