@@ -1,10 +1,9 @@
 """The ONNX Runtime backend: the model's logits from an ONNX graph exported at startup from the loaded model.
 
-Nothing is read from or left on disk for the user to manage: the graph is exported from the
-checkpoint's model in memory (through a temporary file, which also holds weights over protobuf's
-2 GB limit), then run by ONNX Runtime's CPU execution provider. One `session.run` covers the whole
-batch without holding the GIL, where eager torch takes it back between every operator: under load
-the forward thread no longer queues behind the event loop for it.
+Nothing is left on disk for the user to manage: the graph is exported from the checkpoint's model
+into a temporary directory (which also takes weights over protobuf's 2 GB limit as external data),
+loaded by ONNX Runtime's CPU execution provider, and the directory is deleted. One `session.run`
+covers the whole batch with the GIL released, where eager torch re-takes it between operators.
 """
 
 from __future__ import annotations

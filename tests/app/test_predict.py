@@ -178,6 +178,21 @@ async def test_health_and_metrics(client: httpx.AsyncClient, shape_png: bytes) -
         assert name in r.text
 
 
+async def test_startup_freezes_the_heap_and_garbage_collections_are_timed(make_client: ClientFactory) -> None:
+    import gc
+
+    def collections(text: str) -> float:
+        found = re.search(r'^vit_gc_pause_seconds_count\{generation="2"\} (\S+)$', text, re.MULTILINE)
+        return float(found.group(1)) if found else 0.0
+
+    async with make_client() as client:
+        assert gc.get_freeze_count() > 10_000  # torch, the app and the model: out of every full collection's walk
+        before = collections((await client.get("/metrics")).text)
+        gc.collect()
+        assert collections((await client.get("/metrics")).text) == before + 1
+    assert gc.get_freeze_count() == 0  # given back to the collector at shutdown
+
+
 async def test_request_id_is_echoed_or_made(client: httpx.AsyncClient) -> None:
     r = await client.get("/health/live", headers={"x-request-id": "abc-123"})
     assert r.headers["x-request-id"] == "abc-123"
