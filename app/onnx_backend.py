@@ -33,8 +33,12 @@ class OnnxLogits:
 
     def __init__(self, model: nn.Module, input_shape: tuple[int, int, int], threads: int) -> None:
         started = time.perf_counter()
-        with tempfile.TemporaryDirectory(prefix="vit-onnx-") as tmp:
-            path = Path(tmp) / "model.onnx"
+        try:
+            tmp = tempfile.TemporaryDirectory(prefix="vit-onnx-")
+        except OSError as e:  # a read-only filesystem without a writable temporary directory
+            raise OnnxExportError(f"no writable temporary directory for the ONNX export ({e}); set TMPDIR") from None
+        with tmp:
+            path = Path(tmp.name) / "model.onnx"
             export(model, input_shape, path)
             options = ort.SessionOptions()
             options.intra_op_num_threads = threads
