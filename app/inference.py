@@ -34,7 +34,7 @@ class ImageOutput:
 Backend = Literal["torch", "onnxruntime"]
 
 
-def resolve_backend(asked: str, device: torch.device) -> Backend:
+def resolve_backend(asked: Backend | Literal["auto"], device: torch.device) -> Backend:
     """VIT_BACKEND to the backend that computes plain probabilities: auto is ONNX Runtime on the CPU, torch on CUDA."""
     if asked == "auto":
         return "onnxruntime" if device.type == "cpu" else "torch"
@@ -42,7 +42,7 @@ def resolve_backend(asked: str, device: torch.device) -> Backend:
         raise ValueError(
             f"VIT_BACKEND=onnxruntime runs on the CPU, not {device}; use VIT_BACKEND=torch (or auto) on a GPU"
         )
-    return "onnxruntime" if asked == "onnxruntime" else "torch"
+    return asked
 
 
 def batch_sizes(max_batch_size: int) -> list[int]:

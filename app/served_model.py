@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 from PIL import Image
@@ -22,7 +23,7 @@ from PIL import Image
 from app.batcher import DynamicBatcher
 from app.decode import decode_image
 from app.errors import InvalidInput, RequestTimeout
-from app.inference import ImageInput, ImageOutput, Predictor, resolve_backend
+from app.inference import Backend, ImageInput, ImageOutput, Predictor, resolve_backend
 from app.metrics import ModelMetrics
 from app.onnx_backend import OnnxExportError
 from app.preprocess import Preprocessor
@@ -68,7 +69,9 @@ class ServedModel:
         return cls(name, checkpoint, predictor, Preprocessor(checkpoint.preprocessing), batcher, s.max_image_pixels)
 
     @staticmethod
-    def build_predictor(name: str, checkpoint: Checkpoint, device: torch.device, backend: str) -> Predictor:
+    def build_predictor(
+        name: str, checkpoint: Checkpoint, device: torch.device, backend: Backend | Literal["auto"]
+    ) -> Predictor:
         """The checkpoint's predictor on the asked backend; with auto, torch where ONNX export fails."""
         try:
             return Predictor(checkpoint, device, resolve_backend(backend, device))
