@@ -20,6 +20,7 @@ ENV PATH=/opt/venv/bin:$PATH \
 RUN useradd --create-home --uid 10001 vit
 COPY --from=deps /opt/venv /opt/venv
 WORKDIR /srv
+COPY pyproject.toml ./
 COPY model/ model/
 COPY app/ app/
 COPY weights/ weights/

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from app.inference import ImageInput, Predictor
+from app.core.inference import ImageInput, Predictor
 from app.settings import BUNDLED_WEIGHTS
 from model import evaluate, train
 from model.checkpoint import load_checkpoint

@@ -12,10 +12,10 @@ import torch
 from fastapi import Request
 from torch import Tensor
 
-from app.decode import decode_image
-from app.inference import inference_dtype
-from app.onnx_backend import OnnxLogits
-from app.preprocess import Preprocessor
+from app.core.decode import decode_image
+from app.core.inference import inference_dtype
+from app.core.onnx_backend import OnnxLogits
+from app.core.preprocess import Preprocessor
 from model.checkpoint import load_checkpoint
 from model.device import resolve_device
 

@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import torch
 
-from app.inference import Backend
+from app.core.inference import Backend
 from app.settings import BUNDLED_WEIGHTS
 from bench.limits import forward_throughput, preprocessing_cost, sample_images
 from bench.load import LoadResult, ServerProcess, require_hey, run_hey, start_litserve, start_service

@@ -33,10 +33,11 @@ import torch
 from torch import Tensor
 
 HeadFusion = Literal["mean", "max", "min"]
-MapMethod = Literal["rollout", "last", "gradient"]  # rollout, last: from the weights alone; gradient: per class
+WeightMethod = Literal["rollout", "last"]  # from the attention weights alone: attention_map
+MapMethod = Literal[WeightMethod, "gradient"]  # gradient: class-specific, gradient_attention_map
 MAP_METHODS: tuple[str, ...] = get_args(MapMethod)
-ATTENTION_METHODS: tuple[str, ...] = ("rollout", "last")  # what attention_map computes
-GRADIENT = "gradient"  # class-specific: gradient_attention_map
+ATTENTION_METHODS: tuple[str, ...] = get_args(WeightMethod)
+GRADIENT = "gradient"
 
 
 @dataclass(frozen=True)

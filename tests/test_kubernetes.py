@@ -15,7 +15,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from app.main import create_app
+from app.web.app import create_app
 from app.settings import BUNDLED_WEIGHTS, Settings
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from asgi_lifespan import LifespanManager
 
-from app.main import create_app
+from app.web.app import create_app
 from app.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]

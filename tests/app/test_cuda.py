@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from app.decode import decode_image
-from app.preprocess import Preprocessor
+from app.core.decode import decode_image
+from app.core.preprocess import Preprocessor
 from app.settings import BUNDLED_WEIGHTS
 from model.checkpoint import load_checkpoint
 from model.rollout import attention_map

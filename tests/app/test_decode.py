@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app.decode import decode_image
-from app.errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
+from app.core.decode import decode_image
+from app.core.errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
 from tests.app.test_errors import png_with_header
 from tests.conftest import encode
 

@@ -12,7 +12,7 @@ import pytest
 from asgi_lifespan import LifespanManager
 from PIL import Image
 
-from app.main import create_app
+from app.web.app import create_app
 from app.settings import Settings
 from model.shapes import make_sample
 from tests.app.conftest import ClientFactory

@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from app.inference import resolve_backend
-from app.onnx_backend import OnnxExportError, OnnxLogits
+from app.core.inference import resolve_backend
+from app.core.onnx_backend import OnnxExportError, OnnxLogits
 from model.shapes import make_sample
 from model.vit import ViTConfig
 from tests.app.conftest import ClientFactory

@@ -25,7 +25,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.select import Select
 from selenium.webdriver.support.ui import WebDriverWait
 
-from app.pages import PAGE_DIR
+from app.web.pages import PAGE_DIR
 from app.settings import BUNDLED_WEIGHTS
 from model.shapes import SHAPE_CLASSES, make_sample
 from tests.app.conftest import Server

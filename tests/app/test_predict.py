@@ -49,7 +49,7 @@ async def test_served_probabilities_match_the_model(client: httpx.AsyncClient, t
     """The service's output equals the checkpoint's model run on the same preprocessing."""
     import torch
 
-    from app.preprocess import Preprocessor
+    from app.core.preprocess import Preprocessor
 
     ckpt = load_checkpoint(tiny_checkpoint)
     image = make_sample(5, 3).image
@@ -282,4 +282,4 @@ async def test_v2_gradient_maps_with_a_target(client: httpx.AsyncClient, shape_p
     assert maps["shape"] == [1, 4, 4]
     body["parameters"] = {"attention": "rollout", "target": "star"}
     r = await client.post("/v2/models/tiny/infer", json=body)
-    assert r.status_code == 400 and "also set attention to gradient" in r.json()["error"]
+    assert r.status_code == 400 and "also pass attention=gradient" in r.json()["error"]

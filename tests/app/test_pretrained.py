@@ -75,7 +75,7 @@ import asyncio, io, sys
 import httpx
 from PIL import Image
 from asgi_lifespan import LifespanManager
-from app.main import create_app
+from app.web.app import create_app
 from app.settings import Settings
 
 async def main():

@@ -16,7 +16,7 @@ from kserve.protocol.infer_type import RequestedOutput
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
-from app.preprocess import Preprocessor
+from app.core.preprocess import Preprocessor
 from app.settings import BUNDLED_WEIGHTS
 from model.checkpoint import load_checkpoint
 from model.shapes import SHAPE_CLASSES, make_sample

@@ -1,4 +1,4 @@
-"""The Open Inference Protocol (KServe V2) over REST: request parsing and tensor encoding, no HTTP.
+"""The Open Inference Protocol (KServe V2): its bodies, request parsing and tensor encoding, no HTTP.
 
 Inputs (one per request): `image`, BYTES [N] or [N, 1], encoded image files decoded and preprocessed
 exactly as /predict does; or `pixels`, FP32 [N, C, H, W], already preprocessed. Outputs:
@@ -17,21 +17,74 @@ import binascii
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, get_args
+from typing import Any
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
-from app.errors import InvalidInput
-from app.inference import ImageOutput
-from app.schemas import AttentionParam
-from app.uploads import Upload
+from app import __version__
+from app.core.errors import InvalidInput
+from app.core.request import ATTENTION_KINDS, AttentionKind, EncodedImage, InferOptions, Prediction
+from app.core.served_model import ServedModel
 
 HEADER_LENGTH = "inference-header-content-length"
 IMAGE, PIXELS = "image", "pixels"
 PROBABILITIES, ATTENTION = "probabilities", "attention"
-ATTENTION_KINDS: tuple[str, ...] = get_args(AttentionParam)
+SERVER_NAME = "vit-serve"
+EXTENSIONS = ["binary_tensor_data", "classification"]
+
+
+class V2Error(BaseModel):
+    error: str = Field(examples=["input 'pixels' must have shape [-1, 1, 64, 64] for this model, got [1, 3, 64, 64]"])
+
+
+class V2ServerMetadata(BaseModel):
+    name: str = Field(examples=["vit-serve"])
+    version: str = Field(examples=["0.1.0"])
+    extensions: list[str] = Field(examples=[["binary_tensor_data", "classification"]])
+
+
+class V2Live(BaseModel):
+    live: bool
+
+
+class V2Ready(BaseModel):
+    ready: bool
+
+
+class V2ModelReady(BaseModel):
+    name: str
+    ready: bool
+
+
+class V2TensorMetadata(BaseModel):
+    name: str
+    datatype: str
+    shape: list[int] = Field(description="-1 marks the batch dimension")
+
+
+class V2ModelMetadata(BaseModel):
+    name: str
+    versions: list[str] = Field(description="The checkpoint's content-hash version")
+    platform: str = Field(examples=["pytorch"])
+    inputs: list[V2TensorMetadata]
+    outputs: list[V2TensorMetadata]
+
+
+class V2TensorOut(BaseModel):
+    name: str
+    datatype: str
+    shape: list[int]
+    parameters: dict[str, Any] | None = None
+    data: list[Any] | None = None
+
+
+class V2InferResponse(BaseModel):
+    model_name: str
+    model_version: str
+    id: str | None = None
+    outputs: list[V2TensorOut]
 
 
 class TensorIn(BaseModel):
@@ -56,13 +109,34 @@ class InferRequest(BaseModel):
 
 @dataclass(frozen=True)
 class Decoded:
-    """A parsed request: either files to decode or preprocessed pixels, and what to send back."""
+    """A parsed request: the core's inputs (files to decode, or preprocessed pixels) and options, and what to send back."""
 
     request: InferRequest
-    attention: str
-    target: str | None  # with attention=gradient: the class to explain, label or index
-    uploads: list[Upload] | None
-    pixels: torch.Tensor | None
+    options: InferOptions
+    inputs: list[EncodedImage] | torch.Tensor
+
+
+def server_metadata() -> V2ServerMetadata:
+    return V2ServerMetadata(name=SERVER_NAME, version=__version__, extensions=EXTENSIONS)
+
+
+def model_metadata(model: ServedModel) -> V2ModelMetadata:
+    """A model's version, inputs (image or pixels) and outputs."""
+    c, h, w = model.input_shape
+    grid = model.grid_size
+    return V2ModelMetadata(
+        name=model.name,
+        versions=[model.version],
+        platform="pytorch",
+        inputs=[
+            V2TensorMetadata(name=IMAGE, datatype="BYTES", shape=[-1]),
+            V2TensorMetadata(name=PIXELS, datatype="FP32", shape=[-1, c, h, w]),
+        ],
+        outputs=[
+            V2TensorMetadata(name=PROBABILITIES, datatype="FP32", shape=[-1, len(model.classes)]),
+            V2TensorMetadata(name=ATTENTION, datatype="FP32", shape=[-1, grid, grid]),
+        ],
+    )
 
 
 def split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
@@ -91,40 +165,36 @@ def parse_request(header: bytes) -> InferRequest:
 def decode_request(header: bytes, binary: bytes, input_shape: tuple[int, int, int], max_images: int) -> Decoded:
     """Check and decode one infer request against the model's input shape (C, H, W)."""
     request = parse_request(header)
-    attention = request_attention(request)
-    target = request_target(request, attention)
+    options = InferOptions(request_attention(request), request_target(request))
     if len(request.inputs) != 1:
         raise InvalidInput(f"send exactly one input, {IMAGE!r} (BYTES) or {PIXELS!r} (FP32); got {len(request.inputs)}")
-    check_outputs(request, attention)  # before any compute is spent
+    check_outputs(request, options.attention)  # before any compute is spent
     tensor = request.inputs[0]
     chunk = binary_chunk(tensor, binary)
     if tensor.name == IMAGE:
-        return Decoded(request, attention, target, decode_images(tensor, chunk, max_images), None)
+        return Decoded(request, options, decode_images(tensor, chunk, max_images))
     if tensor.name == PIXELS:
-        return Decoded(request, attention, target, None, decode_pixels(tensor, chunk, input_shape, max_images))
+        return Decoded(request, options, decode_pixels(tensor, chunk, input_shape, max_images))
     raise InvalidInput(
         f"unknown input {tensor.name!r}; this model takes {IMAGE!r} (BYTES [N], encoded image files) "
         f"or {PIXELS!r} (FP32 [N, {', '.join(map(str, input_shape))}], preprocessed)"
     )
 
 
-def request_attention(request: InferRequest) -> str:
+def request_attention(request: InferRequest) -> AttentionKind:
     attention = (request.parameters or {}).get("attention", "none")
     if attention not in ATTENTION_KINDS:
         raise InvalidInput(
             f"request parameter attention must be one of {', '.join(ATTENTION_KINDS)}; got {attention!r}"
         )
-    return str(attention)
+    kind: AttentionKind = attention
+    return kind
 
 
-def request_target(request: InferRequest, attention: str) -> str | None:
+def request_target(request: InferRequest) -> str | None:
     target = (request.parameters or {}).get("target")
     if target is None:
         return None
-    if attention != "gradient":
-        raise InvalidInput(
-            "the parameter target chooses the class a gradient map explains: also set attention to gradient"
-        )
     if isinstance(target, bool) or not isinstance(target, str | int):
         raise InvalidInput(f"the parameter target must be a class label or index, got {target!r}")
     return str(target)
@@ -168,7 +238,7 @@ def batch_size(tensor: TensorIn, max_images: int) -> int:
     return n
 
 
-def decode_images(tensor: TensorIn, chunk: bytes | None, max_images: int) -> list[Upload]:
+def decode_images(tensor: TensorIn, chunk: bytes | None, max_images: int) -> list[EncodedImage]:
     if tensor.datatype != "BYTES":
         raise InvalidInput(f"input {IMAGE!r} must be BYTES (encoded image files), got {tensor.datatype}")
     if len(tensor.shape) not in (1, 2) or (len(tensor.shape) == 2 and tensor.shape[1] != 1):
@@ -177,7 +247,7 @@ def decode_images(tensor: TensorIn, chunk: bytes | None, max_images: int) -> lis
     files = split_bytes_elements(chunk) if chunk is not None else json_bytes_elements(tensor.data)
     if len(files) != n:
         raise InvalidInput(f"input {IMAGE!r}: shape {tensor.shape} says {n} images, the data holds {len(files)}")
-    return [Upload(f"{IMAGE}[{i}]", data) for i, data in enumerate(files)]
+    return [EncodedImage(f"{IMAGE}[{i}]", data) for i, data in enumerate(files)]
 
 
 def split_bytes_elements(buf: bytes) -> list[bytes]:
@@ -261,19 +331,18 @@ class Encoded:
     header_length: int | None  # set when binary outputs follow the JSON
 
 
-def encode_response(
-    decoded: Decoded, outputs: list[ImageOutput], classes: list[str], model_name: str, model_version: str
-) -> Encoded:
+def encode_response(decoded: Decoded, predictions: list[Prediction], model: ServedModel) -> Encoded:
     """The infer response: requested outputs (default: probabilities, and attention when asked for)."""
     request = decoded.request
+    attention = decoded.options.attention
     wanted = request.outputs or [OutputWanted(name=PROBABILITIES)] + (
-        [OutputWanted(name=ATTENTION)] if decoded.attention != "none" else []
+        [OutputWanted(name=ATTENTION)] if attention != "none" else []
     )
     binary_default = bool((request.parameters or {}).get("binary_data_output", False))
     tensors, binaries = [], []
     for output in wanted:
         params = output.parameters or {}
-        name, datatype, shape, values = output_tensor(output.name, params, decoded.attention, outputs, classes)
+        name, datatype, shape, values = output_tensor(output.name, params, predictions, model.classes)
         if params.get("binary_data", binary_default):
             raw = to_bytes(datatype, values)
             tensors.append(
@@ -283,7 +352,7 @@ def encode_response(
         else:
             data = values.tolist() if isinstance(values, np.ndarray) else values
             tensors.append({"name": name, "datatype": datatype, "shape": shape, "data": data})
-    response: dict[str, Any] = {"model_name": model_name, "model_version": model_version, "outputs": tensors}
+    response: dict[str, Any] = {"model_name": model.name, "model_version": model.version, "outputs": tensors}
     if request.id is not None:
         response["id"] = request.id
     header = json.dumps(response, separators=(",", ":")).encode()
@@ -293,12 +362,12 @@ def encode_response(
 
 
 def output_tensor(
-    name: str, params: dict[str, Any], attention: str, outputs: list[ImageOutput], classes: list[str]
+    name: str, params: dict[str, Any], predictions: list[Prediction], classes: list[str]
 ) -> tuple[str, str, list[int], np.ndarray | list[str]]:
     """(name, datatype, shape, flat row-major values) of one output."""
-    n = len(outputs)
+    n = len(predictions)
     if name == PROBABILITIES:
-        probs = torch.stack([o.probabilities for o in outputs])  # (N, classes)
+        probs = torch.stack([p.probabilities for p in predictions])  # (N, classes)
         k = params.get("classification", 0)
         if k:  # checked by check_outputs
             k = min(k, len(classes))
@@ -311,7 +380,7 @@ def output_tensor(
             return name, "BYTES", [n, k], labels
         return name, "FP32", list(probs.shape), probs.flatten().numpy()
     if name == ATTENTION:
-        maps = torch.stack([o.attention_map for o in outputs if o.attention_map is not None])  # (N, g, g)
+        maps = torch.stack([p.attention_map for p in predictions if p.attention_map is not None])  # (N, g, g)
         return name, "FP32", list(maps.shape), maps.float().flatten().numpy()
     raise AssertionError(f"unchecked output {name!r}")
 

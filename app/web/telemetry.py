@@ -9,7 +9,7 @@ import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.metrics import Metrics
+from app.core.metrics import Metrics
 
 log = logging.getLogger("app.access")
 ROUTES = frozenset(

@@ -1,17 +1,19 @@
-"""Open Inference Protocol (KServe V2) REST routes: health, metadata and infer, over the same models,
-batchers, limits, API keys and metrics as /predict. Errors are answered as {"error": "..."}."""
+"""Open Inference Protocol (KServe V2) REST routes: health, metadata and infer, over the core's `Service.infer`,
+with the same models, batchers, limits, API keys and metrics as /predict. Errors are answered as {"error": "..."}."""
 
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, NoReturn
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
-from app.disconnects import ClientDisconnected, unless_disconnected
-from app.errors import ModelNotFound, NotReady
-from app.routes import ReadyServiceDep, check_api_key
-from app.schemas import (
+from app.codecs.v2 import (
+    HEADER_LENGTH,
+    Decoded,
+    InferRequest,
     V2Error,
     V2InferResponse,
     V2Live,
@@ -19,27 +21,20 @@ from app.schemas import (
     V2ModelReady,
     V2Ready,
     V2ServerMetadata,
-    V2TensorMetadata,
-)
-from app.served_model import ServedModel
-from app.service import Service
-from app.uploads import read_body
-from app.v2_protocol import (
-    ATTENTION,
-    HEADER_LENGTH,
-    IMAGE,
-    PIXELS,
-    PROBABILITIES,
-    InferRequest,
     decode_request,
     encode_response,
+    model_metadata,
+    server_metadata,
     split_body,
 )
+from app.core.served_model import ServedModel
+from app.core.service import Service
+from app.web.dependencies import ApiKey, ReadyService
+from app.web.disconnects import respond_unless_disconnected
+from app.web.errors import V2Route
+from app.web.uploads import read_body
 
-SERVER_NAME = "vit-serve"
-EXTENSIONS = ["binary_tensor_data", "classification"]
-
-router = APIRouter(prefix="/v2", tags=["Open Inference Protocol (V2)"])
+router = APIRouter(prefix="/v2", tags=["Open Inference Protocol (V2)"], route_class=V2Route)
 
 
 def v2_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -91,17 +86,10 @@ INFER_BODY = {
 }
 
 
-def version_of(service: Service, name: str, version: str | None) -> ServedModel:
-    model = service.model(name)
-    if version is not None and version != model.checkpoint.version:
-        raise ModelNotFound(f"model {name!r} has no version {version!r}; it serves version {model.checkpoint.version}")
-    return model
-
-
 @router.get("", response_model=V2ServerMetadata)
-async def server_metadata(request: Request) -> V2ServerMetadata:
+async def server_metadata_route() -> V2ServerMetadata:
     """Server metadata: name, version and protocol extensions."""
-    return V2ServerMetadata(name=SERVER_NAME, version=request.app.version, extensions=EXTENSIONS)
+    return server_metadata()
 
 
 @router.get("/health/live", response_model=V2Live)
@@ -111,41 +99,23 @@ async def server_live() -> V2Live:
 
 
 @router.get("/health/ready", response_model=V2Ready, responses=v2_errors(503))
-async def server_ready(request: Request) -> V2Ready:
+async def server_ready(_: ReadyService) -> V2Ready:
     """200 once every model is loaded and warm; 503 before that and while draining."""
-    service: Service | None = request.app.state.service
-    if service is None or not service.ready:
-        raise NotReady("not ready: loading the models or draining")
     return V2Ready(ready=True)
 
 
 @router.get("/models/{name}", response_model=V2ModelMetadata, responses=v2_errors(404, 503))
 @router.get("/models/{name}/versions/{version}", response_model=V2ModelMetadata, responses=v2_errors(404, 503))
-async def model_metadata(service: ReadyServiceDep, name: str, version: str | None = None) -> V2ModelMetadata:
+async def model_metadata_route(service: ReadyService, name: str, version: str | None = None) -> V2ModelMetadata:
     """A model's version, inputs (image or pixels) and outputs."""
-    model = version_of(service, name, version)
-    c, h, w = model.input_shape
-    grid = model.checkpoint.config.grid_size
-    return V2ModelMetadata(
-        name=model.name,
-        versions=[model.checkpoint.version],
-        platform="pytorch",
-        inputs=[
-            V2TensorMetadata(name=IMAGE, datatype="BYTES", shape=[-1]),
-            V2TensorMetadata(name=PIXELS, datatype="FP32", shape=[-1, c, h, w]),
-        ],
-        outputs=[
-            V2TensorMetadata(name=PROBABILITIES, datatype="FP32", shape=[-1, len(model.classes)]),
-            V2TensorMetadata(name=ATTENTION, datatype="FP32", shape=[-1, grid, grid]),
-        ],
-    )
+    return model_metadata(service.model(name, version))
 
 
 @router.get("/models/{name}/ready", response_model=V2ModelReady, responses=v2_errors(404, 503))
 @router.get("/models/{name}/versions/{version}/ready", response_model=V2ModelReady, responses=v2_errors(404, 503))
-async def model_ready(service: ReadyServiceDep, name: str, version: str | None = None) -> V2ModelReady:
+async def model_ready(service: ReadyService, name: str, version: str | None = None) -> V2ModelReady:
     """200 when the model is loaded and warm."""
-    return V2ModelReady(name=version_of(service, name, version).name, ready=True)
+    return V2ModelReady(name=service.model(name, version).name, ready=True)
 
 
 INFER_ROUTE: dict[str, Any] = {
@@ -153,28 +123,45 @@ INFER_ROUTE: dict[str, Any] = {
     "response_model_exclude_none": True,
     "responses": v2_errors(400, 401, 404, 413, 503, 504),
     "openapi_extra": INFER_BODY,
-    "dependencies": [Depends(check_api_key)],
+    "dependencies": [ApiKey],
 }
 
 
 @router.post("/models/{name}/infer", **INFER_ROUTE)
 @router.post("/models/{name}/versions/{version}/infer", **INFER_ROUTE)
-async def infer(request: Request, service: ReadyServiceDep, name: str, version: str | None = None) -> Response:
+async def infer(request: Request, service: ReadyService, name: str, version: str | None = None) -> Response:
     """Inference: encoded images (BYTES `image`) or preprocessed pixels (FP32 `pixels`) in; probabilities,
     attention maps (request parameter `attention`) and classification strings out."""
-    model = version_of(service, name, version)
+    model = service.model(name, version)
     body = await read_body(request, service.settings.max_upload_bytes)
     header, binary = split_body(body, request.headers.get(HEADER_LENGTH))
     decoded = decode_request(header, binary, model.input_shape, service.settings.max_files)
-    target = model.target_index(decoded.target)
-    try:
-        outputs = await unless_disconnected(
-            request, service.compute(model, decoded.uploads, decoded.pixels, decoded.attention, target)
-        )
-    except ClientDisconnected:
-        return Response(status_code=499)  # never delivered: the client is gone
-    encoded = encode_response(decoded, outputs, model.classes, model.name, model.checkpoint.version)
+    return await respond_unless_disconnected(request, answer(service, model, decoded))
+
+
+async def answer(service: Service, model: ServedModel, decoded: Decoded) -> Response:
+    predictions = await service.infer(model, decoded.inputs, decoded.options)
+    encoded = await service.encode(predictions, encode_response, decoded, predictions, model)
     if encoded.header_length is None:
         return Response(encoded.body, media_type="application/json")
     headers = {"Inference-Header-Content-Length": str(encoded.header_length)}
     return Response(encoded.body, media_type="application/octet-stream", headers=headers)
+
+
+@router.api_route(
+    "/{path:path}",
+    methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"],
+    include_in_schema=False,
+    response_model=None,
+)
+async def unknown(request: Request) -> NoReturn:
+    """Any other path under /v2: 404, or 405 where a V2 route takes the path with another method."""
+    allowed = {
+        method
+        for route in router.routes
+        if route is not request.scope.get("route") and route.matches(request.scope)[0] == Match.PARTIAL
+        for method in getattr(route, "methods", ())
+    }
+    if allowed:
+        raise StarletteHTTPException(405, headers={"Allow": ", ".join(sorted(allowed))})
+    raise StarletteHTTPException(404)

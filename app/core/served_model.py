@@ -1,9 +1,9 @@
 """One served checkpoint, built whole: its predictor, preprocessing and batcher, and the path of its images.
 
-decode (thread pool) -> preprocess -> DynamicBatcher -> Predictor (forward thread) -> outputs
+decode (CPU pool) -> preprocess -> DynamicBatcher -> Predictor (forward thread) -> outputs
 
-Both `POST /predict` and the Open Inference Protocol's `infer` come through here, so their images
-share the same decoding, limits, batches, deadlines and overload answers.
+Every edge's requests for this model come through `run`, so they share the same decoding, limits,
+batches, deadlines and overload answers.
 """
 
 from __future__ import annotations
@@ -13,23 +13,22 @@ import logging
 import time
 from collections.abc import Sequence
 from concurrent.futures import Executor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import torch
 from PIL import Image
 
-from app.batcher import DynamicBatcher
-from app.decode import decode_image
-from app.errors import InvalidInput, RequestTimeout
-from app.inference import Backend, ImageInput, ImageOutput, Predictor, resolve_backend
-from app.metrics import ModelMetrics
-from app.onnx_backend import OnnxExportError
-from app.preprocess import Preprocessor
-from app.schemas import ModelInfo, ModelRef
+from app.core.batcher import DynamicBatcher
+from app.core.decode import decode_image
+from app.core.errors import InvalidInput, RequestTimeout
+from app.core.inference import Backend, ImageInput, ImageOutput, Predictor, resolve_backend
+from app.core.metrics import ModelMetrics
+from app.core.onnx_backend import OnnxExportError
+from app.core.preprocess import Preprocessor
+from app.core.request import AttentionKind, EncodedImage
 from app.settings import Settings
-from app.uploads import Upload
 from model.checkpoint import Checkpoint, load_checkpoint
 
 log = logging.getLogger("app")
@@ -82,8 +81,8 @@ class ServedModel:
             return Predictor(checkpoint, device, "torch")
 
     @property
-    def ref(self) -> ModelRef:
-        return ModelRef(name=self.name, version=self.checkpoint.version)
+    def version(self) -> str:
+        return self.checkpoint.version
 
     @property
     def classes(self) -> list[str]:
@@ -94,27 +93,15 @@ class ServedModel:
         """(channels, height, width) of one preprocessed image."""
         return self.predictor.input_shape
 
-    def info(self) -> ModelInfo:
-        c = self.checkpoint
-        return ModelInfo(
-            name=self.name,
-            version=c.version,
-            content_hash=c.content_hash,
-            classes=c.classes,
-            input_size=[c.config.image_size, c.config.image_size],
-            channels=c.config.in_channels,
-            config=c.config.to_dict(),
-            preprocessing=asdict(c.preprocessing),
-            training=c.training,
-            device=str(self.predictor.device),
-            backend=self.predictor.backend,
-            dtype=str(self.predictor.dtype).removeprefix("torch."),
-        )
+    @property
+    def grid_size(self) -> int:
+        """Rows (and columns) of the patch grid, the size of an attention map."""
+        return self.checkpoint.config.grid_size
 
-    def prepare(self, upload: Upload, keep_image: bool) -> Prepared:
-        """Decode, validate and preprocess one upload (runs on the decode pool)."""
-        image = decode_image(upload.data, upload.filename, self.checkpoint.config.in_channels, self.max_image_pixels)
-        return Prepared(upload.filename, image if keep_image else None, self.preprocessor(image))
+    def prepare(self, image: EncodedImage, keep_image: bool) -> Prepared:
+        """Decode, validate and preprocess one image file (runs on the CPU pool)."""
+        decoded = decode_image(image.data, image.filename, self.checkpoint.config.in_channels, self.max_image_pixels)
+        return Prepared(image.filename, decoded if keep_image else None, self.preprocessor(decoded))
 
     def target_index(self, target: str | None) -> int | None:
         """A class label, or its index, as the class index a gradient map explains."""
@@ -130,25 +117,21 @@ class ServedModel:
             f"target {target!r} names no class of model {self.name}; give a label or an index 0..{len(classes) - 1}: {shown}"
         )
 
-    async def run_uploads(
-        self, uploads: Sequence[Upload], attention: str, keep_images: bool, pool: Executor, timeout_s: float,
-        target: int | None = None,
+    async def run_images(
+        self, images: Sequence[EncodedImage], attention: AttentionKind, target: int | None, keep_images: bool,
+        pool: Executor, deadline: float,
     ) -> tuple[list[Prepared], list[ImageOutput]]:  # fmt: skip
         """All of one request's files: decoded first, so a bad one fails the request before any compute."""
-        deadline = time.monotonic() + timeout_s
         loop = asyncio.get_running_loop()
-        with self.batcher.admit(len(uploads)) as admission:  # refused here, before any CPU is spent on decoding
-            prepared = await asyncio.gather(
-                *(loop.run_in_executor(pool, self.prepare, u, keep_images) for u in uploads)
-            )
+        with self.batcher.admit(len(images)) as admission:  # refused here, before any CPU is spent on decoding
+            prepared = await asyncio.gather(*(loop.run_in_executor(pool, self.prepare, i, keep_images) for i in images))
             futures = admission.submit([ImageInput(p.pixels, attention, target) for p in prepared], deadline)
         return list(prepared), await wait_for_outputs(futures, deadline)
 
     async def run_pixels(
-        self, pixels: torch.Tensor, attention: str, timeout_s: float, target: int | None = None
+        self, pixels: torch.Tensor, attention: AttentionKind, target: int | None, deadline: float
     ) -> list[ImageOutput]:
         """Already preprocessed images (N, C, H, W) through the same batcher."""
-        deadline = time.monotonic() + timeout_s
         futures = self.batcher.submit([ImageInput(p, attention, target) for p in pixels], deadline)
         return await wait_for_outputs(futures, deadline)
 

@@ -1,22 +1,15 @@
-"""Read a /predict request into (filename, bytes) uploads: multipart `file`/`files`, or a raw image body."""
+"""Read an HTTP request body within its limit, and a /predict request's images: multipart `file`/`files`, or a raw image body."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from fastapi import Request
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
+from app.core.errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
+from app.core.request import EncodedImage
 
 FILE_FIELDS = ("file", "files")
-
-
-@dataclass(frozen=True)
-class Upload:
-    filename: str
-    data: bytes
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -38,12 +31,12 @@ async def read_body(request: Request, limit: int) -> bytes:
     return body
 
 
-async def read_uploads(request: Request, max_bytes: int, max_files: int) -> list[Upload]:
-    """Uploads of one request, in order; errors say what to send instead."""
+async def read_images(request: Request, max_bytes: int, max_files: int) -> list[EncodedImage]:
+    """The image files of one request, in order; errors say what to send instead."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type.startswith("image/"):
         body = await read_body(request, max_bytes)
-        return [Upload(request.query_params.get("filename") or "body", body)]
+        return [EncodedImage(request.query_params.get("filename") or "body", body)]
     if content_type != "multipart/form-data":
         raise UnsupportedMediaType(
             f"unsupported Content-Type {content_type or '(none)'!r}: send multipart/form-data with field 'file' "
@@ -54,14 +47,14 @@ async def read_uploads(request: Request, max_bytes: int, max_files: int) -> list
         form = await request.form(max_files=max_files, max_fields=max_files + 16)
     except StarletteHTTPException as e:  # malformed multipart, or too many parts
         raise InvalidInput(f"could not parse the multipart body: {e.detail}") from None
-    uploads: list[Upload] = []
+    uploads: list[EncodedImage] = []
     try:
         for name, value in form.multi_items():
             if not isinstance(value, UploadFile):
                 continue
             if name not in FILE_FIELDS:
                 raise InvalidInput(f"unexpected file field {name!r}; send images as 'file' or repeated 'files'")
-            uploads.append(Upload(value.filename or f"{name}[{len(uploads)}]", await value.read()))
+            uploads.append(EncodedImage(value.filename or f"{name}[{len(uploads)}]", await value.read()))
     finally:
         await form.close()  # the parts' temporary files
     if not uploads:

@@ -3,8 +3,9 @@
 A single loop takes up to `max_batch_size` queued images, waiting at most `max_wait_ms` after the
 first one arrived, and runs the batch on a dedicated worker thread so the event loop keeps
 accepting requests meanwhile. It waits only while more images are known to be coming (requests
-admitted and still decoding): a lone request is not held back for company that will not come. Images whose request was cancelled (client gone, timed out) or
-whose deadline passed are dropped before they are computed. A batch that fails is retried in
+admitted and still decoding): a lone request is not held back for company that will not come.
+Images whose request was cancelled (client gone, timed out) or whose deadline passed are dropped
+before they are computed. A batch that fails is retried in
 halves, so one bad image fails only its own request.
 """
 
@@ -22,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
-from app.errors import InferenceFailed, NotReady, Overloaded, RequestTimeout
+from app.core.errors import InferenceFailed, NotReady, Overloaded, RequestTimeout
 
 log = logging.getLogger("app.batcher")
 
@@ -110,7 +111,7 @@ class DynamicBatcher(Generic[In, Out]):
         if waiting + count > self.max_queue:
             raise Overloaded(
                 f"server overloaded: {waiting} images already waiting (limit {self.max_queue}); retry shortly",
-                headers={"Retry-After": str(self.retry_after_s())},
+                retry_after_s=self.retry_after_s(),
             )
         self._incoming += count
         self._idle.clear()

@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from app.errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
+from app.core.errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
 
 SUPPORTED_FORMATS: dict[str, str] = {
     "JPEG": "image/jpeg",

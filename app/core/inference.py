@@ -11,7 +11,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from app.onnx_backend import OnnxLogits
+from app.core.onnx_backend import OnnxLogits
+from app.core.request import AttentionKind
 from model.checkpoint import Checkpoint
 from model.rollout import GRADIENT, attention_map, gradient_attention_map
 
@@ -21,7 +22,7 @@ log = logging.getLogger("app.inference")
 @dataclass(frozen=True)
 class ImageInput:
     pixels: Tensor  # (C, S, S) float32, normalised
-    attention: str  # "none", "rollout", "last" or "gradient"
+    attention: AttentionKind
     target: int | None = None  # the class a gradient map explains (None: the top-1 class)
 
 
@@ -135,7 +136,7 @@ class Predictor:
         blank = torch.zeros(self.input_shape)
         for size in sizes:
             self([ImageInput(blank, "none")] * size)
-        self([ImageInput(blank, "rollout"), ImageInput(blank, "last"), ImageInput(blank, GRADIENT)])
+        self([ImageInput(blank, "rollout"), ImageInput(blank, "last"), ImageInput(blank, "gradient")])
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - started

@@ -7,9 +7,11 @@ import contextlib
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
-from fastapi import Request
+from fastapi import Request, Response
 
 T = TypeVar("T")
+
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for a request whose client left; never delivered
 
 
 class ClientDisconnected(Exception):
@@ -41,3 +43,11 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
         watcher.cancel()
         if not task.done():
             task.cancel()
+
+
+async def respond_unless_disconnected(request: Request, work: Awaitable[Response]) -> Response:
+    """The response `work` makes, or 499 (logged, never delivered) when the client leaves first."""
+    try:
+        return await unless_disconnected(request, work)
+    except ClientDisconnected:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)

@@ -1,0 +1,52 @@
+"""The failures a client can act on, one exception type each, raised by the core with no notion of a protocol.
+
+Each edge maps them to its protocol's answer in one table: HTTP statuses for `/predict` and V2 REST
+(`app/web/errors.py`), status codes for other protocols.
+"""
+
+from __future__ import annotations
+
+
+class ServiceError(Exception):
+    """Base of the errors the service answers with; `detail` says what to fix."""
+
+    def __init__(self, detail: str, retry_after_s: int | None = None) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.retry_after_s = retry_after_s  # when to try again, for Overloaded
+
+
+class PayloadTooLarge(ServiceError):
+    """A body, message or decoded image over its limit."""
+
+
+class UnsupportedMediaType(ServiceError):
+    """Not an image format the service decodes, or a request type it does not take."""
+
+
+class InvalidInput(ServiceError):
+    """Undecodable image, bad parameters or tensors, too many or no images."""
+
+
+class Unauthorized(ServiceError):
+    """API key missing or wrong."""
+
+
+class ModelNotFound(ServiceError):
+    """A model name (or version) that this service does not serve."""
+
+
+class Overloaded(ServiceError):
+    """The queue is full; `retry_after_s` says when it has likely cleared."""
+
+
+class NotReady(ServiceError):
+    """Not loaded yet, or draining for shutdown."""
+
+
+class RequestTimeout(ServiceError):
+    """Not answered within the request's deadline."""
+
+
+class InferenceFailed(ServiceError):
+    """The forward pass failed for an image even on its own (a server fault, not bad input)."""

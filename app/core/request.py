@@ -1,0 +1,49 @@
+"""What an edge hands the core and gets back: images or pixels, the options, one prediction per image."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from torch import Tensor
+
+from app.core.errors import InvalidInput
+from model.rollout import MapMethod
+
+AttentionKind = Literal["none", MapMethod]  # the map asked for; "none": probabilities only
+ATTENTION_KINDS: tuple[str, ...] = get_args(AttentionKind)
+
+
+@dataclass(frozen=True)
+class EncodedImage:
+    """One image file as sent (JPEG, PNG, ...), decoded by the core."""
+
+    filename: str
+    data: bytes
+
+
+@dataclass(frozen=True)
+class InferOptions:
+    """What to compute for every image of a request; checked when built, so no edge repeats the rules."""
+
+    attention: AttentionKind = "none"
+    target: str | None = None  # with attention=gradient: the class to explain, label or index (None: top-1)
+    overlay: bool = False  # also draw the map over the image as a PNG
+
+    def __post_init__(self) -> None:
+        if self.attention not in ATTENTION_KINDS:
+            raise InvalidInput(f"attention must be one of {', '.join(ATTENTION_KINDS)}; got {self.attention!r}")
+        if self.overlay and self.attention == "none":
+            raise InvalidInput("overlay=true draws an attention map: also pass attention=rollout, last or gradient")
+        if self.target is not None and self.attention != "gradient":
+            raise InvalidInput("target chooses the class a gradient map explains: also pass attention=gradient")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The core's answer for one image; each protocol encodes it its own way."""
+
+    filename: str
+    probabilities: Tensor  # (num_classes,) float32 on the CPU
+    attention_map: Tensor | None  # (grid, grid) in [0, 1], when asked for
+    overlay_png: bytes | None  # the map over the image, when asked for

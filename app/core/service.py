@@ -1,0 +1,154 @@
+"""The serving core's one entry: every served model, the CPU pool, readiness and shutdown.
+
+`Service.load` builds it whole (models loaded and warm); `start` runs it on the event loop. Every
+edge (`/predict`, V2 REST, ...) calls `infer` with encoded images or pixels and the options, and
+encodes the predictions in its own protocol. It knows nothing of HTTP or any other protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+import torch
+
+from app.core.api_keys import ApiKeys
+from app.core.errors import InvalidInput, ModelNotFound, NotReady
+from app.core.inference import ImageOutput
+from app.core.metrics import Metrics, ModelMetrics
+from app.core.overlay import overlay_png
+from app.core.request import EncodedImage, InferOptions, Prediction
+from app.core.served_model import Prepared, ServedModel
+from app.settings import Settings
+from model.device import cuda_unavailable_reason, resolve_device
+
+log = logging.getLogger("app")
+T = TypeVar("T")
+
+
+class Service:
+    def __init__(self, settings: Settings, metrics: Metrics, models: dict[str, ServedModel]) -> None:
+        if not models:
+            raise ValueError("a service needs at least one model")
+        self.settings = settings
+        self.metrics = metrics
+        self.models = models
+        self.default = next(iter(models.values()))  # the first one named in VIT_MODELS
+        self.api_keys = ApiKeys(settings.api_key_set())
+        self.ready = False
+        # decoding, overlays and large responses: CPU work kept off the event loop
+        self.cpu_pool = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="cpu")
+
+    @classmethod
+    def load(cls, settings: Settings, metrics: Metrics) -> Service:
+        """Load and warm up every model (blocking; run off the event loop)."""
+        if settings.threads:
+            torch.set_num_threads(settings.threads)
+        try:
+            device = resolve_device(settings.device)
+        except ValueError as e:
+            raise ValueError(f"VIT_DEVICE: {e}") from None
+        if settings.device == "auto" and device.type == "cpu" and (reason := cuda_unavailable_reason()):
+            log.warning("serving on the CPU: %s", reason)
+        models = {
+            name: ServedModel.load(name, path, settings, device, ModelMetrics(metrics, name))
+            for name, path in settings.model_paths().items()
+        }
+        return cls(settings, metrics, models)
+
+    def start(self) -> None:
+        """Start every model's batcher; ready once all are loaded, warm and running."""
+        # Everything alive now (torch, the models) lives until shutdown. Frozen, it is no longer
+        # walked by each full collection: under load those stopped every thread for ~200 ms and
+        # made the p99 (see vit_gc_pause_seconds).
+        gc.collect()
+        gc.freeze()
+        self.metrics.watch_gc()
+        for model in self.models.values():
+            model.batcher.start()
+        self.ready = True
+        self.metrics.ready.set(1)
+
+    def check_ready(self) -> None:
+        if not self.ready:
+            raise NotReady(NOT_READY)
+
+    def model(self, name: str | None, version: str | None = None) -> ServedModel:
+        """The model called `name` (the default one for None), at `version` when one is given."""
+        model = self.default if name is None else self.models.get(name)
+        if model is None:
+            raise ModelNotFound(f"no model named {name!r}; this service serves: {', '.join(self.models)}")
+        if version is not None and version != model.version:
+            raise ModelNotFound(f"model {name!r} has no version {version!r}; it serves version {model.version}")
+        return model
+
+    async def infer(
+        self, model: ServedModel, inputs: Sequence[EncodedImage] | torch.Tensor, options: InferOptions
+    ) -> list[Prediction]:
+        """Predictions for encoded image files, or for preprocessed pixels (N, C, H, W), in input order."""
+        target = model.target_index(options.target)
+        deadline = time.monotonic() + self.settings.request_timeout_s
+        if isinstance(inputs, torch.Tensor):
+            if options.overlay:
+                raise InvalidInput("an overlay is drawn over the image file: send images, not pixels")
+            outputs = await model.run_pixels(inputs, options.attention, target, deadline)
+            return [Prediction(f"pixels[{i}]", o.probabilities, o.attention_map, None) for i, o in enumerate(outputs)]
+        prepared, outputs = await model.run_images(
+            inputs, options.attention, target, options.overlay, self.cpu_pool, deadline
+        )
+        if options.overlay:  # PNG encoding of every map: milliseconds each, on the pool
+            return await self.run_in_pool(with_overlays, prepared, outputs)
+        return [
+            Prediction(p.filename, o.probabilities, o.attention_map, None)
+            for p, o in zip(prepared, outputs, strict=True)
+        ]
+
+    async def run_in_pool(self, fn: Callable[..., T], *args: object) -> T:
+        """`fn(*args)` on the CPU pool, so the event loop only parses, awaits and writes."""
+        return await asyncio.get_running_loop().run_in_executor(self.cpu_pool, fn, *args)
+
+    async def encode(self, predictions: list[Prediction], fn: Callable[..., T], *args: object) -> T:
+        """An edge's response encoder `fn(*args)` for these predictions: on the event loop when it costs
+        less than the hop to the pool (a few numbers), on the pool for overlays, maps and many classes."""
+        values = sum(p.probabilities.numel() for p in predictions)
+        costly = values > INLINE_ENCODE_MAX_VALUES or any(p.attention_map is not None for p in predictions)
+        return await self.run_in_pool(fn, *args) if costly else fn(*args)
+
+    async def shutdown(self) -> None:
+        """Turn unready, answer every accepted image of every model, then stop."""
+        self.ready = False
+        self.metrics.ready.set(0)
+        timeout = self.settings.drain_timeout_s
+        drained = await asyncio.gather(*(m.batcher.drain(timeout) for m in self.models.values()))
+        for model, ok in zip(self.models.values(), drained, strict=True):
+            if not ok:
+                log.warning("model %s: drain timed out after %.1fs with %d images queued",
+                            model.name, timeout, model.batcher.queue_depth)  # fmt: skip
+            await model.batcher.stop()
+        self.cpu_pool.shutdown(wait=False, cancel_futures=True)
+        self.metrics.unwatch_gc()
+        gc.unfreeze()  # in-process apps (tests) give their objects back to the collector
+
+
+# Encoding a response costs ~40 us per 1,000 probabilities (pydantic's serializer); a hop to the pool about as much.
+INLINE_ENCODE_MAX_VALUES = 1000
+NOT_READY = "not ready: the models are not loaded yet or the service is draining; retry shortly"
+
+
+def with_overlays(prepared: list[Prepared], outputs: list[ImageOutput]) -> list[Prediction]:
+    """Predictions with each image's map drawn over it."""
+    return [
+        Prediction(
+            p.filename,
+            o.probabilities,
+            o.attention_map,
+            overlay_png(p.image, o.attention_map) if p.image is not None and o.attention_map is not None else None,
+        )
+        for p, o in zip(prepared, outputs, strict=True)
+    ]
