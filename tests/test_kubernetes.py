@@ -15,8 +15,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from app.web.app import create_app
 from app.settings import BUNDLED_WEIGHTS, Settings
+from app.web.app import create_app
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = ROOT / "deploy" / "k8s" / "base"

@@ -16,8 +16,8 @@ import httpx
 import pytest
 from asgi_lifespan import LifespanManager
 
-from app.web.app import create_app
 from app.settings import Settings
+from app.web.app import create_app
 
 ROOT = Path(__file__).resolve().parents[2]
 

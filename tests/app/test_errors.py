@@ -12,8 +12,8 @@ import pytest
 from asgi_lifespan import LifespanManager
 from PIL import Image
 
-from app.web.app import create_app
 from app.settings import Settings
+from app.web.app import create_app
 from model.shapes import make_sample
 from tests.app.conftest import ClientFactory
 from tests.conftest import encode

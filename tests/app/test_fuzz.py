@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from app.web.app import create_app
 from app.settings import Settings
+from app.web.app import create_app
 from model.shapes import make_sample
 from tests.conftest import encode, write_tiny_checkpoint
 

@@ -25,8 +25,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.select import Select
 from selenium.webdriver.support.ui import WebDriverWait
 
-from app.web.pages import PAGE_DIR
 from app.settings import BUNDLED_WEIGHTS
+from app.web.pages import PAGE_DIR
 from model.shapes import SHAPE_CLASSES, make_sample
 from tests.app.conftest import Server
 from tests.conftest import encode
