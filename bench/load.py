@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.server import Server, ServerProcess, free_port
 
 
 @dataclass
@@ -38,69 +33,14 @@ def require_hey() -> str:
     return hey
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-class ServerProcess:
-    """A server started as its own process, ready when `ready_path` answers 200."""
-
-    def __init__(self, argv: list[str], env: dict[str, str], port: int, ready_path: str) -> None:
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
-        self.log = open(ROOT / "bench" / "results" / f"server-{port}.log", "w")  # noqa: SIM115
-        self.proc = subprocess.Popen(  # its own process group: LitServe's workers are its children
-            argv, cwd=ROOT, env={**os.environ, **env}, stdout=self.log, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
-        deadline = time.monotonic() + 180
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited early; see {self.log.name}")
-            try:
-                if httpx.get(self.url + ready_path, timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"server not ready; see {self.log.name}")
-            time.sleep(0.2)
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL to the whole group: no worker may outlive the server and load the next run."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=30)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-        self.log.close()
-        Path(self.log.name).unlink(missing_ok=True)
-
-
 def start_service(weights: Path, max_batch_size: int, wait_ms: float, threads: int, backend: str) -> ServerProcess:
-    port = free_port()
-    argv = [
-        sys.executable,
-        "-m",
-        "uvicorn",
-        "app.main:app",
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-        "--no-access-log",
-    ]
-    env = {
-        "VIT_WEIGHTS": str(weights), "VIT_DEVICE": "auto", "VIT_MAX_BATCH_SIZE": str(max_batch_size),
-        "VIT_MAX_WAIT_MS": str(wait_ms), "VIT_MAX_QUEUE": "4096", "VIT_THREADS": str(threads), "VIT_LOG_LEVEL": "warning",
-        "VIT_BACKEND": backend,
-    }  # fmt: skip
-    return ServerProcess(argv, env, port, "/health/ready")
+    server = Server(
+        weights, "--log-level", "warning", "--no-access-log",
+        VIT_DEVICE="auto", VIT_MAX_BATCH_SIZE=str(max_batch_size), VIT_MAX_WAIT_MS=str(wait_ms), VIT_MAX_QUEUE="4096",
+        VIT_THREADS=str(threads), VIT_LOG_LEVEL="warning", VIT_BACKEND=backend,
+    )  # fmt: skip
+    server.wait_ready(180)
+    return server
 
 
 def start_litserve(weights: Path, max_batch_size: int, wait_ms: float, threads: int, backend: str) -> ServerProcess:
@@ -108,7 +48,9 @@ def start_litserve(weights: Path, max_batch_size: int, wait_ms: float, threads: 
     argv = [sys.executable, "-m", "bench.litserve_server", "--weights", str(weights), "--port", str(port),
             "--max-batch-size", str(max_batch_size), "--wait-ms", str(wait_ms), "--threads", str(threads),
             "--backend", backend]  # fmt: skip
-    return ServerProcess(argv, {}, port, "/health")
+    server = ServerProcess(argv, {}, port, "/health")
+    server.wait_ready(180)
+    return server
 
 
 def batch_counters(url: str) -> tuple[float, float] | None:

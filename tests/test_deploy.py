@@ -19,8 +19,8 @@ import yaml
 
 from app.settings import Settings
 from model.shapes import make_sample
-from tests.app.conftest import free_port
-from tests.conftest import encode
+from tests.support.images import encode
+from tests.support.server import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -74,6 +74,7 @@ def test_dockerfile_installs_the_locked_requirements_before_copying_code() -> No
     runtime = DOCKERFILE.runtime_stage()
     assert any(line.startswith("COPY --from=deps /opt/venv") for line in runtime)
     assert {"COPY app/ app/", "COPY model/ model/", "COPY weights/ weights/"} <= set(runtime)
+    assert "COPY pyproject.toml ./" in runtime  # the version the service reports comes from it
     # CI installs the same lock (bin/venv installs requirements-dev.lock, which includes it)
     assert "-r requirements.lock" in (ROOT / "requirements-dev.lock").read_text()
     assert "requirements-dev.lock" in (ROOT / "bin" / "venv").read_text()
@@ -97,7 +98,7 @@ def test_dockerignore_keeps_tests_caches_and_venvs_out() -> None:
     ignore = (ROOT / ".dockerignore").read_text().splitlines()
     assert ignore[ignore.index("**")] == "**"  # everything is excluded unless re-included
     included = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
-    assert included == {"requirements.lock", "app", "model", "weights"}
+    assert included == {"requirements.lock", "pyproject.toml", "app", "model", "weights"}
 
 
 def test_compose_service_port_health_gpu_and_settings() -> None:
@@ -151,6 +152,7 @@ def test_scale_out_pins_one_gpu_per_replica_behind_the_balancer() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_the_image_environment_serves_predictions(tmp_path: Path) -> None:
     """Build what the Dockerfile builds (a fresh venv from its lock, its copied files, its command) and use it."""
     venv = tmp_path / "venv"
@@ -161,7 +163,11 @@ def test_the_image_environment_serves_predictions(tmp_path: Path) -> None:
     for line in DOCKERFILE.runtime_stage():
         if line.startswith("COPY ") and "--from" not in line:
             src, dest = line.split()[1:3]
-            shutil.copytree(ROOT / src, srv / dest, ignore=shutil.ignore_patterns("__pycache__", "*.state.pt"))
+            if (ROOT / src).is_file():
+                (srv / dest).mkdir(parents=True, exist_ok=True)
+                shutil.copy(ROOT / src, srv / dest)
+            else:
+                shutil.copytree(ROOT / src, srv / dest, ignore=shutil.ignore_patterns("__pycache__", "*.state.pt"))
     port = free_port()
     cmd = list(DOCKERFILE.cmd)
     cmd[cmd.index("--port") + 1] = str(port)

@@ -16,10 +16,10 @@ from app.settings import BUNDLED_WEIGHTS
 from model.checkpoint import load_checkpoint
 from model.rollout import attention_map
 from model.shapes import make_sample
-from tests.app.conftest import ClientFactory
-from tests.conftest import encode
+from tests.support.clients import ClientFactory
+from tests.support.images import encode
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 PROBABILITY_TOLERANCE = 0.02  # absolute, per class: bf16 keeps about 3 significant digits
 MAP_TOLERANCE = 0.05  # absolute, per cell of a map scaled to [0, 1]

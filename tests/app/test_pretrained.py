@@ -13,8 +13,9 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.app.conftest import ClientFactory
-from tests.conftest import Pretrained, encode
+from tests.support.checkpoints import Pretrained
+from tests.support.clients import ClientFactory
+from tests.support.images import encode
 
 PROBABILITY_ATOL = 1e-4
 

@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 from model.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from model.preprocessing import Preprocessing
 from model.shapes import SHAPE_CLASSES
-from tests.conftest import TINY, TINY_PREPROCESSING, tiny_model
+from tests.support.checkpoints import TINY, TINY_PREPROCESSING, tiny_model
 
 
 def test_round_trip_restores_the_same_model(tiny_checkpoint: Path) -> None:

@@ -23,7 +23,7 @@ from model.convert.converted import ConversionError, check_equal
 from model.convert.timm_vit import from_timm_model
 from model.convert.torchvision_vit import matching_recipe, torchvision_preprocessing
 from model.vit import ViTConfig
-from tests.conftest import Pretrained
+from tests.support.checkpoints import Pretrained
 
 ATOL = 1e-4
 

@@ -8,7 +8,7 @@ import torch
 
 from model.data import DataOptions, DatasetNotFoundError, build_data
 from model.shapes import SHAPE_CLASSES
-from tests.model.fake_datasets import write_cifar10, write_imagefolder, write_mnist
+from tests.support.datasets import write_cifar10, write_imagefolder, write_mnist
 
 
 def test_shapes_bundle() -> None:

@@ -13,7 +13,7 @@ from torchvision.transforms import v2
 
 from model.checkpoint import load_checkpoint
 from model.preprocessing import EvalTransform, Preprocessing
-from tests.conftest import Pretrained
+from tests.support.checkpoints import Pretrained
 
 PIXEL_ATOL = 1e-5  # the pipelines agree up to float rounding (measured: 1.2e-07 to 7.2e-07)
 

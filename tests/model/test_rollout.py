@@ -15,7 +15,7 @@ from model.rollout import (
     scale_to_unit,
 )
 from model.vit import ViTConfig
-from tests.conftest import TINY, tiny_model
+from tests.support.checkpoints import TINY, tiny_model
 
 
 def random_attention(b: int = 2, heads: int = 3, n: int = 17, layers: int = 4, seed: int = 0) -> list[torch.Tensor]:

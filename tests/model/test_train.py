@@ -11,8 +11,8 @@ import torch
 
 from model import evaluate, train
 from model.checkpoint import load_checkpoint
-from tests.conftest import Pretrained
-from tests.model.fake_datasets import write_cifar10, write_imagefolder, write_mnist
+from tests.support.checkpoints import Pretrained
+from tests.support.datasets import write_cifar10, write_imagefolder, write_mnist
 
 TINY_ARGS = ["--dim", "32", "--depth", "1", "--heads", "2", "--batch-size", "8", "--workers", "0", "--no-progress"]
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from model.vit import ViT, ViTConfig, build_pos_embed, resample_pos_embed
-from tests.conftest import TINY, tiny_model
+from tests.support.checkpoints import TINY, tiny_model
 
 
 def test_forward_shape() -> None:

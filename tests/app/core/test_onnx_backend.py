@@ -12,8 +12,9 @@ from app.core.inference import resolve_backend
 from app.core.onnx_backend import OnnxExportError, OnnxLogits
 from model.shapes import make_sample
 from model.vit import ViTConfig
-from tests.app.conftest import ClientFactory
-from tests.conftest import TINY, encode, tiny_model
+from tests.support.checkpoints import TINY, tiny_model
+from tests.support.clients import ClientFactory
+from tests.support.images import encode
 
 TOLERANCE = 1e-5  # largest difference allowed between ONNX Runtime's and torch's probabilities
 

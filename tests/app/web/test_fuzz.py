@@ -19,7 +19,8 @@ from PIL import Image
 from app.settings import Settings
 from app.web.app import create_app
 from model.shapes import make_sample
-from tests.conftest import encode, write_tiny_checkpoint
+from tests.support.checkpoints import write_tiny_checkpoint
+from tests.support.images import encode
 
 pytestmark = pytest.mark.slow
 T = TypeVar("T")

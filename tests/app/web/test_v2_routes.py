@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.app.conftest import ClientFactory
+from tests.support.clients import ClientFactory
 
 INFER = "/v2/models/tiny/infer"
 

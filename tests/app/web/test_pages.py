@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -28,8 +29,8 @@ from selenium.webdriver.support.ui import WebDriverWait
 from app.settings import BUNDLED_WEIGHTS
 from app.web.pages import PAGE_DIR
 from model.shapes import SHAPE_CLASSES, make_sample
-from tests.app.conftest import Server
-from tests.conftest import encode
+from tests.support.images import encode
+from tests.support.server import Server
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 URL = re.compile(r"""(?:https?:)?//[A-Za-z0-9.-]+""")
@@ -77,11 +78,12 @@ async def test_pages_stay_out_of_the_api_schema(client: httpx.AsyncClient) -> No
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[webdriver.Chrome]:
+def browser(request: pytest.FixtureRequest) -> Iterator[webdriver.Chrome]:
     if not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)):
-        pytest.fail(
-            "browser tests need Debian's chromium and chromium-driver: apt-get install chromium chromium-driver"
-        )
+        missing = "browser tests need Debian's chromium and chromium-driver: apt-get install chromium chromium-driver"
+        if os.environ.get("CI") == "true" or request.config.getoption("--require-browser"):
+            pytest.fail(missing)  # in CI a missing browser is a failure, never a silent skip
+        pytest.skip(missing)
     options = Options()
     options.binary_location = CHROMIUM
     profile = tempfile.mkdtemp(prefix="chromium-")
@@ -151,7 +153,7 @@ def overlay_loaded(driver: webdriver.Chrome, item: Any) -> bool:
     return bool(driver.execute_script("return arguments[0].complete && arguments[0].naturalWidth > 0", image))
 
 
-@pytest.mark.slow
+@pytest.mark.browser
 def test_star_shows_its_class_and_overlay_with_no_outside_request(
     browser: webdriver.Chrome, service: Server, tmp_path: Path
 ) -> None:
@@ -177,7 +179,7 @@ def test_star_shows_its_class_and_overlay_with_no_outside_request(
     assert requested_hosts(browser) == {f"127.0.0.1:{service.port}"}
 
 
-@pytest.mark.slow
+@pytest.mark.browser
 def test_a_text_file_shows_the_api_error(browser: webdriver.Chrome, service: Server, tmp_path: Path) -> None:
     open_page(browser, service)
     upload(browser, tmp_path, {"notes.txt": b"not an image"})
@@ -188,7 +190,7 @@ def test_a_text_file_shows_the_api_error(browser: webdriver.Chrome, service: Ser
     assert not item.find_element(By.CSS_SELECTOR, ".thumb").is_displayed()  # no broken thumbnail
 
 
-@pytest.mark.slow
+@pytest.mark.browser
 @pytest.mark.parametrize("event", ["drop", "paste"])
 def test_dropped_and_pasted_images_are_sent_at_once(browser: webdriver.Chrome, service: Server, event: str) -> None:
     open_page(browser, service)
@@ -211,7 +213,7 @@ def test_dropped_and_pasted_images_are_sent_at_once(browser: webdriver.Chrome, s
     assert item.find_element(By.CSS_SELECTOR, ".top-k .label").text == "arrow"
 
 
-@pytest.mark.slow
+@pytest.mark.browser
 def test_controls_have_labels_and_the_page_fits_a_phone(browser: webdriver.Chrome, service: Server) -> None:
     open_page(browser, service)
     unlabelled = browser.execute_script(
@@ -234,7 +236,7 @@ def test_controls_have_labels_and_the_page_fits_a_phone(browser: webdriver.Chrom
         browser.set_window_size(1100, 1400)
 
 
-@pytest.mark.slow
+@pytest.mark.browser
 def test_docs_render_offline(browser: webdriver.Chrome, service: Server) -> None:
     requested_hosts(browser)
     browser.get(f"{service.url}/docs")
@@ -245,7 +247,7 @@ def test_docs_render_offline(browser: webdriver.Chrome, service: Server) -> None
     assert requested_hosts(browser) == {f"127.0.0.1:{service.port}"}
 
 
-@pytest.mark.slow
+@pytest.mark.browser
 def test_api_key_and_too_large_image_errors(browser: webdriver.Chrome, tmp_path: Path) -> None:
     """With VIT_API_KEYS set the key field appears on the first 401; the 413 for a large image is shown."""
     server = Server(BUNDLED_WEIGHTS, VIT_API_KEYS="s3cret", VIT_MAX_IMAGE_PIXELS="1000")
@@ -269,7 +271,7 @@ def test_api_key_and_too_large_image_errors(browser: webdriver.Chrome, tmp_path:
         server.stop()
 
 
-@pytest.mark.slow
+@pytest.mark.browser
 def test_model_picker_sends_images_to_the_chosen_model(
     browser: webdriver.Chrome, tmp_path: Path, tiny_checkpoint: Path
 ) -> None:
@@ -290,7 +292,7 @@ def test_model_picker_sends_images_to_the_chosen_model(
         server.stop()
 
 
-@pytest.mark.slow
+@pytest.mark.browser
 def test_one_model_shows_no_picker(browser: webdriver.Chrome, service: Server) -> None:
     open_page(browser, service)
     assert not browser.find_element(By.ID, "model-select").is_displayed()

@@ -9,8 +9,8 @@ from pydantic import ValidationError
 
 from app.settings import Settings
 from model.checkpoint import save_checkpoint
-from tests.app.conftest import ClientFactory
-from tests.conftest import TINY, TINY_PREPROCESSING, tiny_model
+from tests.support.checkpoints import TINY, TINY_PREPROCESSING, tiny_model
+from tests.support.clients import ClientFactory
 
 
 @pytest.fixture

@@ -15,8 +15,9 @@ from PIL import Image
 from model.checkpoint import load_checkpoint, save_checkpoint
 from model.shapes import SHAPE_CLASSES, make_sample
 from model.vit import ViTConfig
-from tests.app.conftest import ClientFactory
-from tests.conftest import TINY, TINY_PREPROCESSING, encode, tiny_model
+from tests.support.checkpoints import TINY, TINY_PREPROCESSING, tiny_model
+from tests.support.clients import ClientFactory
+from tests.support.images import encode
 
 TINY_MODEL = '{model="tiny"}'  # the tiny checkpoint's file stem names its model
 

@@ -1,10 +1,7 @@
 from __future__ import annotations
 
 import asyncio
-import struct
 import threading
-import zlib
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -15,20 +12,8 @@ from PIL import Image
 from app.settings import Settings
 from app.web.app import create_app
 from model.shapes import make_sample
-from tests.app.conftest import ClientFactory
-from tests.conftest import encode
-
-
-def png_with_header(width: int, height: int) -> bytes:
-    """A PNG signature and IHDR declaring width x height, with a tiny (bogus) IDAT: a decompression bomb's header."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (
-        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b"")
-    )
+from tests.support.clients import ClientFactory, until
+from tests.support.images import encode, png_with_header
 
 
 async def post_file(
@@ -133,13 +118,6 @@ async def test_bad_query_is_422(
     client: httpx.AsyncClient, shape_png: bytes, params: dict[str, str], fragment: str
 ) -> None:
     assert_error(await post_file(client, shape_png, **params), 422, fragment)
-
-
-async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.005)
 
 
 async def test_overloaded_is_503_with_retry_after(make_client: ClientFactory, shape_png: bytes) -> None:

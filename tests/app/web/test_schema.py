@@ -9,10 +9,10 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from tests.app.conftest import Server
-from tests.conftest import write_tiny_checkpoint
+from tests.support.checkpoints import write_tiny_checkpoint
+from tests.support.server import Server
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 
 @pytest.fixture(scope="module")

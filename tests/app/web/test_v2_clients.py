@@ -20,10 +20,11 @@ from app.core.preprocess import Preprocessor
 from app.settings import BUNDLED_WEIGHTS
 from model.checkpoint import load_checkpoint
 from model.shapes import SHAPE_CLASSES, make_sample
-from tests.app.conftest import Server
-from tests.conftest import encode, write_tiny_checkpoint
+from tests.support.checkpoints import write_tiny_checkpoint
+from tests.support.images import encode
+from tests.support.server import Server
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 MODEL = "vit-shapes"
 VERSION = load_checkpoint(BUNDLED_WEIGHTS).version
 

@@ -11,10 +11,10 @@ import httpx
 import pytest
 
 from model.shapes import make_sample
-from tests.app.conftest import Server
-from tests.conftest import encode
+from tests.support.images import encode
+from tests.support.server import Server
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 
 @pytest.fixture

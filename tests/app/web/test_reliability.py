@@ -16,10 +16,11 @@ from model.checkpoint import save_checkpoint
 from model.preprocessing import Preprocessing
 from model.shapes import SHAPE_CLASSES, make_sample
 from model.vit import ViT, ViTConfig
-from tests.app.conftest import ClientFactory, Server
-from tests.conftest import encode
+from tests.support.clients import ClientFactory
+from tests.support.images import encode
+from tests.support.server import Server
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 PNG = encode(make_sample(8, 0).image)
 
 

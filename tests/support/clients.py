@@ -1,0 +1,41 @@
+"""The app in process, with its lifespan run, behind an httpx client."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+from asgi_lifespan import LifespanManager
+
+from app.settings import Settings
+from app.web.app import create_app
+
+ClientFactory = Callable[..., AbstractAsyncContextManager[httpx.AsyncClient]]
+
+
+def client_factory(checkpoint: Path) -> ClientFactory:
+    """`async with factory(max_batch_size=4) as client:` serves `checkpoint` with torch on the CPU unless overridden."""
+
+    @asynccontextmanager
+    async def factory(**overrides: Any) -> AsyncIterator[httpx.AsyncClient]:
+        settings = Settings(**{"weights": checkpoint, "device": "cpu", "backend": "torch", **overrides})
+        app = create_app(settings)
+        async with LifespanManager(app, startup_timeout=60, shutdown_timeout=60) as manager:
+            transport = httpx.ASGITransport(app=manager.app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=60) as client:
+                client.app = app  # type: ignore[attr-defined]
+                yield client
+
+    return factory
+
+
+async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Wait, without blocking the event loop, until `condition()` holds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.005)

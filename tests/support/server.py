@@ -1,0 +1,86 @@
+"""Servers as real processes, for the tests and the benchmark: started in their own process group,
+output kept in a file, ready when an endpoint answers 200, stopped with the whole group."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class ServerProcess:
+    """`argv` started from `cwd` with `env` over this process's environment, listening on `port`."""
+
+    def __init__(
+        self, argv: list[str], env: dict[str, str], port: int, ready_path: str = "/health/ready", cwd: Path = ROOT
+    ) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.ready_path = ready_path
+        # Output goes to a file, not a pipe: an unread pipe fills up and blocks the server's logging.
+        self.output = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
+        self.final_output = ""
+        self.proc = subprocess.Popen(  # its own process group: a server's workers are its children
+            argv, cwd=cwd, env={**os.environ, **env}, stdout=self.output, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,
+        )  # fmt: skip
+
+    def read_output(self) -> str:
+        if self.output.closed:
+            return self.final_output
+        self.output.seek(0)
+        return self.output.read()
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited early:\n{self.read_output()}")
+            try:
+                if httpx.get(self.url + self.ready_path, timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"server did not become ready:\n{self.read_output()[-4000:]}")
+
+    def stop(self) -> str:
+        """SIGTERM, then SIGKILL to the whole group (no worker may outlive it); returns everything it wrote."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=30)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        if not self.output.closed:
+            self.final_output = self.read_output()
+            self.output.close()
+        return self.final_output
+
+
+class Server(ServerProcess):
+    """This service as `uvicorn app.main:app` runs it, serving `checkpoint` on the CPU unless `env` says otherwise."""
+
+    def __init__(self, checkpoint: Path, *uvicorn_args: str, **env: str) -> None:
+        port = free_port()
+        argv = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port),
+                "--timeout-graceful-shutdown", "20", *uvicorn_args]  # fmt: skip
+        super().__init__(argv, {"VIT_WEIGHTS": str(checkpoint), "VIT_DEVICE": "cpu", **env}, port)
