@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import difflib
+import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
+from dotenv import dotenv_values
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -87,3 +91,31 @@ class Settings(BaseSettings):
         if self.api_keys is None:
             return frozenset()
         return frozenset(k.strip() for k in self.api_keys.get_secret_value().split(",") if k.strip())
+
+
+# Read by docker compose when it starts the container, never by the service.
+COMPOSE_VARIABLES = frozenset({"VIT_PORT", "VIT_MODELS_DIR"})
+# What Kubernetes injects for a Service named vit-... (vit-serve: VIT_SERVE_SERVICE_HOST, VIT_SERVE_PORT, ...).
+SERVICE_LINK = re.compile(r"VIT_\w+?_(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT(_\d+_(TCP|UDP|SCTP)(_\w+)?)?)")
+
+
+def configured_names(env_file: Path = Path(".env")) -> set[str]:
+    """Every variable name settings are read from: the environment and the .env file."""
+    names = set(os.environ)
+    if env_file.is_file():
+        names |= set(dotenv_values(env_file))
+    return names
+
+
+def unknown_variables(names: Mapping[str, object] | set[str]) -> list[str]:
+    """One message per VIT_ name that is no setting (a typo would otherwise be ignored), with the closest setting."""
+    known = sorted(f"VIT_{field.upper()}" for field in Settings.model_fields)
+    messages = []
+    for name in sorted(n for n in names if n.upper().startswith("VIT_")):
+        upper = name.upper()
+        if upper in known or upper in COMPOSE_VARIABLES or SERVICE_LINK.fullmatch(upper):
+            continue
+        close = difflib.get_close_matches(upper, known, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else f"; the settings are {', '.join(known)}"
+        messages.append(f"{name} is not a setting and is ignored{hint}")
+    return messages

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from app import __version__
 from app.core.metrics import Metrics
 from app.core.service import Service
-from app.settings import Settings
+from app.settings import Settings, configured_names, unknown_variables
 from app.web.errors import install_error_handlers
 from app.web.pages import install_pages
 from app.web.predict_routes import router
@@ -73,6 +73,9 @@ def create_app(settings: Settings | None = None, exit_on_startup_error: bool = F
         try:
             resolved = settings or Settings()
             configure_logging(resolved.log_level)
+            if settings is None:  # read from the environment: name the VIT_ variables that set nothing
+                for message in unknown_variables(configured_names()):
+                    log.warning(message)
             service = await asyncio.to_thread(Service.load, resolved, metrics)
         except (ValidationError, CheckpointError, ValueError, OSError) as e:
             if not exit_on_startup_error:

@@ -1,0 +1,3 @@
+from tests.app.core.conftest import service
+
+__all__ = ["service"]

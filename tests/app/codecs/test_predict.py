@@ -1,0 +1,40 @@
+"""The /predict codec: core predictions -> the JSON body, a pure function."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import torch
+
+from app.codecs.predict import encode_predict_response, image_result
+from app.core.request import Prediction
+from app.core.service import Service
+
+CLASSES = ["a", "b", "c", "d"]
+
+
+def test_top_k_in_descending_order_with_every_probability() -> None:
+    p = Prediction("x.png", torch.tensor([0.1, 0.6, 0.2, 0.1]), None, None)
+    result = image_result(p, CLASSES, top_k=2, attention="none")
+    assert [(t.label, t.index) for t in result.top_k] == [("b", 1), ("c", 2)]
+    assert result.probabilities == p.probabilities.tolist() and result.attention is None
+    assert len(image_result(p, CLASSES, top_k=10, attention="none").top_k) == 4  # capped at the classes
+
+
+def test_maps_and_overlays_when_there_are_some() -> None:
+    grid = torch.rand(3, 3)
+    p = Prediction("x.png", torch.full((4,), 0.25), grid, b"\x89PNG...")
+    result = image_result(p, CLASSES, top_k=1, attention="rollout")
+    assert result.attention is not None and result.attention.method == "rollout"
+    assert result.attention.grid == [3, 3] and result.attention.map == grid.tolist()
+    assert base64.b64decode(result.overlay_png or "") == b"\x89PNG..."
+
+
+async def test_the_response_body(service: Service) -> None:
+    model = service.model(None)
+    probs = torch.softmax(torch.arange(10.0), 0)
+    body = json.loads(encode_predict_response(model, [Prediction("x.png", probs, None, None)] * 2, 3, "none"))
+    assert body["model"] == {"name": "tiny", "version": model.version}
+    assert len(body["results"]) == 2 and "attention" not in body["results"][0]
+    assert [t["index"] for t in body["results"][0]["top_k"]] == [9, 8, 7]

@@ -1,0 +1,89 @@
+"""The V2 codec: request bodies -> the core's inputs and options, predictions -> output tensors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from app.codecs.v2 import decode_request, encode_response, model_metadata, split_body, split_bytes_elements
+from app.core.errors import InvalidInput
+from app.core.request import EncodedImage, Prediction
+from app.core.service import Service
+
+SHAPE = (3, 32, 32)
+
+
+def binary_request(
+    files: list[bytes], parameters: dict[str, object] | None = None, outputs: list[dict[str, object]] | None = None
+) -> tuple[bytes, bytes]:
+    raw = b"".join(len(f).to_bytes(4, "little") + f for f in files)
+    tensor = {"name": "image", "datatype": "BYTES", "shape": [len(files)], "parameters": {"binary_data_size": len(raw)}}
+    request = {"inputs": [tensor], "parameters": parameters or {}, **({"outputs": outputs} if outputs else {})}
+    header = json.dumps(request).encode()
+    return split_body(header + raw, str(len(header)))
+
+
+def test_binary_bytes_elements_become_encoded_images() -> None:
+    header, binary = binary_request([b"one", b"", b"three"], {"attention": "gradient", "target": "star"})
+    decoded = decode_request(header, binary, SHAPE, max_images=8)
+    assert decoded.inputs == [EncodedImage("image[0]", b"one"), EncodedImage("image[1]", b""),
+                              EncodedImage("image[2]", b"three")]  # fmt: skip
+    assert decoded.options.attention == "gradient" and decoded.options.target == "star"
+
+
+def test_pixels_in_json() -> None:
+    x = torch.randn(2, *SHAPE)
+    tensor = {"name": "pixels", "datatype": "FP32", "shape": [2, *SHAPE], "data": x.flatten().tolist()}
+    decoded = decode_request(json.dumps({"inputs": [tensor]}).encode(), b"", SHAPE, max_images=8)
+    assert isinstance(decoded.inputs, torch.Tensor)
+    torch.testing.assert_close(decoded.inputs, x)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"{", "not valid JSON"),
+        (b'{"inputs": []}', "send exactly one input"),
+        (b'{"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 3, 8, 8], "data": []}]}', "must have shape"),
+        (b'{"inputs": [{"name": "x", "datatype": "BYTES", "shape": [1], "data": ["AA=="]}]}', "unknown input 'x'"),
+    ],
+)
+def test_malformed_requests_say_what_to_fix(body: bytes, message: str) -> None:
+    with pytest.raises(InvalidInput, match=message):
+        decode_request(body, b"", SHAPE, max_images=8)
+
+
+def test_a_truncated_bytes_element_is_refused() -> None:
+    with pytest.raises(InvalidInput):
+        split_bytes_elements((10).to_bytes(4, "little") + b"short")
+    with pytest.raises(InvalidInput, match="Inference-Header-Content-Length"):
+        split_body(b"{}", "99")
+
+
+async def test_binary_outputs_and_classification(service: Service) -> None:
+    model = service.model(None)
+    probs = torch.softmax(torch.arange(10.0), 0)
+    predictions = [Prediction("image[0]", probs, torch.rand(4, 4), None)]
+    wanted = [{"name": "probabilities", "parameters": {"classification": 2}},
+              {"name": "attention", "parameters": {"binary_data": True}}]  # fmt: skip
+    header, binary = binary_request([b"x"], {"attention": "rollout"}, wanted)
+    decoded = decode_request(header, binary, model.input_shape, 8)
+    encoded = encode_response(decoded, predictions, model)
+    assert encoded.header_length is not None
+    response = json.loads(encoded.body[: encoded.header_length])
+    labels, attention = response["outputs"]
+    assert labels["datatype"] == "BYTES" and labels["shape"] == [1, 2]
+    assert labels["data"] == [f"{probs[9]:f}:9:{model.classes[9]}", f"{probs[8]:f}:8:{model.classes[8]}"]
+    raw = encoded.body[encoded.header_length :]
+    assert attention["parameters"]["binary_data_size"] == len(raw) == 16 * 4
+    np.testing.assert_array_equal(np.frombuffer(raw, "<f4").reshape(4, 4), predictions[0].attention_map.numpy())
+
+
+async def test_model_metadata_lists_both_inputs(service: Service) -> None:
+    meta = model_metadata(service.model(None))
+    assert [(t.name, t.datatype, t.shape) for t in meta.inputs] == [("image", "BYTES", [-1]),
+                                                                    ("pixels", "FP32", [-1, 3, 32, 32])]  # fmt: skip
+    assert meta.outputs[0].name == "probabilities" and meta.outputs[0].shape == [-1, 10]

@@ -1,0 +1,77 @@
+"""Settings: validation at startup, the model list, and VIT_ variables that set nothing."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+from asgi_lifespan import LifespanManager
+from pydantic import ValidationError
+
+from app.settings import Settings, configured_names, unknown_variables
+from app.web.app import create_app
+
+
+def test_one_model_is_named_by_its_file() -> None:
+    assert Settings(weights=Path("runs/mine.safetensors")).model_paths() == {"mine": Path("runs/mine.safetensors")}
+
+
+def test_several_models_in_order() -> None:
+    paths = Settings(models=" a=x.safetensors , b = y.safetensors").model_paths()
+    assert list(paths.items()) == [("a", Path("x.safetensors")), ("b", Path("y.safetensors"))]
+    assert Settings(models="  ").models is None  # compose passes VIT_MODELS= when unset
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"models": "a=x,a=y"}, "VIT_MODELS names 'a' twice"),
+        ({"models": "just-a-path"}, "is not name=path"),
+        ({"device": "gpu"}, "VIT_DEVICE must be auto, cpu, cuda or cuda:N"),
+        ({"max_queue": 4, "max_files": 8}, r"VIT_MAX_QUEUE \(4\) must be at least VIT_MAX_FILES \(8\)"),
+        ({"max_batch_size": 0}, "greater than or equal to 1"),
+    ],
+)
+def test_bad_values_are_refused(values: dict[str, object], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        Settings(**values)  # type: ignore[arg-type]
+
+
+def test_a_typo_names_the_closest_setting() -> None:
+    assert unknown_variables({"VIT_MAX_BATCHSIZE", "VIT_DEVICE", "PATH"}) == [
+        "VIT_MAX_BATCHSIZE is not a setting and is ignored; did you mean VIT_MAX_BATCH_SIZE?"
+    ]
+    [far] = unknown_variables({"VIT_ZZZ"})
+    assert far.startswith("VIT_ZZZ is not a setting and is ignored; the settings are VIT_API_KEYS, ")
+
+
+def test_compose_and_kubernetes_variables_are_left_alone() -> None:
+    injected = {"VIT_SERVE_SERVICE_HOST", "VIT_SERVE_SERVICE_PORT", "VIT_SERVE_SERVICE_PORT_HTTP", "VIT_SERVE_PORT",
+                "VIT_SERVE_PORT_80_TCP", "VIT_SERVE_PORT_80_TCP_ADDR", "VIT_PORT", "VIT_MODELS_DIR"}  # fmt: skip
+    assert unknown_variables(injected) == []
+
+
+def test_names_come_from_the_environment_and_the_env_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / ".env").write_text("VIT_TREADS=2\n")
+    monkeypatch.setenv("VIT_WARMPU", "false")
+    names = configured_names(tmp_path / ".env")
+    assert {"VIT_TREADS", "VIT_WARMPU"} <= names
+
+
+async def test_startup_logs_unknown_variables(
+    tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("VIT_WEIGHTS", str(tiny_checkpoint))
+    monkeypatch.setenv("VIT_DEVICE", "cpu")
+    monkeypatch.setenv("VIT_BACKEND", "torch")
+    monkeypatch.setenv("VIT_MAX_BATCHSIZE", "8")
+    app = create_app()
+    logger = logging.getLogger("app")
+    logger.addHandler(caplog.handler)
+    try:
+        async with LifespanManager(app, startup_timeout=60):
+            pass
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert "VIT_MAX_BATCHSIZE is not a setting and is ignored; did you mean VIT_MAX_BATCH_SIZE?" in caplog.text

@@ -1,0 +1,42 @@
+"""The docs say what the code does: every setting documented with its real default, every link resolving."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from app.settings import Settings
+from tests.support.server import ROOT
+
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+
+
+def shown(value: object) -> str:
+    """A default as the configuration page writes it."""
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, float) and value.is_integer():
+        return f"`{int(value)}`"
+    if isinstance(value, Path):
+        return f"`{value.relative_to(ROOT)}`"
+    return f"`{value}`"
+
+
+def test_every_setting_is_documented_with_its_default() -> None:
+    page = (ROOT / "docs" / "configuration.md").read_text()
+    rows = dict(re.findall(r"^\| `(VIT_\w+)` \| ([^|]+?) \|", page, re.MULTILINE))
+    fields = {f"VIT_{name.upper()}": field.default for name, field in Settings.model_fields.items()}
+    assert set(rows) == set(fields), "documented but no setting, or a setting not documented"
+    for name, default in fields.items():
+        assert rows[name] == shown(default), f"{name}: the page says {rows[name]}, the code {shown(default)}"
+
+
+@pytest.mark.parametrize("page", [ROOT / "README.md", ROOT / "weights" / "README.md", *DOCS], ids=lambda p: p.name)
+def test_relative_links_resolve(page: Path) -> None:
+    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+        if not re.match(r"[a-z]+:", target):
+            assert (page.parent / target).exists(), f"{page.name} links to {target}, which does not exist"
