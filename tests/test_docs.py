@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from app.core.metrics import Metrics, ModelMetrics
 from app.settings import Settings
 from tests.support.server import ROOT
 
@@ -33,6 +34,17 @@ def test_every_setting_is_documented_with_its_default() -> None:
     assert set(rows) == set(fields), "documented but no setting, or a setting not documented"
     for name, default in fields.items():
         assert rows[name] == shown(default), f"{name}: the page says {rows[name]}, the code {shown(default)}"
+
+
+def test_every_metric_is_documented() -> None:
+    metrics = Metrics()
+    ModelMetrics(metrics, "m")
+    metrics.requests.labels("/predict", "200").inc()
+    metrics.dropped_images.labels("m", "cancelled").inc()
+    types = re.findall(r"^# TYPE (\w+) ", metrics.render().decode(), re.MULTILINE)
+    exported = {name for name in types if not name.endswith("_created")}  # the client's creation timestamps
+    page = (ROOT / "docs" / "operations.md").read_text()
+    assert set(re.findall(r"^\| `(vit_\w+)` \|", page, re.MULTILINE)) == exported
 
 
 @pytest.mark.parametrize("page", [ROOT / "README.md", ROOT / "weights" / "README.md", *DOCS], ids=lambda p: p.name)
