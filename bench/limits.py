@@ -35,10 +35,10 @@ def forward_throughput(
     for bs in batch_sizes(max_batch_size):
         x = torch.randn(bs, c.in_channels, c.image_size, c.image_size, device=device, dtype=predictor.dtype)
         for _ in range(2):
-            predictor.logits(x)
+            predictor.forward_plain(x)
         n, started = 0, time.perf_counter()
         while time.perf_counter() - started < seconds or n < 2:
-            predictor.logits(x)
+            predictor.forward_plain(x)
             n += 1
         if device.type == "cuda":
             torch.cuda.synchronize(device)

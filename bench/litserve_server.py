@@ -14,7 +14,7 @@ from torch import Tensor
 
 from app.core.decode import decode_image
 from app.core.inference import inference_dtype
-from app.core.onnx_backend import OnnxLogits
+from app.core.onnx_backend import OnnxForward
 from app.core.preprocess import Preprocessor
 from model.checkpoint import load_checkpoint
 from model.device import resolve_device
@@ -40,7 +40,8 @@ class ViTLitAPI(ls.LitAPI):
         self.logits: Callable[[Tensor], Tensor] = self.model
         if self.backend == "onnxruntime":  # the service's own ONNX backend, exported the same way
             c = self.ckpt.config
-            self.logits = OnnxLogits(self.model, (c.in_channels, c.image_size, c.image_size), self.worker_threads)
+            graph = OnnxForward(self.model, (c.in_channels, c.image_size, c.image_size), self.worker_threads)
+            self.logits = lambda x: graph(x)[0]
         self.pre = Preprocessor(self.ckpt.preprocessing)
 
     # The annotation must be the real Request class (no postponed annotations in this module):

@@ -2,6 +2,7 @@
 
     python -m bench.liveness --rounds 2 --name liveness                 # this tree
     python -m bench.liveness --rounds 2 --other /tmp/old --name ab      # A/B against another checkout
+    python -m bench.liveness --rounds 4 --other /tmp/old --throughput-only --name ab-c32
 
 One uvicorn process per measurement (bundled model, the default backend). For each tree, in
 alternating rounds: `/health/live` alone, then beside 4 clients posting a 1600x1200 JPEG with
@@ -74,8 +75,14 @@ def health_under(url: str, path: str, body: Path, seconds: float) -> tuple[LoadR
     return health, load[0]
 
 
-def measure(tree: Path, photo: Path, form: Path, form_type: str, seconds: float) -> dict[str, Any]:
+def measure(tree: Path, photo: Path, form: Path, form_type: str, seconds: float, health: bool) -> dict[str, Any]:
     server = start(tree)
+    if not health:
+        try:
+            c32 = run_hey(server.url + "/predict", form, form_type, 32, seconds)
+        finally:
+            server.stop()
+        return {"c32_req_s": c32.requests_per_s, "c32_p99_ms": c32.p99_ms, "errors": c32.errors}
     try:
         idle = health_p99(server.url, seconds)
         overlay, overlay_load = health_under(server.url, "/predict?attention=rollout&overlay=true", photo, seconds)
@@ -98,9 +105,11 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--seconds", type=float, default=15.0, help="seconds per measurement")
     p.add_argument("--other", type=Path, help="another checkout to measure in alternating rounds (A/B)")
+    p.add_argument("--this", type=Path, default=ROOT, help="the checkout measured as 'this' (default: this one)")
+    p.add_argument("--throughput-only", action="store_true", help="only /predict at concurrency 32")
     p.add_argument("--name", default="liveness")
     args = p.parse_args()
-    trees = {"this": ROOT} | ({"other": args.other.resolve()} if args.other else {})
+    trees = {"this": args.this.resolve()} | ({"other": args.other.resolve()} if args.other else {})
     with tempfile.TemporaryDirectory() as tmp:
         photo, form = Path(tmp) / "photo.jpg", Path(tmp) / "form"
         photo.write_bytes(large_photo())
@@ -109,7 +118,7 @@ def main() -> None:
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
         for r in range(args.rounds):
             for name, tree in trees.items():
-                result = measure(tree, photo, form, form_type, args.seconds)
+                result = measure(tree, photo, form, form_type, args.seconds, not args.throughput_only)
                 runs[name].append(result)
                 print(f"round {r + 1} {name}: {json.dumps(result)}", flush=True)
     RESULTS.mkdir(exist_ok=True)
@@ -121,6 +130,12 @@ def main() -> None:
 
 
 def markdown(runs: dict[str, list[dict[str, Any]]], trees: dict[str, Path]) -> str:
+    if "health_p99_ms" not in next(iter(runs.values()))[0]:
+        rows = [f"| {name} ({trees[name].name}) | {i + 1} | {r['c32_req_s']:.1f} | {r['c32_p99_ms']:.1f} | {r['errors']} |"
+                for name, results in runs.items() for i, r in enumerate(results)]  # fmt: skip
+        means = [f"{name}: mean {sum(r['c32_req_s'] for r in rs) / len(rs):.1f} req/s" for name, rs in runs.items()]
+        return "\n".join(["| tree | round | c=32 req/s | p99 ms | errors |", "|---|---:|---:|---:|---:|", *rows, "",
+                          "; ".join(means)]) + "\n"  # fmt: skip
     lines = [
         "`GET /health/live` p99 (p50) in ms: idle, beside 4 clients asking for rollout + overlay of a 1600x1200 JPEG, "
         "and beside the same load without overlay; then /predict throughput at concurrency 32 (64 px PNG, multipart).",

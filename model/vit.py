@@ -502,20 +502,33 @@ class ViT(nn.Module):
             return torch.cat([*prefix, x + self.pos_embed], dim=1)
         return torch.cat([*prefix, x], dim=1) + self.pos_embed
 
-    def forward_head(self, x: Tensor) -> Tensor:
-        """Token features (B, P + N, dim) -> logits: from the CLS token, or the mean of the patches."""
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        """Token features (B, P + N, dim) -> logits: from the CLS token, or the mean of the patches.
+
+        With `pre_logits`, the embedding (B, dim) the head receives instead: pooled, after `fc_norm`
+        (timm's `forward_head(x, pre_logits=True)`).
+        """
         pooled = x[:, 0] if self.config.pool == "cls" else x[:, self.num_prefix_tokens :].mean(dim=1)
-        return self.head(self.fc_norm(pooled))
+        embedding = self.fc_norm(pooled)
+        return embedding if pre_logits else self.head(embedding)
 
     def forward(self, x: Tensor) -> Tensor:
         """Images (B, C, H, W) -> logits (B, num_classes), through the fused attention path."""
         features, _ = self.forward_features(x)
         return self.forward_head(features)
 
+    def forward_with_embedding(
+        self, x: Tensor, return_attention: bool = False
+    ) -> tuple[Tensor, Tensor, list[Tensor]]:
+        """Logits, the embedding (B, dim) and, when asked, every attention layer's weights: one pass."""
+        features, attentions = self.forward_features(x, return_attention)
+        embedding = self.forward_head(features, pre_logits=True)
+        return self.head(embedding), embedding, attentions
+
     def forward_with_attention(self, x: Tensor) -> tuple[Tensor, list[Tensor]]:
         """Logits and every attention layer's weights, each (B, heads, P + N, P + N); two per axial block."""
-        features, attentions = self.forward_features(x, return_attention=True)
-        return self.forward_head(features), attentions
+        logits, _, attentions = self.forward_with_embedding(x, return_attention=True)
+        return logits, attentions
 
 
 def param_count_str(n: int) -> str:

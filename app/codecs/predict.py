@@ -37,6 +37,11 @@ class ImageResult(BaseModel):
     probabilities: list[float] = Field(description="One per class, in the model's class order; they sum to 1")
     attention: AttentionMap | None = Field(None, description="Only when attention=rollout, last or gradient")
     overlay_png: str | None = Field(None, description="Base64 PNG of the map over the image; only when overlay=true")
+    embedding: list[float] | None = Field(
+        None,
+        description="The pooled representation the classification head receives (model width values); "
+        "only when embedding=true, L2-normalised with normalize=true",
+    )
 
 
 class PredictResponse(BaseModel):
@@ -57,6 +62,7 @@ class ModelInfo(BaseModel):
     device: str
     dtype: str
     backend: str = Field(description="What computes probabilities: torch or onnxruntime", examples=["onnxruntime"])
+    embedding_dim: int = Field(description="Length of an image's embedding (embedding=true)", examples=[192])
 
 
 class ModelList(BaseModel):
@@ -91,6 +97,7 @@ def model_info(model: ServedModel) -> ModelInfo:
         device=str(model.predictor.device),
         backend=model.predictor.backend,
         dtype=str(model.predictor.dtype).removeprefix("torch."),
+        embedding_dim=model.predictor.embedding_dim,
     )
 
 
@@ -111,6 +118,8 @@ def image_result(prediction: Prediction, classes: list[str], top_k: int, attenti
         result.attention = AttentionMap(method=attention, grid=[grid.shape[0], grid.shape[1]], map=grid.tolist())
     if prediction.overlay_png is not None:
         result.overlay_png = base64.b64encode(prediction.overlay_png).decode("ascii")
+    if prediction.embedding is not None:
+        result.embedding = prediction.embedding.tolist()
     return result
 
 

@@ -4,7 +4,9 @@ Inputs (one per request): `image`, BYTES [N] or [N, 1], encoded image files deco
 exactly as /predict does; or `pixels`, FP32 [N, C, H, W], already preprocessed. Outputs:
 `probabilities`, FP32 [N, classes], and `attention`, FP32 [N, grid, grid], when the request parameter
 `attention` names a map (`rollout`, `last`, or `gradient` for the class in the parameter `target`,
-default each image's top-1). Extensions: binary tensor data (`Inference-Header-Content-Length`,
+default each image's top-1); and `embedding`, FP32 [N, D], the pooled representation the head
+receives, when the output is asked for or the parameter `embedding` is true (`normalize`: L2-normalised).
+Extensions: binary tensor data (`Inference-Header-Content-Length`,
 `binary_data_size`; BYTES elements as 4-byte little-endian length + bytes) and classification
 (`classification: k` on an output: BYTES [N, k] of Triton's "score:index:label").
 In JSON, a BYTES element of `image` is the base64 of the file (raw image bytes are not valid JSON text).
@@ -30,7 +32,8 @@ from app.core.served_model import ServedModel
 
 HEADER_LENGTH = "inference-header-content-length"
 IMAGE, PIXELS = "image", "pixels"
-PROBABILITIES, ATTENTION = "probabilities", "attention"
+PROBABILITIES, ATTENTION, EMBEDDING = "probabilities", "attention", "embedding"
+OUTPUT_NAMES = (PROBABILITIES, ATTENTION, EMBEDDING)
 SERVER_NAME = "vit-serve"
 EXTENSIONS = ["binary_tensor_data", "classification"]
 
@@ -135,6 +138,7 @@ def model_metadata(model: ServedModel) -> V2ModelMetadata:
         outputs=[
             V2TensorMetadata(name=PROBABILITIES, datatype="FP32", shape=[-1, len(model.classes)]),
             V2TensorMetadata(name=ATTENTION, datatype="FP32", shape=[-1, grid, grid]),
+            V2TensorMetadata(name=EMBEDDING, datatype="FP32", shape=[-1, model.predictor.embedding_dim]),
         ],
     )
 
@@ -165,7 +169,13 @@ def parse_request(header: bytes) -> InferRequest:
 def decode_request(header: bytes, binary: bytes, input_shape: tuple[int, int, int], max_images: int) -> Decoded:
     """Check and decode one infer request against the model's input shape (C, H, W)."""
     request = parse_request(header)
-    options = InferOptions(request_attention(request), request_target(request))
+    embedding = request_flag(request, EMBEDDING) or any(o.name == EMBEDDING for o in request.outputs or [])
+    options = InferOptions(
+        request_attention(request),
+        request_target(request),
+        embedding=embedding,
+        normalize=request_flag(request, "normalize"),
+    )
     if len(request.inputs) != 1:
         raise InvalidInput(f"send exactly one input, {IMAGE!r} (BYTES) or {PIXELS!r} (FP32); got {len(request.inputs)}")
     check_outputs(request, options.attention)  # before any compute is spent
@@ -200,17 +210,24 @@ def request_target(request: InferRequest) -> str | None:
     return str(target)
 
 
+def request_flag(request: InferRequest, name: str) -> bool:
+    value = (request.parameters or {}).get(name, False)
+    if not isinstance(value, bool):
+        raise InvalidInput(f"the parameter {name} must be true or false, got {value!r}")
+    return value
+
+
 def check_outputs(request: InferRequest, attention: str) -> None:
     for output in request.outputs or []:
-        if output.name not in (PROBABILITIES, ATTENTION):
-            raise InvalidInput(f"unknown output {output.name!r}; this model gives {PROBABILITIES!r} and {ATTENTION!r}")
+        if output.name not in OUTPUT_NAMES:
+            raise InvalidInput(f"unknown output {output.name!r}; this model gives {', '.join(map(repr, OUTPUT_NAMES))}")
         if output.name == ATTENTION and attention == "none":
             raise InvalidInput(
                 f"output {ATTENTION!r} needs the request parameter attention set to rollout, last or gradient"
             )
         k = (output.parameters or {}).get("classification", 0)
-        if output.name == ATTENTION and k:
-            raise InvalidInput(f"classification applies to {PROBABILITIES!r}, not {ATTENTION!r}")
+        if output.name != PROBABILITIES and k:
+            raise InvalidInput(f"classification applies to {PROBABILITIES!r}, not {output.name!r}")
         if not isinstance(k, int) or isinstance(k, bool) or k < 0:
             raise InvalidInput(f"output {output.name!r}: classification must be a non-negative integer, got {k!r}")
 
@@ -335,9 +352,11 @@ def encode_response(decoded: Decoded, predictions: list[Prediction], model: Serv
     """The infer response: requested outputs (default: probabilities, and attention when asked for)."""
     request = decoded.request
     attention = decoded.options.attention
-    wanted = request.outputs or [OutputWanted(name=PROBABILITIES)] + (
-        [OutputWanted(name=ATTENTION)] if attention != "none" else []
-    )
+    wanted = request.outputs or [
+        OutputWanted(name=PROBABILITIES),
+        *([OutputWanted(name=ATTENTION)] if attention != "none" else []),
+        *([OutputWanted(name=EMBEDDING)] if decoded.options.embedding else []),
+    ]
     binary_default = bool((request.parameters or {}).get("binary_data_output", False))
     tensors, binaries = [], []
     for output in wanted:
@@ -382,6 +401,9 @@ def output_tensor(
     if name == ATTENTION:
         maps = torch.stack([p.attention_map for p in predictions if p.attention_map is not None])  # (N, g, g)
         return name, "FP32", list(maps.shape), maps.float().flatten().numpy()
+    if name == EMBEDDING:
+        embeddings = torch.stack([p.embedding for p in predictions if p.embedding is not None])  # (N, D)
+        return name, "FP32", list(embeddings.shape), embeddings.float().flatten().numpy()
     raise AssertionError(f"unchecked output {name!r}")
 
 

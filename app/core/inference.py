@@ -11,10 +11,11 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from app.core.onnx_backend import OnnxLogits
+from app.core.onnx_backend import OnnxForward
 from app.core.request import AttentionKind
 from model.checkpoint import Checkpoint
-from model.rollout import GRADIENT, attention_map, gradient_attention_map
+from model.rollout import GRADIENT, Readout, attention_map, gradient_attention_map
+from model.vit import ViT
 
 log = logging.getLogger("app.inference")
 
@@ -24,12 +25,14 @@ class ImageInput:
     pixels: Tensor  # (C, S, S) float32, normalised
     attention: AttentionKind
     target: int | None = None  # the class a gradient map explains (None: the top-1 class)
+    embedding: bool = False  # also return the embedding the head receives
 
 
 @dataclass(frozen=True)
 class ImageOutput:
     probabilities: Tensor  # (num_classes,) float32 on the CPU
     attention_map: Tensor | None  # (grid, grid) in [0, 1], when asked for
+    embedding: Tensor | None = None  # (dim,) float32 on the CPU, when asked for
 
 
 Backend = Literal["torch", "onnxruntime"]
@@ -61,8 +64,9 @@ def inference_dtype(device: torch.device) -> torch.dtype:
 class Predictor:
     """Runs batches through the checkpoint's model: probabilities for all, attention maps for those asking.
 
-    Plain probabilities come from the backend (eager torch, or an ONNX Runtime graph exported from the
-    same model); attention maps always come from the torch model, which alone returns the weights.
+    Plain probabilities and embeddings come from the backend (eager torch, or an ONNX Runtime graph
+    exported from the same model), both from one pass; attention maps always come from the torch
+    model, which alone returns the weights (and the embeddings of the same pass).
     """
 
     def __init__(self, checkpoint: Checkpoint, device: torch.device, backend: Backend = "torch") -> None:
@@ -72,9 +76,14 @@ class Predictor:
         config = checkpoint.config
         self.input_shape = (config.in_channels, config.image_size, config.image_size)
         self.backend = backend
-        self.logits: Callable[[Tensor], Tensor] = self.model
+        self.embedding_dim = config.dim
+        self.forward_plain: Callable[[Tensor], tuple[Tensor, Tensor]] = self.torch_forward
         if backend == "onnxruntime":
-            self.logits = OnnxLogits(self.model, self.input_shape, torch.get_num_threads())
+            self.forward_plain = OnnxForward(self.model, self.input_shape, torch.get_num_threads())
+
+    def torch_forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        logits, embedding, _ = self.model.forward_with_embedding(x)
+        return logits, embedding
 
     def __call__(self, batch: list[ImageInput]) -> list[ImageOutput]:
         try:
@@ -96,19 +105,21 @@ class Predictor:
         if by_gradient:  # class-specific maps need a backward pass: their own forward, with gradients
             targets = [batch[i].target for i in by_gradient]
             chosen = None if all(t is None for t in targets) else self.targets(x[by_gradient], targets)
-            logits, maps = gradient_attention_map(self.model, x[by_gradient], chosen)
+            recording = RecordingEmbedding(self.model)
+            logits, maps = gradient_attention_map(recording, x[by_gradient], chosen)
             probabilities = logits.float().softmax(dim=-1).cpu()
+            embeddings = embeddings_asked(recording.embedding, [batch[i] for i in by_gradient])
             for j, i in enumerate(by_gradient):
-                outputs[i] = ImageOutput(probabilities[j], maps[j].float().cpu())
+                outputs[i] = ImageOutput(probabilities[j], maps[j].float().cpu(), embeddings.get(j))
         return [outputs[i] for i in range(len(batch))]
 
     @torch.inference_mode()
     def forward_weights(self, x: Tensor, items: list[ImageInput], index: list[int]) -> dict[int, ImageOutput]:
-        """Probabilities, and rollout/last maps for the items asking: one pass for all of them."""
+        """Probabilities, and rollout/last maps and embeddings for the items asking: one pass for all of them."""
         wanted = [j for j, item in enumerate(items) if item.attention != "none"]
         maps: dict[int, Tensor] = {}
         if wanted:  # one pass on the explicit path serves plain and attention requests alike
-            logits, attentions = self.model.forward_with_attention(x)
+            logits, embedding, attentions = self.model.forward_with_embedding(x, return_attention=True)
             for method in {items[j].attention for j in wanted}:
                 idx = [j for j in wanted if items[j].attention == method]
                 rows = torch.tensor(idx, device=self.device)
@@ -116,16 +127,17 @@ class Predictor:
                 for j, m in zip(idx, found.float().cpu(), strict=True):
                     maps[j] = m
         else:
-            logits = self.logits(x)
+            logits, embedding = self.forward_plain(x)
         probabilities = logits.float().softmax(dim=-1).cpu()  # (B, num_classes)
-        return {i: ImageOutput(probabilities[j], maps.get(j)) for j, i in enumerate(index)}
+        embeddings = embeddings_asked(embedding, items)
+        return {i: ImageOutput(probabilities[j], maps.get(j), embeddings.get(j)) for j, i in enumerate(index)}
 
     def targets(self, x: Tensor, targets: list[int | None]) -> Tensor:
         """The asked-for class per image; the top-1 class where none was asked for."""
         top1: list[int] = []
         if any(t is None for t in targets):
             with torch.inference_mode():
-                top1 = self.logits(x).argmax(dim=1).tolist()
+                top1 = self.forward_plain(x)[0].argmax(dim=1).tolist()
         chosen = [t if t is not None else top1[j] for j, t in enumerate(targets)]
         return torch.tensor(chosen, device=self.device)  # made outside inference mode: it enters autograd
 
@@ -142,3 +154,28 @@ class Predictor:
         seconds = time.perf_counter() - started
         log.info("warmed up batch sizes %s in %.2fs", sizes, seconds)
         return seconds
+
+
+def embeddings_asked(embedding: Tensor | None, items: list[ImageInput]) -> dict[int, Tensor]:
+    """Row j's embedding (dim,) as float32 on the CPU, for the items that asked; only those rows are copied."""
+    rows = [j for j, item in enumerate(items) if item.embedding]
+    if not rows or embedding is None:
+        return {}
+    return dict(zip(rows, embedding[rows].float().cpu(), strict=True))
+
+
+class RecordingEmbedding:
+    """The model as `gradient_attention_map` calls it, keeping the embedding of that same pass."""
+
+    def __init__(self, model: ViT) -> None:
+        self.model = model
+        self.embedding: Tensor | None = None
+
+    @property
+    def readout(self) -> Readout:
+        return self.model.readout
+
+    def forward_with_attention(self, x: Tensor) -> tuple[Tensor, list[Tensor]]:
+        logits, embedding, attentions = self.model.forward_with_embedding(x, return_attention=True)
+        self.embedding = embedding.detach()
+        return logits, attentions

@@ -1,4 +1,4 @@
-"""The ONNX Runtime backend: the model's logits from an ONNX graph exported at startup from the loaded model.
+"""The ONNX Runtime backend: the model's logits and embeddings from an ONNX graph exported at startup.
 
 Nothing is left on disk for the user to manage: the graph is exported from the checkpoint's model
 into a temporary directory (which also takes weights over protobuf's 2 GB limit as external data),
@@ -18,20 +18,35 @@ import onnxruntime as ort
 import torch
 from torch import Tensor, nn
 
+from model.vit import ViT
+
 log = logging.getLogger("app.inference")
 
 INPUT = "pixels"
-OUTPUT = "logits"
+OUTPUTS = ["logits", "embedding"]
 
 
 class OnnxExportError(ValueError):
     """The model could not be exported to ONNX or loaded by ONNX Runtime."""
 
 
-class OnnxLogits:
-    """`logits = OnnxLogits(model, (C, H, W), threads)(pixels)`: float32 (B, C, H, W) -> (B, classes) on the CPU."""
+class LogitsAndEmbedding(nn.Module):
+    """What the graph computes: a ViT's logits and the embedding its head receives, from one pass."""
 
-    def __init__(self, model: nn.Module, input_shape: tuple[int, int, int], threads: int) -> None:
+    def __init__(self, model: ViT) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        logits, embedding, _ = self.model.forward_with_embedding(x)
+        return logits, embedding
+
+
+class OnnxForward:
+    """`logits, embedding = OnnxForward(model, (C, H, W), threads)(pixels)`: float32 (B, C, H, W) ->
+    (B, classes) and (B, dim) on the CPU."""
+
+    def __init__(self, model: ViT, input_shape: tuple[int, int, int], threads: int) -> None:
         started = time.perf_counter()
         try:
             tmp = tempfile.TemporaryDirectory(prefix="vit-onnx-")
@@ -39,7 +54,7 @@ class OnnxLogits:
             raise OnnxExportError(f"no writable temporary directory for the ONNX export ({e}); set TMPDIR") from None
         with tmp:
             path = Path(tmp.name) / "model.onnx"
-            export(model, input_shape, path)
+            export(LogitsAndEmbedding(model), input_shape, path)
             options = ort.SessionOptions()
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
@@ -53,9 +68,9 @@ class OnnxLogits:
         log.info("exported the model to ONNX and built an ORT session (%d threads) in %.1fs",
                  threads, time.perf_counter() - started)  # fmt: skip
 
-    def __call__(self, pixels: Tensor) -> Tensor:
-        (logits,) = self.session.run([OUTPUT], {INPUT: pixels.contiguous().numpy()})
-        return torch.from_numpy(logits)
+    def __call__(self, pixels: Tensor) -> tuple[Tensor, Tensor]:
+        logits, embedding = self.session.run(OUTPUTS, {INPUT: pixels.contiguous().numpy()})
+        return torch.from_numpy(logits), torch.from_numpy(embedding)
 
 
 def export(model: nn.Module, input_shape: tuple[int, int, int], path: Path) -> None:
@@ -65,7 +80,7 @@ def export(model: nn.Module, input_shape: tuple[int, int, int], path: Path) -> N
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the exporter warns about internals the user cannot act on
             program = torch.onnx.export(
-                model, (example,), input_names=[INPUT], output_names=[OUTPUT],
+                model, (example,), input_names=[INPUT], output_names=OUTPUTS,
                 dynamic_shapes=({0: torch.export.Dim.DYNAMIC},), dynamo=True, verbose=False,
             )  # fmt: skip
     except Exception as e:  # torch.export and the ONNX translation raise many types for unsupported code

@@ -29,6 +29,8 @@ class InferOptions:
     attention: AttentionKind = "none"
     target: str | None = None  # with attention=gradient: the class to explain, label or index (None: top-1)
     overlay: bool = False  # also draw the map over the image as a PNG
+    embedding: bool = False  # also return the embedding the classification head receives
+    normalize: bool = False  # with embedding: L2-normalised
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_KINDS:
@@ -37,6 +39,8 @@ class InferOptions:
             raise InvalidInput("overlay=true draws an attention map: also pass attention=rollout, last or gradient")
         if self.target is not None and self.attention != "gradient":
             raise InvalidInput("target chooses the class a gradient map explains: also pass attention=gradient")
+        if self.normalize and not self.embedding:
+            raise InvalidInput("normalize=true L2-normalises the embedding: also pass embedding=true")
 
 
 @dataclass(frozen=True)
@@ -47,3 +51,4 @@ class Prediction:
     probabilities: Tensor  # (num_classes,) float32 on the CPU
     attention_map: Tensor | None  # (grid, grid) in [0, 1], when asked for
     overlay_png: bytes | None  # the map over the image, when asked for
+    embedding: Tensor | None = None  # (dim,) float32 on the CPU, when asked for

@@ -35,6 +35,18 @@ log = logging.getLogger("app")
 
 
 @dataclass(frozen=True)
+class Wanted:
+    """What to compute for each image of one request, with the target class resolved."""
+
+    attention: AttentionKind
+    target: int | None
+    embedding: bool
+
+    def input(self, pixels: torch.Tensor) -> ImageInput:
+        return ImageInput(pixels, self.attention, self.target, self.embedding)
+
+
+@dataclass(frozen=True)
 class Prepared:
     filename: str
     image: Image.Image | None  # kept only when an overlay is drawn
@@ -118,21 +130,18 @@ class ServedModel:
         )
 
     async def run_images(
-        self, images: Sequence[EncodedImage], attention: AttentionKind, target: int | None, keep_images: bool,
-        pool: Executor, deadline: float,
-    ) -> tuple[list[Prepared], list[ImageOutput]]:  # fmt: skip
+        self, images: Sequence[EncodedImage], wanted: Wanted, keep_images: bool, pool: Executor, deadline: float
+    ) -> tuple[list[Prepared], list[ImageOutput]]:
         """All of one request's files: decoded first, so a bad one fails the request before any compute."""
         loop = asyncio.get_running_loop()
         with self.batcher.admit(len(images)) as admission:  # refused here, before any CPU is spent on decoding
             prepared = await asyncio.gather(*(loop.run_in_executor(pool, self.prepare, i, keep_images) for i in images))
-            futures = admission.submit([ImageInput(p.pixels, attention, target) for p in prepared], deadline)
+            futures = admission.submit([wanted.input(p.pixels) for p in prepared], deadline)
         return list(prepared), await wait_for_outputs(futures, deadline)
 
-    async def run_pixels(
-        self, pixels: torch.Tensor, attention: AttentionKind, target: int | None, deadline: float
-    ) -> list[ImageOutput]:
+    async def run_pixels(self, pixels: torch.Tensor, wanted: Wanted, deadline: float) -> list[ImageOutput]:
         """Already preprocessed images (N, C, H, W) through the same batcher."""
-        futures = self.batcher.submit([ImageInput(p, attention, target) for p in pixels], deadline)
+        futures = self.batcher.submit([wanted.input(p) for p in pixels], deadline)
         return await wait_for_outputs(futures, deadline)
 
 

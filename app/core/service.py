@@ -24,7 +24,7 @@ from app.core.inference import ImageOutput
 from app.core.metrics import Metrics, ModelMetrics
 from app.core.overlay import overlay_png
 from app.core.request import EncodedImage, InferOptions, Prediction
-from app.core.served_model import Prepared, ServedModel
+from app.core.served_model import Prepared, ServedModel, Wanted
 from app.settings import Settings
 from model.device import cuda_unavailable_reason, resolve_device
 
@@ -92,22 +92,18 @@ class Service:
         self, model: ServedModel, inputs: Sequence[EncodedImage] | torch.Tensor, options: InferOptions
     ) -> list[Prediction]:
         """Predictions for encoded image files, or for preprocessed pixels (N, C, H, W), in input order."""
-        target = model.target_index(options.target)
+        wanted = Wanted(options.attention, model.target_index(options.target), options.embedding)
         deadline = time.monotonic() + self.settings.request_timeout_s
         if isinstance(inputs, torch.Tensor):
             if options.overlay:
                 raise InvalidInput("an overlay is drawn over the image file: send images, not pixels")
-            outputs = await model.run_pixels(inputs, options.attention, target, deadline)
-            return [Prediction(f"pixels[{i}]", o.probabilities, o.attention_map, None) for i, o in enumerate(outputs)]
-        prepared, outputs = await model.run_images(
-            inputs, options.attention, target, options.overlay, self.cpu_pool, deadline
-        )
+            outputs = await model.run_pixels(inputs, wanted, deadline)
+            names = [f"pixels[{i}]" for i in range(len(outputs))]
+            return [prediction(name, o, None, options.normalize) for name, o in zip(names, outputs, strict=True)]
+        prepared, outputs = await model.run_images(inputs, wanted, options.overlay, self.cpu_pool, deadline)
         if options.overlay:  # PNG encoding of every map: milliseconds each, on the pool
-            return await self.run_in_pool(with_overlays, prepared, outputs)
-        return [
-            Prediction(p.filename, o.probabilities, o.attention_map, None)
-            for p, o in zip(prepared, outputs, strict=True)
-        ]
+            return await self.run_in_pool(with_overlays, prepared, outputs, options.normalize)
+        return [prediction(p.filename, o, None, options.normalize) for p, o in zip(prepared, outputs, strict=True)]
 
     async def run_in_pool(self, fn: Callable[..., T], *args: object) -> T:
         """`fn(*args)` on the CPU pool, so the event loop only parses, awaits and writes."""
@@ -116,7 +112,7 @@ class Service:
     async def encode(self, predictions: list[Prediction], fn: Callable[..., T], *args: object) -> T:
         """An edge's response encoder `fn(*args)` for these predictions: on the event loop when it costs
         less than the hop to the pool (a few numbers), on the pool for overlays, maps and many classes."""
-        values = sum(p.probabilities.numel() for p in predictions)
+        values = sum(p.probabilities.numel() + (0 if p.embedding is None else p.embedding.numel()) for p in predictions)
         costly = values > INLINE_ENCODE_MAX_VALUES or any(p.attention_map is not None for p in predictions)
         return await self.run_in_pool(fn, *args) if costly else fn(*args)
 
@@ -141,14 +137,21 @@ INLINE_ENCODE_MAX_VALUES = 1000
 NOT_READY = "not ready: the models are not loaded yet or the service is draining; retry shortly"
 
 
-def with_overlays(prepared: list[Prepared], outputs: list[ImageOutput]) -> list[Prediction]:
+def prediction(filename: str, output: ImageOutput, overlay: bytes | None, normalize: bool) -> Prediction:
+    embedding = output.embedding
+    if embedding is not None and normalize:
+        embedding = torch.nn.functional.normalize(embedding, dim=0)
+    return Prediction(filename, output.probabilities, output.attention_map, overlay, embedding)
+
+
+def with_overlays(prepared: list[Prepared], outputs: list[ImageOutput], normalize: bool) -> list[Prediction]:
     """Predictions with each image's map drawn over it."""
     return [
-        Prediction(
+        prediction(
             p.filename,
-            o.probabilities,
-            o.attention_map,
+            o,
             overlay_png(p.image, o.attention_map) if p.image is not None and o.attention_map is not None else None,
+            normalize,
         )
         for p, o in zip(prepared, outputs, strict=True)
     ]

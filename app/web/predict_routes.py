@@ -75,9 +75,13 @@ async def predict(
     target: Annotated[
         str | None, Query(description="With attention=gradient: the class (label or index) to explain; default top-1")
     ] = None,
+    embedding: Annotated[
+        bool, Query(description="Also return each image's embedding (what the classification head receives)")
+    ] = False,
+    normalize: Annotated[bool, Query(description="With embedding=true: L2-normalise it")] = False,
 ) -> Response:
-    """Classify one or more images; optionally return attention maps and overlays."""
-    options = InferOptions(attention, target, overlay)
+    """Classify one or more images; optionally return attention maps, overlays and embeddings."""
+    options = InferOptions(attention, target, overlay, embedding, normalize)
     served = service.model(model)
     images = await read_images(request, service.settings.max_upload_bytes, service.settings.max_files)
     return await respond_unless_disconnected(request, answer(service, served, images, options, top_k))

@@ -4,6 +4,7 @@ library's own pipeline (its eval transform and model) on the same non-square fil
 from __future__ import annotations
 
 import io
+import json
 import subprocess
 import sys
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from tests.support.clients import ClientFactory
 from tests.support.images import encode
 
 PROBABILITY_ATOL = 1e-4
+EMBEDDING_ATOL = 1e-4  # absolute, per component (fp32; components of order 1)
 
 
 @pytest.mark.parametrize("source", ["timm", "torchvision", "hf"])
@@ -45,6 +47,48 @@ async def test_served_probabilities_equal_the_library(
     assert info["input_size"] == [224, 224] and info["training"]["converted_from"]["source"] in (
         "timm", "torchvision", "huggingface",
     )  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
+async def test_served_embeddings_equal_timms_pre_logits(
+    make_client: ClientFactory, pretrained: Callable[[str], Pretrained], photo: Image.Image, backend: str
+) -> None:
+    """/predict and V2 embeddings are timm's forward_head(..., pre_logits=True) of the same pixels, alone or batched."""
+    ref = pretrained("timm")
+    pngs = [
+        encode(photo),
+        encode(photo.rotate(90, expand=True)),
+        encode(photo.transpose(Image.Transpose.FLIP_LEFT_RIGHT)),
+    ]
+    with torch.inference_mode():
+        pixels = torch.stack([ref.transform(Image.open(io.BytesIO(png)).convert("RGB")) for png in pngs])
+        expected = ref.model.forward_head(ref.model.forward_features(pixels), pre_logits=True)  # type: ignore[attr-defined]
+    files = [("files", (f"{i}.png", png, "image/png")) for i, png in enumerate(pngs)]
+    async with make_client(weights=ref.checkpoint, max_batch_size=4, warmup=False, backend=backend) as client:
+        together = await client.post("/predict", files=files, params={"embedding": "true"})
+        alone = await client.post("/predict", files=files[1:2], params={"embedding": "true", "attention": "rollout"})
+        unit = await client.post("/predict", files=files[:1], params={"embedding": "true", "normalize": "true"})
+        raw = b"".join(len(p).to_bytes(4, "little") + p for p in pngs)
+        tensor = {"name": "image", "datatype": "BYTES", "shape": [3], "parameters": {"binary_data_size": len(raw)}}
+        header = json.dumps({"inputs": [tensor], "outputs": [{"name": "embedding"}]}).encode()
+        v2 = await client.post(
+            "/v2/models/timm-vit/infer",
+            content=header + raw,
+            headers={"Inference-Header-Content-Length": str(len(header))},
+        )
+        info = (await client.get("/v1/model")).json()
+    assert together.status_code == alone.status_code == unit.status_code == v2.status_code == 200, v2.text
+    assert info["embedding_dim"] == 192
+    served = torch.tensor([r["embedding"] for r in together.json()["results"]])
+    assert served.shape == (3, 192)
+    torch.testing.assert_close(served, expected, atol=EMBEDDING_ATOL, rtol=0)
+    alone_embedding = torch.tensor(alone.json()["results"][0]["embedding"])  # the attention path, batch of one
+    torch.testing.assert_close(alone_embedding, expected[1], atol=EMBEDDING_ATOL, rtol=0)
+    normalised = torch.tensor(unit.json()["results"][0]["embedding"])
+    torch.testing.assert_close(normalised, torch.nn.functional.normalize(expected[0], dim=0), atol=1e-5, rtol=0)
+    [output] = v2.json()["outputs"]
+    assert output["name"] == "embedding" and output["shape"] == [3, 192]
+    torch.testing.assert_close(torch.tensor(output["data"]).view(3, 192), expected, atol=EMBEDDING_ATOL, rtol=0)
 
 
 async def test_average_pooled_model_with_registers_serves_attention_maps(

@@ -38,6 +38,18 @@ def same_logits(checkpoint: Path, reference: Callable[[torch.Tensor], torch.Tens
     torch.testing.assert_close(ours, theirs, atol=ATOL, rtol=0)
 
 
+def same_embedding(checkpoint: Path, timm_model: Any) -> None:
+    """Our embedding is timm's pre-logits: `forward_head(forward_features(x), pre_logits=True)`."""
+    ckpt = load_checkpoint(checkpoint)
+    size = ckpt.config.image_size
+    x = torch.randn(3, 3, size, size, generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        _, ours, _ = ckpt.model.forward_with_embedding(x)
+        theirs = timm_model.forward_head(timm_model.forward_features(x), pre_logits=True)
+    assert ours.shape == (3, ckpt.config.dim) and theirs.std() > 0.1
+    torch.testing.assert_close(ours, theirs, atol=ATOL, rtol=0)
+
+
 def convert_timm_model(model: Any, tmp_path: Path, arch: str, suffix: str = ".safetensors") -> Path:
     weights = tmp_path / f"weights{suffix}"
     if suffix == ".safetensors":
@@ -76,6 +88,7 @@ def test_timm_architectures_with_extra_features(tmp_path: Path, arch: str, featu
     assert {k: getattr(config, k) for k in features} == features
     assert config.num_classes == 7 and config.norm_eps == 1e-6
     same_logits(out, m)
+    same_embedding(out, m)
 
 
 @pytest.mark.parametrize(
@@ -96,6 +109,8 @@ def test_timm_options_convert_exactly(kwargs: dict[str, Any]) -> None:
     x = torch.randn(2, 3, 224, 224)
     with torch.inference_mode():
         torch.testing.assert_close(model(x), m(x), atol=ATOL, rtol=0)
+        pre_logits = m.forward_head(m.forward_features(x), pre_logits=True)
+        torch.testing.assert_close(model.forward_with_embedding(x)[1], pre_logits, atol=ATOL, rtol=0)
 
 
 @pytest.mark.parametrize(

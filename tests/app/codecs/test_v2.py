@@ -49,6 +49,13 @@ def test_pixels_in_json() -> None:
         (b'{"inputs": []}', "send exactly one input"),
         (b'{"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 3, 8, 8], "data": []}]}', "must have shape"),
         (b'{"inputs": [{"name": "x", "datatype": "BYTES", "shape": [1], "data": ["AA=="]}]}', "unknown input 'x'"),
+        (b'{"inputs": [], "parameters": {"embedding": "yes"}}', "the parameter embedding must be true or false"),
+        (b'{"inputs": [], "parameters": {"normalize": true}}', "also pass embedding=true"),
+        (
+            b'{"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1], "data": ["AA=="]}],'
+            b' "outputs": [{"name": "embedding", "parameters": {"classification": 2}}]}',
+            "not 'embedding'",
+        ),
     ],
 )
 def test_malformed_requests_say_what_to_fix(body: bytes, message: str) -> None:
@@ -82,8 +89,31 @@ async def test_binary_outputs_and_classification(service: Service) -> None:
     np.testing.assert_array_equal(np.frombuffer(raw, "<f4").reshape(4, 4), predictions[0].attention_map.numpy())
 
 
+def test_asking_for_the_embedding_output_or_parameter_computes_it() -> None:
+    header, binary = binary_request([b"x"], outputs=[{"name": "embedding"}])
+    assert decode_request(header, binary, SHAPE, 8).options.embedding
+    header, binary = binary_request([b"x"], {"embedding": True, "normalize": True})
+    options = decode_request(header, binary, SHAPE, 8).options
+    assert options.embedding and options.normalize
+    header, binary = binary_request([b"x"])
+    assert not decode_request(header, binary, SHAPE, 8).options.embedding
+
+
+async def test_the_embedding_output(service: Service) -> None:
+    model = service.model(None)
+    header, binary = binary_request([b"x", b"y"], {"embedding": True})
+    decoded = decode_request(header, binary, model.input_shape, 8)
+    embeddings = torch.randn(2, 32)
+    predictions = [Prediction(f"image[{i}]", torch.full((10,), 0.1), None, None, embeddings[i]) for i in range(2)]
+    response = json.loads(encode_response(decoded, predictions, model).body)
+    assert [o["name"] for o in response["outputs"]] == ["probabilities", "embedding"]
+    assert response["outputs"][1]["shape"] == [2, 32]
+    torch.testing.assert_close(torch.tensor(response["outputs"][1]["data"]).view(2, 32), embeddings)
+
+
 async def test_model_metadata_lists_both_inputs(service: Service) -> None:
     meta = model_metadata(service.model(None))
     assert [(t.name, t.datatype, t.shape) for t in meta.inputs] == [("image", "BYTES", [-1]),
                                                                     ("pixels", "FP32", [-1, 3, 32, 32])]  # fmt: skip
-    assert meta.outputs[0].name == "probabilities" and meta.outputs[0].shape == [-1, 10]
+    assert [(t.name, t.shape) for t in meta.outputs] == [("probabilities", [-1, 10]), ("attention", [-1, 4, 4]),
+                                                         ("embedding", [-1, 32])]  # fmt: skip

@@ -8,8 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from app.core.inference import resolve_backend
-from app.core.onnx_backend import OnnxExportError, OnnxLogits
+from app.core.onnx_backend import OnnxExportError, OnnxForward
 from model.shapes import make_sample
 from model.vit import ViTConfig
 from tests.support.checkpoints import TINY, tiny_model
@@ -17,6 +16,7 @@ from tests.support.clients import ClientFactory
 from tests.support.images import encode
 
 TOLERANCE = 1e-5  # largest difference allowed between ONNX Runtime's and torch's probabilities
+EMBEDDING_TOLERANCE = 1e-4  # absolute, per component of an embedding (values of order 1)
 
 VARIANTS = {
     "standard": TINY,
@@ -30,25 +30,18 @@ VARIANTS = {
 
 
 @pytest.mark.parametrize("config", VARIANTS.values(), ids=VARIANTS.keys())
-def test_exported_graph_gives_torchs_probabilities(config: ViTConfig) -> None:
+def test_exported_graph_gives_torchs_probabilities_and_embeddings(config: ViTConfig) -> None:
     model = tiny_model(config, seed=1)
-    logits = OnnxLogits(model, (config.in_channels, config.image_size, config.image_size), threads=1)
+    graph = OnnxForward(model, (config.in_channels, config.image_size, config.image_size), threads=1)
     torch.manual_seed(2)
     for batch in (1, 3, 8):  # the batch dimension is dynamic
         x = torch.randn(batch, config.in_channels, config.image_size, config.image_size)
         with torch.inference_mode():
-            expected = model(x).softmax(-1)
-        got = logits(x).softmax(-1)
-        assert got.shape == expected.shape
-        assert (got - expected).abs().max() < TOLERANCE
-
-
-def test_auto_is_onnxruntime_on_the_cpu_and_torch_on_a_gpu() -> None:
-    assert resolve_backend("auto", torch.device("cpu")) == "onnxruntime"
-    assert resolve_backend("auto", torch.device("cuda", 0)) == "torch"
-    assert resolve_backend("torch", torch.device("cpu")) == "torch"
-    with pytest.raises(ValueError, match="VIT_BACKEND=onnxruntime runs on the CPU"):
-        resolve_backend("onnxruntime", torch.device("cuda", 0))
+            logits, embedding, _ = model.forward_with_embedding(x)
+        got_logits, got_embedding = graph(x)
+        assert got_logits.shape == logits.shape and got_embedding.shape == (batch, config.dim)
+        assert (got_logits.softmax(-1) - logits.softmax(-1)).abs().max() < TOLERANCE
+        assert (got_embedding - embedding).abs().max() < EMBEDDING_TOLERANCE
 
 
 async def test_served_probabilities_and_maps_equal_the_torch_backend(make_client: ClientFactory) -> None:

@@ -20,6 +20,7 @@ def test_the_attention_kinds() -> None:
         ({"overlay": True}, "overlay=true draws an attention map"),
         ({"attention": "rollout", "target": "star"}, "target chooses the class a gradient map explains"),
         ({"target": "3"}, "also pass attention=gradient"),
+        ({"normalize": True}, "normalize=true L2-normalises the embedding: also pass embedding=true"),
     ],
 )
 def test_invalid_combinations_are_refused(options: dict[str, object], message: str) -> None:

@@ -205,7 +205,15 @@ async def test_openapi_documents_the_api(client: httpx.AsyncClient) -> None:
     spec = (await client.get("/openapi.json")).json()
     predict = spec["paths"]["/predict"]["post"]
     assert {"multipart/form-data", "image/*"} <= set(predict["requestBody"]["content"])
-    assert {p["name"] for p in predict["parameters"]} == {"top_k", "attention", "overlay", "model", "target"}
+    assert {p["name"] for p in predict["parameters"]} == {
+        "top_k",
+        "attention",
+        "overlay",
+        "model",
+        "target",
+        "embedding",
+        "normalize",
+    }
     assert {"200", "413", "415", "422", "503", "504"} <= set(predict["responses"])
     for path in ("/v1/model", "/v1/models", "/health/live", "/health/ready", "/metrics"):
         assert path in spec["paths"]
