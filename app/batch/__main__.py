@@ -1,0 +1,141 @@
+"""Offline batch inference: classify files, directories or lists of paths without HTTP, into JSON Lines, CSV or Parquet.
+
+    python -m app.batch photos/ --output labels.jsonl
+    python -m app.batch 'data/**/*.jpg' @more.txt --output out.parquet --checkpoint runs/mine.safetensors \\
+        --top-k 3 --embedding --normalize --attention rollout --batch-size 64
+    python -m app.batch photos/ --output labels.jsonl --resume      # after an interruption
+
+One row per image: path, top-1 label and probability, the top-k labels and probabilities, and on
+request every probability, the embedding and the attention map; a file that cannot be read or
+decoded gets an `error` (the service's own message) and the run goes on. Exit code 0 when every
+image was classified, 1 when any failed, 2 for bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+from typing import get_args
+
+from tqdm import tqdm
+
+from app.batch.inputs import InputError, expand_inputs
+from app.batch.outputs import (
+    Journal,
+    OutputError,
+    Row,
+    journal_path,
+    output_format,
+    read_journal,
+    read_output,
+    write_output,
+)
+from app.batch.runner import Counts, RowOptions, classify_files
+from app.core.errors import ServiceError
+from app.core.metrics import Metrics
+from app.core.request import AttentionKind, InferOptions
+from app.core.service import Service
+from app.settings import BUNDLED_WEIGHTS, Settings
+from model.checkpoint import CheckpointError
+
+USAGE_ERROR, SOME_FAILED = 2, 1
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m app.batch", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+    )  # fmt: skip
+    p.add_argument("inputs", nargs="+", help="files, directories (recursive), glob patterns, or @FILE listing paths")
+    p.add_argument("-o", "--output", type=Path, required=True, help="results file: .jsonl, .csv or .parquet")
+    p.add_argument("--checkpoint", type=Path, default=BUNDLED_WEIGHTS, help="default: the bundled checkpoint")
+    p.add_argument("--top-k", type=int, default=5, help="top classes per row (default 5)")
+    p.add_argument("--probabilities", action="store_true", help="also every class's probability")
+    p.add_argument("--embedding", action="store_true", help="also the embedding the classification head receives")
+    p.add_argument("--normalize", action="store_true", help="with --embedding: L2-normalised")
+    p.add_argument("--attention", choices=get_args(AttentionKind), default="none", help="also this attention map")
+    p.add_argument("--target", help="with --attention gradient: the class to explain (default: each image's top-1)")
+    p.add_argument("--batch-size", type=int, default=32, help="images per forward pass (default 32)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--backend", choices=["auto", "torch", "onnxruntime"], default="auto")
+    p.add_argument("--threads", type=int, default=0, help="torch and ONNX Runtime threads (0: all cores)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted run from what the output holds")
+    args = p.parse_args(argv)
+    if args.top_k < 1 or args.batch_size < 1:
+        p.error("--top-k and --batch-size must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        output_format(args.output)
+        paths = expand_inputs(args.inputs)
+        infer = InferOptions(args.attention, args.target, False, args.embedding, args.normalize)
+        settings = Settings(
+            weights=args.checkpoint, models=None, device=args.device, backend=args.backend,
+            max_batch_size=args.batch_size, max_queue=max(256, 8 * args.batch_size), max_files=1,
+            request_timeout_s=7 * 24 * 3600, warmup=False, threads=args.threads,
+        )  # fmt: skip
+        done = previous_rows(args.output, args.resume)
+    except (InputError, OutputError, ServiceError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return USAGE_ERROR
+    options = RowOptions(args.top_k, args.probabilities, args.embedding, args.attention != "none")
+    todo = [p for p in paths if p not in done]
+    try:
+        counts = asyncio.run(run(settings, todo, infer, options, args.output, list(done.values())))
+    except (CheckpointError, ServiceError, ValueError, OSError) as e:  # the model could not be loaded or served
+        print(f"error: {e}", file=sys.stderr)
+        return USAGE_ERROR
+    rows = {r["path"]: r for r in read_journal(journal_path(args.output))}
+    ordered = [rows[p] for p in paths if p in rows] + [r for p, r in rows.items() if p not in set(paths)]
+    write_output(args.output, ordered, options.columns())
+    journal_path(args.output).unlink()
+    failed = sum(rows[p]["error"] is not None for p in paths if p in rows)
+    print(f"{counts.images} images classified in {counts.seconds:.1f} s ({counts.images_per_s:.1f} images/s), "
+          f"{counts.failed} failed; {len(done)} already done; {len(ordered)} rows in {args.output}"
+          + (f"; {failed} with an error" if failed else ""), file=sys.stderr)  # fmt: skip
+    return SOME_FAILED if failed else 0
+
+
+def previous_rows(output: Path, resume: bool) -> dict[str, Row]:
+    """Rows a resumed run keeps (from the finished output and the journal); an error to overwrite without --resume."""
+    journal = journal_path(output)
+    if not (output.exists() or journal.exists()):
+        return {}
+    if not resume:
+        raise OutputError(f"{output} (or its journal {journal.name}) exists: pass --resume to continue, or remove it")
+    rows = {r["path"]: r for r in read_output(output)} if output.exists() else {}
+    return rows | {r["path"]: r for r in read_journal(journal)}
+
+
+async def run(
+    settings: Settings, paths: list[str], infer: InferOptions, options: RowOptions, output: Path, kept: list[Row]
+) -> Counts:
+    """The core on this event loop, every path through it, the rows into the journal after those `kept`."""
+    service = await asyncio.to_thread(Service.load, settings, Metrics())
+    service.start()
+    try:
+        model = service.model(None)
+        model.target_index(infer.target)  # a bad --target fails before any image
+        journal = Journal(journal_path(output), kept)
+    except ServiceError:
+        await service.shutdown()
+        raise
+    try:
+        with tqdm(total=len(paths), unit="img", desc="classify", disable=None) as bar:
+            return await classify_files(
+                service, model, paths, infer, options, journal.append, bar.update, window=4 * settings.max_batch_size
+            )
+    finally:
+        journal.close()
+        await service.shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

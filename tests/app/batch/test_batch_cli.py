@@ -1,0 +1,146 @@
+"""`python -m app.batch` through its command line: rows equal the service's answers, bad files are rows,
+every output format, resume, and outputs that are whole or absent."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from app.batch.__main__ import main
+from app.batch.outputs import atomic_file, journal_path, read_output
+from model.shapes import make_sample
+from tests.support.clients import ClientFactory
+from tests.support.images import encode
+from tests.support.server import ROOT
+
+
+@pytest.fixture
+def images(tmp_path: Path) -> list[Path]:
+    """Eight PNG and JPEG shapes in a folder tree, a corrupt PNG and a text file."""
+    folder = tmp_path / "images"
+    (folder / "sub").mkdir(parents=True)
+    paths = []
+    for i in range(8):
+        path = folder / ("sub" if i % 2 else "") / f"{i}.{'png' if i % 3 else 'jpg'}"
+        make_sample(5, i).image.convert("RGB").save(path)
+        paths.append(path)
+    (folder / "broken.png").write_bytes(encode(make_sample(5, 9).image)[:60])
+    (folder / "notes.txt").write_text("not an image")
+    return [*paths, folder / "broken.png", folder / "notes.txt"]
+
+
+def run(checkpoint: Path, inputs: list[Path], output: Path, *flags: str) -> int:
+    argv = [*map(str, inputs), "--output", str(output), "--checkpoint", str(checkpoint), "--device", "cpu",
+            "--backend", "torch", "--batch-size", "4", *flags]  # fmt: skip
+    return main(argv)
+
+
+def test_rows_equal_the_services_answers(
+    tiny_checkpoint: Path, images: list[Path], tmp_path: Path, make_client: ClientFactory
+) -> None:
+    output = tmp_path / "out.jsonl"
+    flags = ("--top-k", "3", "--probabilities", "--embedding", "--attention", "rollout")
+    assert run(tiny_checkpoint, images, output, *flags) == 1  # two files failed
+    rows = {r["path"]: r for r in read_output(output)}
+    assert list(rows) == [str(p) for p in images]  # input order
+    answers = asyncio.run(served(make_client, images))
+    for path, r in zip(images, answers, strict=True):
+        row = rows[str(path)]
+        if r.status_code != 200:
+            assert row["error"] == r.json()["detail"] and row["label"] is None
+            continue
+        served_row = r.json()["results"][0]
+        assert row["error"] is None
+        assert row["top_k_labels"] == [t["label"] for t in served_row["top_k"]]
+        assert row["label"] == served_row["top_k"][0]["label"]
+        for key in ("probabilities", "embedding"):
+            torch.testing.assert_close(torch.tensor(row[key]), torch.tensor(served_row[key]), atol=1e-6, rtol=0)
+        torch.testing.assert_close(torch.tensor(row["attention"]), torch.tensor(served_row["attention"]["map"]))
+    errors = [r["error"] for r in rows.values() if r["error"]]
+    assert len(errors) == 2 and all("not a recognised image" in e or "truncated" in e for e in errors)
+
+
+async def served(make_client: ClientFactory, images: list[Path]) -> list[httpx.Response]:
+    """The service's answers for the same files, each sent under its path as the file name."""
+    answers = []
+    async with make_client(max_batch_size=4) as client:
+        for path in images:
+            files = {"file": (str(path), path.read_bytes(), "application/octet-stream")}
+            params: dict[str, str | int | bool] = {"top_k": 3, "attention": "rollout", "embedding": True}
+            answers.append(await client.post("/predict", files=files, params=params))
+    return answers
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".parquet"])
+def test_every_format_holds_the_same_rows(
+    tiny_checkpoint: Path, images: list[Path], tmp_path: Path, suffix: str
+) -> None:
+    reference, output = tmp_path / "ref.jsonl", tmp_path / f"out{suffix}"
+    assert run(tiny_checkpoint, images, reference, "--embedding") == 1
+    assert run(tiny_checkpoint, images, output, "--embedding") == 1
+    expected, got = read_output(reference), read_output(output)
+    assert [r["path"] for r in got] == [r["path"] for r in expected]
+    for a, b in zip(got, expected, strict=True):
+        assert a["label"] == b["label"] and a["error"] == b["error"] and a["top_k_labels"] == b["top_k_labels"]
+        if b["embedding"] is not None:
+            torch.testing.assert_close(torch.tensor(a["embedding"]), torch.tensor(b["embedding"]))
+    assert not journal_path(output).exists()
+
+
+def test_resume_computes_only_what_is_missing(tiny_checkpoint: Path, images: list[Path], tmp_path: Path) -> None:
+    output = tmp_path / "out.csv"
+    good = images[:8]
+    assert run(tiny_checkpoint, good[:3], output) == 0
+    finished = read_output(output)
+    # An interrupted run: two more rows in its journal, marked so a recomputation would show, and a torn line.
+    marked = [{**finished[0], "path": str(p), "label": "from the journal"} for p in good[3:5]]
+    journal_path(output).write_text("".join(json.dumps(r) + "\n" for r in marked) + '{"path": "' + str(good[5]))
+    assert run(tiny_checkpoint, good, output) == 2  # without --resume an existing output is refused
+    assert run(tiny_checkpoint, good, output, "--resume") == 0
+    rows = read_output(output)
+    assert [r["path"] for r in rows] == [str(p) for p in good]
+    assert rows[:3] == finished
+    assert [r["label"] for r in rows[3:5]] == ["from the journal"] * 2  # not computed twice
+    assert all(r["label"] in {"circle", "square", "triangle", "pentagon", "hexagon", "star", "cross", "ring",
+                              "crescent", "arrow"} for r in rows[5:])  # fmt: skip
+    assert not journal_path(output).exists()
+
+
+def test_a_failed_write_leaves_the_previous_output_whole(tmp_path: Path) -> None:
+    output = tmp_path / "out.jsonl"
+    output.write_text('{"path": "a"}\n')
+    with pytest.raises(RuntimeError), atomic_file(output) as tmp:
+        tmp.write_text('{"path": "b"')
+        raise RuntimeError("killed mid-write")
+    assert output.read_text() == '{"path": "a"}\n' and list(tmp_path.iterdir()) == [output]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["missing-dir", "--output", "o.jsonl"], "missing-dir: no such file or directory"),
+        (["{images}", "--output", "o.xlsx"], "the output's suffix names its format"),
+        (["{images}", "--output", "o.jsonl", "--target", "star"], "target chooses the class a gradient map explains"),
+        (
+            ["{images}", "--output", "o.jsonl", "--attention", "gradient", "--target", "moon"],
+            "target 'moon' names no class",
+        ),
+    ],
+)
+def test_bad_arguments_exit_2_with_what_to_fix(
+    tiny_checkpoint: Path, images: list[Path], tmp_path: Path, args: list[str], message: str
+) -> None:
+    argv = [a.replace("{images}", str(images[0].parent)) for a in args]
+    out = subprocess.run(
+        [sys.executable, "-m", "app.batch", *argv, "--checkpoint", str(tiny_checkpoint), "--backend", "torch"],
+        cwd=tmp_path, capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert message in out.stderr
