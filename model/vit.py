@@ -517,9 +517,7 @@ class ViT(nn.Module):
         features, _ = self.forward_features(x)
         return self.forward_head(features)
 
-    def forward_with_embedding(
-        self, x: Tensor, return_attention: bool = False
-    ) -> tuple[Tensor, Tensor, list[Tensor]]:
+    def forward_with_embedding(self, x: Tensor, return_attention: bool = False) -> tuple[Tensor, Tensor, list[Tensor]]:
         """Logits, the embedding (B, dim) and, when asked, every attention layer's weights: one pass."""
         features, attentions = self.forward_features(x, return_attention)
         embedding = self.forward_head(features, pre_logits=True)

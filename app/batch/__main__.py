@@ -4,11 +4,17 @@
     python -m app.batch 'data/**/*.jpg' @more.txt --output out.parquet --checkpoint runs/mine.safetensors \\
         --top-k 3 --embedding --normalize --attention rollout --batch-size 64
     python -m app.batch photos/ --output labels.jsonl --resume      # after an interruption
+    python -m app.batch s3://bucket/images/ --output s3://bucket/labels/ --ray --ray-address auto --actors 8
 
 One row per image: path, top-1 label and probability, the top-k labels and probabilities, and on
 request every probability, the embedding and the attention map; a file that cannot be read or
 decoded gets an `error` (the service's own message) and the run goes on. Exit code 0 when every
 image was classified, 1 when any failed, 2 for bad arguments.
+
+With --ray the job runs as a Ray Data pipeline, on the cluster at --ray-address or a local Ray:
+decoding in CPU tasks, the model in --actors actors (one GPU each when the cluster has GPUs), and
+--output is a directory (a local path or a filesystem URI) of Parquet shards, or JSON Lines shards
+when its name ends in .jsonl or .json.
 """
 
 from __future__ import annotations
@@ -63,15 +69,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--backend", choices=["auto", "torch", "onnxruntime"], default="auto")
     p.add_argument("--threads", type=int, default=0, help="torch and ONNX Runtime threads (0: all cores)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run from what the output holds")
+    ray = p.add_argument_group("Ray Data (pip install 'vit-serve[ray]')")
+    ray.add_argument("--ray", action="store_true", help="run as a Ray Data job; --output is a directory of shards")
+    ray.add_argument(
+        "--ray-address", help="the cluster to join (auto: the one this node belongs to); default: a local Ray"
+    )
+    ray.add_argument("--actors", type=int, default=1, help="model actors, each loading the checkpoint once (default 1)")
     args = p.parse_args(argv)
-    if args.top_k < 1 or args.batch_size < 1:
-        p.error("--top-k and --batch-size must be at least 1")
+    if args.top_k < 1 or args.batch_size < 1 or args.actors < 1:
+        p.error("--top-k, --batch-size and --actors must be at least 1")
+    if args.ray and args.resume:
+        p.error("--resume continues a single-process run; a Ray job writes its shards anew")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    options = RowOptions(args.top_k, args.probabilities, args.embedding, args.attention != "none")
+    if args.ray:
+        return run_ray(args, options)
     try:
         output_format(args.output)
         paths = expand_inputs(args.inputs)
@@ -85,7 +102,6 @@ def main(argv: list[str] | None = None) -> int:
     except (InputError, OutputError, ServiceError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return USAGE_ERROR
-    options = RowOptions(args.top_k, args.probabilities, args.embedding, args.attention != "none")
     todo = [p for p in paths if p not in done]
     try:
         counts = asyncio.run(run(settings, todo, infer, options, args.output, list(done.values())))
@@ -100,6 +116,23 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{counts.images} images classified in {counts.seconds:.1f} s ({counts.images_per_s:.1f} images/s), "
           f"{counts.failed} failed; {len(done)} already done; {len(ordered)} rows in {args.output}"
           + (f"; {failed} with an error" if failed else ""), file=sys.stderr)  # fmt: skip
+    return SOME_FAILED if failed else 0
+
+
+def run_ray(args: argparse.Namespace, options: RowOptions) -> int:
+    from app.batch.ray_job import run_on_ray
+
+    try:
+        infer = InferOptions(args.attention, args.target, False, args.embedding, args.normalize)
+        rows, failed = run_on_ray(
+            args.inputs, str(args.output), args.checkpoint, infer, options, address=args.ray_address,
+            actors=args.actors, batch_size=args.batch_size, device=args.device, backend=args.backend,
+            threads=args.threads, max_pixels=Settings().max_image_pixels,
+        )  # fmt: skip
+    except (InputError, CheckpointError, ServiceError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return USAGE_ERROR
+    print(f"{rows} rows in {args.output}" + (f"; {failed} with an error" if failed else ""), file=sys.stderr)
     return SOME_FAILED if failed else 0
 
 

@@ -117,17 +117,7 @@ class ServedModel:
 
     def target_index(self, target: str | None) -> int | None:
         """A class label, or its index, as the class index a gradient map explains."""
-        if target is None:
-            return None
-        classes = self.classes
-        if target in classes:
-            return classes.index(target)
-        if target.isdigit() and int(target) < len(classes):
-            return int(target)
-        shown = ", ".join(classes[:10]) + (f", ... ({len(classes)} in all)" if len(classes) > 10 else "")
-        raise InvalidInput(
-            f"target {target!r} names no class of model {self.name}; give a label or an index 0..{len(classes) - 1}: {shown}"
-        )
+        return class_index(self.name, self.classes, target)
 
     async def run_images(
         self, images: Sequence[EncodedImage], wanted: Wanted, keep_images: bool, pool: Executor, deadline: float
@@ -143,6 +133,20 @@ class ServedModel:
         """Already preprocessed images (N, C, H, W) through the same batcher."""
         futures = self.batcher.submit([wanted.input(p) for p in pixels], deadline)
         return await wait_for_outputs(futures, deadline)
+
+
+def class_index(model: str, classes: list[str], target: str | None) -> int | None:
+    """A class label, or its index, as the class index a gradient map explains; None for None (the top-1)."""
+    if target is None:
+        return None
+    if target in classes:
+        return classes.index(target)
+    if target.isdigit() and int(target) < len(classes):
+        return int(target)
+    shown = ", ".join(classes[:10]) + (f", ... ({len(classes)} in all)" if len(classes) > 10 else "")
+    raise InvalidInput(
+        f"target {target!r} names no class of model {model}; give a label or an index 0..{len(classes) - 1}: {shown}"
+    )
 
 
 async def wait_for_outputs(futures: list[asyncio.Future[ImageOutput]], deadline: float) -> list[ImageOutput]:
