@@ -12,6 +12,26 @@ RUN python -m venv /opt/venv
 COPY requirements.lock /tmp/requirements.lock
 RUN /opt/venv/bin/pip install -r /tmp/requirements.lock
 
+# `docker build --target ray .`: the same service and batch runner plus Ray (the dashboard and job
+# submission KubeRay uses, and Ray Data), for deploy/ray. KubeRay starts `ray start` in it itself.
+FROM deps AS ray-deps
+COPY requirements-ray.lock /tmp/requirements-ray.lock
+RUN /opt/venv/bin/pip install -r /tmp/requirements-ray.lock
+
+FROM python:${PYTHON_VERSION}-slim AS ray
+ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+# KubeRay's probes of the Ray head and workers call wget
+RUN apt-get update && apt-get install -y --no-install-recommends wget && rm -rf /var/lib/apt/lists/* \
+    && useradd --create-home --uid 10001 vit
+COPY --from=ray-deps /opt/venv /opt/venv
+WORKDIR /srv
+COPY pyproject.toml ./
+COPY model/ model/
+COPY app/ app/
+COPY weights/ weights/
+USER vit
+
+# The default target: the service.
 FROM python:${PYTHON_VERSION}-slim AS runtime
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
