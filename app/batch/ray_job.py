@@ -118,5 +118,5 @@ def run_on_ray(
     json_output = Path(output).suffix.lower() in (".jsonl", ".json")
     ds = ds.materialize()
     (ds.write_json if json_output else ds.write_parquet)(output)
-    failed = ds.filter(lambda row: row["error"] is not None).count()
-    return ds.count(), failed
+    errors = [batch.column("error") for batch in ds.select_columns(["error"]).iter_batches(batch_format="pyarrow")]
+    return sum(len(e) for e in errors), sum(len(e) - e.null_count for e in errors)

@@ -1,4 +1,4 @@
-"""The import rules between the layers: the serving core and the codecs import no web framework."""
+"""The import rules between the layers: the serving core, the codecs and the batch edge import no web framework."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from tests.support.server import ROOT
 WEB_FRAMEWORKS = ("fastapi", "starlette", "uvicorn", "multipart", "python_multipart", "httptools")
 
 
-@pytest.mark.parametrize("package", ["app.core", "app.codecs"])
+@pytest.mark.parametrize("package", ["app.core", "app.codecs", "app.batch"])
 def test_imports_no_web_framework(package: str) -> None:
     """Every module of the package, imported in a fresh interpreter, leaves no web framework in sys.modules."""
     code = (

@@ -72,7 +72,7 @@ def test_tritonclient_health_and_metadata(client: triton.InferenceServerClient) 
         ("image", "BYTES", (-1,)), ("pixels", "FP32", (-1, 1, 64, 64)),
     }  # fmt: skip
     assert {(t["name"], t["datatype"], tuple(t["shape"])) for t in model["outputs"]} == {
-        ("probabilities", "FP32", (-1, 10)), ("attention", "FP32", (-1, 8, 8)),
+        ("probabilities", "FP32", (-1, 10)), ("attention", "FP32", (-1, 8, 8)), ("embedding", "FP32", (-1, 128)),
     }  # fmt: skip
     with pytest.raises(InferenceServerException, match="has no version 'abc'"):
         client.get_model_metadata(MODEL, "abc")
@@ -91,6 +91,21 @@ def test_tritonclient_binary_images_with_binary_and_json_outputs(client: triton.
     maps = result.as_numpy("attention")
     assert maps.shape == (2, 8, 8) and maps.min() == 0.0 and maps.max() == 1.0
     assert result.get_response()["model_version"] == VERSION
+
+
+def test_tritonclient_embedding_output_equals_predict(client: triton.InferenceServerClient, server: Server) -> None:
+    """The `embedding` output, binary, normalised on request, equals /predict's embedding of the same files."""
+    pngs = [held_out("star"), held_out("ring")]
+    result = client.infer(MODEL, [image_input(*pngs)], outputs=[triton.InferRequestedOutput("embedding", binary_data=True)],
+                          parameters={"normalize": True})  # fmt: skip
+    embedding = result.as_numpy("embedding")
+    assert embedding.shape == (2, 128) and embedding.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(embedding, axis=1), 1.0, atol=1e-5)
+    files = [("files", (f"{i}.png", png, "image/png")) for i, png in enumerate(pngs)]
+    r = httpx.post(f"{server.url}/predict", files=files, params={"embedding": True, "normalize": True}, timeout=30)
+    assert r.status_code == 200, r.text
+    expected = np.array([res["embedding"] for res in r.json()["results"]], dtype=np.float32)
+    np.testing.assert_allclose(embedding, expected, atol=1e-6)
 
 
 def test_tritonclient_classification_extension(client: triton.InferenceServerClient) -> None:
