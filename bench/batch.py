@@ -1,7 +1,7 @@
 """The batch runner against the raw forward rate and the HTTP service, on the same JPEG files, in one run.
 
     python -m bench.batch --name batch-cpu
-    python -m bench.batch --models vit-s16 --images 96 --name batch-vit-s16
+    python -m bench.batch --models vit-s16 --images 320 --name batch-vit-s16
 
 For each model (the bundled checkpoint; a random-weight ViT-S/16 at 224 px): (1) the backend's
 forward pass alone on pre-made tensors at the batch size; (2) `python -m app.batch` on a folder of
@@ -105,7 +105,7 @@ def measure(
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.batch", description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", choices=["bundled", "vit-s16"], default=["bundled", "vit-s16"])
-    p.add_argument("--images", type=int, default=0, help="JPEG files per model (default: 600 bundled, 96 ViT-S/16)")
+    p.add_argument("--images", type=int, default=0, help="JPEG files per model (default: 600 bundled, 320 ViT-S/16)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--threads", type=int, default=0, help="torch and ONNX Runtime threads (0: all cores)")
     p.add_argument("--duration", type=float, default=15.0, help="seconds of hey against the service")
@@ -117,7 +117,7 @@ def main() -> None:
     print(f"ray.init() alone: {report['ray_start_s']:.1f} s", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
-            n = args.images or (600 if name == "bundled" else 96)
+            n = args.images or (600 if name == "bundled" else 320)
             folder = Path(tmp) / f"images-{name}"
             folder.mkdir()
             for i in range(n):

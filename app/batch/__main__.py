@@ -47,7 +47,7 @@ from app.core.service import Service
 from app.settings import BUNDLED_WEIGHTS, Settings
 from model.checkpoint import CheckpointError
 
-USAGE_ERROR, SOME_FAILED = 2, 1
+USAGE_ERROR, SOME_FAILED, INTERRUPTED = 2, 1, 130
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = Settings(
             weights=args.checkpoint, models=None, device=args.device, backend=args.backend,
             max_batch_size=args.batch_size, max_queue=max(256, 8 * args.batch_size), max_files=1,
-            request_timeout_s=7 * 24 * 3600, warmup=False, threads=args.threads,
+            request_timeout_s=7 * 24 * 3600, threads=args.threads,
         )  # fmt: skip
         done = previous_rows(args.output, args.resume)
     except (InputError, OutputError, ServiceError, ValueError) as e:
@@ -108,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     except (CheckpointError, ServiceError, ValueError, OSError) as e:  # the model could not be loaded or served
         print(f"error: {e}", file=sys.stderr)
         return USAGE_ERROR
+    except KeyboardInterrupt:
+        print(f"interrupted: the rows so far are in {journal_path(args.output)}; the same command with --resume "
+              "continues", file=sys.stderr)  # fmt: skip
+        return INTERRUPTED
     rows = {r["path"]: r for r in read_journal(journal_path(args.output))}
     ordered = [rows[p] for p in paths if p in rows] + [r for p, r in rows.items() if p not in set(paths)]
     write_output(args.output, ordered, options.columns())

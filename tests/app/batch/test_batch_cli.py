@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -127,3 +129,43 @@ def test_bad_arguments_exit_2_with_what_to_fix(
     )  # fmt: skip
     assert out.returncode == 2, out.stderr
     assert message in out.stderr
+
+
+def test_a_killed_run_resumes_where_its_journal_ends(tiny_checkpoint: Path, images: list[Path], tmp_path: Path) -> None:
+    """Killed (SIGKILL) while blocked on its eleventh input, the run has synced its first windows; --resume
+    computes only the rest, and the output equals an uninterrupted run's."""
+    good = images[:8]
+    fifo = tmp_path / "slow.png"
+    os.mkfifo(fifo)  # reading it blocks until a writer comes: the run stops there, mid-job
+    inputs = [*good, *good[:2], fifo, *good[2:4]]
+    inputs = [tmp_path / f"copy{i}.png" if p != fifo else p for i, p in enumerate(inputs)]
+    for i, p in enumerate(inputs):
+        if p != fifo:
+            p.write_bytes(good[i % 8].read_bytes())
+    output = tmp_path / "out.jsonl"
+    argv = [sys.executable, "-m", "app.batch", *map(str, inputs), "--output", str(output), "--checkpoint",
+            str(tiny_checkpoint), "--backend", "torch", "--device", "cpu", "--batch-size", "1"]  # fmt: skip
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    journal = journal_path(output)
+    deadline = time.monotonic() + 60
+    while not (journal.exists() and journal.read_text().count("\n") >= 8):
+        assert proc.poll() is None and time.monotonic() < deadline, "the run ended or stalled before its journal filled"
+        time.sleep(0.05)
+    time.sleep(0.5)  # rows 8 and 9 are done too but wait, unwritten, for their window
+    proc.kill()
+    proc.wait()
+    assert not output.exists()  # the output is written only at the end: whole or absent
+    kept = journal.read_text().splitlines()
+    assert len(kept) == 8
+    fifo.unlink()
+    fifo.write_bytes(good[0].read_bytes())
+    resumed = subprocess.run([*argv, "--resume"], cwd=ROOT, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"{len(inputs) - 8} images classified" in resumed.stderr and "8 already done" in resumed.stderr
+    rows = read_output(output)
+    assert [r["path"] for r in rows] == [str(p) for p in inputs]
+    assert [json.dumps(r) for r in rows[:8]] == kept  # kept as the journal had them, not recomputed
+    fresh = tmp_path / "fresh.jsonl"
+    assert run(tiny_checkpoint, inputs, fresh) == 0
+    for a, b in zip(rows, read_output(fresh), strict=True):
+        assert a["label"] == b["label"] and a["top_k_labels"] == b["top_k_labels"]
