@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
               "continues", file=sys.stderr)  # fmt: skip
         return INTERRUPTED
     rows = {r["path"]: r for r in read_journal(journal_path(args.output))}
-    ordered = [rows[p] for p in paths if p in rows] + [r for p, r in rows.items() if p not in set(paths)]
+    given = set(paths)
+    ordered = [rows[p] for p in paths if p in rows] + [r for p, r in rows.items() if p not in given]
     write_output(args.output, ordered, options.columns())
     journal_path(args.output).unlink()
     failed = sum(rows[p]["error"] is not None for p in paths if p in rows)

@@ -31,9 +31,12 @@ class OutputError(ValueError):
 
 
 def output_format(path: Path) -> str:
+    """The output's format by its suffix, checked before any image is computed (Parquet needs pyarrow)."""
     found = FORMATS.get(path.suffix.lower())
     if found is None:
         raise OutputError(f"{path}: the output's suffix names its format: {', '.join(FORMATS)}")
+    if found == "parquet":
+        parquet()
     return found
 
 

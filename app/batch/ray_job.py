@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from app.batch.inputs import expand_inputs
 from app.batch.outputs import arrow_schema
 from app.batch.runner import RowOptions, error_row, prediction_row
 from app.core.decode import decode_image
@@ -106,8 +107,6 @@ def run_on_ray(
     if any("://" in item for item in inputs):  # a bucket or other filesystem: Ray lists and reads it
         ds = ray.data.read_binary_files(inputs, include_paths=True)
     else:
-        from app.batch.inputs import expand_inputs
-
         ds = ray.data.from_items([{"path": p} for p in expand_inputs(inputs)])
     decode_kwargs = {"preprocessing": preprocessing, "max_pixels": max_pixels}
     ds = ds.map_batches(decode_batch, fn_kwargs=decode_kwargs, batch_size=batch_size, batch_format="numpy")  # type: ignore[arg-type]
