@@ -26,9 +26,10 @@ class Settings(BaseSettings):
         description="Several checkpoints: name=path,name=path (the first is the default); when set, VIT_WEIGHTS is not used",
     )
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
-    backend: Literal["auto", "torch", "onnxruntime"] = Field(
+    backend: Literal["auto", "torch", "onnxruntime", "onnxruntime-int8"] = Field(
         "auto",
-        description="What computes probabilities: onnxruntime (a graph exported at startup; CPU only), torch, "
+        description="What computes probabilities: onnxruntime (a graph exported at startup; CPU only), "
+        "onnxruntime-int8 (that graph quantized to int8; faster, slightly different results), torch, "
         "or auto (onnxruntime on the CPU, torch on a GPU); attention maps always use torch",
     )
     max_batch_size: int = Field(32, ge=1, le=1024, description="Most images in one forward pass")

@@ -38,9 +38,10 @@ class ViTLitAPI(ls.LitAPI):
         self.ckpt = load_checkpoint(self.weights, self.device)
         self.model = self.ckpt.model.to(self.dtype).eval()
         self.logits: Callable[[Tensor], Tensor] = self.model
-        if self.backend == "onnxruntime":  # the service's own ONNX backend, exported the same way
+        if self.backend in ("onnxruntime", "onnxruntime-int8"):  # the service's own ONNX backend, made the same way
             c = self.ckpt.config
-            graph = OnnxForward(self.model, (c.in_channels, c.image_size, c.image_size), self.worker_threads)
+            shape = (c.in_channels, c.image_size, c.image_size)
+            graph = OnnxForward(self.model, shape, self.worker_threads, int8=self.backend == "onnxruntime-int8")
             self.logits = lambda x: graph(x)[0]
         self.pre = Preprocessor(self.ckpt.preprocessing)
 
@@ -83,7 +84,7 @@ def main() -> None:
     p.add_argument("--max-batch-size", type=int, default=32)
     p.add_argument("--wait-ms", type=float, default=5.0)
     p.add_argument("--threads", type=int, default=0)
-    p.add_argument("--backend", choices=["torch", "onnxruntime"], default="torch")
+    p.add_argument("--backend", choices=["torch", "onnxruntime", "onnxruntime-int8"], default="torch")
     args = p.parse_args()
     api = ViTLitAPI(args.weights, args.max_batch_size, args.wait_ms, args.threads, args.backend)
     server = ls.LitServer(api, accelerator="auto", workers_per_device=1, timeout=30)

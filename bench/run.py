@@ -50,7 +50,7 @@ def parse_args() -> argparse.Namespace:
                    help="the bundled checkpoint, or a random-weight ViT-S/16 at 224 px with 1,000 classes")  # fmt: skip
     p.add_argument("--weights", type=Path, help="serve this checkpoint instead of --model")
     p.add_argument("--image", choices=sorted(sample_images()), help="the posted image (default: by model)")
-    p.add_argument("--backends", nargs="+", choices=["torch", "onnxruntime"],
+    p.add_argument("--backends", nargs="+", choices=["torch", "onnxruntime", "onnxruntime-int8"],
                    help="default: both on the CPU, torch on a GPU")  # fmt: skip
     p.add_argument("--max-batch-size", type=int, default=32)
     p.add_argument("--wait-ms", type=float, default=5.0)

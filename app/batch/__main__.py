@@ -66,7 +66,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--target", help="with --attention gradient: the class to explain (default: each image's top-1)")
     p.add_argument("--batch-size", type=int, default=32, help="images per forward pass (default 32)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    p.add_argument("--backend", choices=["auto", "torch", "onnxruntime"], default="auto")
+    p.add_argument("--backend", choices=["auto", "torch", "onnxruntime", "onnxruntime-int8"], default="auto")
     p.add_argument("--threads", type=int, default=0, help="torch and ONNX Runtime threads (0: all cores)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run from what the output holds")
     ray = p.add_argument_group("Ray Data (pip install 'vit-serve[ray]')")

@@ -61,7 +61,12 @@ class ModelInfo(BaseModel):
     training: dict[str, Any]
     device: str
     dtype: str
-    backend: str = Field(description="What computes probabilities: torch or onnxruntime", examples=["onnxruntime"])
+    backend: str = Field(
+        description="What computes probabilities: torch, onnxruntime or onnxruntime-int8", examples=["onnxruntime"]
+    )
+    precision: str = Field(
+        description="The arithmetic of that computation: float32, bfloat16, float16 or int8", examples=["float32"]
+    )
     embedding_dim: int = Field(description="Length of an image's embedding (embedding=true)", examples=[192])
 
 
@@ -97,6 +102,7 @@ def model_info(model: ServedModel) -> ModelInfo:
         device=str(model.predictor.device),
         backend=model.predictor.backend,
         dtype=str(model.predictor.dtype).removeprefix("torch."),
+        precision=model.predictor.precision,
         embedding_dim=model.predictor.embedding_dim,
     )
 

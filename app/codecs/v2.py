@@ -70,7 +70,11 @@ class V2TensorMetadata(BaseModel):
 class V2ModelMetadata(BaseModel):
     name: str
     versions: list[str] = Field(description="The checkpoint's content-hash version")
-    platform: str = Field(examples=["pytorch"])
+    platform: str = Field(description="pytorch, or onnxruntime_onnx on the ONNX Runtime backends", examples=["pytorch"])
+    parameters: dict[str, str] = Field(
+        description="backend (torch, onnxruntime, onnxruntime-int8) and precision (float32, bfloat16, float16, int8)",
+        examples=[{"backend": "onnxruntime", "precision": "float32"}],
+    )
     inputs: list[V2TensorMetadata]
     outputs: list[V2TensorMetadata]
 
@@ -130,7 +134,8 @@ def model_metadata(model: ServedModel) -> V2ModelMetadata:
     return V2ModelMetadata(
         name=model.name,
         versions=[model.version],
-        platform="pytorch",
+        platform="pytorch" if model.predictor.backend == "torch" else "onnxruntime_onnx",
+        parameters={"backend": model.predictor.backend, "precision": model.predictor.precision},
         inputs=[
             V2TensorMetadata(name=IMAGE, datatype="BYTES", shape=[-1]),
             V2TensorMetadata(name=PIXELS, datatype="FP32", shape=[-1, c, h, w]),

@@ -35,17 +35,16 @@ class ImageOutput:
     embedding: Tensor | None = None  # (dim,) float32 on the CPU, when asked for
 
 
-Backend = Literal["torch", "onnxruntime"]
+Backend = Literal["torch", "onnxruntime", "onnxruntime-int8"]
+ONNX_BACKENDS = ("onnxruntime", "onnxruntime-int8")
 
 
 def resolve_backend(asked: Backend | Literal["auto"], device: torch.device) -> Backend:
     """VIT_BACKEND to the backend that computes plain probabilities: auto is ONNX Runtime on the CPU, torch on CUDA."""
     if asked == "auto":
         return "onnxruntime" if device.type == "cpu" else "torch"
-    if asked == "onnxruntime" and device.type != "cpu":
-        raise ValueError(
-            f"VIT_BACKEND=onnxruntime runs on the CPU, not {device}; use VIT_BACKEND=torch (or auto) on a GPU"
-        )
+    if asked in ONNX_BACKENDS and device.type != "cpu":
+        raise ValueError(f"VIT_BACKEND={asked} runs on the CPU, not {device}; use VIT_BACKEND=torch (or auto) on a GPU")
     return asked
 
 
@@ -78,8 +77,14 @@ class Predictor:
         self.backend = backend
         self.embedding_dim = config.dim
         self.forward_plain: Callable[[Tensor], tuple[Tensor, Tensor]] = self.torch_forward
-        if backend == "onnxruntime":
-            self.forward_plain = OnnxForward(self.model, self.input_shape, torch.get_num_threads())
+        if backend in ONNX_BACKENDS:
+            int8 = backend == "onnxruntime-int8"
+            self.forward_plain = OnnxForward(self.model, self.input_shape, torch.get_num_threads(), int8)
+
+    @property
+    def precision(self) -> str:
+        """The arithmetic of plain predictions: int8 on the int8 backend, else the model's dtype."""
+        return "int8" if self.backend == "onnxruntime-int8" else str(self.dtype).removeprefix("torch.")
 
     def torch_forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         logits, embedding, _ = self.model.forward_with_embedding(x)

@@ -19,6 +19,8 @@ def test_auto_backend_is_onnxruntime_on_the_cpu_and_torch_on_a_gpu() -> None:
     assert resolve_backend("torch", CPU) == "torch"
     with pytest.raises(ValueError, match="VIT_BACKEND=onnxruntime runs on the CPU"):
         resolve_backend("onnxruntime", torch.device("cuda"))
+    with pytest.raises(ValueError, match="VIT_BACKEND=onnxruntime-int8 runs on the CPU"):
+        resolve_backend("onnxruntime-int8", torch.device("cuda"))
 
 
 def test_batch_sizes_are_powers_of_two_and_the_maximum() -> None:

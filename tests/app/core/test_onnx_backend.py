@@ -100,3 +100,56 @@ async def test_unknown_backend_is_refused(make_client: ClientFactory) -> None:
     with pytest.raises(ValueError, match="backend"):
         async with make_client(backend="tensorrt"):
             pass
+
+
+# int8 changes results: these bound how much, for the tiny random models of the tests.
+INT8_PROBABILITY_TOLERANCE = 0.01  # absolute, per class
+INT8_MIN_COSINE = 0.99  # of each image's logits, and of its embedding, with float32 torch's
+
+
+@pytest.mark.parametrize("config", VARIANTS.values(), ids=VARIANTS.keys())
+def test_int8_graph_stays_close_to_float32(config: ViTConfig) -> None:
+    model = tiny_model(config, seed=1)
+    graph = OnnxForward(model, (config.in_channels, config.image_size, config.image_size), threads=1, int8=True)
+    torch.manual_seed(2)
+    x = torch.randn(16, config.in_channels, config.image_size, config.image_size)
+    with torch.inference_mode():
+        logits, embedding, _ = model.forward_with_embedding(x)
+    got_logits, got_embedding = graph(x)
+    assert (got_logits.softmax(-1) - logits.softmax(-1)).abs().max() < INT8_PROBABILITY_TOLERANCE
+    assert torch.nn.functional.cosine_similarity(got_logits, logits).min() > INT8_MIN_COSINE
+    assert torch.nn.functional.cosine_similarity(got_embedding, embedding).min() > INT8_MIN_COSINE
+    assert not torch.equal(got_logits, logits)  # it really is another computation
+
+
+async def test_int8_serves_predict_and_v2_and_says_so(make_client: ClientFactory) -> None:
+    files = [("files", (f"{i}.png", encode(make_sample(7, i).image), "image/png")) for i in range(4)]
+    answers = {}
+    for backend in ("onnxruntime-int8", "torch"):
+        async with make_client(backend=backend) as client:
+            info = (await client.get("/v1/model")).json()
+            meta = (await client.get("/v2/models/tiny")).json()
+            r = await client.post("/predict", files=files, params={"embedding": True})
+            assert r.status_code == 200, r.text
+            answers[backend] = r.json()["results"]
+            if backend == "onnxruntime-int8":
+                assert info["backend"] == "onnxruntime-int8" and info["precision"] == "int8"
+                assert meta["platform"] == "onnxruntime_onnx"
+                assert meta["parameters"] == {"backend": "onnxruntime-int8", "precision": "int8"}
+                raw = b"".join(len(f[1][1]).to_bytes(4, "little") + f[1][1] for f in files)
+                header = (
+                    '{"inputs":[{"name":"image","datatype":"BYTES","shape":[4],'
+                    f'"parameters":{{"binary_data_size":{len(raw)}}}}}]}}'
+                ).encode()
+                v2 = await client.post("/v2/models/tiny/infer", content=header + raw,
+                                       headers={"Inference-Header-Content-Length": str(len(header))})  # fmt: skip
+                assert v2.status_code == 200, v2.text
+                v2_probabilities = torch.tensor(v2.json()["outputs"][0]["data"]).view(4, 10)
+            else:
+                assert info["precision"] == "float32" and meta["parameters"]["precision"] == "float32"
+    for i, (a, b) in enumerate(zip(answers["onnxruntime-int8"], answers["torch"], strict=True)):
+        got, expected = torch.tensor(a["probabilities"]), torch.tensor(b["probabilities"])
+        assert (got - expected).abs().max() < INT8_PROBABILITY_TOLERANCE
+        assert (v2_probabilities[i] - expected).abs().max() < INT8_PROBABILITY_TOLERANCE
+        embedding = torch.nn.functional.cosine_similarity(torch.tensor(a["embedding"]), torch.tensor(b["embedding"]), 0)
+        assert embedding > INT8_MIN_COSINE
