@@ -33,7 +33,7 @@ Vision Transformer image classification with dynamic batching. Try it in a brows
 
 `POST /predict` takes one image as multipart field `file`, several as repeated `files`, or the raw
 bytes with an `image/*` Content-Type, and answers class probabilities for each image, plus attention
-maps (`attention=rollout|last|gradient`) and overlays (`overlay=true`) on request. The same models also
+maps (`attention=rollout|last|gradient`), overlays (`overlay=true`) and embeddings (`embedding=true`) on request. The same models also
 speak the Open Inference Protocol (KServe V2) under `/v2`, for Triton and KServe clients.
 """
 
