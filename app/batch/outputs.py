@@ -18,9 +18,6 @@ from pathlib import Path
 from typing import Any
 
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet"}
-# Columns in the order they are written; the optional ones only when asked for.
-COLUMNS = ["path", "label", "probability", "top_k_labels", "top_k_probabilities", "probabilities", "embedding",
-           "attention", "error"]  # fmt: skip
 LIST_COLUMNS = {"top_k_labels", "top_k_probabilities", "probabilities", "embedding", "attention"}
 
 Row = dict[str, Any]

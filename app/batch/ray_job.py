@@ -95,6 +95,8 @@ def run_on_ray(
 ) -> tuple[int, int]:  # fmt: skip
     """Run the job on a Ray cluster (`address`) or a local one; returns (rows, failed rows)."""
     try:
+        import pyarrow as pa
+        import pyarrow.json as pa_json
         import ray
     except ImportError:
         raise ValueError("--ray needs Ray Data: pip install 'vit-serve[ray]'") from None
@@ -114,8 +116,13 @@ def run_on_ray(
         Classify, fn_constructor_args=(str(checkpoint), device, backend, threads, infer, options),
         batch_size=batch_size, batch_format="numpy", concurrency=actors, num_gpus=gpus,
     )  # fmt: skip
-    json_output = Path(output).suffix.lower() in (".jsonl", ".json")
-    ds = ds.materialize()
-    (ds.write_json if json_output else ds.write_parquet)(output)
-    errors = [batch.column("error") for batch in ds.select_columns(["error"]).iter_batches(batch_format="pyarrow")]
-    return sum(len(e) for e in errors), sum(len(e) - e.null_count for e in errors)
+    if Path(output).suffix.lower() in (".jsonl", ".json"):
+        ds.write_json(output)  # streamed: rows are written as actors produce them, never all held at once
+        only_errors = pa_json.ParseOptions(explicit_schema=pa.schema([("error", pa.string())]),
+                                           unexpected_field_behavior="ignore")  # fmt: skip
+        written = ray.data.read_json(output, parse_options=only_errors)
+    else:
+        ds.write_parquet(output)
+        written = ray.data.read_parquet(output, columns=["error"])
+    tables: list[pa.Table] = list(written.iter_batches(batch_format="pyarrow"))
+    return sum(len(t) for t in tables), sum(len(t) - t.column("error").null_count for t in tables)
