@@ -12,7 +12,7 @@ decoded gets an `error` (the service's own message) and the run goes on. Exit co
 image was classified, 1 when any failed, 2 for bad arguments.
 
 With --ray the job runs as a Ray Data pipeline, on the cluster at --ray-address or a local Ray:
-decoding in CPU tasks, the model in --actors actors (one GPU each when the cluster has GPUs), and
+decoding in Ray tasks, the model in --actors actors (one GPU each when the cluster has GPUs), and
 --output is a directory (a local path or a filesystem URI) of Parquet shards, or JSON Lines shards
 when its name ends in .jsonl or .json.
 """

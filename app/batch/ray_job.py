@@ -1,7 +1,8 @@
 """The same batch job past one machine, as a Ray Data pipeline (`python -m app.batch ... --ray`).
 
     read (paths, or any filesystem URI Ray and pyarrow accept)
-      -> decode + preprocess in CPU tasks (the core's decode_image and Preprocessor)
+      -> decode + preprocess in Ray tasks (the core's decode_image and Preprocessor; Ray Data may fuse
+         them into the actors' processes when their resources match, as on a machine without GPUs)
       -> classify in a pool of actors, each loading the checkpoint once (the core's Predictor, any backend;
          one GPU per actor when the cluster has GPUs)
       -> Parquet or JSON Lines shards in a directory
