@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 BUNDLED_WEIGHTS = Path(__file__).resolve().parent.parent / "weights" / "vit-shapes.safetensors"
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+ModelControl = Literal["none", "explicit", "poll"]
 
 
 class Settings(BaseSettings):
@@ -23,8 +24,18 @@ class Settings(BaseSettings):
     weights: Path = Field(BUNDLED_WEIGHTS, description="Checkpoint to serve; its name is the file's stem")
     models: str | None = Field(
         None,
-        description="Several checkpoints: name=path,name=path (the first is the default); when set, VIT_WEIGHTS is not used",
+        description="Several checkpoints: name=path,name=path (the first is the default); when set, VIT_WEIGHTS is not used. "
+        "With VIT_MODEL_REPOSITORY: names of its models, loaded first (explicit: the only ones loaded at startup)",
     )
+    model_repository: Path | None = Field(
+        None, description="A directory of checkpoints, each a model named by its file (NAME.safetensors)"
+    )
+    model_control: ModelControl = Field(
+        "none",
+        description="none: every model loaded at startup, fixed; explicit: VIT_MODELS at startup, then loaded and "
+        "unloaded through the repository API; poll: the repository's files followed as they appear, change and go",
+    )
+    repository_poll_s: float = Field(5.0, gt=0, description="With VIT_MODEL_CONTROL=poll: seconds between scans")
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
     backend: Literal["auto", "torch", "onnxruntime", "onnxruntime-int8"] = Field(
         "auto",
@@ -41,7 +52,13 @@ class Settings(BaseSettings):
     max_files: int = Field(16, ge=1, description="Most images in one request")
     warmup: bool = Field(True, description="Run each batch size once before reporting ready")
     drain_timeout_s: float = Field(30.0, ge=0, description="On shutdown, how long accepted requests may finish")
-    api_keys: SecretStr | None = Field(None, description="Comma-separated keys; when set, /predict needs X-API-Key")
+    api_keys: SecretStr | None = Field(
+        None, description="Comma-separated keys; when set, inference and model loading need X-API-Key"
+    )
+    grpc_port: int = Field(8001, ge=0, le=65535, description="Port of the Open Inference Protocol over gRPC (0: off)")
+    grpc_max_message_bytes: int | None = Field(
+        None, ge=1, description="Largest gRPC request message (default: VIT_MAX_UPLOAD_BYTES)"
+    )
     threads: int = Field(0, ge=0, description="torch CPU threads (0: torch's default)")
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Log level of the app's loggers"
@@ -70,11 +87,41 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def check_models(self) -> Settings:
-        self.model_paths()  # a malformed list fails at startup, with what to fix
+        if self.model_repository is None:  # a malformed list fails at startup, with what to fix
+            self.model_paths()
+        else:
+            self.model_names()
         return self
 
+    @model_validator(mode="after")
+    def check_control(self) -> Settings:
+        if self.model_control != "none" and self.model_repository is None:
+            raise ValueError(
+                f"VIT_MODEL_CONTROL={self.model_control} needs VIT_MODEL_REPOSITORY, the directory of models"
+            )
+        if self.model_repository is not None and not self.model_repository.is_dir():
+            raise ValueError(f"VIT_MODEL_REPOSITORY {self.model_repository} is not a directory")
+        return self
+
+    def grpc_message_limit(self) -> int:
+        return self.grpc_max_message_bytes or self.max_upload_bytes
+
+    def model_names(self) -> list[str]:
+        """With a repository: the models VIT_MODELS names, in its order."""
+        names = [e.strip() for e in (self.models or "").split(",") if e.strip()]
+        for name in names:
+            if not MODEL_NAME.fullmatch(name) or ".." in name:
+                raise ValueError(
+                    f"VIT_MODELS entry {name!r}: with VIT_MODEL_REPOSITORY, list model names (files in the repository)"
+                )
+        if len(set(names)) != len(names):
+            raise ValueError("VIT_MODELS names a model twice")
+        return names
+
     def model_paths(self) -> dict[str, Path]:
-        """Model name -> checkpoint, in VIT_MODELS order (the first is the default)."""
+        """Model name -> checkpoint, in VIT_MODELS order (the first is the default); not used with a repository."""
+        if self.model_repository is not None:
+            return {}
         if self.models is None:
             return {self.weights.stem: self.weights}
         paths: dict[str, Path] = {}

@@ -82,7 +82,7 @@ async def classify_file(
     except OSError as e:
         return error_row(path, f"{path}: cannot read the file ({e.strerror or e})")
     try:
-        [prediction] = await service.infer(model, [EncodedImage(path, data)], infer)
+        [prediction] = (await service.infer(model, [EncodedImage(path, data)], infer)).predictions
     except ServiceError as e:
         return error_row(path, e.detail)
     return prediction_row(path, prediction, model.classes, options)

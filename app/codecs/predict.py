@@ -71,7 +71,9 @@ class ModelInfo(BaseModel):
 
 
 class ModelList(BaseModel):
-    default: str = Field(description="The model /predict uses without ?model=", examples=["vit-shapes"])
+    default: str | None = Field(
+        description="The model /predict uses without ?model= (null while none is loaded)", examples=["vit-shapes"]
+    )
     models: list[ModelInfo]
 
 

@@ -18,6 +18,7 @@ import base64
 import binascii
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from app import __version__
 from app.core.errors import InvalidInput
+from app.core.model_set import ModelStatus
 from app.core.request import ATTENTION_KINDS, AttentionKind, EncodedImage, InferOptions, Prediction
 from app.core.served_model import ServedModel
 
@@ -35,7 +37,7 @@ IMAGE, PIXELS = "image", "pixels"
 PROBABILITIES, ATTENTION, EMBEDDING = "probabilities", "attention", "embedding"
 OUTPUT_NAMES = (PROBABILITIES, ATTENTION, EMBEDDING)
 SERVER_NAME = "vit-serve"
-EXTENSIONS = ["binary_tensor_data", "classification"]
+EXTENSIONS = ["binary_tensor_data", "classification", "model_repository"]
 
 
 class V2Error(BaseModel):
@@ -94,6 +96,21 @@ class V2InferResponse(BaseModel):
     outputs: list[V2TensorOut]
 
 
+class V2ModelIndex(BaseModel):
+    name: str = Field(examples=["vit-shapes"])
+    version: str = Field(description="The version serving, loading or last served ('' when never loaded)")
+    state: str = Field(description="READY, UNAVAILABLE, LOADING or UNLOADING", examples=["READY"])
+    reason: str = Field(description="Why it is UNAVAILABLE", examples=[""])
+
+
+class V2IndexRequest(BaseModel):
+    ready: bool = Field(False, description="Only the models that are READY")
+
+
+class V2RepositoryRequest(BaseModel):
+    parameters: dict[str, Any] | None = None
+
+
 class TensorIn(BaseModel):
     name: str
     shape: list[int]
@@ -112,6 +129,16 @@ class InferRequest(BaseModel):
     parameters: dict[str, Any] | None = None
     inputs: list[TensorIn]
     outputs: list[OutputWanted] | None = None
+
+
+@dataclass(frozen=True)
+class TensorData:
+    """Where the input's elements are when not in its JSON `data`: raw little-endian bytes (the binary
+    extension, gRPC's raw_input_contents), gRPC BYTES `contents`, or gRPC FP32 `contents`."""
+
+    raw: bytes | None = None
+    elements: list[bytes] | None = None
+    values: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -148,6 +175,20 @@ def model_metadata(model: ServedModel) -> V2ModelMetadata:
     )
 
 
+def repository_index(statuses: list[ModelStatus]) -> list[V2ModelIndex]:
+    return [V2ModelIndex(name=s.name, version=s.version, state=s.state, reason=s.reason) for s in statuses]
+
+
+def check_load_parameters(parameters: dict[str, Any] | None) -> None:
+    """Triton's load takes a config override and model files; here a model is its checkpoint in the repository."""
+    for key in parameters or {}:
+        if key == "config" or key.startswith("file:"):
+            raise InvalidInput(
+                f"load parameter {key!r} is not taken: a model is loaded from its checkpoint in VIT_MODEL_REPOSITORY "
+                "as it is; replace the file to change it"
+            )
+
+
 def split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
     """(JSON part, binary part) per the binary extension's Inference-Header-Content-Length."""
     if header_length is None:
@@ -172,8 +213,24 @@ def parse_request(header: bytes) -> InferRequest:
 
 
 def decode_request(header: bytes, binary: bytes, input_shape: tuple[int, int, int], max_images: int) -> Decoded:
-    """Check and decode one infer request against the model's input shape (C, H, W)."""
+    """Check and decode one REST infer request (JSON, then any binary data) against the model's input shape (C, H, W)."""
     request = parse_request(header)
+    return decode_infer(request, lambda tensor: TensorData(raw=binary_chunk(tensor, binary)), input_shape, max_images)
+
+
+def check_one_input(request: InferRequest) -> None:
+    if len(request.inputs) != 1:
+        raise InvalidInput(f"send exactly one input, {IMAGE!r} (BYTES) or {PIXELS!r} (FP32); got {len(request.inputs)}")
+
+
+def decode_infer(
+    request: InferRequest,
+    data_of: Callable[[TensorIn], TensorData],
+    input_shape: tuple[int, int, int],
+    max_images: int,
+) -> Decoded:
+    """A parsed infer request, from any transport, checked and decoded into the core's inputs and options;
+    `data_of` finds the input's elements outside its JSON `data`, once the request itself is checked."""
     embedding = request_flag(request, EMBEDDING) or any(o.name == EMBEDDING for o in request.outputs or [])
     options = InferOptions(
         request_attention(request),
@@ -181,15 +238,14 @@ def decode_request(header: bytes, binary: bytes, input_shape: tuple[int, int, in
         embedding=embedding,
         normalize=request_flag(request, "normalize"),
     )
-    if len(request.inputs) != 1:
-        raise InvalidInput(f"send exactly one input, {IMAGE!r} (BYTES) or {PIXELS!r} (FP32); got {len(request.inputs)}")
+    check_one_input(request)
     check_outputs(request, options.attention)  # before any compute is spent
     tensor = request.inputs[0]
-    chunk = binary_chunk(tensor, binary)
+    data = data_of(tensor)
     if tensor.name == IMAGE:
-        return Decoded(request, options, decode_images(tensor, chunk, max_images))
+        return Decoded(request, options, decode_images(tensor, data, max_images))
     if tensor.name == PIXELS:
-        return Decoded(request, options, decode_pixels(tensor, chunk, input_shape, max_images))
+        return Decoded(request, options, decode_pixels(tensor, data, input_shape, max_images))
     raise InvalidInput(
         f"unknown input {tensor.name!r}; this model takes {IMAGE!r} (BYTES [N], encoded image files) "
         f"or {PIXELS!r} (FP32 [N, {', '.join(map(str, input_shape))}], preprocessed)"
@@ -260,13 +316,18 @@ def batch_size(tensor: TensorIn, max_images: int) -> int:
     return n
 
 
-def decode_images(tensor: TensorIn, chunk: bytes | None, max_images: int) -> list[EncodedImage]:
+def decode_images(tensor: TensorIn, data: TensorData, max_images: int) -> list[EncodedImage]:
     if tensor.datatype != "BYTES":
         raise InvalidInput(f"input {IMAGE!r} must be BYTES (encoded image files), got {tensor.datatype}")
     if len(tensor.shape) not in (1, 2) or (len(tensor.shape) == 2 and tensor.shape[1] != 1):
         raise InvalidInput(f"input {IMAGE!r} must have shape [N] or [N, 1], got {tensor.shape}")
     n = batch_size(tensor, max_images)
-    files = split_bytes_elements(chunk) if chunk is not None else json_bytes_elements(tensor.data)
+    if data.raw is not None:
+        files = split_bytes_elements(data.raw)
+    elif data.elements is not None:
+        files = data.elements
+    else:
+        files = json_bytes_elements(tensor.data)
     if len(files) != n:
         raise InvalidInput(f"input {IMAGE!r}: shape {tensor.shape} says {n} images, the data holds {len(files)}")
     return [EncodedImage(f"{IMAGE}[{i}]", data) for i, data in enumerate(files)]
@@ -308,7 +369,7 @@ def json_bytes_elements(data: Any) -> list[bytes]:
 
 
 def decode_pixels(
-    tensor: TensorIn, chunk: bytes | None, input_shape: tuple[int, int, int], max_images: int
+    tensor: TensorIn, data: TensorData, input_shape: tuple[int, int, int], max_images: int
 ) -> torch.Tensor:
     if tensor.datatype != "FP32":
         raise InvalidInput(f"input {PIXELS!r} must be FP32, got {tensor.datatype}")
@@ -317,12 +378,18 @@ def decode_pixels(
         raise InvalidInput(f"input {PIXELS!r} must have shape {expected} for this model, got {tensor.shape}")
     n = batch_size(tensor, max_images)
     count = n * math.prod(input_shape)
-    if chunk is not None:
-        if len(chunk) != count * 4:
+    if data.raw is not None:
+        if len(data.raw) != count * 4:
             raise InvalidInput(
-                f"input {PIXELS!r}: shape {tensor.shape} needs {count * 4} bytes of FP32, got {len(chunk)}"
+                f"input {PIXELS!r}: shape {tensor.shape} needs {count * 4} bytes of FP32, got {len(data.raw)}"
             )
-        array = np.frombuffer(chunk, dtype="<f4")
+        array = np.frombuffer(data.raw, dtype="<f4")
+    elif data.values is not None:
+        array = data.values
+        if array.size != count:
+            raise InvalidInput(
+                f"input {PIXELS!r}: shape {tensor.shape} needs {count} values, the data holds {array.size}"
+            )
     else:
         try:
             array = np.asarray(flatten(tensor.data), dtype=np.float32)
@@ -353,29 +420,47 @@ class Encoded:
     header_length: int | None  # set when binary outputs follow the JSON
 
 
-def encode_response(decoded: Decoded, predictions: list[Prediction], model: ServedModel) -> Encoded:
-    """The infer response: requested outputs (default: probabilities, and attention when asked for)."""
+@dataclass(frozen=True)
+class OutputTensor:
+    name: str
+    datatype: str
+    shape: list[int]
+    values: np.ndarray | list[str]  # flat, row-major
+    parameters: dict[str, Any]  # as requested for this output
+
+    def raw(self) -> bytes:
+        return to_bytes(self.datatype, self.values)
+
+
+def output_tensors(decoded: Decoded, predictions: list[Prediction], classes: list[str]) -> list[OutputTensor]:
+    """The requested outputs (default: probabilities, and attention and embedding when asked for), any transport."""
     request = decoded.request
-    attention = decoded.options.attention
     wanted = request.outputs or [
         OutputWanted(name=PROBABILITIES),
-        *([OutputWanted(name=ATTENTION)] if attention != "none" else []),
+        *([OutputWanted(name=ATTENTION)] if decoded.options.attention != "none" else []),
         *([OutputWanted(name=EMBEDDING)] if decoded.options.embedding else []),
     ]
-    binary_default = bool((request.parameters or {}).get("binary_data_output", False))
-    tensors, binaries = [], []
+    tensors = []
     for output in wanted:
         params = output.parameters or {}
-        name, datatype, shape, values = output_tensor(output.name, params, predictions, model.classes)
-        if params.get("binary_data", binary_default):
-            raw = to_bytes(datatype, values)
-            tensors.append(
-                {"name": name, "datatype": datatype, "shape": shape, "parameters": {"binary_data_size": len(raw)}}
-            )
+        tensors.append(OutputTensor(*output_tensor(output.name, params, predictions, classes), params))
+    return tensors
+
+
+def encode_response(decoded: Decoded, predictions: list[Prediction], model: ServedModel) -> Encoded:
+    """The REST infer response: JSON, each output in it or (binary_data) after it."""
+    request = decoded.request
+    binary_default = bool((request.parameters or {}).get("binary_data_output", False))
+    tensors, binaries = [], []
+    for t in output_tensors(decoded, predictions, model.classes):
+        if t.parameters.get("binary_data", binary_default):
+            raw = t.raw()
+            described = {"binary_data_size": len(raw)}
+            tensors.append({"name": t.name, "datatype": t.datatype, "shape": t.shape, "parameters": described})
             binaries.append(raw)
         else:
-            data = values.tolist() if isinstance(values, np.ndarray) else values
-            tensors.append({"name": name, "datatype": datatype, "shape": shape, "data": data})
+            data = t.values.tolist() if isinstance(t.values, np.ndarray) else t.values
+            tensors.append({"name": t.name, "datatype": t.datatype, "shape": t.shape, "data": data})
     response: dict[str, Any] = {"model_name": model.name, "model_version": model.version, "outputs": tensors}
     if request.id is not None:
         response["id"] = request.id

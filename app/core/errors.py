@@ -50,3 +50,11 @@ class RequestTimeout(ServiceError):
 
 class InferenceFailed(ServiceError):
     """The forward pass failed for an image even on its own (a server fault, not bad input)."""
+
+
+class LoadFailed(ServiceError):
+    """A checkpoint the repository holds that did not load (any version already serving goes on serving)."""
+
+
+class NotAllowed(ServiceError):
+    """A repository change this server's VIT_MODEL_CONTROL does not take (load and unload are for explicit)."""

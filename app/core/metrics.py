@@ -8,6 +8,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+LOAD_BUCKETS = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
 LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 GC_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.5, 1.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -17,10 +18,14 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("vit_requests", "HTTP requests by route and status", ["route", "status"], registry=r)
+        self.requests = Counter(
+            "vit_requests", "Requests by protocol (http, grpc), route (or RPC) and status (HTTP status or gRPC code)",
+            ["protocol", "route", "status"], registry=r,
+        )  # fmt: skip
         self.latency = Histogram(
-            "vit_request_latency_seconds", "HTTP request latency", ["route"], buckets=LATENCY_BUCKETS, registry=r
-        )
+            "vit_request_latency_seconds", "Request latency by protocol and route (or RPC)", ["protocol", "route"],
+            buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
         self.batch_size = Histogram(
             "vit_batch_size", "Images per forward pass", ["model"], buckets=BATCH_BUCKETS, registry=r
         )
@@ -34,6 +39,13 @@ class Metrics:
             ["model", "reason"], registry=r,
         )  # fmt: skip
         self.ready = Gauge("vit_ready", "1 when every model is loaded and warm", registry=r)
+        self.models_loaded = Gauge("vit_models_loaded", "Models serving now", registry=r)
+        self.model_load_seconds = Histogram(
+            "vit_model_load_seconds", "Time to load and warm one model version", buckets=LOAD_BUCKETS, registry=r
+        )
+        self.model_load_failures = Counter(
+            "vit_model_load_failures", "Model versions that failed to load, by model", ["model"], registry=r
+        )
         self.gc_pause = Histogram(
             "vit_gc_pause_seconds", "Garbage collections (every thread waits meanwhile), by generation",
             ["generation"], buckets=GC_BUCKETS, registry=r,

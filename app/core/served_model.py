@@ -61,6 +61,8 @@ class ServedModel:
     preprocessor: Preprocessor
     batcher: DynamicBatcher[ImageInput, ImageOutput]
     max_image_pixels: int
+    retired: bool = False  # replaced or unloaded: admits nothing new
+    successor: ServedModel | None = None  # the version that replaced it
 
     @classmethod
     def load(
@@ -91,6 +93,11 @@ class ServedModel:
                 raise OnnxExportError(f"model {name}: {e}; VIT_BACKEND=torch serves it without ONNX") from None
             log.warning("model %s: %s; serving it with torch", name, e)
             return Predictor(checkpoint, device, "torch")
+
+    def retire(self, successor: ServedModel | None) -> None:
+        """No new requests from now on: they go to `successor`, or find no model when it is None."""
+        self.retired = True
+        self.successor = successor
 
     @property
     def version(self) -> str:

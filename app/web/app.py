@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from app import __version__
 from app.core.metrics import Metrics
 from app.core.service import Service
+from app.grpc.server import GrpcServer
 from app.settings import Settings, configured_names, unknown_variables
 from app.web.errors import install_error_handlers
 from app.web.pages import install_pages
@@ -34,7 +35,8 @@ Vision Transformer image classification with dynamic batching. Try it in a brows
 `POST /predict` takes one image as multipart field `file`, several as repeated `files`, or the raw
 bytes with an `image/*` Content-Type, and answers class probabilities for each image, plus attention
 maps (`attention=rollout|last|gradient`), overlays (`overlay=true`) and embeddings (`embedding=true`) on request. The same models also
-speak the Open Inference Protocol (KServe V2) under `/v2`, for Triton and KServe clients.
+speak the Open Inference Protocol (KServe V2) under `/v2` (and over gRPC on VIT_GRPC_PORT), for Triton and KServe
+clients, with Triton's model repository extension to load, reload and unload models at runtime.
 """
 
 
@@ -77,6 +79,11 @@ def create_app(settings: Settings | None = None, exit_on_startup_error: bool = F
                 for message in unknown_variables(configured_names()):
                     log.warning(message)
             service = await asyncio.to_thread(Service.load, resolved, metrics)
+            grpc_server = (
+                GrpcServer(service, resolved.grpc_port, resolved.grpc_message_limit()) if resolved.grpc_port else None
+            )
+            if grpc_server is not None:
+                await grpc_server.start()
         except (ValidationError, CheckpointError, ValueError, OSError) as e:
             if not exit_on_startup_error:
                 raise
@@ -90,6 +97,8 @@ def create_app(settings: Settings | None = None, exit_on_startup_error: bool = F
         try:
             yield
         finally:
+            if grpc_server is not None:  # HTTP has drained (uvicorn stops it first); now gRPC, then the core
+                await grpc_server.stop(resolved.drain_timeout_s)
             await service.shutdown()
             log.info("stopped")
 

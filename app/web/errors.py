@@ -19,7 +19,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from app.core.errors import (
     InferenceFailed,
     InvalidInput,
+    LoadFailed,
     ModelNotFound,
+    NotAllowed,
     NotReady,
     Overloaded,
     PayloadTooLarge,
@@ -41,6 +43,8 @@ PREDICT_STATUS: dict[type[ServiceError], int] = {
     NotReady: 503,
     RequestTimeout: 504,
     InferenceFailed: 500,
+    LoadFailed: 400,
+    NotAllowed: 400,
 }
 # The Open Inference Protocol answers any malformed request or tensor with 400.
 V2_STATUS: dict[type[ServiceError], int] = {**PREDICT_STATUS, UnsupportedMediaType: 400, InvalidInput: 400}

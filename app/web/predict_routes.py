@@ -90,21 +90,24 @@ async def predict(
 async def answer(
     service: Service, model: ServedModel, images: list[EncodedImage], options: InferOptions, top_k: int
 ) -> Response:
-    predictions = await service.infer(model, images, options)
-    body = await service.encode(predictions, encode_predict_response, model, predictions, top_k, options.attention)
+    done = await service.infer(model, images, options)
+    body = await service.encode(
+        done.predictions, encode_predict_response, done.model, done.predictions, top_k, options.attention
+    )
     return Response(body, media_type="application/json")
 
 
-@router.get("/v1/model", response_model=ModelInfo, responses={503: ERRORS[503]})
+@router.get("/v1/model", response_model=ModelInfo, responses={404: ERRORS[404], 503: ERRORS[503]})
 async def model_info(service: ReadyService) -> ModelInfo:
     """Describe the default model: classes, input, config, training summary."""
-    return describe(service.default)
+    return describe(service.model(None))
 
 
 @router.get("/v1/models", response_model=ModelList, responses={503: ERRORS[503]})
 async def list_models(service: ReadyService) -> ModelList:
     """Every served model, the default first."""
-    return ModelList(default=service.default.name, models=[describe(m) for m in service.models.values()])
+    default = service.default
+    return ModelList(default=default and default.name, models=[describe(m) for m in service.models.values()])
 
 
 @router.get("/health/live", response_model=Health)

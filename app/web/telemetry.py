@@ -26,21 +26,24 @@ ROUTES = frozenset(
         "/v2",
         "/v2/health/live",
         "/v2/health/ready",
+        "/v2/repository/index",
     }
 )
 VALID_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
 V2_MODEL_PATH = re.compile(r"^/v2/models/[^/]+(?:/versions/[^/]+)?(/ready|/infer)?$")
+V2_REPOSITORY_PATH = re.compile(r"^/v2/repository/models/[^/]+/(load|unload)$")
 
 
 def route_label(path: str) -> str:
     """A bounded set of labels: our routes, the V2 routes with the model name left out, else 'other'."""
     if path in ROUTES:
         return path
-    match = V2_MODEL_PATH.match(path)
-    if match:
+    if match := V2_MODEL_PATH.match(path):
         return "/v2/models/{name}" + (match.group(1) or "")
+    if match := V2_REPOSITORY_PATH.match(path):
+        return "/v2/repository/models/{name}/" + match.group(1)
     return "other"
 
 
@@ -74,7 +77,7 @@ class RequestTelemetry:
             await self.app(scope, receive, send_with_id)
         finally:
             seconds = time.perf_counter() - started
-            self.metrics.requests.labels(route, str(status)).inc()
-            self.metrics.latency.labels(route).observe(seconds)
+            self.metrics.requests.labels("http", route, str(status)).inc()
+            self.metrics.latency.labels("http", route).observe(seconds)
             if route != "/metrics" and "/health/" not in route:
                 log.info("%s %s %d %.1fms id=%s", scope["method"], scope["path"], status, seconds * 1e3, request_id)

@@ -4,9 +4,10 @@ with the same models, batchers, limits, API keys and metrics as /predict. Errors
 from __future__ import annotations
 
 import copy
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
@@ -15,18 +16,24 @@ from app.codecs.v2 import (
     Decoded,
     InferRequest,
     V2Error,
+    V2IndexRequest,
     V2InferResponse,
     V2Live,
+    V2ModelIndex,
     V2ModelMetadata,
     V2ModelReady,
     V2Ready,
+    V2RepositoryRequest,
     V2ServerMetadata,
+    check_load_parameters,
     decode_request,
     encode_response,
     model_metadata,
+    repository_index,
     server_metadata,
     split_body,
 )
+from app.core.errors import InvalidInput
 from app.core.served_model import ServedModel
 from app.core.service import Service
 from app.web.dependencies import ApiKey, ReadyService
@@ -35,11 +42,14 @@ from app.web.errors import V2Route
 from app.web.uploads import read_body
 
 router = APIRouter(prefix="/v2", tags=["Open Inference Protocol (V2)"], route_class=V2Route)
+BodyT = TypeVar("BodyT", bound=BaseModel)
+REPOSITORY_BODY_LIMIT = 64 * 1024
 
 
 def v2_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     described = {
-        400: "Malformed request or tensor (shape, datatype, size, undecodable image)",
+        400: "Malformed request or tensor (shape, datatype, size, undecodable image); a model that failed to load, "
+        "or a change the model control mode does not take",
         401: "API key missing or wrong (only when VIT_API_KEYS is set)",
         404: "No model (or version) of that name",
         413: "Body or image too large",
@@ -140,12 +150,46 @@ async def infer(request: Request, service: ReadyService, name: str, version: str
 
 
 async def answer(service: Service, model: ServedModel, decoded: Decoded) -> Response:
-    predictions = await service.infer(model, decoded.inputs, decoded.options)
-    encoded = await service.encode(predictions, encode_response, decoded, predictions, model)
+    done = await service.infer(model, decoded.inputs, decoded.options)
+    encoded = await service.encode(done.predictions, encode_response, decoded, done.predictions, done.model)
     if encoded.header_length is None:
         return Response(encoded.body, media_type="application/json")
     headers = {"Inference-Header-Content-Length": str(encoded.header_length)}
     return Response(encoded.body, media_type="application/octet-stream", headers=headers)
+
+
+async def optional_body(request: Request, model: type[BodyT], limit: int) -> BodyT:
+    """A small JSON body that may be left out (Triton's clients send none, or {} with parameters)."""
+    body = await read_body(request, limit)
+    try:
+        return model.model_validate_json(body or b"{}")
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        raise InvalidInput(f"invalid request body: {problems}") from None
+
+
+@router.post("/repository/index", response_model=list[V2ModelIndex], responses=v2_errors(400, 503))
+async def repository_index_route(request: Request, service: ReadyService) -> list[V2ModelIndex]:
+    """Every model of the repository (and those served from VIT_MODELS), its version, state and reason."""
+    asked = await optional_body(request, V2IndexRequest, REPOSITORY_BODY_LIMIT)
+    return repository_index(await service.run_in_pool(service.model_set.index, asked.ready))
+
+
+@router.post("/repository/models/{name}/load", responses=v2_errors(400, 401, 404, 503), dependencies=[ApiKey])
+async def load_model(request: Request, service: ReadyService, name: str) -> Response:
+    """Load the model from the repository (VIT_MODEL_CONTROL=explicit); a loaded one is reloaded beside itself."""
+    asked = await optional_body(request, V2RepositoryRequest, REPOSITORY_BODY_LIMIT)
+    check_load_parameters(asked.parameters)
+    await service.model_set.load(name)
+    return Response(status_code=200)
+
+
+@router.post("/repository/models/{name}/unload", responses=v2_errors(400, 401, 404, 503), dependencies=[ApiKey])
+async def unload_model(request: Request, service: ReadyService, name: str) -> Response:
+    """Stop admitting requests for the model, answer those admitted, then free it (VIT_MODEL_CONTROL=explicit)."""
+    await optional_body(request, V2RepositoryRequest, REPOSITORY_BODY_LIMIT)  # unload_dependents: none here
+    await service.model_set.unload(name)
+    return Response(status_code=200)
 
 
 @router.api_route(

@@ -124,7 +124,7 @@ from app.web.app import create_app
 from app.settings import Settings
 
 async def main():
-    app = create_app(Settings(weights={str(checkpoint)!r}, device="cpu", warmup=False))
+    app = create_app(Settings(weights={str(checkpoint)!r}, device="cpu", warmup=False, grpc_port=0))
     async with LifespanManager(app) as manager:
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:

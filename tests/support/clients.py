@@ -18,11 +18,12 @@ ClientFactory = Callable[..., AbstractAsyncContextManager[httpx.AsyncClient]]
 
 
 def client_factory(checkpoint: Path) -> ClientFactory:
-    """`async with factory(max_batch_size=4) as client:` serves `checkpoint` with torch on the CPU unless overridden."""
+    """`async with factory(max_batch_size=4) as client:` serves `checkpoint` with torch on the CPU, no gRPC,
+    unless overridden."""
 
     @asynccontextmanager
     async def factory(**overrides: Any) -> AsyncIterator[httpx.AsyncClient]:
-        settings = Settings(**{"weights": checkpoint, "device": "cpu", "backend": "torch", **overrides})
+        settings = Settings(**{"weights": checkpoint, "device": "cpu", "backend": "torch", "grpc_port": 0, **overrides})
         app = create_app(settings)
         async with LifespanManager(app, startup_timeout=60, shutdown_timeout=60) as manager:
             transport = httpx.ASGITransport(app=manager.app)

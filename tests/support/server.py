@@ -77,10 +77,13 @@ class ServerProcess:
 
 
 class Server(ServerProcess):
-    """This service as `uvicorn app.main:app` runs it, serving `checkpoint` on the CPU unless `env` says otherwise."""
+    """This service as `uvicorn app.main:app` runs it, serving `checkpoint` on the CPU unless `env` says otherwise;
+    gRPC on a free port of its own (`grpc_target`) unless VIT_GRPC_PORT says otherwise."""
 
     def __init__(self, checkpoint: Path, *uvicorn_args: str, **env: str) -> None:
         port = free_port()
         argv = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port),
                 "--timeout-graceful-shutdown", "20", *uvicorn_args]  # fmt: skip
+        env.setdefault("VIT_GRPC_PORT", str(free_port()))
+        self.grpc_target = f"127.0.0.1:{env['VIT_GRPC_PORT']}"
         super().__init__(argv, {"VIT_WEIGHTS": str(checkpoint), "VIT_DEVICE": "cpu", **env}, port)

@@ -26,6 +26,11 @@ async function errorText(response) {
   return detail;
 }
 
+// The served set changes at runtime (models loaded, replaced, unloaded): the listing is read again every
+// MODEL_REFRESH_MS, keeping the model chosen while it is still served.
+const MODEL_REFRESH_MS = 15000;
+let shownModel = "";  // name@version on the page
+
 async function loadModel() {
   const status = $("model-status");
   try {
@@ -37,14 +42,20 @@ async function loadModel() {
     }
     if (!response.ok) throw new Error(await errorText(response));
     const listing = await response.json();
-    models = new Map(listing.models.map((m) => [m.name, m]));
     const select = $("model-select");
-    select.replaceChildren(...listing.models.map((m) => new Option(`${m.name} (${m.version})`, m.name, m.name === listing.default, m.name === listing.default)));
+    const chosen = models.size > 0 && listing.models.some((m) => m.name === select.value) ? select.value : listing.default;
+    models = new Map(listing.models.map((m) => [m.name, m]));
+    select.replaceChildren(...listing.models.map((m) => new Option(`${m.name} (${m.version})`, m.name, m.name === chosen, m.name === chosen)));
     $("model-picker").hidden = models.size < 2;
-    showModel(models.get(listing.default));
+    if (models.size === 0) {
+      status.textContent = "No model is loaded; this page shows one as soon as the server loads it.";
+    } else if (`${chosen}@${models.get(chosen).version}` !== shownModel) {
+      showModel(models.get(chosen));  // redrawn only when it changed: a refresh keeps what the user set
+    }
   } catch (e) {
     status.textContent = `Could not read the model description: ${e.message}`;
   }
+  setTimeout(loadModel, MODEL_REFRESH_MS);
 }
 
 function chosenModel() {
@@ -52,6 +63,7 @@ function chosenModel() {
 }
 
 function showModel(info) {
+  shownModel = `${info.name}@${info.version}`;
   $("model-name").textContent = info.name;
   $("model-version").textContent = info.version;
   const channels = info.channels === 1 ? "grayscale" : "RGB";

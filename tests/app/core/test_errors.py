@@ -9,7 +9,7 @@ import app.core.errors as errors
 
 def test_every_failure_kind_is_a_service_error_without_a_status() -> None:
     kinds = [c for _, c in inspect.getmembers(errors, inspect.isclass) if issubclass(c, errors.ServiceError)]
-    assert len(kinds) == 10
+    assert len(kinds) == 12
     for kind in kinds:
         e = kind("what to fix")
         assert str(e) == e.detail == "what to fix"

@@ -21,9 +21,9 @@ def images(n: int) -> list[EncodedImage]:
 async def test_images_and_their_pixels_give_the_same_predictions(service: Service) -> None:
     model = service.model(None)
     files = images(3)
-    from_files = await service.infer(model, files, InferOptions("rollout"))
+    from_files = (await service.infer(model, files, InferOptions("rollout"))).predictions
     pixels = torch.stack([model.prepare(f, keep_image=False).pixels for f in files])
-    from_pixels = await service.infer(model, pixels, InferOptions("rollout"))
+    from_pixels = (await service.infer(model, pixels, InferOptions("rollout"))).predictions
     assert [p.filename for p in from_files] == ["0.png", "1.png", "2.png"]
     assert [p.filename for p in from_pixels] == ["pixels[0]", "pixels[1]", "pixels[2]"]
     for a, b in zip(from_files, from_pixels, strict=True):
@@ -34,7 +34,7 @@ async def test_images_and_their_pixels_give_the_same_predictions(service: Servic
 
 async def test_overlays_are_drawn_for_files_only(service: Service) -> None:
     model = service.model(None)
-    [prediction] = await service.infer(model, images(1), InferOptions("last", overlay=True))
+    [prediction] = (await service.infer(model, images(1), InferOptions("last", overlay=True))).predictions
     assert prediction.overlay_png is not None and prediction.overlay_png.startswith(b"\x89PNG")
     with pytest.raises(InvalidInput, match="send images, not pixels"):
         await service.infer(model, torch.zeros(1, *model.input_shape), InferOptions("last", overlay=True))
@@ -79,7 +79,7 @@ async def test_costly_encoding_runs_off_the_event_loop(service: Service) -> None
 
     model = service.model(None)
     loop_thread = threading.get_ident()
-    plain = await service.infer(model, images(1), InferOptions())
-    mapped = await service.infer(model, images(1), InferOptions("rollout"))
+    plain = (await service.infer(model, images(1), InferOptions())).predictions
+    mapped = (await service.infer(model, images(1), InferOptions("rollout"))).predictions
     assert await service.encode(plain, threading.get_ident) == loop_thread  # ten numbers: inline
     assert await service.encode(mapped, threading.get_ident) != loop_thread  # a map: on the CPU pool

@@ -161,7 +161,7 @@ async def test_timeout_is_504(make_client: ClientFactory, shape_png: bytes) -> N
 
 
 async def test_not_ready_before_the_model_is_loaded(tiny_checkpoint: Path, shape_png: bytes) -> None:
-    app = create_app(Settings(weights=tiny_checkpoint, device="cpu"))
+    app = create_app(Settings(weights=tiny_checkpoint, device="cpu", grpc_port=0))
     transport = httpx.ASGITransport(app=app)  # no lifespan run: the model is not loaded
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
         assert (await client.get("/health/live")).status_code == 200
@@ -170,7 +170,7 @@ async def test_not_ready_before_the_model_is_loaded(tiny_checkpoint: Path, shape
         assert_error(await client.get("/v1/model"), 503)
         assert (await client.get("/metrics")).status_code == 200
     async with (
-        LifespanManager(app),
+        LifespanManager(app, startup_timeout=60),
         httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client,
     ):
         assert (await client.get("/health/ready")).status_code == 200

@@ -81,7 +81,7 @@ class InProcessClient:
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessClient]:
     checkpoint = write_tiny_checkpoint(tmp_path_factory.mktemp("fuzz") / "tiny.safetensors")
     c = InProcessClient(
-        create_app(Settings(weights=checkpoint, device="cpu", max_wait_ms=0, max_image_pixels=4_000_000))
+        create_app(Settings(weights=checkpoint, device="cpu", max_wait_ms=0, max_image_pixels=4_000_000, grpc_port=0))
     )
     try:
         yield c

@@ -169,7 +169,7 @@ async def test_health_and_metrics(client: httpx.AsyncClient, shape_png: bytes) -
     await client.post("/predict", files={"file": ("a.png", shape_png, "image/png")})
     r = await client.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
-    assert metric(r.text, "vit_requests_total", '{route="/predict",status="200"}') == 1
+    assert metric(r.text, "vit_requests_total", '{protocol="http",route="/predict",status="200"}') == 1
     for name in (
         "vit_request_latency_seconds_bucket",
         "vit_inference_seconds_count",

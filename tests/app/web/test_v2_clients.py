@@ -184,4 +184,4 @@ def test_v2_and_predict_share_the_batcher_and_metrics(server: Server, client: tr
         return float(line.split()[-1])
 
     assert processed(after) - processed(before) == 3
-    assert 'vit_requests_total{route="/v2/models/{name}/infer",status="200"}' in after
+    assert 'vit_requests_total{protocol="http",route="/v2/models/{name}/infer",status="200"}' in after

@@ -1,0 +1,130 @@
+"""The Open Inference Protocol over gRPC: protobuf messages to and from the V2 codec's types, no gRPC server.
+
+A ModelInferRequest becomes the same `InferRequest` the REST edge parses from JSON, with its input's
+elements from `raw_input_contents` (as tritonclient sends them; BYTES elements 4-byte little-endian
+length-prefixed) or from typed `contents` (`bytes_contents` for BYTES, `fp32_contents` for FP32).
+Outputs always go back in `raw_output_contents`, as Triton answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from pydantic import ValidationError
+
+from app.codecs.v2 import (
+    Decoded,
+    InferRequest,
+    OutputWanted,
+    TensorData,
+    TensorIn,
+    V2ModelIndex,
+    V2ModelMetadata,
+    V2ServerMetadata,
+    decode_infer,
+    output_tensors,
+)
+from app.core.errors import InvalidInput
+from app.core.request import Prediction
+from app.core.served_model import ServedModel
+from app.grpc.proto import messages_pb2 as pb
+
+# The typed contents field each datatype's data must be in (the protocol's rule).
+CONTENTS_FIELD = {"BYTES": "bytes_contents", "FP32": "fp32_contents"}
+
+
+def parameters(entries: Mapping[str, Any]) -> dict[str, Any] | None:
+    """An InferParameter (or ModelRepositoryParameter) map as plain values; None when empty."""
+    out = {}
+    for key, parameter in entries.items():
+        kind = parameter.WhichOneof("parameter_choice")
+        out[key] = None if kind is None else getattr(parameter, kind)
+    return out or None
+
+
+def decode(message: pb.ModelInferRequest, input_shape: tuple[int, int, int], max_images: int) -> Decoded:
+    """Check and decode one ModelInferRequest against the model's input shape (C, H, W), as V2 REST does."""
+    raw = message.raw_input_contents
+    if raw and any(t.HasField("contents") for t in message.inputs):
+        raise InvalidInput("send input data in raw_input_contents or in contents, not both")
+    if raw and len(raw) != len(message.inputs):
+        raise InvalidInput(f"{len(raw)} raw_input_contents for {len(message.inputs)} inputs; send one per input")
+
+    def data_of(_: TensorIn) -> TensorData:
+        return TensorData(raw=raw[0]) if raw else typed_data(message.inputs[0])
+
+    return decode_infer(infer_request(message), data_of, input_shape, max_images)
+
+
+def infer_request(message: pb.ModelInferRequest) -> InferRequest:
+    """The request as the REST edge would have parsed it from JSON, its data left out."""
+    try:
+        return InferRequest(
+            id=message.id or None,
+            parameters=parameters(message.parameters),
+            inputs=[
+                TensorIn(name=t.name, shape=list(t.shape), datatype=t.datatype, parameters=parameters(t.parameters))
+                for t in message.inputs
+            ],
+            outputs=[OutputWanted(name=o.name, parameters=parameters(o.parameters)) for o in message.outputs] or None,
+        )
+    except ValidationError as e:  # not reachable from well-formed protobuf, kept as the REST edge answers it
+        raise InvalidInput(f"invalid inference request: {e.errors()[0]['msg']}") from None
+
+
+def typed_data(tensor: pb.ModelInferRequest.InferInputTensor) -> TensorData:
+    """The input's elements from its typed contents, which must be the field of its datatype."""
+    contents = tensor.contents
+    filled = [field.name for field, _ in contents.ListFields()]
+    wanted = CONTENTS_FIELD.get(tensor.datatype)
+    if not filled:
+        return TensorData(elements=[]) if wanted == "bytes_contents" else TensorData(values=np.empty(0, np.float32))
+    if filled != [wanted]:
+        where = f"contents.{wanted} or raw_input_contents" if wanted else "raw_input_contents"
+        raise InvalidInput(
+            f"input {tensor.name!r} ({tensor.datatype}): send its data in {where}, not in {', '.join(filled)}"
+        )
+    if wanted == "bytes_contents":
+        return TensorData(elements=list(contents.bytes_contents))
+    return TensorData(values=np.asarray(contents.fp32_contents, dtype=np.float32))
+
+
+def infer_response(decoded: Decoded, predictions: list[Prediction], model: ServedModel) -> pb.ModelInferResponse:
+    tensors = output_tensors(decoded, predictions, model.classes)
+    return pb.ModelInferResponse(
+        model_name=model.name,
+        model_version=model.version,
+        id=decoded.request.id or "",
+        outputs=[
+            pb.ModelInferResponse.InferOutputTensor(name=t.name, datatype=t.datatype, shape=t.shape) for t in tensors
+        ],
+        raw_output_contents=[t.raw() for t in tensors],
+    )
+
+
+def server_metadata(metadata: V2ServerMetadata) -> pb.ServerMetadataResponse:
+    return pb.ServerMetadataResponse(name=metadata.name, version=metadata.version, extensions=metadata.extensions)
+
+
+def model_metadata(metadata: V2ModelMetadata) -> pb.ModelMetadataResponse:
+    def tensors(ts: list[Any]) -> list[pb.ModelMetadataResponse.TensorMetadata]:
+        return [pb.ModelMetadataResponse.TensorMetadata(name=t.name, datatype=t.datatype, shape=t.shape) for t in ts]
+
+    return pb.ModelMetadataResponse(
+        name=metadata.name,
+        versions=metadata.versions,
+        platform=metadata.platform,
+        inputs=tensors(metadata.inputs),
+        outputs=tensors(metadata.outputs),
+    )
+
+
+def repository_index(models: list[V2ModelIndex]) -> pb.RepositoryIndexResponse:
+    return pb.RepositoryIndexResponse(
+        models=[
+            pb.RepositoryIndexResponse.ModelIndex(name=m.name, version=m.version, state=m.state, reason=m.reason)
+            for m in models
+        ]
+    )

@@ -1,0 +1,1 @@
+"""The Open Inference Protocol over gRPC: the edge (`server`) and its generated protobuf code (`proto`)."""
