@@ -16,20 +16,21 @@ import ctypes.util
 import gc
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 import torch
 
-from app.core.errors import LoadFailed, ModelNotFound, NotAllowed, ServiceError
+from app.core.errors import LoadFailed, ModelNotFound, NotAllowed, NotReady, ServiceError
 from app.core.metrics import Metrics
 from app.core.repository import FileStamp, Repository, check_name
 from app.core.served_model import ServedModel
 from app.settings import ModelControl
 
 log = logging.getLogger("app")
+T = TypeVar("T")
 
 State = Literal["READY", "UNAVAILABLE", "LOADING", "UNLOADING"]
 Build = Callable[[str, Path], ServedModel]  # loads and warms one checkpoint (blocking)
@@ -64,7 +65,9 @@ class ModelSet:
         self.metrics = metrics
         self.drain_timeout_s = drain_timeout_s
         self.stamps = stamps or {}  # poll mode: each file as it was when last loaded (or tried)
-        self.changes = asyncio.Lock()
+        self.changes = asyncio.Lock()  # one change at a time
+        self.changing: set[asyncio.Task[Any]] = set()
+        self.closed = False
         self.poller: asyncio.Task[None] | None = None
         metrics.models_loaded.set(len(served))
 
@@ -90,11 +93,26 @@ class ModelSet:
     # The repository API: explicit mode only, as Triton's --model-control-mode=explicit.
     async def load(self, name: str) -> ServedModel:
         self.check_explicit("load")
-        return await self.put(name)
+        return await self.shielded(self.put(name))
 
     async def unload(self, name: str) -> None:
         self.check_explicit("unload")
-        await self.remove(name)
+        await self.shielded(self.remove(name))
+
+    async def shielded(self, change: Coroutine[Any, Any, T]) -> T:
+        """Run a change to its end even when its caller is cancelled (a client gone, the poller stopped):
+        half made, it would leave a model LOADING for ever, or retired with its batcher still running."""
+        task = asyncio.get_running_loop().create_task(change)
+        self.changing.add(task)
+        task.add_done_callback(self.changing.discard)
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # its caller may be gone: no warning
+        return await asyncio.shield(task)
+
+    async def close(self) -> None:
+        """Stop polling and let a change under way finish; no change starts after this."""
+        await self.stop_polling()
+        async with self.changes:
+            self.closed = True
 
     def check_explicit(self, change: str) -> None:
         if self.repository is None or self.control != "explicit":
@@ -110,6 +128,7 @@ class ModelSet:
             raise NotAllowed("no VIT_MODEL_REPOSITORY to load models from")
         path = self.repository.path(name)
         async with self.changes:
+            self.check_open()
             old = self.served.get(name)
             serving = old.version if old else ""
             self.status[name] = ModelStatus(name, "LOADING", serving)
@@ -141,6 +160,7 @@ class ModelSet:
         """Stop admitting requests for `name`, answer those admitted, then free it."""
         check_name(name)
         async with self.changes:
+            self.check_open()
             model = self.served.pop(name, None)
             if model is None:
                 if name not in self.status and not (self.repository and name in self.repository.scan()):
@@ -154,6 +174,10 @@ class ModelSet:
             log.info("model %s: version %s unloaded", name, model.version)
             del model
             await asyncio.to_thread(release_memory)
+
+    def check_open(self) -> None:
+        if self.closed:
+            raise NotReady("the service is shutting down; models no longer change")
 
     async def drain(self, model: ServedModel) -> None:
         """Answer what `model` admitted, then stop it (the caller drops it and releases the memory)."""
@@ -189,11 +213,11 @@ class ModelSet:
             if self.stamps.get(name) != stamp:
                 self.stamps[name] = stamp  # tried once per change: a broken file waits for the next one
                 with contextlib.suppress(ServiceError):  # logged, and shown in the index
-                    await self.put(name)
+                    await self.shielded(self.put(name))
         for name in [n for n in self.stamps if n not in files]:
             del self.stamps[name]
-            with contextlib.suppress(ModelNotFound):
-                await self.remove(name)
+            with contextlib.suppress(ServiceError):
+                await self.shielded(self.remove(name))
 
 
 def release_memory() -> None:

@@ -172,15 +172,14 @@ class Service:
         """Turn unready, answer every accepted image of every model, then stop."""
         self.ready = False
         self.metrics.ready.set(0)
-        await self.model_set.stop_polling()
-        async with self.model_set.changes:  # a load under way finishes first
-            timeout = self.settings.drain_timeout_s
-            drained = await asyncio.gather(*(m.batcher.drain(timeout) for m in self.models.values()))
-            for model, ok in zip(self.models.values(), drained, strict=True):
-                if not ok:
-                    log.warning("model %s: drain timed out after %.1fs with %d images queued",
-                                model.name, timeout, model.batcher.queue_depth)  # fmt: skip
-                await model.batcher.stop()
+        await self.model_set.close()  # a change under way finishes first
+        timeout = self.settings.drain_timeout_s
+        drained = await asyncio.gather(*(m.batcher.drain(timeout) for m in self.models.values()))
+        for model, ok in zip(self.models.values(), drained, strict=True):
+            if not ok:
+                log.warning("model %s: drain timed out after %.1fs with %d images queued",
+                            model.name, timeout, model.batcher.queue_depth)  # fmt: skip
+            await model.batcher.stop()
         self.cpu_pool.shutdown(wait=False, cancel_futures=True)
         self.metrics.unwatch_gc()
         gc.unfreeze()  # in-process apps (tests) give their objects back to the collector

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from model.checkpoint import save_checkpoint
+from model.checkpoint import load_checkpoint, save_checkpoint
 from model.convert.__main__ import main as convert_main
 from model.preprocessing import Preprocessing
 from model.shapes import SHAPE_CLASSES
@@ -24,10 +24,20 @@ def tiny_model(config: ViTConfig = TINY, seed: int = 0) -> ViT:
     return ViT(config).eval()
 
 
-def write_tiny_checkpoint(path: Path) -> Path:
-    """A small random-weight checkpoint with the shapes class names (fast to load and run)."""
-    save_checkpoint(path, tiny_model(), list(SHAPE_CLASSES), TINY_PREPROCESSING, {"dataset": "shapes", "seed": 0})
+def write_tiny_checkpoint(path: Path, seed: int = 0) -> Path:
+    """A small random-weight checkpoint with the shapes class names (fast to load and run); each seed its own version."""
+    save_checkpoint(
+        path, tiny_model(seed=seed), list(SHAPE_CLASSES), TINY_PREPROCESSING, {"dataset": "shapes", "seed": seed}
+    )
     return path
+
+
+def replace_checkpoint(path: Path, seed: int) -> str:
+    """Replace the file at `path` at once (written beside it, then renamed over it), as a deployment does;
+    returns the new version."""
+    staged = write_tiny_checkpoint(path.with_name(f".{path.name}.{seed}.tmp"), seed)
+    staged.replace(path)
+    return load_checkpoint(path).version
 
 
 @dataclass
