@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from app.core.metrics import Metrics
+from app.core.service import Service
+from app.grpc.proto.service_pb2_grpc import GRPCInferenceServiceStub
+from app.grpc.server import GrpcServer
+from app.settings import Settings
+from tests.support.server import free_port
+
+
+@dataclass
+class Edge:
+    """The core with its gRPC edge in this process, and a client stub over a real channel."""
+
+    service: Service
+    server: GrpcServer
+    stub: GRPCInferenceServiceStub
+
+
+EdgeFactory = Callable[..., AbstractAsyncContextManager[Edge]]
+
+
+@pytest.fixture
+def make_edge(tiny_checkpoint: Path) -> EdgeFactory:
+    """`async with make_edge(max_files=4) as edge:` the tiny checkpoint with torch on the CPU, served over gRPC."""
+
+    @asynccontextmanager
+    async def make(**overrides: Any) -> AsyncIterator[Edge]:
+        port = free_port()
+        settings = Settings(**{
+            "weights": tiny_checkpoint, "device": "cpu", "backend": "torch", "warmup": False, "max_batch_size": 4,
+            "grpc_port": port, **overrides,
+        })  # fmt: skip
+        service = await asyncio.to_thread(Service.load, settings, Metrics())
+        server = GrpcServer(service, port, settings.grpc_message_limit())
+        await server.start()
+        service.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                yield Edge(service, server, GRPCInferenceServiceStub(channel))
+        finally:
+            await server.stop(5)
+            await service.shutdown()
+
+    return make
+
+
+@pytest.fixture
+async def edge(make_edge: EdgeFactory) -> AsyncIterator[Edge]:
+    async with make_edge() as e:
+        yield e
