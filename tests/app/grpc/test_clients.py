@@ -1,0 +1,154 @@
+"""The Open Inference Protocol over gRPC with the real clients, tritonclient[grpc] and kserve, against a real
+server process: the same images give the same answers over gRPC, V2 REST and /predict."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as triton
+import tritonclient.http as triton_http
+from tritonclient.utils import InferenceServerException
+
+from app.settings import BUNDLED_WEIGHTS
+from model.checkpoint import load_checkpoint
+from model.shapes import SHAPE_CLASSES, make_sample
+from tests.support.images import encode
+from tests.support.server import ROOT, Server
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+MODEL = "vit-shapes"
+VERSION = load_checkpoint(BUNDLED_WEIGHTS).version
+PNGS = [encode(make_sample(20261123, i).image) for i in range(4)]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    s = Server(BUNDLED_WEIGHTS, VIT_MAX_FILES="8", VIT_MAX_QUEUE="64")
+    try:
+        s.wait_ready()
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> Iterator[triton.InferenceServerClient]:
+    c = triton.InferenceServerClient(server.grpc_target)
+    yield c
+    c.close()
+
+
+def images(*files: bytes) -> triton.InferInput:
+    tensor = triton.InferInput("image", [len(files)], "BYTES")
+    tensor.set_data_from_numpy(np.array(files, dtype=np.object_))
+    return tensor
+
+
+def test_health_and_metadata(client: triton.InferenceServerClient) -> None:
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready(MODEL) and client.is_model_ready(MODEL, VERSION) and not client.is_model_ready("nope")
+    meta = client.get_server_metadata(as_json=True)
+    assert meta["name"] == "vit-serve" and {"classification", "model_repository"} <= set(meta["extensions"])
+    model = client.get_model_metadata(MODEL, as_json=True)
+    assert model["versions"] == [VERSION] and model["platform"] == "onnxruntime_onnx"
+    assert [(t["name"], t["datatype"], t["shape"]) for t in model["inputs"]] == [
+        ("image", "BYTES", ["-1"]), ("pixels", "FP32", ["-1", "1", "64", "64"]),
+    ]  # fmt: skip
+
+
+def test_the_same_images_give_the_same_answers_on_every_protocol(
+    client: triton.InferenceServerClient, server: Server
+) -> None:
+    result = client.infer(MODEL, [images(*PNGS)], request_id="g-1")
+    over_grpc = result.as_numpy("probabilities")
+    assert over_grpc.shape == (4, 10) and over_grpc.dtype == np.float32
+    assert result.get_response().model_version == VERSION and result.get_response().id == "g-1"
+    rest = triton_http.InferenceServerClient(server.url.removeprefix("http://"))
+    tensor = triton_http.InferInput("image", [len(PNGS)], "BYTES")
+    tensor.set_data_from_numpy(np.array(PNGS, dtype=np.object_), binary_data=True)
+    over_rest = rest.infer(MODEL, [tensor]).as_numpy("probabilities")
+    files = [("files", (f"{i}.png", png, "image/png")) for i, png in enumerate(PNGS)]
+    r = httpx.post(f"{server.url}/predict", files=files, params={"top_k": 1}, timeout=30)
+    assert r.status_code == 200, r.text
+    over_predict = np.array([res["probabilities"] for res in r.json()["results"]], dtype=np.float32)
+    np.testing.assert_allclose(over_grpc, over_rest, atol=1e-6)
+    np.testing.assert_allclose(over_grpc, over_predict, atol=1e-6)
+    assert [SHAPE_CLASSES[i] for i in over_grpc.argmax(1)] == [
+        SHAPE_CLASSES[make_sample(20261123, i).label] for i in range(4)
+    ]
+
+
+def test_pixels_outputs_classification_and_parameters(client: triton.InferenceServerClient) -> None:
+    pixels = triton.InferInput("pixels", [2, 1, 64, 64], "FP32")
+    pixels.set_data_from_numpy(np.zeros((2, 1, 64, 64), np.float32))
+    assert client.infer(MODEL, [pixels]).as_numpy("probabilities").shape == (2, 10)
+    outputs = [triton.InferRequestedOutput("probabilities", class_count=3), triton.InferRequestedOutput("attention"),
+               triton.InferRequestedOutput("embedding")]  # fmt: skip
+    result = client.infer(MODEL, [images(*PNGS[:2])], outputs=outputs,
+                          parameters={"attention": "gradient", "target": "star", "normalize": True, "embedding": True})  # fmt: skip
+    top = result.as_numpy("probabilities")
+    assert top.shape == (2, 3) and all(len(x.decode().split(":")) == 3 for x in top.flatten())
+    assert result.as_numpy("attention").shape == (2, 8, 8)
+    np.testing.assert_allclose(np.linalg.norm(result.as_numpy("embedding"), axis=1), 1, atol=1e-5)
+
+
+def test_errors_have_their_status_codes(client: triton.InferenceServerClient) -> None:
+    def code(call: object) -> str:
+        with pytest.raises(InferenceServerException) as caught:
+            call()  # type: ignore[operator]
+        return f"{caught.value.status()} {caught.value.message()}"
+
+    wrong = triton.InferInput("pixels", [1, 3, 64, 64], "FP32")
+    wrong.set_data_from_numpy(np.zeros((1, 3, 64, 64), np.float32))
+    assert code(lambda: client.infer(MODEL, [wrong])).startswith(
+        "StatusCode.INVALID_ARGUMENT input 'pixels' must have shape"
+    )
+    assert code(lambda: client.infer(MODEL, [images(b"not an image")])).startswith(
+        "StatusCode.INVALID_ARGUMENT image[0]: not a recognised image"
+    )
+    assert code(lambda: client.infer("nope", [images(PNGS[0])])).startswith(
+        "StatusCode.NOT_FOUND no model named 'nope'"
+    )
+    assert code(lambda: client.infer(MODEL, [images(*[PNGS[0]] * 9)])).endswith("at most 8 are accepted")
+    big = triton.InferInput("image", [1], "BYTES")
+    big.set_data_from_numpy(np.array([b"x" * (11 * 1024 * 1024)], dtype=np.object_))
+    assert code(lambda: client.infer(MODEL, [big])).startswith("StatusCode.RESOURCE_EXHAUSTED")
+    assert code(lambda: client.load_model(MODEL)).startswith("StatusCode.FAILED_PRECONDITION")
+    assert client.is_server_ready()
+
+
+def test_kserve_grpc_client(server: Server, tmp_path: Path) -> None:
+    paths = []
+    for i, png in enumerate(PNGS[:2]):
+        paths.append(tmp_path / f"{i}.png")
+        paths[-1].write_bytes(png)
+    run = subprocess.run(
+        [sys.executable, "-m", "tests.app.grpc.kserve_client", server.grpc_target, MODEL, "[1, 1, 64, 64]", *map(str, paths)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    seen = json.loads(run.stdout)
+    assert seen["live"] and seen["ready"] and seen["model_ready"]
+    assert seen["id"] == "k-1" and seen["model_version"] == VERSION and seen["attention_shape"] == [2, 8, 8]
+    expected = httpx.post(
+        f"{server.url}/predict", files=[("files", (p.name, p.read_bytes(), "image/png")) for p in paths]
+    )
+    np.testing.assert_allclose(
+        seen["probabilities"], [res["probabilities"] for res in expected.json()["results"]], atol=1e-6
+    )
+    assert seen["pixels_probabilities_shape"] == [1, 10]
+    assert seen["unknown_model"][0] == "NOT_FOUND" and "no model named 'nope'" in seen["unknown_model"][1]
+
+
+def test_grpc_requests_are_in_the_metrics(client: triton.InferenceServerClient, server: Server) -> None:
+    client.infer(MODEL, [images(PNGS[0])])
+    text = httpx.get(f"{server.url}/metrics").text
+    assert 'vit_requests_total{protocol="grpc",route="ModelInfer",status="OK"}' in text
+    assert 'vit_requests_total{protocol="grpc",route="ModelInfer",status="NOT_FOUND"}' in text
