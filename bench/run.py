@@ -103,8 +103,8 @@ def sweep(
     return results
 
 
-def vit_s16_checkpoint(path: Path) -> Path:
-    torch.manual_seed(0)
+def vit_s16_checkpoint(path: Path, seed: int = 0) -> Path:
+    torch.manual_seed(seed)
     save_checkpoint(path, ViT(VIT_S16).eval(), [f"class_{i}" for i in range(1000)], VIT_S16_PREPROCESSING,
                     {"note": "random weights, for speed measurements only"})  # fmt: skip
     return path
