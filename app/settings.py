@@ -85,6 +85,11 @@ class Settings(BaseSettings):
     def empty_models_means_unset(cls, v: str | None) -> str | None:
         return v if v and v.strip() else None  # compose passes VIT_MODELS= when it is not set
 
+    @field_validator("model_repository", "grpc_max_message_bytes", mode="before")
+    @classmethod
+    def empty_means_unset(cls, v: object) -> object:
+        return None if isinstance(v, str) and not v.strip() else v  # compose passes VIT_X= when it is not set
+
     @model_validator(mode="after")
     def check_models(self) -> Settings:
         if self.model_repository is None:  # a malformed list fails at startup, with what to fix
@@ -142,7 +147,7 @@ class Settings(BaseSettings):
 
 
 # Read by docker compose when it starts the container, never by the service.
-COMPOSE_VARIABLES = frozenset({"VIT_PORT", "VIT_MODELS_DIR"})
+COMPOSE_VARIABLES = frozenset({"VIT_PORT", "VIT_GRPC_HOST_PORT", "VIT_MODELS_DIR"})
 # What Kubernetes injects for a Service named vit-... (vit-serve: VIT_SERVE_SERVICE_HOST, VIT_SERVE_PORT, ...).
 SERVICE_LINK = re.compile(r"VIT_\w+?_(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT(_\d+_(TCP|UDP|SCTP)(_\w+)?)?)")
 

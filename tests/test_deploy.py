@@ -87,7 +87,7 @@ def test_dockerfile_runs_one_worker_as_non_root_with_a_readiness_healthcheck() -
     assert cmd[:2] == ["uvicorn", "app.main:app"]
     assert cmd[cmd.index("--workers") + 1] == "1"
     port = cmd[cmd.index("--port") + 1]
-    assert DOCKERFILE.instructions("EXPOSE") == [port]
+    assert DOCKERFILE.instructions("EXPOSE") == [port, str(Settings.model_fields["grpc_port"].default)]
     assert f"127.0.0.1:{port}/health/ready" in DOCKERFILE.instructions("HEALTHCHECK")[0]
     assert DOCKERFILE.env["VIT_WEIGHTS"] == "/srv/weights/vit-shapes.safetensors"
     assert set(DOCKERFILE.instructions("WORKDIR")) == {"/srv"}  # the runtime and ray targets
@@ -104,7 +104,8 @@ def test_dockerignore_keeps_tests_caches_and_venvs_out() -> None:
 def test_compose_service_port_health_gpu_and_settings() -> None:
     service = compose("docker-compose.yml")["services"]["vit"]
     port = DOCKERFILE.cmd[DOCKERFILE.cmd.index("--port") + 1]
-    assert service["ports"] == [f"${{VIT_PORT:-8000}}:{port}"]
+    grpc_port = Settings.model_fields["grpc_port"].default
+    assert service["ports"] == [f"${{VIT_PORT:-8000}}:{port}", f"${{VIT_GRPC_HOST_PORT:-{grpc_port}}}:{grpc_port}"]
     assert service["build"] == "."
     health = " ".join(service["healthcheck"]["test"])
     assert f"127.0.0.1:{port}/health/ready" in health

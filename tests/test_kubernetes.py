@@ -9,14 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import jsonpatch
-import kserve.models
-import kubernetes.client.models
 import kubernetes_validate
 import pytest
 import yaml
 
 from app.settings import BUNDLED_WEIGHTS, Settings
 from app.web.app import create_app
+from tests.support.api_models import api_models
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = ROOT / "deploy" / "k8s" / "base"
@@ -87,7 +86,11 @@ def test_deployment_matches_the_image_and_the_app() -> None:
     deployment, service = r["Deployment"], r["Service"]
     pod = deployment["spec"]["template"]["spec"]
     c = container(deployment)
-    assert c["ports"] == [{"name": "http", "containerPort": DOCKER_PORT, "protocol": "TCP"}]
+    grpc_port = Settings.model_fields["grpc_port"].default
+    assert c["ports"] == [
+        {"name": "http", "containerPort": DOCKER_PORT, "protocol": "TCP"},
+        {"name": "grpc", "containerPort": grpc_port, "protocol": "TCP"},
+    ]
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert c[probe]["httpGet"]["path"] in APP_PATHS, probe
     assert c["readinessProbe"]["httpGet"]["path"] == "/health/ready"
@@ -111,7 +114,8 @@ def test_deployment_matches_the_image_and_the_app() -> None:
     assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
     assert service["spec"]["selector"].items() <= labels.items()
     assert r["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"].items() <= labels.items()
-    assert service["spec"]["ports"][0]["targetPort"] == "http"
+    assert [(p["name"], p["targetPort"]) for p in service["spec"]["ports"]] == [("http", "http"), ("grpc", "grpc")]
+    assert service["spec"]["ports"][1]["appProtocol"] == "kubernetes.io/h2c"
     target = r["HorizontalPodAutoscaler"]["spec"]["scaleTargetRef"]
     assert (target["kind"], target["name"]) == ("Deployment", deployment["metadata"]["name"])
     assert r["PodDisruptionBudget"]["spec"]["minAvailable"] < r["HorizontalPodAutoscaler"]["spec"]["minReplicas"]
@@ -128,12 +132,11 @@ def test_cpu_overlay_drops_the_gpu() -> None:
     Settings(device=env_of(c)["VIT_DEVICE"], threads=int(env_of(c)["VIT_THREADS"]))  # values the service accepts
 
 
-def model_class(type_name: str) -> Any:
-    """A KServe or Kubernetes API model class by its OpenAPI name."""
-    for module in (kserve.models, kubernetes.client.models):
-        if hasattr(module, type_name):
-            return getattr(module, type_name)
-    raise AssertionError(f"no API model {type_name}")
+def model_fields(type_name: str) -> dict[str, str]:
+    """A KServe or Kubernetes API model's fields by their JSON names, with their OpenAPI types."""
+    fields = api_models().get(type_name)
+    assert fields is not None, f"no API model {type_name}"
+    return fields
 
 
 def check_against_models(value: Any, type_name: str, where: str = "") -> None:
@@ -157,17 +160,20 @@ def check_against_models(value: Any, type_name: str, where: str = "") -> None:
     if type_name == "ResourceQuantity":  # kserve's alias of Kubernetes' quantity
         assert isinstance(value, str | int), where
         return
-    cls = model_class(type_name)
+    fields = model_fields(type_name)
     assert isinstance(value, dict), f"{where}: expected an object ({type_name})"
-    by_json = {json_name: name for name, json_name in cls.attribute_map.items()}
     for key, item in value.items():
-        assert key in by_json, f"{where}: {type_name} has no field {key!r}"
-        check_against_models(item, cls.openapi_types[by_json[key]], f"{where}.{key}")
+        assert key in fields, f"{where}: {type_name} has no field {key!r}"
+        check_against_models(item, fields[key], f"{where}.{key}")
 
 
 @pytest.mark.parametrize(
     ("name", "type_name"),
-    [("servingruntime.yaml", "V1alpha1ServingRuntime"), ("inferenceservice.yaml", "V1beta1InferenceService")],
+    [
+        ("servingruntime.yaml", "V1alpha1ServingRuntime"),
+        ("inferenceservice.yaml", "V1beta1InferenceService"),
+        ("inferenceservice-grpc.yaml", "V1beta1InferenceService"),
+    ],
 )
 def test_kserve_resources_match_kserves_api_models(name: str, type_name: str) -> None:
     check_against_models(load(KSERVE / name), type_name, name)
@@ -192,3 +198,18 @@ def test_inference_service_runs_our_image_over_v2() -> None:
     assert c["securityContext"]["runAsUser"] == DOCKER_USER
     # clients call /v2/models/<InferenceService name>/infer: the bundled model answers to that name
     assert isvc["metadata"]["name"] == BUNDLED_WEIGHTS.stem
+
+
+def test_grpc_inference_service_routes_grpc_to_the_services_grpc_port() -> None:
+    runtime, isvc = load(KSERVE / "servingruntime.yaml"), load(KSERVE / "inferenceservice-grpc.yaml")
+    model = isvc["spec"]["predictor"]["model"]
+    assert model["protocolVersion"] == "grpc-v2" in runtime["spec"]["protocolVersions"]
+    assert model["runtime"] == runtime["metadata"]["name"]
+    # KServe sends gRPC (HTTP/2 cleartext) to the container port named h2c: the service's gRPC port
+    assert model["ports"] == [
+        {"name": "h2c", "containerPort": Settings.model_fields["grpc_port"].default, "protocol": "TCP"}
+    ]
+    # the model answers to the InferenceService's name, as a client of /v2/models/<name> expects
+    name, path = env_of(model)["VIT_MODELS"].split("=")
+    assert name == isvc["metadata"]["name"] and path == "/srv/weights/" + BUNDLED_WEIGHTS.name
+    Settings(models=env_of(model)["VIT_MODELS"])

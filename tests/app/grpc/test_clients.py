@@ -3,9 +3,6 @@ server process: the same images give the same answers over gRPC, V2 REST and /pr
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +17,8 @@ from app.settings import BUNDLED_WEIGHTS
 from model.checkpoint import load_checkpoint
 from model.shapes import SHAPE_CLASSES, make_sample
 from tests.support.images import encode
-from tests.support.server import ROOT, Server
+from tests.support.kserve_client import run as kserve_session
+from tests.support.server import Server
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 MODEL = "vit-shapes"
@@ -129,12 +127,7 @@ def test_kserve_grpc_client(server: Server, tmp_path: Path) -> None:
     for i, png in enumerate(PNGS[:2]):
         paths.append(tmp_path / f"{i}.png")
         paths[-1].write_bytes(png)
-    run = subprocess.run(
-        [sys.executable, "-m", "tests.app.grpc.kserve_client", server.grpc_target, MODEL, "[1, 1, 64, 64]", *map(str, paths)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr
-    seen = json.loads(run.stdout)
+    seen = kserve_session("grpc", server.grpc_target, MODEL, [1, 1, 64, 64], paths)
     assert seen["live"] and seen["ready"] and seen["model_ready"]
     assert seen["id"] == "k-1" and seen["model_version"] == VERSION and seen["attention_shape"] == [2, 8, 8]
     expected = httpx.post(

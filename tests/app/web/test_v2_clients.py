@@ -1,18 +1,17 @@
-"""The Open Inference Protocol with the real clients, tritonclient[http] and kserve, against a real uvicorn."""
+"""The Open Inference Protocol with the real clients, tritonclient[http] and kserve (in its own process: see
+tests/support/kserve_client.py), against a real uvicorn."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import io
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 import tritonclient.http as triton
-from kserve import InferenceRESTClient, InferInput, InferRequest, RESTConfig
-from kserve.protocol.infer_type import RequestedOutput
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
@@ -22,6 +21,7 @@ from model.checkpoint import load_checkpoint
 from model.shapes import SHAPE_CLASSES, make_sample
 from tests.support.checkpoints import write_tiny_checkpoint
 from tests.support.images import encode
+from tests.support.kserve_client import run as kserve_session
 from tests.support.server import Server
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -144,32 +144,17 @@ def test_tritonclient_errors_are_4xx_with_what_to_fix(client: triton.InferenceSe
         client.infer("nope", [image_input(held_out("star"))])
 
 
-def test_kserve_client(server: Server) -> None:
-    async def run() -> None:
-        client = InferenceRESTClient(RESTConfig(protocol="v2", timeout=30))
-        try:
-            assert await client.is_server_live(server.url) and await client.is_server_ready(server.url)
-            assert await client.is_model_ready(server.url, MODEL)
-            files = InferInput("image", [1], "BYTES")
-            files.set_data_from_numpy(np.array([held_out("star")], dtype=np.object_), binary_data=True)
-            request = InferRequest(
-                model_name=MODEL, infer_inputs=[files], parameters={"attention": "last"}, request_id="r-1"
-            )
-            response = await client.infer(server.url, request, model_name=MODEL)
-            assert response.id == "r-1"  # (this client does not read model_version back from REST)
-            by_name = {o.name: o.as_numpy() for o in response.outputs}
-            assert SHAPE_CLASSES[int(by_name["probabilities"].argmax())] == "star"
-            assert by_name["attention"].shape == (1, 8, 8)
-            wanted = [RequestedOutput("probabilities", parameters={"binary_data": True})]
-            request = InferRequest(model_name="tiny", infer_inputs=[InferInput("pixels", [2, 3, 32, 32], "FP32")],
-                                   request_outputs=wanted)  # fmt: skip
-            request.inputs[0].set_data_from_numpy(np.zeros((2, 3, 32, 32), np.float32), binary_data=False)
-            response = await client.infer(server.url, request, model_name="tiny")
-            assert response.outputs[0].as_numpy().shape == (2, 10)
-        finally:
-            await client.close()
-
-    asyncio.run(run())
+def test_kserve_client(server: Server, tmp_path: Path) -> None:
+    paths = []
+    for label in ("star", "ring"):
+        paths.append(tmp_path / f"{label}.png")
+        paths[-1].write_bytes(held_out(label))
+    seen = kserve_session("rest", server.url, MODEL, [2, 1, 64, 64], paths)
+    assert seen["live"] and seen["ready"] and seen["model_ready"]
+    assert seen["id"] == "k-1" and seen["attention_shape"] == [2, 8, 8]  # (it reads no model_version from REST)
+    assert [SHAPE_CLASSES[int(np.argmax(p))] for p in seen["probabilities"]] == ["star", "ring"]
+    assert seen["pixels_probabilities_shape"] == [2, 10]
+    assert "no model named 'nope'" in seen["unknown_model"][1]
 
 
 def test_v2_and_predict_share_the_batcher_and_metrics(server: Server, client: triton.InferenceServerClient) -> None:
