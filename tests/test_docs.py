@@ -39,7 +39,7 @@ def test_every_setting_is_documented_with_its_default() -> None:
 def test_every_metric_is_documented() -> None:
     metrics = Metrics()
     ModelMetrics(metrics, "m")
-    metrics.requests.labels("/predict", "200").inc()
+    metrics.requests.labels("http", "/predict", "200").inc()
     metrics.dropped_images.labels("m", "cancelled").inc()
     types = re.findall(r"^# TYPE (\w+) ", metrics.render().decode(), re.MULTILINE)
     exported = {name for name in types if not name.endswith("_created")}  # the client's creation timestamps
