@@ -3,7 +3,7 @@
 `Service.load` builds it whole (models loaded and warm); `start` runs it on the event loop. Every
 edge (`/predict`, V2 over REST and gRPC, the batch runner) calls `infer` with encoded images or
 pixels and the options, and encodes the predictions in its own protocol. Models change at runtime
-through `models` (a `ModelSet`). It knows nothing of HTTP or any other protocol.
+through `model_set` (a `ModelSet`). It knows nothing of HTTP or any other protocol.
 """
 
 from __future__ import annotations

@@ -3,9 +3,12 @@ server process: the same images give the same answers over gRPC, V2 REST and /pr
 
 from __future__ import annotations
 
+import asyncio
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import httpx
 import numpy as np
 import pytest
@@ -13,6 +16,8 @@ import tritonclient.grpc as triton
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
+from app.grpc.proto import messages_pb2 as pb
+from app.grpc.proto.service_pb2_grpc import GRPCInferenceServiceStub
 from app.settings import BUNDLED_WEIGHTS
 from model.checkpoint import load_checkpoint
 from model.shapes import SHAPE_CLASSES, make_sample
@@ -145,3 +150,27 @@ def test_grpc_requests_are_in_the_metrics(client: triton.InferenceServerClient, 
     text = httpx.get(f"{server.url}/metrics").text
     assert 'vit_requests_total{protocol="grpc",route="ModelInfer",status="OK"}' in text
     assert 'vit_requests_total{protocol="grpc",route="ModelInfer",status="NOT_FOUND"}' in text
+
+
+def test_sigterm_answers_the_calls_under_way() -> None:
+    """gRPC calls in flight when SIGTERM arrives are all answered; then the process exits cleanly."""
+    s = Server(BUNDLED_WEIGHTS, VIT_MAX_BATCH_SIZE="4", VIT_MAX_FILES="8", VIT_WARMUP="false")
+    try:
+        s.wait_ready()
+        request = pb.ModelInferRequest(model_name=MODEL)
+        request.inputs.add(name="image", datatype="BYTES", shape=[8])
+        request.raw_input_contents.append(b"".join(len(p).to_bytes(4, "little") + p for p in PNGS * 2))
+
+        async def in_flight() -> list[int]:
+            async with grpc.aio.insecure_channel(s.grpc_target) as channel:
+                stub = GRPCInferenceServiceStub(channel)
+                calls = [asyncio.ensure_future(stub.ModelInfer(request, timeout=60)) for _ in range(32)]
+                await asyncio.sleep(0.3)  # sent and accepted
+                s.proc.send_signal(signal.SIGTERM)
+                return [len(r.outputs) for r in await asyncio.gather(*calls)]
+
+        assert asyncio.run(in_flight()) == [1] * 32
+        assert s.proc.wait(timeout=30) in (0, -signal.SIGTERM)
+    finally:
+        out = s.stop()
+    assert "stopped" in out
