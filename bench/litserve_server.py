@@ -14,7 +14,7 @@ from torch import Tensor
 
 from app.core.decode import decode_image
 from app.core.inference import inference_dtype
-from app.core.onnx_backend import OnnxForward
+from app.core.onnx_backend import exported
 from app.core.preprocess import Preprocessor
 from model.checkpoint import load_checkpoint
 from model.device import resolve_device
@@ -41,7 +41,7 @@ class ViTLitAPI(ls.LitAPI):
         if self.backend in ("onnxruntime", "onnxruntime-int8"):  # the service's own ONNX backend, made the same way
             c = self.ckpt.config
             shape = (c.in_channels, c.image_size, c.image_size)
-            graph = OnnxForward(self.model, shape, self.worker_threads, int8=self.backend == "onnxruntime-int8")
+            graph = exported(self.model, shape, self.worker_threads, int8=self.backend == "onnxruntime-int8")
             self.logits = lambda x: graph(x)[0]
         self.pre = Preprocessor(self.ckpt.preprocessing)
 

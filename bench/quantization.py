@@ -2,54 +2,116 @@
 
     python -m bench.quantization --name quantization
 
+Variants: float32 (`onnxruntime`); float32 with ONNX Runtime's transformer fusions (its optimizer's
+`vit` model type: LayerNorm with the residual add, GELU with its bias, and attention where it
+recognises it); int8 dynamic (`onnxruntime-int8` with no stored graph: activations quantized per
+batch); int8 static (`onnxruntime-int8` with the graph `python -m app.quantize` stored beside the
+checkpoint: activation ranges calibrated ahead of time, on the bundled model's training set, or on
+256 generated photo-like images that are not among the evaluated ones for the ViT-S/16).
+
 In one run on this machine: (1) the bundled checkpoint's top-1 on its model card's 5,000 held-out
-`shapes` images on both backends; (2) a timm ViT-S/16 (random init, converted) on 300 generated
-photo-like 224 px images: top-1 agreement with float32 and the cosine similarity of the logits;
-(3) the ViT-S/16's raw forward rate at batch 1, 8 and 32 on both backends; (4) the service on both
-backends under `hey` posting a 500x375 JPEG at concurrency 8. Attention maps always come from the
-torch model, so their pointing game does not change with the backend.
+`shapes` images; (2) a timm ViT-S/16 (random init, converted) on 300 generated photo-like 224 px
+images: top-1 agreement with float32 and the cosine similarity of the logits; (3) the ViT-S/16's raw
+forward rate at batch 1, 8 and 32; (4) the service under `hey` posting a 500x375 JPEG at
+concurrency 8. Attention maps always come from the torch model, so their pointing game does not
+change with the backend.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import shutil
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from PIL import Image
 from torch.utils.data import DataLoader
 
 from app.core.inference import Backend, Predictor
+from app.core.onnx_backend import LogitsAndEmbedding, OnnxForward, export, session
+from app.quantize import main as quantize_main
 from app.settings import BUNDLED_WEIGHTS
 from bench.batch import photo_jpeg
 from bench.load import require_hey, run_hey, start_service
 from bench.run import RESULTS
-from model.checkpoint import load_checkpoint, save_checkpoint
+from model.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from model.data import ShapesDataset
 from model.evaluate import DEFAULT_SHAPES_EVAL_SEED
 from model.preprocessing import EvalTransform
 
-BACKENDS: list[Backend] = ["onnxruntime", "onnxruntime-int8"]
+VARIANTS = ["float32", "float32 fused", "int8 dynamic", "int8 static"]
+Forward = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass
+class Checkpoints:
+    """One model as each variant serves it: a copy alone (exported at startup), and a copy beside its static graph."""
+
+    plain: Path
+    static: Path
+
+    @classmethod
+    def make(cls, source: Path, folder: Path, calibration: str) -> Checkpoints:
+        (folder / "plain").mkdir(parents=True)
+        (folder / "static").mkdir()
+        plain, static = folder / "plain" / source.name, folder / "static" / source.name
+        shutil.copy(source, plain)
+        shutil.copy(source, static)
+        started = time.perf_counter()
+        assert quantize_main([str(static), "--calibration", calibration, "--images", "256"]) == 0
+        print(f"  static int8 graph of {source.name} in {time.perf_counter() - started:.0f} s", flush=True)
+        return cls(plain, static)
+
+    def forward(self, variant: str) -> Forward:
+        if variant == "float32 fused":
+            return fused(load_checkpoint(self.plain))
+        path = self.static if variant == "int8 static" else self.plain
+        backend: Backend = "onnxruntime" if variant == "float32" else "onnxruntime-int8"
+        predictor = Predictor(load_checkpoint(path), torch.device("cpu"), backend)
+        assert predictor.quantization == {"int8 static": "static", "int8 dynamic": "dynamic"}.get(variant)
+        return predictor.forward_plain
+
+    def served(self, variant: str) -> tuple[Path, Backend]:
+        return (
+            self.static if variant == "int8 static" else self.plain
+        ), "onnxruntime-int8" if "int8" in variant else "onnxruntime"
+
+
+def fused(ckpt: Checkpoint) -> Forward:
+    """The float32 graph through ONNX Runtime's transformer optimizer."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    c = ckpt.config
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "model.onnx"
+        export(LogitsAndEmbedding(ckpt.model.eval()), (c.in_channels, c.image_size, c.image_size), path)
+        optimized = optimize_model(str(path), model_type="vit", num_heads=c.heads, hidden_size=c.dim, opt_level=0)
+        print("  fused:", {k: v for k, v in optimized.get_fused_operator_statistics().items() if v}, flush=True)
+        optimized.save_model_to_file(str(path))
+        return OnnxForward(session(path, torch.get_num_threads()), None)
 
 
 @torch.inference_mode()
-def logits_of(predictor: Predictor, batches: list[torch.Tensor]) -> torch.Tensor:
-    return torch.cat([predictor.forward_plain(x)[0] for x in batches])
+def logits_of(forward: Forward, batches: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([forward(x)[0] for x in batches])
 
 
-def shapes_accuracy(samples: int) -> dict[str, float]:
-    ckpt = load_checkpoint(BUNDLED_WEIGHTS)
+def shapes_accuracy(models: Checkpoints, samples: int) -> dict[str, float]:
+    ckpt = load_checkpoint(models.plain)
     data = ShapesDataset(samples, DEFAULT_SHAPES_EVAL_SEED, EvalTransform(ckpt.preprocessing))
     pixels, labels = [], []
     for x, y in DataLoader(data, batch_size=256):
         pixels.append(x)
         labels.append(y)
     truth = torch.cat(labels)
-    return {b: float((logits_of(Predictor(ckpt, torch.device("cpu"), b), pixels).argmax(1) == truth).float().mean())
-            for b in BACKENDS}  # fmt: skip
+    return {v: float((logits_of(models.forward(v), pixels).argmax(1) == truth).float().mean()) for v in VARIANTS}
 
 
 def timm_vit_s16(folder: Path) -> Path:
@@ -64,51 +126,51 @@ def timm_vit_s16(folder: Path) -> Path:
     return path
 
 
-def agreement(checkpoint: Path, images: int) -> dict[str, float]:
-    import io
-
-    from PIL import Image
-
-    ckpt = load_checkpoint(checkpoint)
+def agreement(models: Checkpoints, images: int) -> dict[str, dict[str, float]]:
+    ckpt = load_checkpoint(models.plain)
     transform = EvalTransform(ckpt.preprocessing)
     x = torch.stack([transform(Image.open(io.BytesIO(photo_jpeg(i))).convert("RGB")) for i in range(images)])
     batches = list(x.split(32))
-    fp32 = logits_of(Predictor(ckpt, torch.device("cpu"), "onnxruntime"), batches)
-    int8 = logits_of(Predictor(ckpt, torch.device("cpu"), "onnxruntime-int8"), batches)
-    cosine = torch.nn.functional.cosine_similarity(fp32, int8)
-    return {"images": images, "top1_agreement": float((fp32.argmax(1) == int8.argmax(1)).float().mean()),
-            "cosine_mean": float(cosine.mean()), "cosine_min": float(cosine.min())}  # fmt: skip
-
-
-@torch.inference_mode()
-def raw_rates(checkpoint: Path, sizes: list[int], seconds: float = 5.0) -> dict[str, dict[int, float]]:
-    ckpt = load_checkpoint(checkpoint)
-    out: dict[str, dict[int, float]] = {}
-    for backend in BACKENDS:
-        predictor = Predictor(ckpt, torch.device("cpu"), backend)
-        out[backend] = {}
-        for bs in sizes:
-            x = torch.randn(bs, *predictor.input_shape)
-            predictor.forward_plain(x)
-            n, started = 0, time.perf_counter()
-            while time.perf_counter() - started < seconds or n < 2:
-                predictor.forward_plain(x)
-                n += 1
-            out[backend][bs] = n * bs / (time.perf_counter() - started)
-            print(f"  {backend:<17} batch {bs:>3}: {out[backend][bs]:6.1f} img/s", flush=True)
+    fp32 = logits_of(models.forward("float32"), batches)
+    out = {}
+    for variant in VARIANTS[1:]:
+        other = logits_of(models.forward(variant), batches)
+        cosine = torch.nn.functional.cosine_similarity(fp32, other)
+        out[variant] = {"images": images, "top1_agreement": float((fp32.argmax(1) == other.argmax(1)).float().mean()),
+                        "cosine_mean": float(cosine.mean()), "cosine_min": float(cosine.min())}  # fmt: skip
     return out
 
 
-def served(checkpoint: Path, body: Path, seconds: float) -> dict[str, dict[str, float]]:
+@torch.inference_mode()
+def raw_rates(models: Checkpoints, sizes: list[int], seconds: float = 5.0) -> dict[str, dict[int, float]]:
+    shape = load_checkpoint(models.plain).config
+    out: dict[str, dict[int, float]] = {}
+    for variant in VARIANTS:
+        forward = models.forward(variant)
+        out[variant] = {}
+        for bs in sizes:
+            x = torch.randn(bs, shape.in_channels, shape.image_size, shape.image_size)
+            forward(x)
+            n, started = 0, time.perf_counter()
+            while time.perf_counter() - started < seconds or n < 2:
+                forward(x)
+                n += 1
+            out[variant][bs] = n * bs / (time.perf_counter() - started)
+            print(f"  {variant:<14} batch {bs:>3}: {out[variant][bs]:6.1f} img/s", flush=True)
+    return out
+
+
+def served(models: Checkpoints, body: Path, seconds: float) -> dict[str, dict[str, float]]:
     out = {}
-    for backend in BACKENDS:
+    for variant in ("float32", "int8 dynamic", "int8 static"):  # the fused graph is no backend of the service
+        checkpoint, backend = models.served(variant)
         server = start_service(checkpoint, 32, 5.0, 0, backend)
         try:
             r = run_hey(server.url + "/predict", body, "image/jpeg", 8, seconds)
         finally:
             server.stop()
-        out[backend] = {"requests_per_s": r.requests_per_s, "p50_ms": r.p50_ms, "p99_ms": r.p99_ms, "errors": r.errors}
-        print(f"  service {backend:<17} {r.requests_per_s:6.1f} req/s, p99 {r.p99_ms:.0f} ms", flush=True)
+        out[variant] = {"requests_per_s": r.requests_per_s, "p50_ms": r.p50_ms, "p99_ms": r.p99_ms, "errors": r.errors}
+        print(f"  service {variant:<14} {r.requests_per_s:6.1f} req/s, p99 {r.p99_ms:.0f} ms", flush=True)
     return out
 
 
@@ -121,16 +183,22 @@ def main() -> None:
     args = p.parse_args()
     require_hey()
     report: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "threads": torch.get_num_threads()}
-    report["shapes_top1"] = shapes_accuracy(args.samples)
-    print("bundled top-1 on held-out shapes:", report["shapes_top1"], flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        checkpoint = timm_vit_s16(Path(tmp))
-        report["vit_s16_agreement"] = agreement(checkpoint, args.images)
-        print("ViT-S/16 int8 vs float32:", report["vit_s16_agreement"], flush=True)
-        report["vit_s16_raw"] = raw_rates(checkpoint, [1, 8, 32])
-        body = Path(tmp) / "photo.jpg"
+        folder = Path(tmp)
+        bundled = Checkpoints.make(BUNDLED_WEIGHTS, folder / "bundled", "shapes")
+        report["shapes_top1"] = shapes_accuracy(bundled, args.samples)
+        print("bundled top-1 on held-out shapes:", report["shapes_top1"], flush=True)
+        calibration = folder / "calibration"
+        calibration.mkdir()
+        for i in range(256):  # photo-like images, not among the evaluated ones (seeds from 10,000)
+            (calibration / f"{i}.jpg").write_bytes(photo_jpeg(10_000 + i))
+        vit = Checkpoints.make(timm_vit_s16(folder), folder / "vit-s16", str(calibration))
+        report["vit_s16_agreement"] = agreement(vit, args.images)
+        print("ViT-S/16 against float32:", report["vit_s16_agreement"], flush=True)
+        report["vit_s16_raw"] = raw_rates(vit, [1, 8, 32])
+        body = folder / "photo.jpg"
         body.write_bytes(photo_jpeg(0))
-        report["vit_s16_served"] = served(checkpoint, body, args.duration)
+        report["vit_s16_served"] = served(vit, body, args.duration)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps(report, indent=2))
     (RESULTS / f"{args.name}.md").write_text(markdown(report, args.samples))
@@ -139,22 +207,30 @@ def main() -> None:
 
 def markdown(r: dict[str, Any], samples: int) -> str:
     s, a, raw, srv = r["shapes_top1"], r["vit_s16_agreement"], r["vit_s16_raw"], r["vit_s16_served"]
-    f, q = BACKENDS
+    f = "float32"
+
+    def cells(values: dict[str, float], fmt: str) -> str:
+        return " | ".join(format(values[v], fmt) if v in values else "-" for v in VARIANTS)
+
     lines = [
-        f"Started {r['started']}, {r['threads']} threads, ONNX Runtime float32 (`onnxruntime`) against int8 (`onnxruntime-int8`).",
+        f"Started {r['started']}, {r['threads']} threads; `python -m bench.quantization --name quantization`.",
         "",
-        "| measure | float32 | int8 | int8 / float32 |",
-        "|---|---:|---:|---:|",
-        f"| bundled model, top-1 on {samples} held-out shapes | {s[f] * 100:.2f} % | {s[q] * 100:.2f} % | {(s[q] - s[f]) * 100:+.2f} points |",
+        f"| measure | {' | '.join(VARIANTS)} |",
+        "|---|" + "---:|" * len(VARIANTS),
+        f"| bundled model, top-1 on {samples} held-out shapes, % | {cells({k: v * 100 for k, v in s.items()}, '.2f')} |",
         *[
-            f"| ViT-S/16 raw forward, batch {bs}, img/s | {raw[f][bs]:.1f} | {raw[q][bs]:.1f} | {raw[q][bs] / raw[f][bs]:.2f}x |"
+            f"| ViT-S/16 raw forward, batch {bs}, img/s | {cells({v: raw[v][bs] for v in VARIANTS}, '.1f')} |"
             for bs in raw[f]
         ],
-        f"| ViT-S/16 served (hey, c=8, 500x375 JPEG), req/s | {srv[f]['requests_per_s']:.1f} | {srv[q]['requests_per_s']:.1f} | "
-        f"{srv[q]['requests_per_s'] / srv[f]['requests_per_s']:.2f}x |",
-        "",
-        f"ViT-S/16 (timm, random init, converted) on {a['images']} generated images: int8 top-1 agrees with float32 on "
-        f"{a['top1_agreement'] * 100:.1f} %; logits cosine similarity mean {a['cosine_mean']:.4f}, min {a['cosine_min']:.4f}.",
+        *[
+            f"| ViT-S/16 raw forward, batch {bs}, x float32 | {cells({v: raw[v][bs] / raw[f][bs] for v in VARIANTS}, '.2f')} |"
+            for bs in raw[f]
+        ],
+        f"| ViT-S/16 served (hey, c=8, 500x375 JPEG), req/s | {cells({v: x['requests_per_s'] for v, x in srv.items()}, '.1f')} |",
+        f"| ViT-S/16 served, x float32 | {cells({v: x['requests_per_s'] / srv[f]['requests_per_s'] for v, x in srv.items()}, '.2f')} |",
+        f"| ViT-S/16 top-1 agreement with float32 on {a['int8 static']['images']} generated images, % | "
+        f"{cells({'float32': 100.0, **{v: x['top1_agreement'] * 100 for v, x in a.items()}}, '.1f')} |",
+        f"| ViT-S/16 logits cosine with float32, mean | {cells({'float32': 1.0, **{v: x['cosine_mean'] for v, x in a.items()}}, '.4f')} |",
     ]
     return "\n".join(lines) + "\n"
 

@@ -115,9 +115,10 @@ class ReloadResult:
 
 
 def reload_under_load(
-    versions: tuple[Path, Path], image: Path, reloads: int, concurrency: int, **env: str
+    versions: tuple[Path, Path], image: Path, reloads: int, concurrency: int, pause_s: float = 1.0, **env: str
 ) -> ReloadResult:
-    """Serve `versions[0]` as model `m` in poll mode and replace its file `reloads` times under load."""
+    """Serve `versions[0]` as model `m` in poll mode and replace its file `reloads` times under load,
+    with `pause_s` of load before the first replacement and after each switch."""
     names = [version_of(v) for v in versions]
     with tempfile.TemporaryDirectory() as folder:
         served = Path(folder) / "m.safetensors"
@@ -129,11 +130,11 @@ def reload_under_load(
             load = Load(f"{server.url}/predict?model=m", image, concurrency)
             switch_s = []
             try:
-                time.sleep(2)  # under load before the first change
+                time.sleep(2 * pause_s)  # under load before the first change
                 for i in range(1, reloads + 1):
                     replace(versions[i % 2], served)
                     switch_s.append(wait_until(lambda i=i: served_version(server, "m") == names[i % 2], 300))
-                    time.sleep(1)
+                    time.sleep(pause_s)
             finally:
                 hey = load.stop()
             final = names[reloads % 2]

@@ -67,6 +67,11 @@ class ModelInfo(BaseModel):
     precision: str = Field(
         description="The arithmetic of that computation: float32, bfloat16, float16 or int8", examples=["float32"]
     )
+    quantization: str | None = Field(
+        None,
+        description="With int8: static (a graph calibrated ahead of time by python -m app.quantize) or dynamic",
+        examples=["static"],
+    )
     embedding_dim: int = Field(description="Length of an image's embedding (embedding=true)", examples=[192])
 
 
@@ -105,6 +110,7 @@ def model_info(model: ServedModel) -> ModelInfo:
         backend=model.predictor.backend,
         dtype=str(model.predictor.dtype).removeprefix("torch."),
         precision=model.predictor.precision,
+        quantization=model.predictor.quantization,
         embedding_dim=model.predictor.embedding_dim,
     )
 

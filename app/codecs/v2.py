@@ -74,7 +74,8 @@ class V2ModelMetadata(BaseModel):
     versions: list[str] = Field(description="The checkpoint's content-hash version")
     platform: str = Field(description="pytorch, or onnxruntime_onnx on the ONNX Runtime backends", examples=["pytorch"])
     parameters: dict[str, str] = Field(
-        description="backend (torch, onnxruntime, onnxruntime-int8) and precision (float32, bfloat16, float16, int8)",
+        description="backend (torch, onnxruntime, onnxruntime-int8), precision (float32, bfloat16, float16, int8) "
+        "and, with int8, quantization (static or dynamic)",
         examples=[{"backend": "onnxruntime", "precision": "float32"}],
     )
     inputs: list[V2TensorMetadata]
@@ -162,7 +163,11 @@ def model_metadata(model: ServedModel) -> V2ModelMetadata:
         name=model.name,
         versions=[model.version],
         platform="pytorch" if model.predictor.backend == "torch" else "onnxruntime_onnx",
-        parameters={"backend": model.predictor.backend, "precision": model.predictor.precision},
+        parameters={
+            "backend": model.predictor.backend,
+            "precision": model.predictor.precision,
+            **({"quantization": model.predictor.quantization} if model.predictor.quantization else {}),
+        },
         inputs=[
             V2TensorMetadata(name=IMAGE, datatype="BYTES", shape=[-1]),
             V2TensorMetadata(name=PIXELS, datatype="FP32", shape=[-1, c, h, w]),

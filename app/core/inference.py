@@ -6,12 +6,13 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import torch
 from torch import Tensor
 
-from app.core.onnx_backend import OnnxForward
+from app.core.onnx_backend import OnnxForward, Quantization, exported, int8_graph_path, stored_int8
 from app.core.request import AttentionKind
 from model.checkpoint import Checkpoint
 from model.rollout import GRADIENT, Readout, attention_map, gradient_attention_map
@@ -60,6 +61,16 @@ def inference_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
 
 
+def onnx_forward(checkpoint: Checkpoint, model: ViT, input_shape: tuple[int, int, int], int8: bool) -> OnnxForward:
+    """The ONNX Runtime graph: int8 from the static graph stored beside the checkpoint when there is one
+    (`python -m app.quantize`), else exported (and, for int8, dynamically quantized) now."""
+    threads = torch.get_num_threads()
+    stored = int8_graph_path(Path(checkpoint.path)) if checkpoint.path else None
+    if int8 and stored is not None and stored.is_file():
+        return stored_int8(stored, checkpoint.content_hash, threads)
+    return exported(model, input_shape, threads, int8)
+
+
 class Predictor:
     """Runs batches through the checkpoint's model: probabilities for all, attention maps for those asking.
 
@@ -77,9 +88,10 @@ class Predictor:
         self.backend = backend
         self.embedding_dim = config.dim
         self.forward_plain: Callable[[Tensor], tuple[Tensor, Tensor]] = self.torch_forward
+        self.quantization: Quantization | None = None
         if backend in ONNX_BACKENDS:
-            int8 = backend == "onnxruntime-int8"
-            self.forward_plain = OnnxForward(self.model, self.input_shape, torch.get_num_threads(), int8)
+            graph = onnx_forward(checkpoint, self.model, self.input_shape, backend == "onnxruntime-int8")
+            self.forward_plain, self.quantization = graph, graph.quantization
 
     @property
     def precision(self) -> str:

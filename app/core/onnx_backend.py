@@ -1,9 +1,11 @@
-"""The ONNX Runtime backend: the model's logits and embeddings from an ONNX graph exported at startup.
+"""The ONNX Runtime backend: the model's logits and embeddings from an ONNX graph.
 
-Nothing is left on disk for the user to manage: the graph is exported from the checkpoint's model
-into a temporary directory (which also takes weights over protobuf's 2 GB limit as external data),
-loaded by ONNX Runtime's CPU execution provider, and the directory is deleted. One `session.run`
-covers the whole batch with the GIL released, where eager torch re-takes it between operators.
+The float32 graph (and the dynamically quantized int8 one) is exported from the checkpoint's model at
+startup, loaded by ONNX Runtime's CPU execution provider, and nothing is left on disk. A statically
+quantized int8 graph needs calibration images, so `python -m app.quantize` makes it ahead of time and
+stores it beside the checkpoint, marked with the checkpoint's content hash; the service loads it only
+for that checkpoint. One `session.run` covers the whole batch with the GIL released, where eager torch
+re-takes it between operators.
 """
 
 from __future__ import annotations
@@ -12,8 +14,12 @@ import logging
 import tempfile
 import time
 import warnings
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Literal
 
+import numpy as np
 import onnxruntime as ort
 import torch
 from torch import Tensor, nn
@@ -24,10 +30,18 @@ log = logging.getLogger("app.inference")
 
 INPUT = "pixels"
 OUTPUTS = ["logits", "embedding"]
+CHECKPOINT_HASH = "vit_serve.checkpoint_content_hash"  # in a stored graph's metadata: whose graph it is
+QUANTIZED_OPS = ["MatMul", "Gemm"]  # the arithmetic; the patch embedding, LayerNorm, softmax and GELU stay float32
+Quantization = Literal["dynamic", "static"]
+CalibrationMethodName = Literal["minmax", "entropy", "percentile"]
 
 
 class OnnxExportError(ValueError):
     """The model could not be exported to ONNX or loaded by ONNX Runtime."""
+
+
+class ForeignGraph(OnnxExportError):
+    """A stored int8 graph made for another checkpoint."""
 
 
 class LogitsAndEmbedding(nn.Module):
@@ -43,37 +57,126 @@ class LogitsAndEmbedding(nn.Module):
 
 
 class OnnxForward:
-    """`logits, embedding = OnnxForward(model, (C, H, W), threads)(pixels)`: float32 (B, C, H, W) ->
-    (B, classes) and (B, dim) on the CPU. With `int8`, the graph's weights are quantized to int8 and its
-    matrix products run on int8 activations quantized per batch (ONNX Runtime's dynamic quantization)."""
+    """`logits, embedding = forward(pixels)`: float32 (B, C, H, W) -> (B, classes) and (B, dim) on the CPU,
+    from an ONNX Runtime session made by `exported` (at startup) or `stored_int8` (made ahead of time)."""
 
-    def __init__(self, model: ViT, input_shape: tuple[int, int, int], threads: int, int8: bool = False) -> None:
-        started = time.perf_counter()
-        try:
-            tmp = tempfile.TemporaryDirectory(prefix="vit-onnx-")
-        except OSError as e:  # a read-only filesystem without a writable temporary directory
-            raise OnnxExportError(f"no writable temporary directory for the ONNX export ({e}); set TMPDIR") from None
-        with tmp:
-            path = Path(tmp.name) / "model.onnx"
-            export(LogitsAndEmbedding(model), input_shape, path)
-            if int8:
-                path = quantize_int8(path)
-            options = ort.SessionOptions()
-            options.intra_op_num_threads = threads
-            options.inter_op_num_threads = 1
-            # Idle ORT threads would spin for work, taking CPU from decoding and the event loop.
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-            options.log_severity_level = 3  # errors only
-            try:
-                self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-            except Exception as e:  # ORT raises its own exception types, all with a readable message
-                raise OnnxExportError(f"ONNX Runtime could not load the exported graph: {e}") from None
-        log.info("exported the model to ONNX%s and built an ORT session (%d threads) in %.1fs",
-                 " (int8)" if int8 else "", threads, time.perf_counter() - started)  # fmt: skip
+    def __init__(self, session: ort.InferenceSession, quantization: Quantization | None) -> None:
+        self.session = session
+        self.quantization = quantization
 
     def __call__(self, pixels: Tensor) -> tuple[Tensor, Tensor]:
         logits, embedding = self.session.run(OUTPUTS, {INPUT: pixels.contiguous().numpy()})
         return torch.from_numpy(logits), torch.from_numpy(embedding)
+
+
+def exported(model: ViT, input_shape: tuple[int, int, int], threads: int, int8: bool = False) -> OnnxForward:
+    """The model's graph exported now; with `int8`, its weights quantized to int8 and its matrix products
+    run on int8 activations quantized per batch (ONNX Runtime's dynamic quantization)."""
+    started = time.perf_counter()
+    with export_folder() as folder:
+        path = folder / "model.onnx"
+        export(LogitsAndEmbedding(model), input_shape, path)
+        if int8:
+            path = quantize_int8(path)
+        forward = OnnxForward(session(path, threads), "dynamic" if int8 else None)
+    log.info("exported the model to ONNX%s and built an ORT session (%d threads) in %.1fs",
+             " (int8)" if int8 else "", threads, time.perf_counter() - started)  # fmt: skip
+    return forward
+
+
+def stored_int8(path: Path, content_hash: str, threads: int) -> OnnxForward:
+    """The static int8 graph `python -m app.quantize` stored at `path`, once it is shown to be this checkpoint's."""
+    forward = OnnxForward(session(path, threads), "static")
+    made_for = forward.session.get_modelmeta().custom_metadata_map.get(CHECKPOINT_HASH, "")
+    if made_for != content_hash:
+        raise ForeignGraph(
+            f"{path} was made for another checkpoint (content hash {made_for[:12] or 'none'}, this one "
+            f"{content_hash[:12]}): make it again with python -m app.quantize, or remove it to quantize at startup"
+        )
+    log.info("loaded the static int8 graph %s (%d threads)", path, threads)
+    return forward
+
+
+def session(path: Path, threads: int) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    # Idle ORT threads would spin for work, taking CPU from decoding and the event loop.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.log_severity_level = 3  # errors only
+    try:
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as e:  # ORT raises its own exception types, all with a readable message
+        raise OnnxExportError(f"ONNX Runtime could not load the graph {path.name}: {e}") from None
+
+
+@contextmanager
+def export_folder() -> Iterator[Path]:
+    """A temporary directory for graphs on their way to a session (it also takes weights over protobuf's
+    2 GB limit as external data); deleted afterwards, so nothing is left for the user to manage."""
+    try:
+        tmp = tempfile.TemporaryDirectory(prefix="vit-onnx-")
+    except OSError as e:  # a read-only filesystem without a writable temporary directory
+        raise OnnxExportError(f"no writable temporary directory for the ONNX export ({e}); set TMPDIR") from None
+    with tmp:
+        yield Path(tmp.name)
+
+
+def int8_graph_path(checkpoint: Path) -> Path:
+    """Where a checkpoint's static int8 graph is stored: beside it, NAME.int8.onnx for NAME.safetensors."""
+    return checkpoint.with_name(checkpoint.name.removesuffix(".safetensors") + ".int8.onnx")
+
+
+def quantize_static_int8(
+    model: ViT,
+    input_shape: tuple[int, int, int],
+    calibration: Iterable[np.ndarray],
+    content_hash: str,
+    output: Path,
+    method: CalibrationMethodName = "minmax",
+) -> None:
+    """Export `model`, calibrate its activations' int8 ranges on `calibration` batches (float32, B x C x H x W,
+    preprocessed), quantize its matrix products to int8 (QDQ, per-channel weights), and
+    store the graph at `output`, marked with the checkpoint's content hash."""
+    import onnx
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    class Batches(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.batches = iter(calibration)
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            batch = next(self.batches, None)
+            return None if batch is None else {INPUT: batch}
+
+    methods = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
+               "percentile": CalibrationMethod.Percentile}  # fmt: skip
+    with export_folder() as folder:
+        path, prepared, quantized = folder / "model.onnx", folder / "prepared.onnx", folder / "int8.onnx"
+        export(LogitsAndEmbedding(model), input_shape, path)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                quant_pre_process(str(path), str(prepared))
+                quantize_static(
+                    str(prepared), str(quantized), Batches(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, op_types_to_quantize=QUANTIZED_OPS,
+                    calibrate_method=methods[method],
+                )  # fmt: skip
+        except Exception as e:  # the quantizer raises many types for graphs it cannot handle
+            raise OnnxExportError(f"the graph could not be quantized to int8: {type(e).__name__}: {e}") from None
+        graph = onnx.load(str(quantized))
+        onnx.helper.set_model_props(graph, {CHECKPOINT_HASH: content_hash, "vit_serve.calibration": method})
+        staged = output.with_name(f".{output.name}.tmp")
+        onnx.save(graph, str(staged))
+        staged.replace(output)  # a reader never sees half a graph
 
 
 def quantize_int8(path: Path) -> Path:

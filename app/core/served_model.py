@@ -25,7 +25,7 @@ from app.core.decode import decode_image
 from app.core.errors import InvalidInput, RequestTimeout
 from app.core.inference import Backend, ImageInput, ImageOutput, Predictor, resolve_backend
 from app.core.metrics import ModelMetrics
-from app.core.onnx_backend import OnnxExportError
+from app.core.onnx_backend import ForeignGraph, OnnxExportError
 from app.core.preprocess import Preprocessor
 from app.core.request import AttentionKind, EncodedImage
 from app.settings import Settings
@@ -90,7 +90,8 @@ class ServedModel:
             return Predictor(checkpoint, device, resolve_backend(backend, device))
         except OnnxExportError as e:
             if backend != "auto":
-                raise OnnxExportError(f"model {name}: {e}; VIT_BACKEND=torch serves it without ONNX") from None
+                hint = "" if isinstance(e, ForeignGraph) else "; VIT_BACKEND=torch serves it without ONNX"
+                raise OnnxExportError(f"model {name}: {e}{hint}") from None
             log.warning("model %s: %s; serving it with torch", name, e)
             return Predictor(checkpoint, device, "torch")
 

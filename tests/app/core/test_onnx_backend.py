@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from app.core.onnx_backend import OnnxExportError, OnnxForward
+from app.core.onnx_backend import OnnxExportError, exported
 from model.shapes import make_sample
 from model.vit import ViTConfig
 from tests.support.checkpoints import TINY, tiny_model
@@ -32,7 +32,7 @@ VARIANTS = {
 @pytest.mark.parametrize("config", VARIANTS.values(), ids=VARIANTS.keys())
 def test_exported_graph_gives_torchs_probabilities_and_embeddings(config: ViTConfig) -> None:
     model = tiny_model(config, seed=1)
-    graph = OnnxForward(model, (config.in_channels, config.image_size, config.image_size), threads=1)
+    graph = exported(model, (config.in_channels, config.image_size, config.image_size), threads=1)
     torch.manual_seed(2)
     for batch in (1, 3, 8):  # the batch dimension is dynamic
         x = torch.randn(batch, config.in_channels, config.image_size, config.image_size)
@@ -110,7 +110,7 @@ INT8_MIN_COSINE = 0.99  # of each image's logits, and of its embedding, with flo
 @pytest.mark.parametrize("config", VARIANTS.values(), ids=VARIANTS.keys())
 def test_int8_graph_stays_close_to_float32(config: ViTConfig) -> None:
     model = tiny_model(config, seed=1)
-    graph = OnnxForward(model, (config.in_channels, config.image_size, config.image_size), threads=1, int8=True)
+    graph = exported(model, (config.in_channels, config.image_size, config.image_size), threads=1, int8=True)
     torch.manual_seed(2)
     x = torch.randn(16, config.in_channels, config.image_size, config.image_size)
     with torch.inference_mode():
@@ -135,7 +135,11 @@ async def test_int8_serves_predict_and_v2_and_says_so(make_client: ClientFactory
             if backend == "onnxruntime-int8":
                 assert info["backend"] == "onnxruntime-int8" and info["precision"] == "int8"
                 assert meta["platform"] == "onnxruntime_onnx"
-                assert meta["parameters"] == {"backend": "onnxruntime-int8", "precision": "int8"}
+                assert meta["parameters"] == {
+                    "backend": "onnxruntime-int8",
+                    "precision": "int8",
+                    "quantization": "dynamic",
+                }
                 raw = b"".join(len(f[1][1]).to_bytes(4, "little") + f[1][1] for f in files)
                 header = (
                     '{"inputs":[{"name":"image","datatype":"BYTES","shape":[4],'

@@ -34,7 +34,7 @@ def test_replacing_the_served_file_ten_times_under_load_loses_nothing(tmp_path: 
         write_tiny_checkpoint(tmp_path / "v0.safetensors", 0),
         write_tiny_checkpoint(tmp_path / "v1.safetensors", 1),
     )
-    result = reload_under_load(versions, image, reloads=10, concurrency=32)
+    result = reload_under_load(versions, image, reloads=10, concurrency=32, pause_s=0.3)
     assert result.hey["errors"] == 0 and result.hey["ok"] > 0, result.hey
     assert result.checked["statuses"].keys() == {200}, result.checked
     assert set(result.checked["versions"]) <= set(result.versions), result.checked  # type: ignore[arg-type]
