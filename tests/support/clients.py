@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 import httpx
 from asgi_lifespan import LifespanManager
 
+from app.core.served_model import ServedModel
 from app.settings import Settings
 from app.web.app import create_app
 
@@ -40,3 +42,14 @@ async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
     while not condition():
         assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
         await asyncio.sleep(0.005)
+
+
+def slow_forward(model: ServedModel, seconds: float) -> None:
+    """Make each of this model version's batches take `seconds` longer, so its requests stay in flight."""
+    original = model.batcher.run_batch
+
+    def slow(batch: list[Any]) -> Any:
+        time.sleep(seconds)
+        return original(batch)
+
+    model.batcher.run_batch = slow

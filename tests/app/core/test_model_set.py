@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -15,12 +14,11 @@ import pytest
 from app.core.errors import InvalidInput, LoadFailed, ModelNotFound, NotAllowed
 from app.core.metrics import Metrics
 from app.core.request import EncodedImage, InferOptions
-from app.core.served_model import ServedModel
 from app.core.service import Service
 from app.settings import Settings
 from model.shapes import make_sample
 from tests.support.checkpoints import replace_checkpoint, write_tiny_checkpoint
-from tests.support.clients import until
+from tests.support.clients import slow_forward, until
 from tests.support.images import encode
 
 IMAGE = [EncodedImage("a.png", encode(make_sample(3, 0).image))]
@@ -54,17 +52,6 @@ def make_service(repository: Path) -> ServiceFactory:
             await service.shutdown()
 
     return make
-
-
-def slow_forward(model: ServedModel, seconds: float) -> None:
-    """Make each of this version's batches take `seconds`, so requests stay in flight."""
-    original = model.batcher.run_batch
-
-    def slow(batch: list[Any]) -> Any:
-        time.sleep(seconds)
-        return original(batch)
-
-    model.batcher.run_batch = slow
 
 
 def index(service: Service) -> dict[str, tuple[str, str, str]]:

@@ -16,11 +16,11 @@ import tritonclient.grpc as triton
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
-from app.grpc.proto import messages_pb2 as pb
 from app.grpc.proto.service_pb2_grpc import GRPCInferenceServiceStub
 from app.settings import BUNDLED_WEIGHTS
 from model.checkpoint import load_checkpoint
 from model.shapes import SHAPE_CLASSES, make_sample
+from tests.support.grpc_requests import image_request
 from tests.support.images import encode
 from tests.support.kserve_client import run as kserve_session
 from tests.support.server import Server
@@ -157,9 +157,7 @@ def test_sigterm_answers_the_calls_under_way() -> None:
     s = Server(BUNDLED_WEIGHTS, VIT_MAX_BATCH_SIZE="4", VIT_MAX_FILES="8", VIT_WARMUP="false")
     try:
         s.wait_ready()
-        request = pb.ModelInferRequest(model_name=MODEL)
-        request.inputs.add(name="image", datatype="BYTES", shape=[8])
-        request.raw_input_contents.append(b"".join(len(p).to_bytes(4, "little") + p for p in PNGS * 2))
+        request = image_request(*PNGS, *PNGS, model=MODEL)
 
         async def in_flight() -> list[int]:
             async with grpc.aio.insecure_channel(s.grpc_target) as channel:

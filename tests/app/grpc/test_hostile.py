@@ -11,7 +11,7 @@ import pytest
 from app.grpc.proto import messages_pb2 as pb
 from model.shapes import make_sample
 from tests.app.grpc.conftest import Edge
-from tests.app.grpc.test_server import expect, image_request, length_prefixed
+from tests.support.grpc_requests import expect, image_request, length_prefixed
 from tests.support.images import encode
 
 PNG = encode(make_sample(9, 0).image)

@@ -3,64 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-import time
-from typing import Any
 
 import grpc
 import numpy as np
-import pytest
 import torch
 
 from app.core.request import EncodedImage, InferOptions
-from app.core.served_model import ServedModel
 from app.grpc.proto import messages_pb2 as pb
 from model.shapes import make_sample
 from tests.app.grpc.conftest import Edge, EdgeFactory
+from tests.support.clients import slow_forward
+from tests.support.grpc_requests import expect, image_request, probabilities
 from tests.support.images import encode
 
 PNGS = [encode(make_sample(5, i).image) for i in range(3)]
-
-
-def length_prefixed(*elements: bytes) -> bytes:
-    return b"".join(len(e).to_bytes(4, "little") + e for e in elements)
-
-
-def image_request(*files: bytes, raw: bool = True, model: str = "tiny", **parameters: Any) -> pb.ModelInferRequest:
-    request = pb.ModelInferRequest(model_name=model)
-    tensor = request.inputs.add(name="image", datatype="BYTES", shape=[len(files)])
-    if raw:
-        request.raw_input_contents.append(length_prefixed(*files))
-    else:
-        tensor.contents.bytes_contents.extend(files)
-    for key, value in parameters.items():
-        setattr(
-            request.parameters[key], {bool: "bool_param", int: "int64_param", str: "string_param"}[type(value)], value
-        )
-    return request
-
-
-def probabilities(response: pb.ModelInferResponse) -> np.ndarray:
-    [output] = [o for o in response.outputs if o.name == "probabilities"]
-    index = list(response.outputs).index(output)
-    return np.frombuffer(response.raw_output_contents[index], "<f4").reshape(list(output.shape))
-
-
-async def expect(call: Any, code: grpc.StatusCode, message: str) -> grpc.aio.AioRpcError:
-    with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await call
-    assert caught.value.code() == code, caught.value.details()
-    assert message in (caught.value.details() or ""), caught.value.details()
-    return caught.value
-
-
-def slow_forward(model: ServedModel, seconds: float) -> None:
-    original = model.batcher.run_batch
-
-    def slow(batch: list[Any]) -> Any:
-        time.sleep(seconds)
-        return original(batch)
-
-    model.batcher.run_batch = slow
 
 
 async def test_health_and_metadata(edge: Edge) -> None:
