@@ -23,13 +23,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from app.batch.inputs import IMAGE_SUFFIXES
+from app.batch.inputs import IMAGE_SUFFIXES, expand_inputs
 from app.core.decode import decode_image
 from app.core.errors import ServiceError
 from app.core.onnx_backend import OnnxExportError, int8_graph_path, quantize_static_int8
 from app.core.preprocess import Preprocessor
+from app.settings import Settings
 from model.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from model.shapes import make_sample
+
+MAX_IMAGE_PIXELS: int = Settings.model_fields["max_image_pixels"].default  # the service's own limit
 
 
 def calibration_images(source: str, checkpoint: Checkpoint, count: int) -> Iterator[torch.Tensor]:
@@ -41,13 +44,12 @@ def calibration_images(source: str, checkpoint: Checkpoint, count: int) -> Itera
         for i in range(count):
             yield preprocess(make_sample(seed, i).image.convert("L" if channels == 1 else "RGB"))
         return
-    folder = Path(source)
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    files = [Path(f) for f in expand_inputs([source])]  # the batch runner's rule for a folder: its images, sorted
     if not files:
         raise SystemExit(f"--calibration {source}: no image files ({', '.join(sorted(IMAGE_SUFFIXES))}) in it")
     for path in files[:count]:
         try:
-            yield preprocess(decode_image(path.read_bytes(), str(path), channels, 40_000_000))
+            yield preprocess(decode_image(path.read_bytes(), str(path), channels, MAX_IMAGE_PIXELS))
         except ServiceError as e:
             print(f"skipping {path}: {e.detail}", file=sys.stderr)
 

@@ -15,6 +15,13 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 BUNDLED_WEIGHTS = Path(__file__).resolve().parent.parent / "weights" / "vit-shapes.safetensors"
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def is_model_name(name: str) -> bool:
+    """A name, never a path: letters, digits, '.', '_', '-' (at most 64), not starting with a dot, no '..'."""
+    return MODEL_NAME.fullmatch(name) is not None and ".." not in name
+
+
 ModelControl = Literal["none", "explicit", "poll"]
 
 
@@ -115,7 +122,7 @@ class Settings(BaseSettings):
         """With a repository: the models VIT_MODELS names, in its order."""
         names = [e.strip() for e in (self.models or "").split(",") if e.strip()]
         for name in names:
-            if not MODEL_NAME.fullmatch(name) or ".." in name:
+            if not is_model_name(name):
                 raise ValueError(
                     f"VIT_MODELS entry {name!r}: with VIT_MODEL_REPOSITORY, list model names (files in the repository)"
                 )

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.core.errors import InvalidInput, ModelNotFound
-from app.settings import MODEL_NAME
+from app.settings import is_model_name
 
 SUFFIX = ".safetensors"
 
@@ -27,7 +27,7 @@ class FileStamp:
 
 def check_name(name: str) -> None:
     """A model name, never a path: letters, digits, '.', '_', '-', not starting with a dot, no '..'."""
-    if not MODEL_NAME.fullmatch(name) or ".." in name:
+    if not is_model_name(name):
         raise InvalidInput(
             f"{name!r} is not a model name: use letters, digits, '.', '_' and '-' (at most 64, "
             "not starting with '.', no '..'); paths are never accepted"
@@ -60,7 +60,7 @@ class Repository:
             return found
         for entry in entries:
             name = entry.name.removesuffix(SUFFIX)
-            if not entry.name.endswith(SUFFIX) or not MODEL_NAME.fullmatch(name) or ".." in name:
+            if not entry.name.endswith(SUFFIX) or not is_model_name(name):
                 continue  # hidden files, partial downloads (name.safetensors.tmp), other files
             try:
                 if not entry.is_file() or not self.inside(Path(entry.path)):
