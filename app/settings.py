@@ -50,6 +50,11 @@ class Settings(BaseSettings):
         "onnxruntime-int8 (that graph quantized to int8; faster, slightly different results), torch, "
         "or auto (onnxruntime on the CPU, torch on a GPU); attention maps always use torch",
     )
+    decode: Literal["auto", "cpu"] = Field(
+        "auto",
+        description="auto: on a GPU, plain JPEGs are decoded and resized there (nvJPEG), a batch at a time; "
+        "cpu: every image is decoded on the CPU",
+    )
     max_batch_size: int = Field(32, ge=1, le=1024, description="Most images in one forward pass")
     max_wait_ms: float = Field(5.0, ge=0, le=1000, description="Longest wait after the first image to fill a batch")
     max_queue: int = Field(256, ge=1, description="Images waiting for a batch before new requests get 503")

@@ -65,12 +65,17 @@ def batch_counters(url: str) -> tuple[float, float] | None:
     return (sum(map(float, images)), sum(map(float, batches))) if images and batches else None
 
 
-def run_hey(url: str, body: Path, content_type: str, concurrency: int, seconds: float) -> LoadResult:
+def run_hey(
+    url: str, body: Path, content_type: str, concurrency: int, seconds: float, headers: dict[str, str] | None = None
+) -> LoadResult:
     """POST `body` for `seconds` from `concurrency` workers; the mean batch size comes from /metrics."""
-    base = url.rsplit("/", 1)[0]
+    parsed = httpx.URL(url)
+    base = f"{parsed.scheme}://{parsed.netloc.decode()}"
     before = batch_counters(base)
+    extra = [arg for name, value in (headers or {}).items() for arg in ("-H", f"{name}: {value}")]
     out = subprocess.run(
-        [require_hey(), "-z", f"{seconds}s", "-c", str(concurrency), "-m", "POST", "-T", content_type, "-D", str(body), url],
+        [require_hey(), "-z", f"{seconds}s", "-c", str(concurrency), "-m", "POST", "-T", content_type, *extra,
+         "-D", str(body), url],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     after = batch_counters(base)

@@ -73,6 +73,10 @@ class ModelInfo(BaseModel):
         examples=["static"],
     )
     embedding_dim: int = Field(description="Length of an image's embedding (embedding=true)", examples=[192])
+    decode: str = Field(
+        description="Where plain JPEGs are decoded: gpu (nvJPEG, a batch at a time; VIT_DECODE=auto on a GPU) or cpu",
+        examples=["cpu"],
+    )
 
 
 class ModelList(BaseModel):
@@ -112,6 +116,7 @@ def model_info(model: ServedModel) -> ModelInfo:
         precision=model.predictor.precision,
         quantization=model.predictor.quantization,
         embedding_dim=model.predictor.embedding_dim,
+        decode=model.predictor.decode,
     )
 
 

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
-from app.core.errors import InferenceFailed, NotReady, Overloaded, RequestTimeout
+from app.core.errors import InferenceFailed, NotReady, Overloaded, RequestTimeout, ServiceError
 
 log = logging.getLogger("app.batcher")
 
@@ -223,6 +223,10 @@ class DynamicBatcher(Generic[In, Out]):
                 half = len(batch) // 2
                 await self._run(batch[:half])
                 await self._run(batch[half:])
+                return
+            if isinstance(e, ServiceError):  # the image's own fault (a file only the forward step decodes)
+                if not batch[0].future.done():
+                    batch[0].future.set_exception(e)
                 return
             log.error("inference failed for one image: %s", e)
             if not batch[0].future.done():

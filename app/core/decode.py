@@ -29,6 +29,11 @@ Image.MAX_IMAGE_PIXELS = None
 
 def decode_image(data: bytes, filename: str, channels: int, max_pixels: int) -> Image.Image:
     """Bytes of a JPEG, PNG, WebP, BMP or GIF (first frame) -> upright RGB (channels=3) or L image."""
+    return load_image(open_image(data, filename, max_pixels), filename, channels)
+
+
+def open_image(data: bytes, filename: str, max_pixels: int) -> Image.Image:
+    """The image's header, read and checked (format, pixel count); no pixel data is decoded yet."""
     if not data:
         raise InvalidInput(f"{filename}: the file is empty; send the image bytes")
     try:
@@ -48,6 +53,11 @@ def decode_image(data: bytes, filename: str, channels: int, max_pixels: int) -> 
         )
     if width < 1 or height < 1:
         raise InvalidInput(f"{filename}: the image has no pixels ({width}x{height})")
+    return image
+
+
+def load_image(image: Image.Image, filename: str, channels: int) -> Image.Image:
+    """An opened image's pixels (its first frame), upright, as RGB (channels=3) or L."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # PIL warns on odd EXIF and palette transparency

@@ -12,6 +12,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from app.core.gpu_decode import GpuJpegDecoder, Jpeg, blank_jpeg
 from app.core.onnx_backend import OnnxForward, Quantization, exported, int8_graph_path, stored_int8
 from app.core.request import AttentionKind
 from model.checkpoint import Checkpoint
@@ -23,7 +24,7 @@ log = logging.getLogger("app.inference")
 
 @dataclass(frozen=True)
 class ImageInput:
-    pixels: Tensor  # (C, S, S) float32, normalised
+    pixels: Tensor | Jpeg  # (C, S, S) float32, normalised; or a JPEG the GPU decodes with its batch
     attention: AttentionKind
     target: int | None = None  # the class a gradient map explains (None: the top-1 class)
     embedding: bool = False  # also return the embedding the head receives
@@ -79,8 +80,15 @@ class Predictor:
     model, which alone returns the weights (and the embeddings of the same pass).
     """
 
-    def __init__(self, checkpoint: Checkpoint, device: torch.device, backend: Backend = "torch") -> None:
+    def __init__(
+        self,
+        checkpoint: Checkpoint,
+        device: torch.device,
+        backend: Backend = "torch",
+        jpeg_decoder: GpuJpegDecoder | None = None,
+    ) -> None:
         self.device = device
+        self.jpeg_decoder = jpeg_decoder  # decodes the `Jpeg` inputs on the GPU, with their batch
         self.dtype = inference_dtype(device)
         self.model = checkpoint.model.to(device=device, dtype=self.dtype).eval()
         config = checkpoint.config
@@ -92,6 +100,11 @@ class Predictor:
         if backend in ONNX_BACKENDS:
             graph = onnx_forward(checkpoint, self.model, self.input_shape, backend == "onnxruntime-int8")
             self.forward_plain, self.quantization = graph, graph.quantization
+
+    @property
+    def decode(self) -> str:
+        """Where plain JPEGs are decoded: "gpu" (nvJPEG, with their batch) or "cpu"."""
+        return "cpu" if self.jpeg_decoder is None else "gpu"
 
     @property
     def precision(self) -> str:
@@ -111,9 +124,7 @@ class Predictor:
             raise
 
     def forward(self, batch: list[ImageInput]) -> list[ImageOutput]:
-        x = torch.stack([item.pixels for item in batch])
-        x = x.pin_memory() if self.device.type == "cuda" else x
-        x = x.to(self.device, self.dtype, non_blocking=True)  # (B, C, S, S)
+        x = self.inputs(batch)  # (B, C, S, S) on the device
         by_gradient = [i for i, item in enumerate(batch) if item.attention == GRADIENT]
         others = [i for i in range(len(batch)) if batch[i].attention != GRADIENT]
         outputs: dict[int, ImageOutput] = {}
@@ -129,6 +140,25 @@ class Predictor:
             for j, i in enumerate(by_gradient):
                 outputs[i] = ImageOutput(probabilities[j], maps[j].float().cpu(), embeddings.get(j))
         return [outputs[i] for i in range(len(batch))]
+
+    def inputs(self, batch: list[ImageInput]) -> Tensor:
+        """The batch as one tensor on the device: CPU pixels copied over, JPEGs decoded there."""
+        jpegs = [i for i, item in enumerate(batch) if isinstance(item.pixels, Jpeg)]
+        pixels = [i for i, item in enumerate(batch) if not isinstance(item.pixels, Jpeg)]
+        if not jpegs:
+            return self.copied([batch[i].pixels for i in pixels])  # type: ignore[misc]
+        if self.jpeg_decoder is None:
+            raise RuntimeError("a JPEG reached a predictor without a GPU decoder")
+        x = torch.empty(len(batch), *self.input_shape, device=self.device, dtype=self.dtype)
+        x[jpegs] = self.jpeg_decoder([batch[i].pixels for i in jpegs]).to(self.dtype)  # type: ignore[misc]
+        if pixels:
+            x[pixels] = self.copied([batch[i].pixels for i in pixels])  # type: ignore[misc]
+        return x
+
+    def copied(self, pixels: list[Tensor]) -> Tensor:
+        x = torch.stack(pixels)
+        x = x.pin_memory() if self.device.type == "cuda" else x
+        return x.to(self.device, self.dtype, non_blocking=True)
 
     @torch.inference_mode()
     def forward_weights(self, x: Tensor, items: list[ImageInput], index: list[int]) -> dict[int, ImageOutput]:
@@ -166,6 +196,8 @@ class Predictor:
         for size in sizes:
             self([ImageInput(blank, "none")] * size)
         self([ImageInput(blank, "rollout"), ImageInput(blank, "last"), ImageInput(blank, "gradient")])
+        if self.jpeg_decoder is not None:  # nvJPEG's first call sets it up
+            self([ImageInput(Jpeg(blank_jpeg(self.input_shape), "warm-up.jpg"), "none")] * 2)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - started

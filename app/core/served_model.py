@@ -21,8 +21,9 @@ import torch
 from PIL import Image
 
 from app.core.batcher import DynamicBatcher
-from app.core.decode import decode_image
+from app.core.decode import decode_image, load_image, open_image
 from app.core.errors import InvalidInput, RequestTimeout
+from app.core.gpu_decode import GpuJpegDecoder, Jpeg, gpu_decodable
 from app.core.inference import Backend, ImageInput, ImageOutput, Predictor, resolve_backend
 from app.core.metrics import ModelMetrics
 from app.core.onnx_backend import ForeignGraph, OnnxExportError
@@ -42,7 +43,7 @@ class Wanted:
     target: int | None
     embedding: bool
 
-    def input(self, pixels: torch.Tensor) -> ImageInput:
+    def input(self, pixels: torch.Tensor | Jpeg) -> ImageInput:
         return ImageInput(pixels, self.attention, self.target, self.embedding)
 
 
@@ -50,7 +51,7 @@ class Wanted:
 class Prepared:
     filename: str
     image: Image.Image | None  # kept only when an overlay is drawn
-    pixels: torch.Tensor
+    pixels: torch.Tensor | Jpeg  # a plain JPEG stays encoded when the GPU decodes it
 
 
 @dataclass
@@ -70,24 +71,38 @@ class ServedModel:
     ) -> ServedModel:
         """Load the checkpoint onto the device and warm it up (blocking; run off the event loop)."""
         checkpoint = load_checkpoint(path, device)
-        predictor = cls.build_predictor(name, checkpoint, device, settings.backend)
+        preprocessor = Preprocessor(checkpoint.preprocessing)
+        jpeg_decoder = None
+        if device.type == "cuda" and settings.decode == "auto":
+            channels, limit = checkpoint.config.in_channels, settings.max_image_pixels
+
+            def on_cpu(jpeg: Jpeg) -> torch.Tensor:  # what nvJPEG rejects: PIL's pixels, or PIL's error
+                return preprocessor(decode_image(jpeg.data, jpeg.filename, channels, limit))
+
+            jpeg_decoder = GpuJpegDecoder(checkpoint.preprocessing, device, on_cpu)
+        predictor = cls.build_predictor(name, checkpoint, device, settings.backend, jpeg_decoder)
         log.info(
-            "model %s: loaded %s (version %s, %d classes) on %s as %s, backend %s",
+            "model %s: loaded %s (version %s, %d classes) on %s as %s, backend %s, JPEGs decoded on the %s",
             name, path, checkpoint.version, len(checkpoint.classes), device, predictor.dtype, predictor.backend,
+            predictor.decode,
         )  # fmt: skip
         if settings.warmup:
             predictor.warm_up(settings.max_batch_size)
         s = settings
         batcher = DynamicBatcher(predictor, s.max_batch_size, s.max_wait_ms, s.max_queue, metrics)
-        return cls(name, checkpoint, predictor, Preprocessor(checkpoint.preprocessing), batcher, s.max_image_pixels)
+        return cls(name, checkpoint, predictor, preprocessor, batcher, s.max_image_pixels)
 
     @staticmethod
     def build_predictor(
-        name: str, checkpoint: Checkpoint, device: torch.device, backend: Backend | Literal["auto"]
+        name: str,
+        checkpoint: Checkpoint,
+        device: torch.device,
+        backend: Backend | Literal["auto"],
+        jpeg_decoder: GpuJpegDecoder | None = None,
     ) -> Predictor:
         """The checkpoint's predictor on the asked backend; with auto, torch where ONNX export fails."""
         try:
-            return Predictor(checkpoint, device, resolve_backend(backend, device))
+            return Predictor(checkpoint, device, resolve_backend(backend, device), jpeg_decoder)
         except OnnxExportError as e:
             if backend != "auto":
                 hint = "" if isinstance(e, ForeignGraph) else "; VIT_BACKEND=torch serves it without ONNX"
@@ -119,8 +134,12 @@ class ServedModel:
         return self.checkpoint.config.grid_size
 
     def prepare(self, image: EncodedImage, keep_image: bool) -> Prepared:
-        """Decode, validate and preprocess one image file (runs on the CPU pool)."""
-        decoded = decode_image(image.data, image.filename, self.checkpoint.config.in_channels, self.max_image_pixels)
+        """Decode, validate and preprocess one image file (runs on the CPU pool); a plain JPEG only has its
+        header checked here when the GPU decodes it."""
+        header = open_image(image.data, image.filename, self.max_image_pixels)
+        if self.predictor.jpeg_decoder is not None and not keep_image and gpu_decodable(header, image.data):
+            return Prepared(image.filename, None, Jpeg(image.data, image.filename))
+        decoded = load_image(header, image.filename, self.checkpoint.config.in_channels)
         return Prepared(image.filename, decoded if keep_image else None, self.preprocessor(decoded))
 
     def target_index(self, target: str | None) -> int | None:

@@ -7,6 +7,8 @@ out-of-memory error by retrying the batch in halves.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import torch
 
@@ -47,6 +49,43 @@ async def test_auto_serves_on_the_gpu_within_tolerance_of_the_cpu(make_client: C
         assert (got - expected[i]).abs().max() < PROBABILITY_TOLERANCE
         assert a["top_k"][0]["index"] == int(expected[i].argmax())
         assert (torch.tensor(b["attention"]["map"]) - maps[i].float()).abs().max() < MAP_TOLERANCE
+
+
+async def test_jpegs_decoded_on_the_gpu_answer_as_those_decoded_on_the_cpu(make_client: ClientFactory) -> None:
+    """VIT_DECODE=auto decodes plain JPEGs with nvJPEG, with their batch; the rest, and bad files, as before."""
+    samples = [make_sample(12, i).image.convert("RGB") for i in range(8)]
+    plain = [encode(image, "JPEG", quality=90) for image in samples[:5]]
+    others = [encode(samples[5], "JPEG", quality=90, progressive=True), encode(samples[6]), encode(samples[7], "JPEG")]
+    files = [("files", (f"{i}.jpg", data, "image/jpeg")) for i, data in enumerate(plain + others)]
+    answers = {}
+    for decode in ("auto", "cpu"):
+        async with make_client(weights=BUNDLED_WEIGHTS, device="auto", decode=decode) as client:
+            info = (await client.get("/v1/model")).json()
+            assert info["decode"] == ("gpu" if decode == "auto" else "cpu")
+            r = await client.post("/predict", files=files, params={"embedding": "true"})
+            assert r.status_code == 200, r.text
+            answers[decode] = r.json()["results"]
+            # a truncated JPEG fails its request with the CPU path's 400, before any compute
+            cut = await client.post("/predict", files=[("files", ("cut.jpg", plain[0][:300], "image/jpeg"))])
+            assert cut.status_code == 400 and "cut.jpg" in cut.json()["detail"], cut.text
+    for gpu, cpu in zip(answers["auto"], answers["cpu"], strict=True):
+        assert gpu["top_k"][0]["index"] == cpu["top_k"][0]["index"]
+        assert (
+            torch.tensor(gpu["probabilities"]) - torch.tensor(cpu["probabilities"])
+        ).abs().max() < PROBABILITY_TOLERANCE
+
+
+async def test_a_jpeg_damaged_inside_never_fails_its_neighbours(make_client: ClientFactory) -> None:
+    """Damage past the header: nvJPEG or PIL decides for that file alone; the others in its batch are answered."""
+    good = encode(make_sample(13, 0).image.convert("RGB"), "JPEG", quality=90)
+    damaged = good[:200] + bytes(len(good) - 202) + good[-2:]  # header intact, entropy data zeroed, end marker kept
+    async with make_client(weights=BUNDLED_WEIGHTS, device="auto", max_wait_ms=50) as client:
+        one = client.post("/predict", files=[("files", ("damaged.jpg", damaged, "image/jpeg"))])
+        rest = [client.post("/predict", files=[("files", (f"{i}.jpg", good, "image/jpeg"))]) for i in range(6)]
+        damaged_r, *good_rs = await asyncio.gather(one, *rest)
+        assert damaged_r.status_code in (200, 400), damaged_r.text  # decoded, or the client's error; never a 500
+        assert all(r.status_code == 200 for r in good_rs)
+        assert (await client.get("/health/ready")).status_code == 200
 
 
 async def test_a_real_out_of_memory_batch_is_retried_in_halves(make_client: ClientFactory) -> None:

@@ -1,0 +1,461 @@
+"""The GPU benchmark: ceilings, raw forward (eager, compiled, CUDA graphs), preprocessing, and served throughput
+against LitServe. Run it through `bash bench/gpu.sh run PARTS...` on a GPU machine (it installs what it needs).
+
+    python -m bench.gpu --out DIR tests smoke ceilings raw decode served
+    python -m bench.gpu --out DIR served --models vit-b16 --variants cpu-decode gpu-decode --peer
+
+Parts, each writing DIR/<part>.json (and a log) as it finishes, so a run cut short keeps what it measured:
+  tests     the GPU tests (tests/app/test_cuda.py) under pytest
+  smoke     the service on VIT_DEVICE=auto: /v1/model, /predict (with a map), V2, printed
+  ceilings  the card's measured bf16 matmul rate and device-memory bandwidth
+  raw       FLOPs per image, and the forward rate of ViT-S/16 and ViT-B/16 in bf16 at batch 1 to 512:
+            eager, torch.compile, and compiled + CUDA graphs
+  decode    preprocessing rate of 500x375 JPEGs: PIL on N CPU threads, and nvJPEG + tensor resize on the GPU
+  served    the service under `hey` (/predict multipart, V2 binary with several images per request), per
+            variant, and LitServe with the same model and batch settings as the peer
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+
+from bench.batch import photo_jpeg
+from bench.load import ServerProcess, run_hey, start_litserve
+from bench.run import VIT_S16, VIT_S16_PREPROCESSING, check_peer, multipart
+from model.checkpoint import save_checkpoint
+from model.vit import ViT, ViTConfig
+from tests.support.server import Server
+
+VIT_B16 = ViTConfig(image_size=224, patch_size=16, dim=768, depth=12, heads=12, num_classes=1000, norm_eps=1e-6)
+MODELS = {"vit-s16": VIT_S16, "vit-b16": VIT_B16}
+BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+# What each served variant sets beyond the common settings (VIT_DEVICE=auto, batch size, wait, queue).
+VARIANTS: dict[str, dict[str, str]] = {
+    "cpu-decode": {"VIT_DECODE": "cpu"},
+    "gpu-decode": {"VIT_DECODE": "auto"},
+    "gpu-decode-compiled": {"VIT_DECODE": "auto", "VIT_COMPILE": "true"},
+}
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.gpu", description=__doc__.split("\n\n")[0])
+    p.add_argument("parts", nargs="*", choices=["tests", "smoke", "ceilings", "raw", "decode", "served"])
+    p.add_argument("--out", type=Path, default=Path("gpu-out"))
+    p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["vit-s16", "vit-b16"])
+    p.add_argument("--batches", type=int, nargs="+", default=BATCHES)
+    p.add_argument("--compile-batches", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256, 512])
+    p.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=["cpu-decode"])
+    p.add_argument("--max-batch-size", type=int, default=256)
+    p.add_argument("--wait-ms", type=float, default=5.0)
+    p.add_argument("--predict-concurrency", type=int, nargs="+", default=[64, 256])
+    p.add_argument("--v2-concurrency", type=int, nargs="+", default=[16, 64])
+    p.add_argument("--images-per-request", type=int, default=8, help="images in each V2 request")
+    p.add_argument("--duration", type=float, default=8.0, help="seconds per load level")
+    p.add_argument("--peer", action="store_true", help="also serve with LitServe (the peer)")
+    return p.parse_args()
+
+
+def save(out: Path, part: str, result: dict[str, Any]) -> None:
+    (out / f"{part}.json").write_text(json.dumps(result, indent=2))
+
+
+def median_ms(fn: Callable[[], object], min_s: float = 0.3, inner: int = 5) -> float:
+    """Median of timed groups of `inner` calls, in ms per call, timed with CUDA events after a warm-up."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times: list[float] = []
+    started = time.perf_counter()
+    while time.perf_counter() - started < min_s or len(times) < 5:
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        for _ in range(inner):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(begin.elapsed_time(end) / inner)
+    return statistics.median(times)
+
+
+# -- ceilings ---------------------------------------------------------------------------------------------
+
+
+def ceilings() -> dict[str, Any]:
+    n = 8192
+    a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    ms = median_ms(lambda: a @ b, 1.0)
+    elements = 2**30  # 1 GiB of float32 read, 1 GiB written
+    src = torch.randn(elements // 4, device="cuda")
+    dst = torch.empty_like(src)
+    copy_ms = median_ms(lambda: dst.copy_(src), 1.0)
+    result = {
+        "matmul_bf16_tflops": 2 * n**3 / ms / 1e9,
+        "copy_tb_per_s": 2 * src.numel() * 4 / copy_ms / 1e9,
+        "gpu": torch.cuda.get_device_name(),
+        "sms": torch.cuda.get_device_properties(0).multi_processor_count,
+    }
+    print(f"ceilings: bf16 matmul {result['matmul_bf16_tflops']:.0f} TFLOP/s, copy {result['copy_tb_per_s']:.2f} TB/s")
+    return result
+
+
+# -- raw forward --------------------------------------------------------------------------------------------
+
+
+def model_on_gpu(config: ViTConfig, seed: int = 0) -> ViT:
+    torch.manual_seed(seed)
+    return ViT(config).to("cuda", torch.bfloat16).eval()
+
+
+def flops_per_image(model: ViT, config: ViTConfig) -> float:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    x = torch.randn(1, 3, config.image_size, config.image_size, device="cuda", dtype=torch.bfloat16)
+    with FlopCounterMode(display=False) as counter, torch.inference_mode():
+        model.forward_with_embedding(x)
+    return float(counter.get_total_flops())
+
+
+def check_close(fn: Callable[[torch.Tensor], Any], model: ViT, config: ViTConfig) -> float:
+    """‖fn(x) - fp32(x)‖ / ‖fp32(x)‖ on fresh random input: the bf16 path against the fp32 model."""
+    x = torch.randn(8, 3, config.image_size, config.image_size, device="cuda")
+    reference = ViT(config).to("cuda").eval()
+    reference.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
+    with torch.inference_mode():
+        want = reference.forward_with_embedding(x)[0].double()
+        got = fn(x.bfloat16())[0].double()
+    return float((got - want).norm() / want.norm())
+
+
+def raw(models: list[str], batches: list[int], compile_batches: list[int]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for name in models:
+        config = MODELS[name]
+        model = model_on_gpu(config)
+
+        def eager(x: torch.Tensor, model: ViT = model) -> tuple[torch.Tensor, torch.Tensor]:
+            logits, embedding, _ = model.forward_with_embedding(x)
+            return logits, embedding
+
+        flops = flops_per_image(model, config)
+        started = time.perf_counter()
+        compiled = torch.compile(eager)
+        rows: dict[str, dict[int, float]] = {"eager": {}, "compiled": {}, "eager+graphs": {}, "compiled+graphs": {}}
+        errors = {"eager": check_close(eager, model, config)}
+        with torch.inference_mode():
+            for bs in batches:
+                xs = [torch.randn(bs, 3, config.image_size, config.image_size, device="cuda", dtype=torch.bfloat16)
+                      for _ in range(3)]  # fmt: skip
+                turn = iter(range(10**9))
+                rows["eager"][bs] = bs / median_ms(lambda xs=xs, t=turn: eager(xs[next(t) % 3])) * 1e3
+                rows["eager+graphs"][bs] = bs / graph_ms(eager, xs[0]) * 1e3
+                if bs in compile_batches:
+                    rows["compiled"][bs] = bs / median_ms(lambda xs=xs, t=turn, f=compiled: f(xs[next(t) % 3])) * 1e3
+                    rows["compiled+graphs"][bs] = bs / graph_ms(compiled, xs[0]) * 1e3
+                print(f"  {name} batch {bs:>4}: " + "  ".join(
+                    f"{k} {v[bs]:8.0f}" for k, v in rows.items() if bs in v) + " img/s", flush=True)  # fmt: skip
+        errors["compiled"] = check_close(compiled, model, config)
+        result[name] = {
+            "gflops_per_image": flops / 1e9,
+            "parameters_m": sum(p.numel() for p in model.parameters()) / 1e6,
+            "img_per_s": rows,
+            "relative_error_vs_fp32": errors,
+            "compile_and_runs_s": time.perf_counter() - started,
+        }
+        best = max(max(v.values()) for v in rows.values() if v)
+        print(f"  {name}: {flops / 1e9:.2f} GFLOP/image, best {best:.0f} img/s = "
+              f"{best * flops / 1e12:.0f} TFLOP/s; rel. error vs fp32 {errors}")  # fmt: skip
+        del model, compiled
+        torch._dynamo.reset()
+        torch.cuda.empty_cache()
+    return result
+
+
+def graph_ms(fn: Callable[[torch.Tensor], Any], x: torch.Tensor) -> float:
+    """Milliseconds per replay of `fn(x)` captured as one CUDA graph (NaN where capture fails)."""
+    try:
+        return captured_ms(fn, x)
+    except RuntimeError as e:
+        print(f"  CUDA graph capture failed: {e}")
+        return float("nan")
+
+
+def captured_ms(fn: Callable[[torch.Tensor], Any], x: torch.Tensor) -> float:
+    static = x.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn(static)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn(static)
+    return median_ms(graph.replay)
+
+
+# -- preprocessing ------------------------------------------------------------------------------------------
+
+
+def decode(images: int = 512, batch: int = 64) -> dict[str, Any]:
+    from app.core.decode import decode_image
+    from app.core.gpu_decode import GpuJpegDecoder, Jpeg
+    from app.core.preprocess import Preprocessor
+
+    files = [photo_jpeg(i) for i in range(images)]
+    cpu = Preprocessor(VIT_S16_PREPROCESSING)
+
+    def on_cpu(data: bytes) -> torch.Tensor:
+        return cpu(decode_image(data, "x.jpg", 3, 10**8))
+
+    result: dict[str, Any] = {"image": "500x375 JPEG, quality 90", "cpu_img_per_s": {}}
+    for threads in (1, 8, 16):
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(on_cpu, files[:32]))
+            started = time.perf_counter()
+            list(pool.map(on_cpu, files))
+            result["cpu_img_per_s"][threads] = images / (time.perf_counter() - started)
+    gpu = GpuJpegDecoder(VIT_S16_PREPROCESSING, torch.device("cuda"), lambda j: on_cpu(j.data))
+    jpegs = [Jpeg(f, f"{i}.jpg") for i, f in enumerate(files)]
+    chunks = [jpegs[i : i + batch] for i in range(0, images, batch)]
+
+    def run(decode_only: bool) -> float:
+        gpu(chunks[0])
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        for chunk in chunks:
+            gpu.decode([j.data for j in chunk]) if decode_only else gpu(chunk)
+        torch.cuda.synchronize()
+        return images / (time.perf_counter() - started)
+
+    result["gpu_batch"] = batch
+    result["gpu_decode_img_per_s"] = run(decode_only=True)
+    result["gpu_decode_resize_img_per_s"] = run(decode_only=False)
+    want = torch.stack([on_cpu(f) for f in files[:64]]).cuda()
+    got = gpu(jpegs[:64])
+    result["max_abs_diff_vs_cpu"] = float((got - want).abs().max())
+    result["mean_abs_diff_vs_cpu"] = float((got - want).abs().mean())
+    print("decode:", json.dumps(result))
+    return result
+
+
+# -- served -------------------------------------------------------------------------------------------------
+
+
+class Sampler:
+    """Mean GPU utilisation (nvidia-smi) and the server's CPU use (cores busy) while load runs."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.samples, self.running = pid, [], True
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def __enter__(self) -> Sampler:
+        self.cpu0, self.t0 = process_cpu_s(self.pid), time.perf_counter()
+        self.thread.start()
+        return self
+
+    def run(self) -> None:
+        while self.running and shutil.which("nvidia-smi"):
+            out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
+                                 capture_output=True, text=True).stdout  # fmt: skip
+            if out.strip().isdigit():
+                self.samples.append(int(out.strip()))
+            time.sleep(0.25)
+
+    def __exit__(self, *exc: object) -> None:
+        self.running = False
+        self.thread.join()
+        self.cores = (process_cpu_s(self.pid) - self.cpu0) / (time.perf_counter() - self.t0)
+        self.gpu_util = statistics.mean(self.samples) if self.samples else float("nan")
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process and its children, from /proc."""
+    total = 0.0
+    for p in [pid, *children(pid)]:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def children(pid: int) -> list[int]:
+    try:
+        kids = [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+    return kids + [g for k in kids for g in children(k)]
+
+
+def v2_body(files: list[bytes]) -> tuple[bytes, int]:
+    binary = b"".join(len(f).to_bytes(4, "little") + f for f in files)
+    header = {
+        "inputs": [{"name": "image", "datatype": "BYTES", "shape": [len(files)],
+                    "parameters": {"binary_data_size": len(binary)}}],
+        "outputs": [{"name": "probabilities", "parameters": {"binary_data": True}}],
+    }  # fmt: skip
+    head = json.dumps(header).encode()
+    return head + binary, len(head)
+
+
+def load_levels(
+    server: ServerProcess, route: str, body: Path, ctype: str, levels: list[int], seconds: float,
+    images: int, label: str, headers: dict[str, str] | None = None,
+) -> list[dict[str, Any]]:  # fmt: skip
+    rows = []
+    for c in levels:
+        with Sampler(server.proc.pid) as sampled:
+            r = run_hey(server.url + route, body, ctype, c, seconds, headers)
+        row = {**r.__dict__, "images_per_s": r.requests_per_s * images, "gpu_util": sampled.gpu_util,
+               "server_cores": sampled.cores}  # fmt: skip
+        print(f"  {label:<28} c={c:<4} {row['images_per_s']:8.0f} img/s  p50 {r.p50_ms:7.1f}  p99 {r.p99_ms:7.1f} ms  "
+              f"errors {r.errors}  batch {r.mean_batch_size or float('nan'):6.1f}  gpu {sampled.gpu_util:4.0f} %  "
+              f"server cores {sampled.cores:4.1f}", flush=True)  # fmt: skip
+        rows.append(row)
+    return rows
+
+
+def served(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
+    files = [photo_jpeg(i) for i in range(args.images_per_request)]
+    form, form_type = multipart(files[0], "photo.jpg", "image/jpeg")
+    (folder / "form").write_bytes(form)
+    v2, header_length = v2_body(files)
+    (folder / "v2").write_bytes(v2)
+    v2_headers = {"Inference-Header-Content-Length": str(header_length)}
+    result: dict[str, Any] = {"settings": {k: getattr(args, k) for k in (
+        "max_batch_size", "wait_ms", "images_per_request", "duration", "predict_concurrency", "v2_concurrency")}}  # fmt: skip
+    for name in args.models:
+        checkpoint = folder / f"{name}.safetensors"
+        torch.manual_seed(0)
+        save_checkpoint(checkpoint, ViT(MODELS[name]).eval(), [f"class_{i}" for i in range(1000)],
+                        VIT_S16_PREPROCESSING, {"note": "random weights, for speed measurements only"})  # fmt: skip
+        result[name] = {}
+        for variant in args.variants:
+            started = time.perf_counter()
+            server = Server(
+                checkpoint, "--log-level", "warning", "--no-access-log",
+                VIT_DEVICE="auto", VIT_MAX_BATCH_SIZE=str(args.max_batch_size), VIT_MAX_WAIT_MS=str(args.wait_ms),
+                VIT_MAX_QUEUE="8192", VIT_MAX_FILES="64", VIT_LOG_LEVEL="warning", VIT_GRPC_PORT="0",
+                **VARIANTS[variant],
+            )  # fmt: skip
+            try:
+                server.wait_ready(300)
+                startup = time.perf_counter() - started
+                info = httpx.get(server.url + "/v1/model").json()
+                print(f"== {name} {variant}: ready in {startup:.1f} s on {info['device']} ({info['dtype']})")
+                result[name][variant] = {
+                    "startup_s": startup,
+                    "predict": load_levels(server, "/predict", folder / "form", form_type, args.predict_concurrency,
+                                           args.duration, 1, f"{variant} /predict"),
+                    "v2": load_levels(server, f"/v2/models/{name}/infer", folder / "v2", "application/octet-stream",
+                                      args.v2_concurrency, args.duration, args.images_per_request,
+                                      f"{variant} V2 x{args.images_per_request}", v2_headers),
+                }  # fmt: skip
+            finally:
+                log = server.stop()
+                (args.out / f"server-{name}-{variant}.log").write_text(log[-20000:])
+        if args.peer:
+            server = start_litserve(checkpoint, args.max_batch_size, args.wait_ms, 0, "torch")
+            try:
+                check_peer(server, folder / "form", form_type, 0, "torch")
+                result[name]["litserve"] = {"predict": load_levels(
+                    server, "/predict", folder / "form", form_type, args.predict_concurrency, args.duration, 1,
+                    "litserve /predict")}  # fmt: skip
+            finally:
+                server.stop()
+        save(args.out, "served", result)
+    return result
+
+
+# -- tests and smoke ----------------------------------------------------------------------------------------
+
+
+def tests(out: Path) -> dict[str, Any]:
+    argv = [sys.executable, "-m", "pytest", "tests/app/test_cuda.py", "-v", "-p", "no:cacheprovider", "-rA"]
+    run = subprocess.run(argv, capture_output=True, text=True)
+    (out / "tests.log").write_text(run.stdout + run.stderr)
+    print(run.stdout[-3000:], run.stderr[-2000:])
+    return {"returncode": run.returncode, "summary": run.stdout.strip().splitlines()[-1] if run.stdout else ""}
+
+
+def smoke(folder: Path) -> dict[str, Any]:
+    """The service on VIT_DEVICE=auto with the bundled model: what each route answers, verbatim."""
+    from app.settings import BUNDLED_WEIGHTS
+    from model.shapes import make_sample
+    from tests.support.images import encode
+
+    pngs = [encode(make_sample(7, i).image) for i in range(2)]
+    server = Server(BUNDLED_WEIGHTS, VIT_DEVICE="auto", VIT_GRPC_PORT="0")
+    out: dict[str, Any] = {}
+    try:
+        server.wait_ready(300)
+        files = [("files", (f"{i}.png", png, "image/png")) for i, png in enumerate(pngs)]
+        out["v1_model"] = httpx.get(server.url + "/v1/model").json()
+        out["predict"] = httpx.post(server.url + "/predict", files=files, params={"top_k": 2}).json()
+        mapped = httpx.post(server.url + "/predict", files=files[:1], params={"attention": "rollout", "top_k": 1})
+        out["predict_rollout"] = mapped.json()
+        v2 = {
+            "inputs": [
+                {"name": "image", "datatype": "BYTES", "shape": [1], "data": [base64.b64encode(pngs[0]).decode()]}
+            ]
+        }
+        out["v2"] = httpx.post(server.url + "/v2/models/vit-shapes/infer", json=v2).json()
+        out["metrics_batches"] = [line for line in httpx.get(server.url + "/metrics").text.splitlines()
+                                  if line.startswith("vit_batch_size_count")]  # fmt: skip
+    finally:
+        out["log"] = server.stop()[-4000:]
+    print(json.dumps({k: v for k, v in out.items() if k != "log"}, indent=1)[:6000])
+    print(out["log"])
+    return out
+
+
+def main() -> None:
+    args = parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        for part in args.parts:
+            started = time.perf_counter()
+            print(f"=== {part}", flush=True)
+            try:
+                if part == "tests":
+                    result = tests(args.out)
+                elif part == "smoke":
+                    result = smoke(Path(tmp))
+                elif part == "ceilings":
+                    result = ceilings()
+                elif part == "raw":
+                    result = raw(args.models, args.batches, args.compile_batches)
+                elif part == "decode":
+                    result = decode()
+                else:
+                    result = served(args, Path(tmp))
+            except Exception as e:  # a broken part must not cost the others their device time
+                import traceback
+
+                traceback.print_exc()
+                result = {"error": repr(e)}
+            result["seconds"] = time.perf_counter() - started
+            save(args.out, part, result)
+            print(f"=== {part} done in {result['seconds']:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
