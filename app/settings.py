@@ -55,6 +55,11 @@ class Settings(BaseSettings):
         description="auto: on a GPU, plain JPEGs are decoded and resized there (nvJPEG), a batch at a time; "
         "cpu: every image is decoded on the CPU",
     )
+    cuda_graphs: bool = Field(
+        True,
+        description="On a GPU with the torch backend, replay plain predictions from CUDA graphs captured at startup "
+        "(one per batch size; attention maps run eagerly)",
+    )
     max_batch_size: int = Field(32, ge=1, le=1024, description="Most images in one forward pass")
     max_wait_ms: float = Field(5.0, ge=0, le=1000, description="Longest wait after the first image to fill a batch")
     max_queue: int = Field(256, ge=1, description="Images waiting for a batch before new requests get 503")

@@ -13,6 +13,7 @@ Parts, each writing DIR/<part>.json (and a log) as it finishes, so a run cut sho
   decode    preprocessing rate of 500x375 JPEGs: PIL on N CPU threads, and nvJPEG + tensor resize on the GPU
   served    the service under `hey` (/predict multipart, V2 binary with several images per request), per
             variant, and LitServe with the same model and batch settings as the peer
+  profile   py-spy samples of the served process at saturation, all threads and those holding the GIL
 """
 
 from __future__ import annotations
@@ -48,15 +49,15 @@ MODELS = {"vit-s16": VIT_S16, "vit-b16": VIT_B16}
 BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 # What each served variant sets beyond the common settings (VIT_DEVICE=auto, batch size, wait, queue).
 VARIANTS: dict[str, dict[str, str]] = {
-    "cpu-decode": {"VIT_DECODE": "cpu"},
-    "gpu-decode": {"VIT_DECODE": "auto"},
-    "gpu-decode-compiled": {"VIT_DECODE": "auto", "VIT_COMPILE": "true"},
+    "cpu-decode": {"VIT_DECODE": "cpu", "VIT_CUDA_GRAPHS": "false"},  # the GPU path before either change
+    "gpu-decode": {"VIT_DECODE": "auto", "VIT_CUDA_GRAPHS": "false"},
+    "gpu-decode+graphs": {"VIT_DECODE": "auto", "VIT_CUDA_GRAPHS": "true"},  # the defaults
 }
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.gpu", description=__doc__.split("\n\n")[0])
-    p.add_argument("parts", nargs="*", choices=["tests", "smoke", "ceilings", "raw", "decode", "served"])
+    p.add_argument("parts", nargs="*", choices=["tests", "smoke", "ceilings", "raw", "decode", "served", "profile"])
     p.add_argument("--out", type=Path, default=Path("gpu-out"))
     p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["vit-s16", "vit-b16"])
     p.add_argument("--batches", type=int, nargs="+", default=BATCHES)
@@ -333,29 +334,76 @@ def load_levels(
     return rows
 
 
-def served(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
-    files = [photo_jpeg(i) for i in range(args.images_per_request)]
+def bodies(folder: Path, images: int) -> tuple[str, dict[str, str]]:
+    """folder/form (a multipart /predict body) and folder/v2 (a V2 binary body of `images` JPEGs):
+    the multipart content type and the V2 headers."""
+    files = [photo_jpeg(i) for i in range(images)]
     form, form_type = multipart(files[0], "photo.jpg", "image/jpeg")
     (folder / "form").write_bytes(form)
     v2, header_length = v2_body(files)
     (folder / "v2").write_bytes(v2)
-    v2_headers = {"Inference-Header-Content-Length": str(header_length)}
+    return form_type, {"Inference-Header-Content-Length": str(header_length)}
+
+
+def random_checkpoint(folder: Path, name: str) -> Path:
+    checkpoint = folder / f"{name}.safetensors"
+    torch.manual_seed(0)
+    save_checkpoint(checkpoint, ViT(MODELS[name]).eval(), [f"class_{i}" for i in range(1000)],
+                    VIT_S16_PREPROCESSING, {"note": "random weights, for speed measurements only"})  # fmt: skip
+    return checkpoint
+
+
+def start_server(args: argparse.Namespace, checkpoint: Path, variant: str) -> Server:
+    return Server(
+        checkpoint, "--log-level", "warning", "--no-access-log",
+        VIT_DEVICE="auto", VIT_MAX_BATCH_SIZE=str(args.max_batch_size), VIT_MAX_WAIT_MS=str(args.wait_ms),
+        VIT_MAX_QUEUE="8192", VIT_MAX_FILES="64", VIT_LOG_LEVEL="warning", VIT_GRPC_PORT="0",
+        **VARIANTS[variant],
+    )  # fmt: skip
+
+
+def profile(args: argparse.Namespace, folder: Path, seconds: float = 8.0) -> dict[str, Any]:
+    """py-spy samples of the served process at saturation (the last model and variant): every active thread,
+    and only the threads holding the GIL. Collapsed stacks go to DIR/profile-*.txt."""
+    form_type, v2_headers = bodies(folder, args.images_per_request)
+    name = args.models[-1]
+    server = start_server(args, random_checkpoint(folder, name), args.variants[-1])
+    result: dict[str, Any] = {"model": name}
+    try:
+        server.wait_ready(300)
+        loads = {
+            "v2": (f"/v2/models/{name}/infer", folder / "v2", "application/octet-stream", 64, v2_headers),
+            "predict": ("/predict", folder / "form", form_type, 256, None),
+        }
+        for kind, (route, body, ctype, c, headers) in loads.items():
+            for gil in (False, True):
+                target = args.out / f"profile-{kind}{'-gil' if gil else ''}.txt"
+                argv = ["py-spy", "record", "--format", "raw", "--rate", "250", "--duration", str(int(seconds)),
+                        "--nonblocking", "--threads", "-o", str(target), "-p", str(server.proc.pid),
+                        *(["--gil"] if gil else [])]  # fmt: skip
+                spy = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                r = run_hey(server.url + route, body, ctype, c, seconds + 2, headers)
+                spy_out = spy.communicate()[0]
+                result[f"{kind}{'-gil' if gil else ''}"] = {
+                    "requests_per_s": r.requests_per_s,
+                    "py_spy": spy_out[-500:],
+                }
+                print(f"  profiled {kind} c={c} gil={gil}: {r.requests_per_s:.0f} req/s; {spy_out[-200:]}", flush=True)
+    finally:
+        server.stop()
+    return result
+
+
+def served(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
+    form_type, v2_headers = bodies(folder, args.images_per_request)
     result: dict[str, Any] = {"settings": {k: getattr(args, k) for k in (
         "max_batch_size", "wait_ms", "images_per_request", "duration", "predict_concurrency", "v2_concurrency")}}  # fmt: skip
     for name in args.models:
-        checkpoint = folder / f"{name}.safetensors"
-        torch.manual_seed(0)
-        save_checkpoint(checkpoint, ViT(MODELS[name]).eval(), [f"class_{i}" for i in range(1000)],
-                        VIT_S16_PREPROCESSING, {"note": "random weights, for speed measurements only"})  # fmt: skip
+        checkpoint = random_checkpoint(folder, name)
         result[name] = {}
         for variant in args.variants:
             started = time.perf_counter()
-            server = Server(
-                checkpoint, "--log-level", "warning", "--no-access-log",
-                VIT_DEVICE="auto", VIT_MAX_BATCH_SIZE=str(args.max_batch_size), VIT_MAX_WAIT_MS=str(args.wait_ms),
-                VIT_MAX_QUEUE="8192", VIT_MAX_FILES="64", VIT_LOG_LEVEL="warning", VIT_GRPC_PORT="0",
-                **VARIANTS[variant],
-            )  # fmt: skip
+            server = start_server(args, checkpoint, variant)
             try:
                 server.wait_ready(300)
                 startup = time.perf_counter() - started
@@ -371,7 +419,8 @@ def served(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
                 }  # fmt: skip
             finally:
                 log = server.stop()
-                (args.out / f"server-{name}-{variant}.log").write_text(log[-20000:])
+                with (args.out / "servers.log").open("a") as f:
+                    f.write(f"== {name} {variant}\n{log[-20000:]}\n")
         if args.peer:
             server = start_litserve(checkpoint, args.max_batch_size, args.wait_ms, 0, "torch")
             try:
@@ -389,10 +438,10 @@ def served(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
 
 
 def tests(out: Path) -> dict[str, Any]:
-    argv = [sys.executable, "-m", "pytest", "tests/app/test_cuda.py", "-v", "-p", "no:cacheprovider", "-rA"]
+    argv = [sys.executable, "-m", "pytest", "tests/app/test_cuda.py", "-v", "-p", "no:cacheprovider", "-rA",
+            "--tb=short", "--show-capture=no"]  # fmt: skip
     run = subprocess.run(argv, capture_output=True, text=True)
-    (out / "tests.log").write_text(run.stdout + run.stderr)
-    print(run.stdout[-3000:], run.stderr[-2000:])
+    print(run.stdout, run.stderr)
     return {"returncode": run.returncode, "summary": run.stdout.strip().splitlines()[-1] if run.stdout else ""}
 
 
@@ -445,6 +494,8 @@ def main() -> None:
                     result = raw(args.models, args.batches, args.compile_batches)
                 elif part == "decode":
                     result = decode()
+                elif part == "profile":
+                    result = profile(args, Path(tmp))
                 else:
                     result = served(args, Path(tmp))
             except Exception as e:  # a broken part must not cost the others their device time

@@ -6,7 +6,7 @@
 #
 # The GPU machine has no network and its own torch (2.11 with CUDA 13): the web stack and the load
 # generator travel as wheels and a static binary and are installed with --no-deps beside its torch.
-# PARTS: tests, smoke, ceilings, raw, decode, served (see python -m bench.gpu --help); results go to $OUT.
+# PARTS: tests, smoke, ceilings, raw, decode, served, profile (see python -m bench.gpu --help); results go to $OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,7 +16,7 @@ WHEELS=(
   python-dotenv==1.2.4 annotated-types==0.8.0 typing-inspection==0.4.5 annotated-doc==0.0.7
   opentelemetry-api==1.45.2 uvicorn==0.54.0 httptools==0.9.0 python-multipart==0.0.34 fastapi-offline==1.7.7
   protobuf==6.33.6 grpcio==1.85.1 asgi-lifespan==2.1.0 sniffio==1.3.1 pytest-asyncio==1.5.0
-  litserve==0.2.19 pyzmq==27.3.0
+  litserve==0.2.19 pyzmq==27.3.0 py-spy==0.4.3
 )
 
 case "${1:-}" in
@@ -34,7 +34,7 @@ run)
   shift
   : "${OUT:?set OUT to the folder the results go to}"
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site:$PWD PATH=$PWD/.gpu:$PATH PYTHONUNBUFFERED=1
+  export PYTHONPATH=/tmp/site:$PWD PATH=$PWD/.gpu:/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
   python3 -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__)" | tee -a "$OUT/gpu.txt"
   python3 -m bench.gpu --out "$OUT" "$@"

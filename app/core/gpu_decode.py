@@ -67,7 +67,6 @@ class GpuJpegDecoder:
         self.preprocessing = p
         self.device = device
         self.fallback = fallback
-        self.mode = ImageReadMode.RGB if p.channels == 3 else ImageReadMode.GRAY
 
     def __call__(self, files: Sequence[Jpeg]) -> Tensor:
         p = self.preprocessing
@@ -84,24 +83,26 @@ class GpuJpegDecoder:
         return out
 
     def decode(self, files: Sequence[bytes]) -> list[Tensor | None]:
-        """(C, H, W) uint8 on the device per file; None for a file nvJPEG could not decode."""
+        """(3, H, W) uint8 RGB on the device per file (grayscale files too); None for a file nvJPEG could not decode."""
         data = [torch.frombuffer(bytearray(f), dtype=torch.uint8) for f in files]
         with warnings.catch_warnings():
             # torchvision 0.29 announces that its image codecs will move to TorchCodec; they still work
             warnings.filterwarnings("ignore", category=DeprecationWarning, module="torchvision")
             try:
-                return list(decode_jpeg(data, mode=self.mode, device=self.device))
-            except RuntimeError:  # one bad file fails the batched call: decode each alone to find it
+                return list(decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device))
+            except Exception:  # one bad file fails the batched call: decode each alone to find it
                 return [self.decode_one(d) for d in data]
 
     def decode_one(self, data: Tensor) -> Tensor | None:
         try:
-            return decode_jpeg(data, mode=self.mode, device=self.device)
-        except RuntimeError:
+            return decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)
+        except Exception:  # nvJPEG's verdict on this file; PIL's decides
             return None
 
     def transform(self, images: Tensor) -> Tensor:
-        """(n, C, H, W) uint8 -> (n, C, S, S) float32: resize and crop, scale to [0, 1], normalise."""
+        """(n, 3, H, W) uint8 RGB -> (n, C, S, S) float32: channels, resize and crop, scale to [0, 1], normalise."""
         p = self.preprocessing
+        if p.channels == 1:  # luminance rounded to uint8, as PIL's RGB -> L
+            images = TF.rgb_to_grayscale(images.float()).round_().to(torch.uint8)
         x = TF.to_dtype(resize_and_crop(images, p), torch.float32, scale=True)
         return TF.normalize(x, list(p.mean), list(p.std))

@@ -55,6 +55,12 @@ def batch_sizes(max_batch_size: int) -> list[int]:
     return sorted({min(2**k, max_batch_size) for k in range(max_batch_size.bit_length() + 1)})
 
 
+def graph_sizes(max_batch_size: int) -> list[int]:
+    """The batch sizes captured as CUDA graphs: powers of two up to 32, then every multiple of 32, and the maximum."""
+    return sorted({*(s for s in batch_sizes(max_batch_size) if s <= 32), *range(64, max_batch_size + 1, 32),
+                   max_batch_size})  # fmt: skip
+
+
 def inference_dtype(device: torch.device) -> torch.dtype:
     """bf16 on GPUs that support it, fp16 on older ones, fp32 on the CPU."""
     if device.type != "cuda":
@@ -86,6 +92,7 @@ class Predictor:
         device: torch.device,
         backend: Backend = "torch",
         jpeg_decoder: GpuJpegDecoder | None = None,
+        graph_batch_sizes: list[int] | None = None,
     ) -> None:
         self.device = device
         self.jpeg_decoder = jpeg_decoder  # decodes the `Jpeg` inputs on the GPU, with their batch
@@ -97,9 +104,13 @@ class Predictor:
         self.embedding_dim = config.dim
         self.forward_plain: Callable[[Tensor], tuple[Tensor, Tensor]] = self.torch_forward
         self.quantization: Quantization | None = None
+        self.graphs: GraphedForward | None = None
         if backend in ONNX_BACKENDS:
             graph = onnx_forward(checkpoint, self.model, self.input_shape, backend == "onnxruntime-int8")
             self.forward_plain, self.quantization = graph, graph.quantization
+        elif graph_batch_sizes and device.type == "cuda":
+            self.graphs = GraphedForward(self.model, self.input_shape, self.dtype, device, graph_batch_sizes)
+            self.forward_plain = self.graphs
 
     @property
     def decode(self) -> str:
@@ -211,6 +222,51 @@ def embeddings_asked(embedding: Tensor | None, items: list[ImageInput]) -> dict[
     if not rows or embedding is None:
         return {}
     return dict(zip(rows, embedding[rows].float().cpu(), strict=True))
+
+
+class GraphedForward:
+    """The plain forward (logits, embedding) replayed from CUDA graphs captured once per batch size.
+
+    A batch runs in the smallest captured size that holds it: its rows are copied into that graph's input,
+    the graph replays, and the first rows of its outputs are the answer (a ViT's rows are independent, so
+    the padding changes nothing). One replay launches the whole forward: the forward thread needs the GIL
+    once per batch instead of once per kernel, which under load the event loop holds most of the time. The
+    graphs share one memory pool (they never run at once), taken at startup: a replay allocates nothing.
+    """
+
+    def __init__(
+        self, model: ViT, input_shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, sizes: list[int]
+    ) -> None:
+        started = time.perf_counter()
+        self.model = model
+        self.sizes = sorted(sizes)
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensor, Tensor, Tensor]] = {}
+        pool = torch.cuda.graph_pool_handle()
+        with torch.inference_mode(), torch.cuda.device(device):
+            for size in reversed(self.sizes):  # the largest first: the others fit in the memory it took
+                x = torch.zeros(size, *input_shape, device=device, dtype=dtype)
+                side = torch.cuda.Stream(device)
+                side.wait_stream(torch.cuda.current_stream(device))
+                with torch.cuda.stream(side):  # capture wants the kernels chosen (and loaded) beforehand
+                    model.forward_with_embedding(x)
+                torch.cuda.current_stream(device).wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    logits, embedding, _ = model.forward_with_embedding(x)
+                self.graphs[size] = (graph, x, logits, embedding)
+        log.info("captured CUDA graphs for batch sizes %s in %.2fs", self.sizes, time.perf_counter() - started)
+
+    def __call__(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """(logits, embedding) of the batch: views of the graph's outputs, valid until the next replay."""
+        n = x.shape[0]
+        size = next((s for s in self.sizes if s >= n), None)
+        if size is None:  # larger than any captured size (a retry never is): run it eagerly
+            logits, embedding, _ = self.model.forward_with_embedding(x)
+            return logits, embedding
+        graph, static_x, logits, embedding = self.graphs[size]
+        static_x[:n].copy_(x)
+        graph.replay()
+        return logits[:n], embedding[:n]
 
 
 class RecordingEmbedding:

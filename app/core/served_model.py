@@ -24,7 +24,7 @@ from app.core.batcher import DynamicBatcher
 from app.core.decode import decode_image, load_image, open_image
 from app.core.errors import InvalidInput, RequestTimeout
 from app.core.gpu_decode import GpuJpegDecoder, Jpeg, gpu_decodable
-from app.core.inference import Backend, ImageInput, ImageOutput, Predictor, resolve_backend
+from app.core.inference import Backend, ImageInput, ImageOutput, Predictor, graph_sizes, resolve_backend
 from app.core.metrics import ModelMetrics
 from app.core.onnx_backend import ForeignGraph, OnnxExportError
 from app.core.preprocess import Preprocessor
@@ -80,7 +80,8 @@ class ServedModel:
                 return preprocessor(decode_image(jpeg.data, jpeg.filename, channels, limit))
 
             jpeg_decoder = GpuJpegDecoder(checkpoint.preprocessing, device, on_cpu)
-        predictor = cls.build_predictor(name, checkpoint, device, settings.backend, jpeg_decoder)
+        graphs = graph_sizes(settings.max_batch_size) if settings.cuda_graphs else None
+        predictor = cls.build_predictor(name, checkpoint, device, settings.backend, jpeg_decoder, graphs)
         log.info(
             "model %s: loaded %s (version %s, %d classes) on %s as %s, backend %s, JPEGs decoded on the %s",
             name, path, checkpoint.version, len(checkpoint.classes), device, predictor.dtype, predictor.backend,
@@ -99,10 +100,11 @@ class ServedModel:
         device: torch.device,
         backend: Backend | Literal["auto"],
         jpeg_decoder: GpuJpegDecoder | None = None,
+        graph_batch_sizes: list[int] | None = None,
     ) -> Predictor:
         """The checkpoint's predictor on the asked backend; with auto, torch where ONNX export fails."""
         try:
-            return Predictor(checkpoint, device, resolve_backend(backend, device), jpeg_decoder)
+            return Predictor(checkpoint, device, resolve_backend(backend, device), jpeg_decoder, graph_batch_sizes)
         except OnnxExportError as e:
             if backend != "auto":
                 hint = "" if isinstance(e, ForeignGraph) else "; VIT_BACKEND=torch serves it without ONNX"

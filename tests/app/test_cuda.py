@@ -51,13 +51,34 @@ async def test_auto_serves_on_the_gpu_within_tolerance_of_the_cpu(make_client: C
         assert (torch.tensor(b["attention"]["map"]) - maps[i].float()).abs().max() < MAP_TOLERANCE
 
 
+async def test_cuda_graphs_answer_as_the_eager_model_at_every_batch_size(make_client: ClientFactory) -> None:
+    """Batches of sizes between the captured ones run padded in the next graph; the padding changes nothing."""
+    pixels = torch.randn(37, 1, 64, 64)
+    answers = {}
+    for graphs in (True, False):
+        async with make_client(
+            weights=BUNDLED_WEIGHTS, device="auto", cuda_graphs=graphs, max_batch_size=64, max_files=64
+        ) as client:
+            served = client.app.state.service.default  # type: ignore[attr-defined]
+            assert (served.predictor.graphs is not None) is graphs
+            answers[graphs] = [
+                torch.tensor((await client.post(f"/v2/models/{served.name}/infer", json={"inputs": [
+                    {"name": "pixels", "datatype": "FP32", "shape": [n, 1, 64, 64],
+                     "data": pixels[:n].flatten().tolist()}]})).json()["outputs"][0]["data"]).view(n, -1)
+                for n in (1, 3, 37)
+            ]  # fmt: skip
+    for graphed, eager in zip(answers[True], answers[False], strict=True):  # bf16 both; padded batches may
+        assert (graphed.argmax(1) == eager.argmax(1)).all()  # pick other matmul kernels, hence a tolerance
+        assert (graphed - eager).abs().max() < PROBABILITY_TOLERANCE
+
+
 async def test_jpegs_decoded_on_the_gpu_answer_as_those_decoded_on_the_cpu(make_client: ClientFactory) -> None:
     """VIT_DECODE=auto decodes plain JPEGs with nvJPEG, with their batch; the rest, and bad files, as before."""
     samples = [make_sample(12, i).image.convert("RGB") for i in range(8)]
     plain = [encode(image, "JPEG", quality=90) for image in samples[:5]]
     others = [encode(samples[5], "JPEG", quality=90, progressive=True), encode(samples[6]), encode(samples[7], "JPEG")]
     files = [("files", (f"{i}.jpg", data, "image/jpeg")) for i, data in enumerate(plain + others)]
-    answers = {}
+    answers, refusals = {}, {}
     for decode in ("auto", "cpu"):
         async with make_client(weights=BUNDLED_WEIGHTS, device="auto", decode=decode) as client:
             info = (await client.get("/v1/model")).json()
@@ -65,9 +86,9 @@ async def test_jpegs_decoded_on_the_gpu_answer_as_those_decoded_on_the_cpu(make_
             r = await client.post("/predict", files=files, params={"embedding": "true"})
             assert r.status_code == 200, r.text
             answers[decode] = r.json()["results"]
-            # a truncated JPEG fails its request with the CPU path's 400, before any compute
             cut = await client.post("/predict", files=[("files", ("cut.jpg", plain[0][:300], "image/jpeg"))])
-            assert cut.status_code == 400 and "cut.jpg" in cut.json()["detail"], cut.text
+            refusals[decode] = (cut.status_code, cut.json()["detail"])
+    assert refusals["auto"] == refusals["cpu"] and 400 <= refusals["cpu"][0] < 500  # a cut file: the same 4xx
     for gpu, cpu in zip(answers["auto"], answers["cpu"], strict=True):
         assert gpu["top_k"][0]["index"] == cpu["top_k"][0]["index"]
         assert (
@@ -78,12 +99,13 @@ async def test_jpegs_decoded_on_the_gpu_answer_as_those_decoded_on_the_cpu(make_
 async def test_a_jpeg_damaged_inside_never_fails_its_neighbours(make_client: ClientFactory) -> None:
     """Damage past the header: nvJPEG or PIL decides for that file alone; the others in its batch are answered."""
     good = encode(make_sample(13, 0).image.convert("RGB"), "JPEG", quality=90)
-    damaged = good[:200] + bytes(len(good) - 202) + good[-2:]  # header intact, entropy data zeroed, end marker kept
+    data = good.index(b"\xff\xda") + 16  # past the start-of-scan header: entropy-coded data
+    damaged = good[:data] + bytes(len(good) - data - 2) + good[-2:]  # header intact, data zeroed, end marker kept
     async with make_client(weights=BUNDLED_WEIGHTS, device="auto", max_wait_ms=50) as client:
         one = client.post("/predict", files=[("files", ("damaged.jpg", damaged, "image/jpeg"))])
         rest = [client.post("/predict", files=[("files", (f"{i}.jpg", good, "image/jpeg"))]) for i in range(6)]
         damaged_r, *good_rs = await asyncio.gather(one, *rest)
-        assert damaged_r.status_code in (200, 400), damaged_r.text  # decoded, or the client's error; never a 500
+        assert damaged_r.status_code == 200 or 400 <= damaged_r.status_code < 500, damaged_r.text  # never a 5xx
         assert all(r.status_code == 200 for r in good_rs)
         assert (await client.get("/health/ready")).status_code == 200
 
@@ -91,7 +113,8 @@ async def test_a_jpeg_damaged_inside_never_fails_its_neighbours(make_client: Cli
 async def test_a_real_out_of_memory_batch_is_retried_in_halves(make_client: ClientFactory) -> None:
     """Cap this process's GPU memory between what batches of 64 and 128 need, then send 128 images at once."""
     device = torch.device("cuda", torch.cuda.current_device())
-    settings = {"max_batch_size": 128, "max_files": 128, "max_queue": 256, "warmup": False}
+    # CUDA graphs take their memory at startup, so a replay cannot run out: this is the eager path's guard.
+    settings = {"max_batch_size": 128, "max_files": 128, "max_queue": 256, "warmup": False, "cuda_graphs": False}
     async with make_client(weights=BUNDLED_WEIGHTS, device="auto", **settings) as client:
         served = client.app.state.service.default  # type: ignore[attr-defined]
         predictor, batcher = served.predictor, served.batcher
