@@ -8,6 +8,7 @@ out-of-memory error by retrying the batch in halves.
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import pytest
 import torch
@@ -143,8 +144,10 @@ async def test_a_real_out_of_memory_batch_is_retried_in_halves(make_client: Clie
 
         batcher.run_batch = recorded
         total = torch.cuda.get_device_properties(device).total_memory
+        gc.collect()  # earlier tests' models and CUDA graph pools
         torch.cuda.empty_cache()
-        cap = torch.cuda.memory_allocated(device) + (half + full) // 2
+        # the cap counts what the allocator holds (reserved), not only what tensors use
+        cap = torch.cuda.memory_reserved(device) + (half + full) // 2
         torch.cuda.set_per_process_memory_fraction(cap / total, device)
         try:
             shape = [128, *predictor.input_shape]
