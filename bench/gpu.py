@@ -39,13 +39,14 @@ import torch
 
 from bench.batch import photo_jpeg
 from bench.load import ServerProcess, run_hey, start_litserve
-from bench.run import VIT_S16, VIT_S16_PREPROCESSING, check_peer, multipart
+from bench.run import RESULTS, VIT_S16, VIT_S16_PREPROCESSING, check_peer, multipart
 from model.checkpoint import save_checkpoint
 from model.vit import ViT, ViTConfig
 from tests.support.server import Server
 
 VIT_B16 = ViTConfig(image_size=224, patch_size=16, dim=768, depth=12, heads=12, num_classes=1000, norm_eps=1e-6)
 MODELS = {"vit-s16": VIT_S16, "vit-b16": VIT_B16}
+PARTS = ("tests", "smoke", "ceilings", "raw", "decode", "served", "profile")
 BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 # What each served variant sets beyond the common settings (VIT_DEVICE=auto, batch size, wait, queue).
 VARIANTS: dict[str, dict[str, str]] = {
@@ -57,7 +58,7 @@ VARIANTS: dict[str, dict[str, str]] = {
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.gpu", description=__doc__.split("\n\n")[0])
-    p.add_argument("parts", nargs="*", choices=["tests", "smoke", "ceilings", "raw", "decode", "served", "profile"])
+    p.add_argument("parts", nargs="*", metavar="PART", help=f"any of {', '.join(PARTS)}")
     p.add_argument("--out", type=Path, default=Path("gpu-out"))
     p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["vit-s16", "vit-b16"])
     p.add_argument("--batches", type=int, nargs="+", default=BATCHES)
@@ -70,7 +71,18 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--images-per-request", type=int, default=8, help="images in each V2 request")
     p.add_argument("--duration", type=float, default=8.0, help="seconds per load level")
     p.add_argument("--peer", action="store_true", help="also serve with LitServe (the peer)")
-    return p.parse_args()
+    p.add_argument(
+        "--report",
+        type=Path,
+        nargs="+",
+        metavar="DIR",
+        help="write bench/results/<name>.json and .md from the parts' JSON in these folders (later wins)",
+    )
+    p.add_argument("--name", default="gpu-h100", help="results file name for --report")
+    args = p.parse_args()
+    if unknown := [part for part in args.parts if part not in PARTS]:
+        p.error(f"unknown part(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}")
+    return args
 
 
 def save(out: Path, part: str, result: dict[str, Any]) -> None:
@@ -478,6 +490,9 @@ def smoke(folder: Path) -> dict[str, Any]:
 
 def main() -> None:
     args = parse_args()
+    if args.report:
+        report(args.report, args.name)
+        return
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         for part in args.parts:
@@ -506,6 +521,136 @@ def main() -> None:
             result["seconds"] = time.perf_counter() - started
             save(args.out, part, result)
             print(f"=== {part} done in {result['seconds']:.0f} s", flush=True)
+
+
+# -- the report ---------------------------------------------------------------------------------------------
+
+
+def summarize_profile(path: Path) -> dict[str, float]:
+    """Share of wall time each thread of the server was sampled in (py-spy raw output, 250 Hz)."""
+    counts: dict[str, int] = {}
+    for line in path.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        thread = ("forward thread" if "Predictor.__call__" in stack else "cpu pool" if "_WorkItem.run" in stack
+                  else "event loop")  # fmt: skip
+        counts[thread] = counts.get(thread, 0) + int(n)
+    return {k: v / (250 * 8) for k, v in sorted(counts.items())}
+
+
+def report(folders: list[Path], name: str) -> None:
+    data: dict[str, Any] = {}
+    for folder in folders:
+        for part in ("ceilings", "decode", "raw", "served", "tests"):
+            if (folder / f"{part}.json").is_file():
+                data[part] = json.loads((folder / f"{part}.json").read_text())
+        if (folder / "gpu.txt").is_file():
+            data["machine"] = (folder / "gpu.txt").read_text().strip()
+        for kind in ("v2", "predict"):
+            for gil in ("", "-gil"):
+                found = folder / f"profile-{kind}{gil}.txt"
+                if found.is_file():
+                    data.setdefault("profile", {})[f"{kind}{gil}"] = summarize_profile(found)
+    data["targets"] = targets(data)
+    (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2))
+    (RESULTS / f"{name}.md").write_text(markdown(data))
+    print(markdown(data))
+
+
+def models_in(part: dict[str, Any]) -> dict[str, Any]:
+    """A part's per-model entries (not its settings or timing)."""
+    return {k: v for k, v in part.items() if k in MODELS}
+
+
+def best_served(model: dict[str, Any]) -> dict[str, Any]:
+    rows = [r for variant, runs in model.items() if variant != "litserve" and isinstance(runs, dict)
+            for route in ("predict", "v2") for r in runs.get(route, [])]  # fmt: skip
+    return max(rows, key=lambda r: r["images_per_s"])
+
+
+def targets(data: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, model in models_in(data.get("served", {})).items():
+        if name not in data.get("raw", {}):
+            continue
+        raw_rates = data["raw"][name]["img_per_s"]
+        compiled_best = max(raw_rates["compiled"].values())
+        served = best_served(model)
+        out[name] = {"served_best_img_per_s": served["images_per_s"], "raw_compiled_best_img_per_s": compiled_best,
+                     "served_over_raw": served["images_per_s"] / compiled_best, "p99_ms_there": served["p99_ms"]}  # fmt: skip
+        if "litserve" in model:
+            ours = {r["concurrency"]: r for r in model["gpu-decode+graphs"]["predict"]}
+            out[name]["vs_litserve"] = {
+                c: ours[c]["images_per_s"] / r["images_per_s"] for c in ours for r in model["litserve"]["predict"]
+                if r["concurrency"] == c
+            }  # fmt: skip
+    return out
+
+
+def markdown(d: dict[str, Any]) -> str:
+    c, dec = d["ceilings"], d["decode"]
+    lines = [f"{d.get('machine', '')}", "", "## Ceilings", "",
+             f"bf16 matrix product (8192³): **{c['matmul_bf16_tflops']:.0f} TFLOP/s**; device-to-device copy: "
+             f"**{c['copy_tb_per_s']:.2f} TB/s** (bytes read + written).", "",
+             "## Raw forward, bf16 (img/s; logits and embedding, random input)", ""]  # fmt: skip
+    for name, r in models_in(d["raw"]).items():
+        rates = r["img_per_s"]
+        best = max(max(v.values()) for v in rates.values() if v)
+        lines += [f"**{name}**: {r['parameters_m']:.1f} M parameters, {r['gflops_per_image']:.2f} GFLOP/image; best "
+                  f"{best:.0f} img/s = {best * r['gflops_per_image'] / 1e3:.0f} TFLOP/s "
+                  f"({best * r['gflops_per_image'] / 1e3 / c['matmul_bf16_tflops']:.0%} of the matmul ceiling); "
+                  f"relative error against fp32: eager {r['relative_error_vs_fp32']['eager']:.4f}, compiled "
+                  f"{r['relative_error_vs_fp32']['compiled']:.4f}", "",
+                  "| batch | eager | torch.compile | eager + CUDA graph | compiled + CUDA graph |",
+                  "|---:|---:|---:|---:|---:|"]  # fmt: skip
+        for bs in rates["eager"]:
+            cells = [f"{rates[m][bs]:.0f}" if bs in rates[m] else "" for m in rates]
+            lines.append(f"| {bs} | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines += ["## Preprocessing a 500x375 JPEG (decode, resize to 248, crop 224, normalise)", "",
+              "| where | img/s |", "|---|---:|",
+              *[f"| PIL on {t} CPU thread{'s' if t != '1' else ''} | {v:.0f} |" for t, v in dec["cpu_img_per_s"].items()],
+              f"| nvJPEG, batches of {dec['gpu_batch']}: decode only | {dec['gpu_decode_img_per_s']:.0f} |",
+              f"| nvJPEG + resize on the GPU | {dec['gpu_decode_resize_img_per_s']:.0f} |", "",
+              f"GPU pixels against the CPU path's (normalised units): mean |diff| {dec['mean_abs_diff_vs_cpu']:.4f}, "
+              f"max {dec['max_abs_diff_vs_cpu']:.3f}.", ""]  # fmt: skip
+    sv = d["served"]
+    st = sv["settings"]
+    lines += ["## Served (500x375 JPEGs; `hey`; /predict: one image per multipart request; V2: "
+              f"{st['images_per_request']} images per binary request)", "",
+              f"VIT_MAX_BATCH_SIZE={st['max_batch_size']}, VIT_MAX_WAIT_MS={st['wait_ms']}, {st['duration']} s per "
+              "level. *server cores*: CPU seconds the server process used per second; *GPU*: nvidia-smi utilisation.",
+              "", "| model | server | route | concurrency | img/s | p50 ms | p99 ms | mean batch | GPU % | server cores |",
+              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for name, model in models_in(sv).items():
+        for variant, runs in model.items():
+            if not isinstance(runs, dict):
+                continue
+            for route in ("predict", "v2"):
+                for r in runs.get(route, []):
+                    batch = f"{r['mean_batch_size']:.0f}" if r["mean_batch_size"] else "-"
+                    lines.append(f"| {name} | {variant} | {route} | {r['concurrency']} | {r['images_per_s']:.0f} | "
+                                 f"{r['p50_ms']:.0f} | {r['p99_ms']:.0f} | {batch} | {r['gpu_util']:.0f} | "
+                                 f"{r['server_cores']:.1f} |")  # fmt: skip
+        starts = ", ".join(f"{v} {runs['startup_s']:.1f} s" for v, runs in model.items() if "startup_s" in runs)
+        lines.append(f"| {name} | startup (process start to ready) | {starts} | | | | | | | |")
+    lines += ["", "## Targets", "", "| model | served best img/s | raw compiled best | served / raw | p99 there | "
+              "/predict vs LitServe, by concurrency |", "|---|---:|---:|---:|---:|---|"]  # fmt: skip
+    for name, t in d["targets"].items():
+        peer = ", ".join(f"c={k}: {v:.1f}x" for k, v in t.get("vs_litserve", {}).items())
+        lines.append(f"| {name} | {t['served_best_img_per_s']:.0f} | {t['raw_compiled_best_img_per_s']:.0f} | "
+                     f"{t['served_over_raw']:.2f} | {t['p99_ms_there']:.0f} ms | {peer} |")  # fmt: skip
+    if "profile" in d:
+        lines += ["", "## Where the served process spends its time (py-spy, 8 s at 250 Hz, vit-b16 with the defaults)",
+                  "", "Share of wall time each thread was sampled running; *holding the GIL*: sampled with `--gil`.", "",
+                  "| load | event loop | CPU pool | forward thread |", "|---|---:|---:|---:|"]  # fmt: skip
+        for kind, shares in d["profile"].items():
+            label = kind.replace("-gil", ", holding the GIL").replace("predict", "/predict c=256").replace(
+                "v2", "V2 x8 c=64")  # fmt: skip
+            lines.append(f"| {label} | {shares.get('event loop', 0):.0%} | {shares.get('cpu pool', 0):.0%} | "
+                         f"{shares.get('forward thread', 0):.0%} |")  # fmt: skip
+    if "tests" in d:
+        lines += ["", f"GPU tests (`tests/app/test_cuda.py`): {d['tests']['summary'].strip('= ')}"]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
