@@ -1,8 +1,9 @@
 """The GPU benchmark: ceilings, raw forward (eager, compiled, CUDA graphs), preprocessing, and served throughput
 against LitServe. Run it through `bash bench/gpu.sh run PARTS...` on a GPU machine (it installs what it needs).
 
-    python -m bench.gpu --out DIR tests smoke ceilings raw decode served
-    python -m bench.gpu --out DIR served --models vit-b16 --variants cpu-decode gpu-decode --peer
+    python -m bench.gpu --out DIR tests smoke ceilings decode raw served --peer   # what gpu-h100.md holds
+    python -m bench.gpu --out DIR served --models vit-b16 --variants cpu-decode gpu-decode
+    python -m bench.gpu --report DIR --name gpu-h100       # bench/results/gpu-h100.json and .md
 
 Parts, each writing DIR/<part>.json (and a log) as it finishes, so a run cut short keeps what it measured:
   tests     the GPU tests (tests/app/test_cuda.py) under pytest
@@ -62,14 +63,14 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("gpu-out"))
     p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["vit-s16", "vit-b16"])
     p.add_argument("--batches", type=int, nargs="+", default=BATCHES)
-    p.add_argument("--compile-batches", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256, 512])
-    p.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=["cpu-decode"])
+    p.add_argument("--compile-batches", type=int, nargs="+", default=[1, 8, 32, 128, 256, 512])
+    p.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=list(VARIANTS))
     p.add_argument("--max-batch-size", type=int, default=256)
     p.add_argument("--wait-ms", type=float, default=5.0)
     p.add_argument("--predict-concurrency", type=int, nargs="+", default=[64, 256])
-    p.add_argument("--v2-concurrency", type=int, nargs="+", default=[16, 64])
+    p.add_argument("--v2-concurrency", type=int, nargs="+", default=[16, 64, 128])
     p.add_argument("--images-per-request", type=int, default=8, help="images in each V2 request")
-    p.add_argument("--duration", type=float, default=8.0, help="seconds per load level")
+    p.add_argument("--duration", type=float, default=6.0, help="seconds per load level")
     p.add_argument("--peer", action="store_true", help="also serve with LitServe (the peer)")
     p.add_argument(
         "--report",
