@@ -10,8 +10,9 @@ checkpoint: activation ranges calibrated ahead of time, on the bundled model's t
 256 generated photo-like images that are not among the evaluated ones for the ViT-S/16).
 
 In one run on this machine: (1) the bundled checkpoint's top-1 on its model card's 5,000 held-out
-`shapes` images; (2) a timm ViT-S/16 (random init, converted) on 300 generated photo-like 224 px
-images: top-1 agreement with float32 and the cosine similarity of the logits; (3) the ViT-S/16's raw
+`shapes` images; (2) a timm ViT-S/16 (random init, converted) on 300 generated photo-like images and on
+300 crops of the photographs scikit-image ships (the `bench` extra): top-1 agreement with float32
+and the cosine similarity of the logits; (3) the ViT-S/16's raw
 forward rate at batch 1, 8 and 32; (4) the service under `hey` posting a 500x375 JPEG at
 concurrency 8. Attention maps always come from the torch model, so their pointing game does not
 change with the backend.
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import DataLoader
@@ -126,17 +128,44 @@ def timm_vit_s16(folder: Path) -> Path:
     return path
 
 
-def agreement(models: Checkpoints, images: int) -> dict[str, dict[str, float]]:
+def generated_images(count: int) -> list[Image.Image]:
+    """Photo-like 500x375 JPEGs with gradients and noise, decoded."""
+    return [Image.open(io.BytesIO(photo_jpeg(i))).convert("RGB") for i in range(count)]
+
+
+def sample_photos(count: int) -> list[Image.Image]:
+    """`count` crops of the colour photographs scikit-image ships (astronaut, cat, coffee, rocket, ...): a random
+    square of 40 to 100 % of each photo's shorter side, at a random place, flipped half the time."""
+    try:
+        from skimage import data
+    except ImportError:
+        raise SystemExit("the photo set needs scikit-image: .venv/bin/pip install -e '.[bench]'") from None
+    names = ["astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field", "immunohistochemistry", "retina"]
+    photos = [Image.fromarray(getattr(data, n)()).convert("RGB") for n in names]
+    left, _, _ = data.stereo_motorcycle()
+    photos.append(Image.fromarray(left).convert("RGB"))
+    rng = np.random.default_rng(0)
+    crops = []
+    for i in range(count):
+        photo = photos[i % len(photos)]
+        side = int(min(photo.size) * rng.uniform(0.4, 1.0))
+        x, y = (int(rng.integers(0, d - side + 1)) for d in photo.size)
+        crop = photo.crop((x, y, x + side, y + side))
+        crops.append(crop.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if rng.random() < 0.5 else crop)
+    return crops
+
+
+def agreement(models: Checkpoints, images: list[Image.Image]) -> dict[str, dict[str, float]]:
     ckpt = load_checkpoint(models.plain)
     transform = EvalTransform(ckpt.preprocessing)
-    x = torch.stack([transform(Image.open(io.BytesIO(photo_jpeg(i))).convert("RGB")) for i in range(images)])
-    batches = list(x.split(32))
+    batches = list(torch.stack([transform(image) for image in images]).split(32))
     fp32 = logits_of(models.forward("float32"), batches)
     out = {}
     for variant in VARIANTS[1:]:
         other = logits_of(models.forward(variant), batches)
         cosine = torch.nn.functional.cosine_similarity(fp32, other)
-        out[variant] = {"images": images, "top1_agreement": float((fp32.argmax(1) == other.argmax(1)).float().mean()),
+        out[variant] = {"images": len(images),
+                        "top1_agreement": float((fp32.argmax(1) == other.argmax(1)).float().mean()),
                         "cosine_mean": float(cosine.mean()), "cosine_min": float(cosine.min())}  # fmt: skip
     return out
 
@@ -193,8 +222,10 @@ def main() -> None:
         for i in range(256):  # photo-like images, not among the evaluated ones (seeds from 10,000)
             (calibration / f"{i}.jpg").write_bytes(photo_jpeg(10_000 + i))
         vit = Checkpoints.make(timm_vit_s16(folder), folder / "vit-s16", str(calibration))
-        report["vit_s16_agreement"] = agreement(vit, args.images)
-        print("ViT-S/16 against float32:", report["vit_s16_agreement"], flush=True)
+        report["vit_s16_agreement"] = agreement(vit, generated_images(args.images))
+        print("ViT-S/16 against float32, generated images:", report["vit_s16_agreement"], flush=True)
+        report["vit_s16_agreement_photos"] = agreement(vit, sample_photos(args.images))
+        print("ViT-S/16 against float32, photos:", report["vit_s16_agreement_photos"], flush=True)
         report["vit_s16_raw"] = raw_rates(vit, [1, 8, 32])
         body = folder / "photo.jpg"
         body.write_bytes(photo_jpeg(0))
@@ -207,6 +238,7 @@ def main() -> None:
 
 def markdown(r: dict[str, Any], samples: int) -> str:
     s, a, raw, srv = r["shapes_top1"], r["vit_s16_agreement"], r["vit_s16_raw"], r["vit_s16_served"]
+    ph = r["vit_s16_agreement_photos"]
     f = "float32"
 
     def cells(values: dict[str, float], fmt: str) -> str:
@@ -231,6 +263,9 @@ def markdown(r: dict[str, Any], samples: int) -> str:
         f"| ViT-S/16 top-1 agreement with float32 on {a['int8 static']['images']} generated images, % | "
         f"{cells({'float32': 100.0, **{v: x['top1_agreement'] * 100 for v, x in a.items()}}, '.1f')} |",
         f"| ViT-S/16 logits cosine with float32, mean | {cells({'float32': 1.0, **{v: x['cosine_mean'] for v, x in a.items()}}, '.4f')} |",
+        f"| ViT-S/16 top-1 agreement with float32 on {ph['int8 static']['images']} crops of scikit-image's photos, % | "
+        f"{cells({'float32': 100.0, **{v: x['top1_agreement'] * 100 for v, x in ph.items()}}, '.1f')} |",
+        f"| the same photos: logits cosine with float32, mean | {cells({'float32': 1.0, **{v: x['cosine_mean'] for v, x in ph.items()}}, '.4f')} |",
     ]
     return "\n".join(lines) + "\n"
 
