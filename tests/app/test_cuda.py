@@ -1,8 +1,10 @@
 """The GPU path, on a real GPU: it runs wherever CUDA is present and is skipped (and reported so) elsewhere.
 
 The service on `VIT_DEVICE=auto` must pick the GPU, serve bf16 (fp16 on GPUs without bf16) results
-within a stated tolerance of the fp32 CPU results for the same images, and survive a real CUDA
-out-of-memory error by retrying the batch in halves.
+within a stated tolerance of the fp32 CPU results for the same images, answer from its CUDA graphs as
+the eager model does, decode JPEGs on the GPU to the CPU path's answers (and its 4xx for broken files),
+and survive a real CUDA out-of-memory error by retrying the batch in halves. `bash bench/gpu.sh run tests`
+runs them on a GPU machine.
 """
 
 from __future__ import annotations
