@@ -125,7 +125,7 @@ from app.settings import Settings
 
 async def main():
     app = create_app(Settings(weights={str(checkpoint)!r}, device="cpu", warmup=False, grpc_port=0))
-    async with LifespanManager(app) as manager:
+    async with LifespanManager(app, startup_timeout=120, shutdown_timeout=60) as manager:  # the ONNX export takes seconds
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
             buf = io.BytesIO()
@@ -137,6 +137,6 @@ asyncio.run(main())
 banned = ("timm", "transformers", "huggingface_hub", "model.data", "model.train", "model.shapes", "model.convert")
 print(sorted(m for m in sys.modules if m.startswith(banned)))
 """
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().splitlines()[-1] == "[]"
