@@ -25,6 +25,15 @@ def is_model_name(name: str) -> bool:
 ModelControl = Literal["none", "explicit", "poll"]
 
 
+def default_onnx_cache() -> Path | None:
+    """$XDG_CACHE_HOME/vit-serve/onnx, or ~/.cache/vit-serve/onnx; None for a user with no home directory."""
+    try:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    except RuntimeError:
+        return None
+    return base / "vit-serve" / "onnx"
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="VIT_", env_file=".env", extra="ignore")
 
@@ -49,6 +58,12 @@ class Settings(BaseSettings):
         description="What computes probabilities: onnxruntime (a graph exported at startup; CPU only), "
         "onnxruntime-int8 (that graph quantized to int8; faster, slightly different results), torch, "
         "or auto (onnxruntime on the CPU, torch on a GPU); attention maps always use torch",
+    )
+    onnx_cache: Path | None = Field(
+        default_factory=default_onnx_cache,
+        description="A directory where the ONNX backends keep the graphs they export (and quantize), one per "
+        "checkpoint content, settings and library versions, so a restart or reload of the same file skips "
+        "the export; empty turns it off",
     )
     decode: Literal["auto", "cpu"] = Field(
         "auto",
@@ -102,7 +117,7 @@ class Settings(BaseSettings):
     def empty_models_means_unset(cls, v: str | None) -> str | None:
         return v if v and v.strip() else None  # compose passes VIT_MODELS= when it is not set
 
-    @field_validator("model_repository", "grpc_max_message_bytes", mode="before")
+    @field_validator("model_repository", "grpc_max_message_bytes", "onnx_cache", mode="before")
     @classmethod
     def empty_means_unset(cls, v: object) -> object:
         return None if isinstance(v, str) and not v.strip() else v  # compose passes VIT_X= when it is not set

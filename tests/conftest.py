@@ -5,7 +5,7 @@ The helpers behind them live in `tests/support`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +21,16 @@ from tests.support.checkpoints import (
     write_tiny_checkpoint,
 )
 from tests.support.images import encode
+
+
+@pytest.fixture(scope="session", autouse=True)
+def onnx_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One VIT_ONNX_CACHE for the session's apps and servers, not the user's: each run exports afresh, and
+    the servers that start the same checkpoint after the first skip the export, as a restart would."""
+    folder = tmp_path_factory.mktemp("onnx-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VIT_ONNX_CACHE", str(folder))
+        yield folder
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from app.core.gpu_decode import GpuJpegDecoder, Jpeg, blank_jpeg
-from app.core.onnx_backend import OnnxForward, Quantization, exported, int8_graph_path, stored_int8
+from app.core.onnx_backend import GraphCache, OnnxForward, Quantization, exported, int8_graph_path, stored_int8
 from app.core.request import AttentionKind
 from model.checkpoint import Checkpoint
 from model.rollout import GRADIENT, Readout, attention_map, gradient_attention_map
@@ -68,14 +68,20 @@ def inference_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
 
 
-def onnx_forward(checkpoint: Checkpoint, model: ViT, input_shape: tuple[int, int, int], int8: bool) -> OnnxForward:
+def onnx_forward(
+    checkpoint: Checkpoint, model: ViT, input_shape: tuple[int, int, int], int8: bool, cache: Path | None = None
+) -> OnnxForward:
     """The ONNX Runtime graph: int8 from the static graph stored beside the checkpoint when there is one
-    (`python -m app.quantize`), else exported (and, for int8, dynamically quantized) now."""
+    (`python -m app.quantize`), else exported (and, for int8, dynamically quantized) now, or found in the
+    `cache` folder from an earlier export."""
     threads = torch.get_num_threads()
     stored = int8_graph_path(Path(checkpoint.path)) if checkpoint.path else None
     if int8 and stored is not None and stored.is_file():
         return stored_int8(stored, checkpoint.content_hash, threads)
-    return exported(model, input_shape, threads, int8)
+    place = None
+    if cache is not None and checkpoint.content_hash:
+        place = GraphCache(cache, checkpoint.content_hash, checkpoint.config.to_dict(), input_shape, int8)
+    return exported(model, input_shape, threads, int8, place)
 
 
 class Predictor:
@@ -93,6 +99,7 @@ class Predictor:
         backend: Backend = "torch",
         jpeg_decoder: GpuJpegDecoder | None = None,
         graph_batch_sizes: list[int] | None = None,
+        onnx_cache: Path | None = None,
     ) -> None:
         self.device = device
         self.jpeg_decoder = jpeg_decoder  # decodes the `Jpeg` inputs on the GPU, with their batch
@@ -106,7 +113,8 @@ class Predictor:
         self.quantization: Quantization | None = None
         self.graphs: GraphedForward | None = None
         if backend in ONNX_BACKENDS:
-            graph = onnx_forward(checkpoint, self.model, self.input_shape, backend == "onnxruntime-int8")
+            int8 = backend == "onnxruntime-int8"
+            graph = onnx_forward(checkpoint, self.model, self.input_shape, int8, onnx_cache)
             self.forward_plain, self.quantization = graph, graph.quantization
         elif graph_batch_sizes and device.type == "cuda":
             self.graphs = GraphedForward(self.model, self.input_shape, self.dtype, device, graph_batch_sizes)

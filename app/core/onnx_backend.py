@@ -1,23 +1,29 @@
 """The ONNX Runtime backend: the model's logits and embeddings from an ONNX graph.
 
 The float32 graph (and the dynamically quantized int8 one) is exported from the checkpoint's model at
-startup, loaded by ONNX Runtime's CPU execution provider, and nothing is left on disk. A statically
-quantized int8 graph needs calibration images, so `python -m app.quantize` makes it ahead of time and
-stores it beside the checkpoint, marked with the checkpoint's content hash; the service loads it only
-for that checkpoint. One `session.run` covers the whole batch with the GIL released, where eager torch
+startup, or taken from the cache folder where an earlier start of the same checkpoint left it, and
+loaded by ONNX Runtime's CPU execution provider. A statically quantized int8 graph needs calibration
+images, so `python -m app.quantize` makes it ahead of time and stores it beside the checkpoint, marked
+with the checkpoint's content hash; the service loads it only for that checkpoint. One `session.run` covers the whole batch with the GIL released, where eager torch
 re-takes it between operators.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import logging
+import os
+import shutil
 import tempfile
 import time
 import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from importlib.metadata import version
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import onnxruntime as ort
@@ -69,19 +75,72 @@ class OnnxForward:
         return torch.from_numpy(logits), torch.from_numpy(embedding)
 
 
-def exported(model: ViT, input_shape: tuple[int, int, int], threads: int, int8: bool = False) -> OnnxForward:
-    """The model's graph exported now; with `int8`, its weights quantized to int8 and its matrix products
-    run on int8 activations quantized per batch (ONNX Runtime's dynamic quantization)."""
+def exported(
+    model: ViT, input_shape: tuple[int, int, int], threads: int, int8: bool = False, cache: GraphCache | None = None
+) -> OnnxForward:
+    """The model's graph exported now, or taken from `cache` when an earlier export of the same checkpoint
+    left it there; with `int8`, its weights quantized to int8 and its matrix products run on int8
+    activations quantized per batch (ONNX Runtime's dynamic quantization)."""
     started = time.perf_counter()
+    quantization: Quantization | None = "dynamic" if int8 else None
+    cached = cache.load() if cache is not None else None
+    if cached is not None:
+        try:
+            forward = OnnxForward(session(cached, threads), quantization)
+        except OnnxExportError as e:
+            log.warning("%s; exporting again", e)
+        else:
+            log.info("loaded the%s ONNX graph from the cache (%s) and built an ORT session (%d threads) in %.1fs",
+                     " int8" if int8 else "", cached, threads, time.perf_counter() - started)  # fmt: skip
+            return forward
     with export_folder() as folder:
         path = folder / "model.onnx"
         export(LogitsAndEmbedding(model), input_shape, path)
         if int8:
             path = quantize_int8(path)
-        forward = OnnxForward(session(path, threads), "dynamic" if int8 else None)
+        forward = OnnxForward(session(path, threads), quantization)
+        if cache is not None:
+            cache.store(path)
     log.info("exported the model to ONNX%s and built an ORT session (%d threads) in %.1fs",
              " (int8)" if int8 else "", threads, time.perf_counter() - started)  # fmt: skip
     return forward
+
+
+class GraphCache:
+    """One exported graph's place in the cache folder (VIT_ONNX_CACHE): a file named by a hash of everything
+    that decides the graph (the checkpoint's weights and architecture, the input shape, int8 or not, this
+    export's format and the versions of torch, onnxscript and ONNX Runtime), written whole, then renamed.
+    The cache only ever saves time: a folder that cannot be written, or a file that cannot be loaded, means
+    exporting as if there were none."""
+
+    FORMAT = 1  # raise when the export changes what a graph computes for the same inputs
+
+    def __init__(
+        self, folder: Path, content_hash: str, config: dict[str, Any], input_shape: tuple[int, int, int], int8: bool
+    ) -> None:
+        identity = {
+            "format": self.FORMAT, "checkpoint": content_hash, "config": config, "input": list(input_shape),
+            "int8": int8, "versions": {name: version(name) for name in ("torch", "onnxscript", "onnxruntime")},
+        }  # fmt: skip
+        key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
+        self.path = folder / f"{'int8' if int8 else 'float32'}-{key}.onnx"
+
+    def load(self) -> Path | None:
+        return self.path if self.path.is_file() else None
+
+    def store(self, graph: Path) -> None:
+        if any(p.suffix != ".onnx" for p in graph.parent.iterdir()):
+            return  # weights stored beside the graph (over protobuf's 2 GB): exported each time
+        staged = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(graph, staged)
+            staged.replace(self.path)  # a reader never sees half a graph
+        except OSError as e:
+            log.warning("could not keep the ONNX graph in the cache %s (%s); the next start exports it again",
+                        self.path.parent, e)  # fmt: skip
+            with contextlib.suppress(OSError):
+                staged.unlink(missing_ok=True)
 
 
 def stored_int8(path: Path, content_hash: str, threads: int) -> OnnxForward:

@@ -81,7 +81,9 @@ class ServedModel:
 
             jpeg_decoder = GpuJpegDecoder(checkpoint.preprocessing, device, on_cpu)
         graphs = graph_sizes(settings.max_batch_size) if settings.cuda_graphs else None
-        predictor = cls.build_predictor(name, checkpoint, device, settings.backend, jpeg_decoder, graphs)
+        predictor = cls.build_predictor(
+            name, checkpoint, device, settings.backend, jpeg_decoder, graphs, settings.onnx_cache
+        )
         log.info(
             "model %s: loaded %s (version %s, %d classes) on %s as %s, backend %s, JPEGs decoded on the %s",
             name, path, checkpoint.version, len(checkpoint.classes), device, predictor.dtype, predictor.backend,
@@ -101,10 +103,12 @@ class ServedModel:
         backend: Backend | Literal["auto"],
         jpeg_decoder: GpuJpegDecoder | None = None,
         graph_batch_sizes: list[int] | None = None,
+        onnx_cache: Path | None = None,
     ) -> Predictor:
         """The checkpoint's predictor on the asked backend; with auto, torch where ONNX export fails."""
         try:
-            return Predictor(checkpoint, device, resolve_backend(backend, device), jpeg_decoder, graph_batch_sizes)
+            backend_now = resolve_backend(backend, device)
+            return Predictor(checkpoint, device, backend_now, jpeg_decoder, graph_batch_sizes, onnx_cache)
         except OnnxExportError as e:
             if backend != "auto":
                 hint = "" if isinstance(e, ForeignGraph) else "; VIT_BACKEND=torch serves it without ONNX"

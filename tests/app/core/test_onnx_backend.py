@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 
+import httpx
 import pytest
 import torch
 
-from app.core.onnx_backend import OnnxExportError, exported
-from model.shapes import make_sample
-from model.vit import ViTConfig
-from tests.support.checkpoints import TINY, tiny_model
+from app.core.onnx_backend import GraphCache, OnnxExportError, exported
+from app.settings import Settings
+from model.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from model.shapes import SHAPE_CLASSES, make_sample
+from model.vit import ViT, ViTConfig
+from tests.support.checkpoints import TINY, TINY_PREPROCESSING, tiny_model
 from tests.support.clients import ClientFactory
 from tests.support.images import encode
 
@@ -86,13 +91,13 @@ async def test_a_model_that_does_not_export_is_served_by_torch_under_auto(
 
     monkeypatch.setattr(torch.onnx, "export", unsupported)
     with caplog.at_level(logging.WARNING, logger="app"):
-        async with make_client(backend="auto") as client:
+        async with make_client(backend="auto", onnx_cache=None) as client:  # no cached graph from another test
             assert (await client.get("/v1/model")).json()["backend"] == "torch"
             r = await client.post("/predict", files={"file": ("a.png", encode(make_sample(1, 1).image), "image/png")})
             assert r.status_code == 200
     assert any("could not be exported to ONNX" in m and "serving it with torch" in m for m in caplog.messages)
     with pytest.raises(OnnxExportError, match=r"model tiny: the model could not be exported.*VIT_BACKEND=torch"):
-        async with make_client(backend="onnxruntime"):
+        async with make_client(backend="onnxruntime", onnx_cache=None):
             pass
 
 
@@ -157,3 +162,98 @@ async def test_int8_serves_predict_and_v2_and_says_so(make_client: ClientFactory
         assert (v2_probabilities[i] - expected).abs().max() < INT8_PROBABILITY_TOLERANCE
         embedding = torch.nn.functional.cosine_similarity(torch.tensor(a["embedding"]), torch.tensor(b["embedding"]), 0)
         assert embedding > INT8_MIN_COSINE
+
+
+async def predict(client: httpx.AsyncClient, images: list[bytes]) -> list[list[float]]:
+    files = [("files", (f"{i}.png", im, "image/png")) for i, im in enumerate(images)]
+    r = await client.post("/predict", files=files)
+    assert r.status_code == 200, r.text
+    return [result["probabilities"] for result in r.json()["results"]]
+
+
+@pytest.fixture
+def app_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    """The app's log lines at INFO and above (its logger does not propagate once an app configured it)."""
+    logger = logging.getLogger("app")
+    logger.addHandler(caplog.handler)
+    with caplog.at_level(logging.INFO, logger="app"):
+        yield caplog
+    logger.removeHandler(caplog.handler)
+
+
+async def test_a_restart_takes_the_graph_from_the_cache_and_answers_the_same(
+    make_client: ClientFactory, tmp_path: Path, app_log: pytest.LogCaptureFixture
+) -> None:
+    cache = tmp_path / "cache"
+    images = [encode(make_sample(9, i).image) for i in range(3)]
+    answers, exports = [], []
+    for backend in ("onnxruntime", "onnxruntime", "onnxruntime-int8", "onnxruntime-int8"):
+        app_log.clear()
+        async with make_client(backend=backend, onnx_cache=cache) as client:
+            answers.append(await predict(client, images))
+        exports.append("exported the model to ONNX" in app_log.text)
+        assert exports[-1] != ("from the cache" in app_log.text), app_log.text
+    assert exports == [True, False, True, False]  # each graph exported once, then reused
+    assert sorted(p.name.split("-")[0] for p in cache.iterdir()) == ["float32", "int8"]
+    assert answers[0] == answers[1] and answers[2] == answers[3]  # a cached graph computes what the export did
+    for a, b in zip(answers[0], answers[2], strict=True):
+        assert a == pytest.approx(b, abs=0.05)  # int8 stays close to float32
+
+
+def test_the_cache_key_follows_weights_architecture_and_precision(tmp_path: Path) -> None:
+    shape = (TINY.in_channels, TINY.image_size, TINY.image_size)
+    eps = replace(TINY, norm_eps=TINY.norm_eps * 10)
+    ckpts = {
+        "seed 0": save(tmp_path / "a.safetensors", tiny_model(TINY, seed=0)),
+        "seed 1": save(tmp_path / "b.safetensors", tiny_model(TINY, seed=1)),
+        "LayerNorm eps": save(tmp_path / "c.safetensors", tiny_model(eps, seed=0)),  # the same tensors
+    }
+    assert ckpts["seed 0"].content_hash == ckpts["LayerNorm eps"].content_hash != ckpts["seed 1"].content_hash
+    paths = {
+        (name, int8): GraphCache(tmp_path, c.content_hash, c.config.to_dict(), shape, int8).path
+        for name, c in ckpts.items()
+        for int8 in (False, True)
+    }
+    assert len(set(paths.values())) == 6
+    again = ckpts["seed 0"]  # and nothing else moves it
+    assert GraphCache(tmp_path, again.content_hash, again.config.to_dict(), shape, False).path == paths["seed 0", False]
+
+
+async def test_a_damaged_cached_graph_is_exported_again(
+    make_client: ClientFactory, tmp_path: Path, app_log: pytest.LogCaptureFixture
+) -> None:
+    cache = tmp_path / "cache"
+    images = [encode(make_sample(9, 0).image)]
+    async with make_client(backend="onnxruntime", onnx_cache=cache) as client:
+        before = await predict(client, images)
+    (graph,) = cache.iterdir()
+    graph.write_bytes(graph.read_bytes()[:1000])  # cut short, as a full disk would leave it
+    app_log.clear()
+    async with make_client(backend="onnxruntime", onnx_cache=cache) as client:
+        assert await predict(client, images) == before
+    assert "could not load the graph" in app_log.text and "exporting again" in app_log.text
+    assert graph.stat().st_size > 1000  # replaced by the new export
+
+
+async def test_a_cache_folder_that_cannot_be_written_only_costs_the_export(
+    make_client: ClientFactory, tmp_path: Path, app_log: pytest.LogCaptureFixture
+) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    async with make_client(backend="onnxruntime", onnx_cache=blocked / "cache") as client:
+        assert len(await predict(client, [encode(make_sample(9, 0).image)])) == 1
+    assert "could not keep the ONNX graph in the cache" in app_log.text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "tiny.safetensors"]  # nothing half-written
+
+
+def test_empty_turns_the_cache_off(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("VIT_ONNX_CACHE", "")
+    assert Settings().onnx_cache is None
+    monkeypatch.delenv("VIT_ONNX_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert Settings().onnx_cache == tmp_path / "vit-serve" / "onnx"
+
+
+def save(path: Path, model: ViT) -> Checkpoint:
+    save_checkpoint(path, model, list(SHAPE_CLASSES), TINY_PREPROCESSING)
+    return load_checkpoint(path)
