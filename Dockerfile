@@ -37,7 +37,8 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     VIT_WEIGHTS=/srv/weights/vit-shapes.safetensors
-RUN useradd --create-home --uid 10001 vit
+# the ONNX graph cache's folder (VIT_ONNX_CACHE), owned by the user, so a volume mounted there starts writable
+RUN useradd --create-home --uid 10001 vit && install -d -o vit -g vit /home/vit/.cache /home/vit/.cache/vit-serve
 COPY --from=deps /opt/venv /opt/venv
 WORKDIR /srv
 COPY pyproject.toml ./

@@ -25,13 +25,7 @@ def is_model_name(name: str) -> bool:
 ModelControl = Literal["none", "explicit", "poll"]
 
 
-def default_onnx_cache() -> Path | None:
-    """$XDG_CACHE_HOME/vit-serve/onnx, or ~/.cache/vit-serve/onnx; None for a user with no home directory."""
-    try:
-        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    except RuntimeError:
-        return None
-    return base / "vit-serve" / "onnx"
+DEFAULT_ONNX_CACHE = Path("~/.cache/vit-serve/onnx")  # under $XDG_CACHE_HOME when that is set
 
 
 class Settings(BaseSettings):
@@ -60,7 +54,8 @@ class Settings(BaseSettings):
         "or auto (onnxruntime on the CPU, torch on a GPU); attention maps always use torch",
     )
     onnx_cache: Path | None = Field(
-        default_factory=default_onnx_cache,
+        DEFAULT_ONNX_CACHE,
+        validate_default=True,
         description="A directory where the ONNX backends keep the graphs they export (and quantize), one per "
         "checkpoint content, settings and library versions, so a restart or reload of the same file skips "
         "the export; empty turns it off",
@@ -121,6 +116,16 @@ class Settings(BaseSettings):
     @classmethod
     def empty_means_unset(cls, v: object) -> object:
         return None if isinstance(v, str) and not v.strip() else v  # compose passes VIT_X= when it is not set
+
+    @field_validator("onnx_cache")
+    @classmethod
+    def expand_cache(cls, v: Path | None) -> Path | None:
+        if v == DEFAULT_ONNX_CACHE and os.environ.get("XDG_CACHE_HOME"):
+            return Path(os.environ["XDG_CACHE_HOME"]) / "vit-serve" / "onnx"
+        try:
+            return None if v is None else v.expanduser()
+        except RuntimeError:  # `~` for a user with no home directory: no cache
+            return None
 
     @model_validator(mode="after")
     def check_models(self) -> Settings:

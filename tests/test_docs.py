@@ -23,7 +23,7 @@ def shown(value: object) -> str:
     if isinstance(value, float) and value.is_integer():
         return f"`{int(value)}`"
     if isinstance(value, Path):
-        return f"`{value.relative_to(ROOT)}`"
+        return f"`{value.relative_to(ROOT) if value.is_relative_to(ROOT) else value}`"
     return f"`{value}`"
 
 
