@@ -6,8 +6,8 @@
 replaced (written beside it, renamed over it) `--reloads` times in poll mode, alternating between two
 versions; a second client reads the version of each of its own answers. (2) Load and unload a second
 model `--cycles` times through the repository API while `hey` serves the first; the server's resident
-memory after each unload. Both with the bundled model and with a random-weight ViT-S/16 (224 px).
-The test suite runs the same two experiments on a tiny model (tests/app/web/test_model_changes.py).
+memory after each unload. Both with the bundled model and with a random-weight ViT-S/16 (224 px),
+and with the ONNX graph cache off (VIT_ONNX_CACHE=), so every load exports: the worst case. The test suite runs the same two experiments on a tiny model (tests/app/web/test_model_changes.py).
 """
 
 from __future__ import annotations
@@ -246,10 +246,14 @@ def main() -> None:
         vit_b = vit_s16_checkpoint(folder / "vit-s16-b.safetensors", seed=1)
         for label, pair in [("bundled", (BUNDLED_WEIGHTS, bundled_b)), ("vit-s16", (vit_a, vit_b))]:
             print(f"reload under load: {label}", flush=True)
-            results[f"reload/{label}"] = asdict(reload_under_load(pair, image, args.reloads, args.concurrency))
+            results[f"reload/{label}"] = asdict(
+                reload_under_load(pair, image, args.reloads, args.concurrency, VIT_ONNX_CACHE="")
+            )
             print(json.dumps(results[f"reload/{label}"]), flush=True)
         print("load and unload ViT-S/16 while the bundled model serves", flush=True)
-        results["cycles/vit-s16"] = asdict(load_unload_cycles(BUNDLED_WEIGHTS, vit_a, image, args.cycles, 4))
+        results["cycles/vit-s16"] = asdict(
+            load_unload_cycles(BUNDLED_WEIGHTS, vit_a, image, args.cycles, 4, VIT_ONNX_CACHE="")
+        )
         print(json.dumps(results["cycles/vit-s16"]), flush=True)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps(results, indent=2) + "\n")

@@ -167,7 +167,15 @@ def venv(tmp_path: Path) -> Iterator[Path]:
 def test_the_image_environment_serves_predictions(tmp_path: Path, venv: Path) -> None:
     """Build what the Dockerfile builds (a fresh venv from its lock, its copied files, its command) and use it."""
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    pip = [
+        str(venv / "bin" / "python"),
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        "--no-compile",
+    ]
     install = subprocess.run(
         [*pip, "-r", str(ROOT / "requirements.lock")], capture_output=True, text=True, timeout=1800
     )
