@@ -1,10 +1,12 @@
 """Where the time of an int8 forward goes on this CPU: ONNX Runtime's per-operator profile of ViT-S/16
-(random weights, 224 px) in float32, int8 dynamic and int8 static, beside the per-image preprocessing
-the service does around it. Writes bench/results/<name>.json and .md.
+(random weights, 224 px) in float32, int8 dynamic and int8 static, and float32 and int8 dynamic with
+attention fused, beside the per-image preprocessing the service does around it. Writes
+bench/results/<name>.json and .md.
 
     python -m bench.int8_profile --name int8-profile
 
-Each variant is the graph the service runs (`exported`, `quantize_int8`, `python -m app.quantize`),
+Each variant is the graph the service runs (`exported`, `quantize_int8`, `python -m app.quantize`) or,
+for the fused ones, that graph through onnxscript's ONNX Runtime fusions first;
 loaded with the service's session options and profiled by ONNX Runtime over `--runs` batches after
 two warm-up batches; operator times are summed by operator type, per image.
 """
@@ -31,19 +33,36 @@ from bench.batch import photo_jpeg
 from bench.run import RESULTS, vit_s16_checkpoint
 from model.checkpoint import load_checkpoint
 
-VARIANTS = ("float32", "int8 dynamic", "int8 static")
+VARIANTS = ("float32", "float32 fused", "int8 dynamic", "int8 dynamic fused", "int8 static")
 
 
 def graphs(folder: Path) -> dict[str, Path]:
-    """The three graphs of one random ViT-S/16, as the service makes them."""
+    """The three graphs of one random ViT-S/16 as the service makes them, and the float32 and int8 dynamic
+    graphs again with onnxscript's ONNX Runtime fusions, which also fuse attention."""
     checkpoint = vit_s16_checkpoint(folder / "vit-s16.safetensors")
     ckpt = load_checkpoint(checkpoint)
     c = ckpt.config
-    plain = folder / "float32.onnx"
+    (folder / "plain").mkdir()
+    (folder / "fused").mkdir()
+    plain = folder / "plain" / "model.onnx"
     export(LogitsAndEmbedding(ckpt.model.eval()), (c.in_channels, c.image_size, c.image_size), plain)
-    dynamic = quantize_int8(plain)
+    fused = ort_fusions(plain, folder / "fused" / "model.onnx")
     assert quantize_main([str(checkpoint), "--calibration", "shapes", "--images", "64"]) == 0
-    return {"float32": plain, "int8 dynamic": dynamic, "int8 static": int8_graph_path(checkpoint)}
+    return {"float32": plain, "float32 fused": fused, "int8 dynamic": quantize_int8(plain),
+            "int8 dynamic fused": quantize_int8(fused), "int8 static": int8_graph_path(checkpoint)}  # fmt: skip
+
+
+def ort_fusions(path: Path, output: Path) -> Path:
+    """The graph through onnxscript's `optimize_for_ort`: attention into `MultiHeadAttention`, LayerNorm with
+    the residual add into `SkipLayerNormalization`, GELU with its bias into `BiasGelu` (ONNX Runtime's
+    contrib operators)."""
+    import onnx_ir as ir
+    from onnxscript.rewriter.ort_fusions import optimize_for_ort
+
+    model, counts = optimize_for_ort(ir.load(str(path)))
+    print("  fused:", {k: v for k, v in counts.items() if v}, flush=True)
+    ir.save(model, str(output))
+    return output
 
 
 def profile(path: Path, folder: Path, batch: int, runs: int, threads: int) -> dict[str, Any]:
@@ -56,7 +75,7 @@ def profile(path: Path, folder: Path, batch: int, runs: int, threads: int) -> di
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     x = np.random.default_rng(0).standard_normal((batch, 3, 224, 224), dtype=np.float32)
     for _ in range(2 + runs):
-        session.run(OUTPUTS, {INPUT: x})
+        logits = session.run(OUTPUTS, {INPUT: x})[0]
     events = json.loads(Path(session.end_profiling()).read_text())
     model_runs = sorted((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])
     measured = model_runs[2:]
@@ -69,6 +88,7 @@ def profile(path: Path, folder: Path, batch: int, runs: int, threads: int) -> di
     return {
         "ms_per_image": sum(e["dur"] for e in measured) / images / 1e3,
         "ops_ms_per_image": {op: us / images / 1e3 for op, us in sorted(by_op.items(), key=lambda kv: -kv[1])},
+        "logits": logits.tolist(),
     }
 
 
@@ -94,19 +114,26 @@ def markdown(r: dict[str, Any]) -> str:
         "| ms per image | " + " | ".join(VARIANTS) + " |",
         "|---|" + "---:|" * len(VARIANTS),
         "| **whole forward** | " + " | ".join(f"**{variants[v]['ms_per_image']:.1f}**" for v in VARIANTS) + " |",
+        "| logits: largest difference from float32 | "
+        + " | ".join(f"{variants[v]['max_abs_logit_difference']:.1e}" for v in VARIANTS)
+        + " |",
+        "| logits: lowest cosine with float32 | "
+        + " | ".join(f"{variants[v]['logits_cosine_min']:.4f}" for v in VARIANTS)
+        + " |",
     ]
     for op in ops:
         cells = [variants[v]["ops_ms_per_image"].get(op) for v in VARIANTS]
         if max(c or 0 for c in cells) >= 0.05:
             lines.append(f"| {op} | " + " | ".join("-" if c is None else f"{c:.2f}" for c in cells) + " |")
-    f32, dyn, sta = (variants[v]["ms_per_image"] for v in VARIANTS)
-    pre = r["preprocessing_ms"]
+    ms = {v: variants[v]["ms_per_image"] for v in VARIANTS}
+    f32, pre = ms["float32"], r["preprocessing_ms"]
     lines += [
         "",
-        f"Forward speed-up: int8 dynamic {f32 / dyn:.2f}x, int8 static {f32 / sta:.2f}x. Decoding and preprocessing "
-        f"one 500x375 JPEG costs {pre:.1f} ms on one core, on the same two cores: with it, the best a served "
-        f"request can gain is about {(f32 + pre) / (dyn + pre):.2f}x (dynamic) and {(f32 + pre) / (sta + pre):.2f}x "
-        "(static).",
+        "Forward speed-up over float32: " + ", ".join(f"{v} {f32 / ms[v]:.2f}x" for v in VARIANTS[1:]) + ". "
+        f"Decoding and preprocessing one 500x375 JPEG costs {pre:.1f} ms on one core, on the same two cores: with "
+        "it, the best a served request can gain is about "
+        + ", ".join(f"{(f32 + pre) / (ms[v] + pre):.2f}x ({v})" for v in VARIANTS[1:])
+        + ".",
     ]
     return "\n".join(lines) + "\n"
 
@@ -125,6 +152,11 @@ def main() -> None:
         for variant, path in graphs(folder).items():
             report["variants"][variant] = profile(path, folder, args.batch, args.runs, threads)
             print(f"{variant}: {report['variants'][variant]['ms_per_image']:.1f} ms/image", flush=True)
+    reference = torch.tensor(report["variants"]["float32"]["logits"])
+    for result in report["variants"].values():  # the same random batch through each graph
+        logits = torch.tensor(result.pop("logits"))
+        result["max_abs_logit_difference"] = float((logits - reference).abs().max())
+        result["logits_cosine_min"] = float(torch.nn.functional.cosine_similarity(logits, reference).min())
     report["preprocessing_ms"] = preprocessing_ms()
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps(report, indent=2))
