@@ -4,8 +4,8 @@ The float32 graph (and the dynamically quantized int8 one) is exported from the 
 startup, or taken from the cache folder where an earlier start of the same checkpoint left it, and
 loaded by ONNX Runtime's CPU execution provider. A statically quantized int8 graph needs calibration
 images, so `python -m app.quantize` makes it ahead of time and stores it beside the checkpoint, marked
-with the checkpoint's content hash; the service loads it only for that checkpoint. One `session.run` covers the whole batch with the GIL released, where eager torch
-re-takes it between operators.
+with the checkpoint's content hash; the service loads it only for that checkpoint. One `session.run`
+covers the whole batch with the GIL released, where eager torch re-takes it between operators.
 """
 
 from __future__ import annotations
