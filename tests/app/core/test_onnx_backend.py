@@ -5,12 +5,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import replace
+from importlib.metadata import version
 from pathlib import Path
 
 import httpx
 import pytest
 import torch
 
+from app.core import onnx_backend
 from app.core.onnx_backend import GraphCache, OnnxExportError, exported
 from app.settings import Settings
 from model.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
@@ -200,7 +202,9 @@ async def test_a_restart_takes_the_graph_from_the_cache_and_answers_the_same(
         assert a == pytest.approx(b, abs=0.05)  # int8 stays close to float32
 
 
-def test_the_cache_key_follows_weights_architecture_and_precision(tmp_path: Path) -> None:
+def test_the_cache_key_follows_weights_architecture_precision_and_versions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     shape = (TINY.in_channels, TINY.image_size, TINY.image_size)
     eps = replace(TINY, norm_eps=TINY.norm_eps * 10)
     ckpts = {
@@ -217,6 +221,9 @@ def test_the_cache_key_follows_weights_architecture_and_precision(tmp_path: Path
     assert len(set(paths.values())) == 6
     again = ckpts["seed 0"]  # and nothing else moves it
     assert GraphCache(tmp_path, again.content_hash, again.config.to_dict(), shape, False).path == paths["seed 0", False]
+    monkeypatch.setattr(onnx_backend, "version", lambda name: "99.0" if name == "onnxruntime" else version(name))
+    upgraded = GraphCache(tmp_path, again.content_hash, again.config.to_dict(), shape, False).path
+    assert upgraded != paths["seed 0", False]  # another ONNX Runtime exports afresh
 
 
 async def test_a_damaged_cached_graph_is_exported_again(
