@@ -7,7 +7,8 @@ replaced (written beside it, renamed over it) `--reloads` times in poll mode, al
 versions; a second client reads the version of each of its own answers. (2) Load and unload a second
 model `--cycles` times through the repository API while `hey` serves the first; the server's resident
 memory after each unload. Both with the bundled model and with a random-weight ViT-S/16 (224 px),
-and with the ONNX graph cache off (VIT_ONNX_CACHE=), so every load exports: the worst case. The test suite runs the same two experiments on a tiny model (tests/app/web/test_model_changes.py).
+and with the ONNX graph cache off (VIT_ONNX_CACHE=), so every load exports: the worst case. The test
+suite runs the same two experiments on a tiny model (tests/app/web/test_model_changes.py).
 """
 
 from __future__ import annotations
