@@ -1,5 +1,9 @@
-"""The server's app: `uvicorn app.main:app` (settings from VIT_* variables, read at startup)."""
+"""`uvicorn app.main:app`: the engine loaded in uvicorn's lifespan, HTTP served by uvicorn, gRPC beside it.
 
-from app.web.app import create_app
+`python -m app` is the recommended way to run the service: there HTTP and gRPC drain together on
+SIGTERM. Under uvicorn, uvicorn drains HTTP first and gRPC and the engine after it.
+"""
 
-app = create_app(exit_on_startup_error=True)
+from app.server import LifespanApp
+
+app = LifespanApp()

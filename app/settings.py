@@ -7,11 +7,12 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
 
 from dotenv import dotenv_values
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from app.choices import BackendChoice, DecodeChoice, LogLevel, ModelControl
 
 BUNDLED_WEIGHTS = Path(__file__).resolve().parent.parent / "weights" / "vit-shapes.safetensors"
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -20,9 +21,6 @@ MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 def is_model_name(name: str) -> bool:
     """A name, never a path: letters, digits, '.', '_', '-' (at most 64), not starting with a dot, no '..'."""
     return MODEL_NAME.fullmatch(name) is not None and ".." not in name
-
-
-ModelControl = Literal["none", "explicit", "poll"]
 
 
 DEFAULT_ONNX_CACHE = Path("~/.cache/vit-serve/onnx")  # under $XDG_CACHE_HOME when that is set
@@ -47,7 +45,7 @@ class Settings(BaseSettings):
     )
     repository_poll_s: float = Field(5.0, gt=0, description="With VIT_MODEL_CONTROL=poll: seconds between scans")
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
-    backend: Literal["auto", "torch", "onnxruntime", "onnxruntime-int8"] = Field(
+    backend: BackendChoice = Field(
         "auto",
         description="What computes probabilities: onnxruntime (a graph exported at startup; CPU only), "
         "onnxruntime-int8 (that graph quantized to int8; faster, slightly different results), torch, "
@@ -60,7 +58,7 @@ class Settings(BaseSettings):
         "checkpoint content, settings and library versions, so a restart or reload of the same file skips "
         "the export; empty turns it off",
     )
-    decode: Literal["auto", "cpu"] = Field(
+    decode: DecodeChoice = Field(
         "auto",
         description="auto: on a GPU, plain JPEGs are decoded and resized there (nvJPEG), a batch at a time; "
         "cpu: every image is decoded on the CPU",
@@ -87,9 +85,7 @@ class Settings(BaseSettings):
         None, ge=1, description="Largest gRPC request message (default: VIT_MAX_UPLOAD_BYTES)"
     )
     threads: int = Field(0, ge=0, description="torch CPU threads (0: torch's default)")
-    log_level: Literal["debug", "info", "warning", "error"] = Field(
-        "info", description="Log level of the app's loggers"
-    )
+    log_level: LogLevel = Field("info", description="Log level of the app's loggers")
 
     @field_validator("device")
     @classmethod

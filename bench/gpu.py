@@ -368,7 +368,7 @@ def random_checkpoint(folder: Path, name: str) -> Path:
 
 def start_server(args: argparse.Namespace, checkpoint: Path, variant: str) -> Server:
     return Server(
-        checkpoint, "--log-level", "warning", "--no-access-log",
+        checkpoint,
         VIT_DEVICE="auto", VIT_MAX_BATCH_SIZE=str(args.max_batch_size), VIT_MAX_WAIT_MS=str(args.wait_ms),
         VIT_MAX_QUEUE="8192", VIT_MAX_FILES="64", VIT_LOG_LEVEL="warning", VIT_GRPC_PORT="0",
         **VARIANTS[variant],

@@ -35,7 +35,7 @@ def require_hey() -> str:
 
 def start_service(weights: Path, max_batch_size: int, wait_ms: float, threads: int, backend: str) -> ServerProcess:
     server = Server(
-        weights, "--log-level", "warning", "--no-access-log",
+        weights,
         VIT_DEVICE="auto", VIT_MAX_BATCH_SIZE=str(max_batch_size), VIT_MAX_WAIT_MS=str(wait_ms), VIT_MAX_QUEUE="4096",
         VIT_THREADS=str(threads), VIT_LOG_LEVEL="warning", VIT_BACKEND=backend,
     )  # fmt: skip

@@ -124,7 +124,7 @@ def reload_under_load(
     with tempfile.TemporaryDirectory() as folder:
         served = Path(folder) / "m.safetensors"
         shutil.copyfile(versions[0], served)
-        server = Server(served, "--log-level", "warning", VIT_MODEL_REPOSITORY=folder, VIT_MODEL_CONTROL="poll",
+        server = Server(served, VIT_LOG_LEVEL="warning", VIT_MODEL_REPOSITORY=folder, VIT_MODEL_CONTROL="poll",
                         VIT_REPOSITORY_POLL_S="0.2", VIT_MAX_QUEUE="4096", **env)  # fmt: skip
         try:
             server.wait_ready(300)
@@ -173,7 +173,7 @@ def load_unload_cycles(
     with tempfile.TemporaryDirectory() as folder:
         shutil.copyfile(serving, Path(folder) / "a.safetensors")
         shutil.copyfile(cycled, Path(folder) / "b.safetensors")
-        server = Server(serving, "--log-level", "warning", VIT_MODEL_REPOSITORY=folder, VIT_MODEL_CONTROL="explicit",
+        server = Server(serving, VIT_LOG_LEVEL="warning", VIT_MODEL_REPOSITORY=folder, VIT_MODEL_CONTROL="explicit",
                         VIT_MODELS="a", VIT_MAX_QUEUE="4096", **env)  # fmt: skip
         try:
             server.wait_ready(300)

@@ -26,8 +26,7 @@ STARTS = ["cache off", "empty cache", "filled cache"]
 
 def seconds_to_ready(checkpoint: Path, backend: str, cache: str) -> float:
     started = time.perf_counter()
-    server = Server(checkpoint, "--log-level", "warning", VIT_BACKEND=backend, VIT_ONNX_CACHE=cache,
-                    VIT_LOG_LEVEL="warning")  # fmt: skip
+    server = Server(checkpoint, VIT_LOG_LEVEL="warning", VIT_BACKEND=backend, VIT_ONNX_CACHE=cache)
     try:
         server.wait_ready(600)
         return time.perf_counter() - started

@@ -16,6 +16,7 @@ import yaml
 from app.settings import BUNDLED_WEIGHTS, Settings
 from app.web.app import create_app
 from tests.support.api_models import api_models
+from tests.support.data_planes import UnreadyDataPlane
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = ROOT / "deploy" / "k8s" / "base"
@@ -24,7 +25,7 @@ KSERVE = ROOT / "deploy" / "kserve"
 VERSIONS = ["1.29.0", kubernetes_validate.latest_version()]  # the oldest supported release and the newest
 DOCKER_USER = int(re.search(r"useradd .*--uid (\d+)", (ROOT / "Dockerfile").read_text()).group(1))  # type: ignore[union-attr]
 DOCKER_PORT = int(re.search(r"^EXPOSE (\d+)", (ROOT / "Dockerfile").read_text(), re.MULTILINE).group(1))  # type: ignore[union-attr]
-APP_PATHS = set(create_app(Settings()).openapi()["paths"])
+APP_PATHS = set(create_app(UnreadyDataPlane()).openapi()["paths"])
 
 
 def load(path: Path) -> Any:

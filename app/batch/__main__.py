@@ -24,7 +24,6 @@ import asyncio
 import logging
 import sys
 from pathlib import Path
-from typing import get_args
 
 from tqdm import tqdm
 
@@ -40,10 +39,10 @@ from app.batch.outputs import (
     write_output,
 )
 from app.batch.runner import Counts, RowOptions, classify_files
+from app.choices import BACKENDS
+from app.core.engine import Engine
 from app.core.errors import ServiceError
-from app.core.metrics import Metrics
-from app.core.request import AttentionKind, InferOptions
-from app.core.service import Service
+from app.core.request import ATTENTION_KINDS, InferOptions
 from app.settings import BUNDLED_WEIGHTS, Settings
 from model.checkpoint import CheckpointError
 
@@ -52,9 +51,11 @@ USAGE_ERROR, SOME_FAILED, INTERRUPTED = 2, 1, 130
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m app.batch", description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog="\n\n".join(__doc__.split("\n\n")[1:]),
-    )  # fmt: skip
+        prog="python -m app.batch",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+    )
     p.add_argument("inputs", nargs="+", help="files, directories (recursive), glob patterns, or @FILE listing paths")
     p.add_argument("-o", "--output", type=Path, required=True, help="results file: .jsonl, .csv or .parquet")
     p.add_argument("--checkpoint", type=Path, default=BUNDLED_WEIGHTS, help="default: the bundled checkpoint")
@@ -62,11 +63,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--probabilities", action="store_true", help="also every class's probability")
     p.add_argument("--embedding", action="store_true", help="also the embedding the classification head receives")
     p.add_argument("--normalize", action="store_true", help="with --embedding: L2-normalised")
-    p.add_argument("--attention", choices=get_args(AttentionKind), default="none", help="also this attention map")
+    p.add_argument("--attention", choices=ATTENTION_KINDS, default="none", help="also this attention map")
     p.add_argument("--target", help="with --attention gradient: the class to explain (default: each image's top-1)")
     p.add_argument("--batch-size", type=int, default=32, help="images per forward pass (default 32)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    p.add_argument("--backend", choices=["auto", "torch", "onnxruntime", "onnxruntime-int8"], default="auto")
+    p.add_argument("--backend", choices=("auto", *BACKENDS), default="auto")
     p.add_argument("--threads", type=int, default=0, help="torch and ONNX Runtime threads (0: all cores)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run from what the output holds")
     ray = p.add_argument_group("Ray Data (pip install 'vit-serve[ray]')")
@@ -93,11 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         output_format(args.output)
         paths = expand_inputs(args.inputs)
         infer = InferOptions(args.attention, args.target, False, args.embedding, args.normalize)
-        settings = Settings(
-            weights=args.checkpoint, models=None, device=args.device, backend=args.backend,
-            max_batch_size=args.batch_size, max_queue=max(256, 8 * args.batch_size), max_files=1,
-            request_timeout_s=7 * 24 * 3600, threads=args.threads,
-        )  # fmt: skip
+        settings = batch_settings(args.checkpoint, args.device, args.backend, args.batch_size, args.threads)
         done = previous_rows(args.output, args.resume)
     except (InputError, OutputError, ServiceError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -109,8 +106,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return USAGE_ERROR
     except KeyboardInterrupt:
-        print(f"interrupted: the rows so far are in {journal_path(args.output)}; the same command with --resume "
-              "continues", file=sys.stderr)  # fmt: skip
+        journal = journal_path(args.output)
+        print(
+            f"interrupted: the rows so far are in {journal}; the same command with --resume continues", file=sys.stderr
+        )
         return INTERRUPTED
     rows = {r["path"]: r for r in read_journal(journal_path(args.output))}
     given = set(paths)
@@ -118,9 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     write_output(args.output, ordered, options.columns())
     journal_path(args.output).unlink()
     failed = sum(rows[p]["error"] is not None for p in paths if p in rows)
-    print(f"{counts.images} images classified in {counts.seconds:.1f} s ({counts.images_per_s:.1f} images/s), "
-          f"{counts.failed} failed; {len(done)} already done; {len(ordered)} rows in {args.output}"
-          + (f"; {failed} with an error" if failed else ""), file=sys.stderr)  # fmt: skip
+    speed = f"{counts.seconds:.1f} s ({counts.images_per_s:.1f} images/s)"
+    summary = f"{counts.images} images classified in {speed}, {counts.failed} failed; {len(done)} already done"
+    summary += f"; {len(ordered)} rows in {args.output}" + (f"; {failed} with an error" if failed else "")
+    print(summary, file=sys.stderr)
     return SOME_FAILED if failed else 0
 
 
@@ -129,16 +129,33 @@ def run_ray(args: argparse.Namespace, options: RowOptions) -> int:
 
     try:
         infer = InferOptions(args.attention, args.target, False, args.embedding, args.normalize)
+        settings = batch_settings(args.checkpoint, args.device, args.backend, args.batch_size, args.threads)
         rows, failed = run_on_ray(
-            args.inputs, str(args.output), args.checkpoint, infer, options, address=args.ray_address,
-            actors=args.actors, batch_size=args.batch_size, device=args.device, backend=args.backend,
-            threads=args.threads, max_pixels=Settings().max_image_pixels,
-        )  # fmt: skip
+            args.inputs, str(args.output), settings, infer, options, address=args.ray_address, actors=args.actors
+        )
     except (InputError, CheckpointError, ServiceError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return USAGE_ERROR
     print(f"{rows} rows in {args.output}" + (f"; {failed} with an error" if failed else ""), file=sys.stderr)
     return SOME_FAILED if failed else 0
+
+
+def batch_settings(checkpoint: Path, device: str, backend: str, batch_size: int, threads: int) -> Settings:
+    """The service's settings for one checkpoint run offline: batches of `batch_size`, no deadline, no gRPC."""
+    return Settings(
+        weights=checkpoint,
+        models=None,
+        model_repository=None,
+        model_control="none",
+        device=device,
+        backend=backend,
+        max_batch_size=batch_size,
+        max_queue=max(256, 8 * batch_size),
+        max_files=1,
+        request_timeout_s=7 * 24 * 3600,
+        threads=threads,
+        grpc_port=0,
+    )
 
 
 def previous_rows(output: Path, resume: bool) -> dict[str, Row]:
@@ -155,24 +172,17 @@ def previous_rows(output: Path, resume: bool) -> dict[str, Row]:
 async def run(
     settings: Settings, paths: list[str], infer: InferOptions, options: RowOptions, output: Path, kept: list[Row]
 ) -> Counts:
-    """The core on this event loop, every path through it, the rows into the journal after those `kept`."""
-    service = await asyncio.to_thread(Service.load, settings, Metrics())
-    service.start()
-    try:
-        model = service.model(None)
-        model.target_index(infer.target)  # a bad --target fails before any image
+    """The engine on this event loop, every path through it, the rows into the journal after those `kept`."""
+    async with Engine.serving(settings) as plane:
+        model = plane.describe(None)
+        model.class_index(infer.target)  # a bad --target fails before any image
         journal = Journal(journal_path(output), kept)
-    except ServiceError:
-        await service.shutdown()
-        raise
-    try:
-        with tqdm(total=len(paths), unit="img", desc="classify", disable=None) as bar:
-            return await classify_files(
-                service, model, paths, infer, options, journal.append, bar.update, window=4 * settings.max_batch_size
-            )
-    finally:
-        journal.close()
-        await service.shutdown()
+        try:
+            with tqdm(total=len(paths), unit="img", desc="classify", disable=None) as bar:
+                window = 4 * settings.max_batch_size
+                return await classify_files(plane, model, paths, infer, options, journal.append, bar.update, window)
+        finally:
+            journal.close()
 
 
 if __name__ == "__main__":

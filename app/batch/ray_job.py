@@ -3,8 +3,9 @@
     read (paths, or any filesystem URI Ray and pyarrow accept)
       -> decode + preprocess in Ray tasks (the core's decode_image and Preprocessor; Ray Data may fuse
          them into the actors' processes when their resources match, as on a machine without GPUs)
-      -> classify in a pool of actors, each loading the checkpoint once (the core's Predictor, any backend;
-         one GPU per actor when the cluster has GPUs)
+      -> classify in a pool of actors, each running the service's own engine (`Engine`, built from the
+         same settings as the service: any backend, the ONNX graph cache, int8, the device; one GPU per
+         actor when the cluster has GPUs) and asking its data plane for each batch's predictions
       -> Parquet or JSON Lines shards in a directory
 
 Rows are the single-process runner's rows, errors included. Ray is an optional extra (`.[ray]`).
@@ -12,29 +13,33 @@ Rows are the single-process runner's rows, errors included. Ray is an optional e
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
+from collections.abc import Coroutine
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
 from app.batch.inputs import expand_inputs
 from app.batch.outputs import arrow_schema
-from app.batch.runner import RowOptions, error_row, prediction_row
+from app.batch.runner import RowOptions, error_row, prediction_row, predictions
+from app.core.data_plane import InferenceRequest
 from app.core.decode import decode_image
+from app.core.description import class_index
+from app.core.engine import Engine
 from app.core.errors import ServiceError
-from app.core.inference import ImageInput
 from app.core.preprocess import Preprocessor
 from app.core.request import InferOptions
-from app.core.served_model import ServedModel, class_index
-from app.core.service import prediction
+from app.settings import Settings
 from model.checkpoint import load_checkpoint
-from model.device import resolve_device
 from model.preprocessing import Preprocessing
 
 log = logging.getLogger("app.batch")
+T = TypeVar("T")
 
 
 def decode_batch(batch: dict[str, np.ndarray], preprocessing: dict[str, Any], max_pixels: int) -> dict[str, Any]:
@@ -58,42 +63,54 @@ def decode_batch(batch: dict[str, np.ndarray], preprocessing: dict[str, Any], ma
 
 
 class Classify:
-    """A Ray actor: the checkpoint loaded once, then batches of pixels -> rows (an Arrow table)."""
+    """A Ray actor: the service's engine, loaded once on an event loop of its own, then batches of pixels -> rows."""
 
-    def __init__(self, checkpoint: str, device: str, backend: str, threads: int, infer: InferOptions,
-                 options: RowOptions) -> None:  # fmt: skip
-        if threads:
-            torch.set_num_threads(threads)
-        resolved = resolve_device(device)
-        ckpt = load_checkpoint(checkpoint, resolved)
-        self.predictor = ServedModel.build_predictor(Path(checkpoint).stem, ckpt, resolved, backend)  # type: ignore[arg-type]
-        self.classes = ckpt.classes
+    def __init__(self, settings: Settings, infer: InferOptions, options: RowOptions) -> None:
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="engine", daemon=True).start()
+        self.engine = self.call(start_engine(settings))
+        self.model = self.engine.describe(None)
+        self.model.class_index(infer.target)
         self.infer, self.options = infer, options
-        self.target = class_index(Path(checkpoint).stem, self.classes, infer.target)
         self.schema = arrow_schema(options.columns())
+
+    def call(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
 
     def __call__(self, batch: dict[str, np.ndarray]) -> Any:
         import pyarrow as pa
 
         ok = [i for i, e in enumerate(batch["error"]) if not e]
-        i = self.infer
-        inputs = [ImageInput(torch.from_numpy(batch["pixels"][j]), i.attention, self.target, i.embedding) for j in ok]
-        outputs = dict(zip(ok, self.predictor(inputs), strict=True)) if ok else {}
+        outputs = {}
+        if ok:
+            asked = InferenceRequest(self.model.name, torch.from_numpy(batch["pixels"][ok]), self.infer)
+            outputs = dict(zip(ok, self.call(self.engine.infer(asked, predictions)), strict=True))
         rows = []
         for j, path in enumerate(batch["path"]):
             if j in outputs:
-                predicted = prediction(str(path), outputs[j], None, i.normalize)
-                rows.append(prediction_row(str(path), predicted, self.classes, self.options))
+                rows.append(prediction_row(str(path), outputs[j], self.model.classes, self.options))
             else:
                 rows.append(error_row(str(path), str(batch["error"][j])))
         columns = self.options.columns()
         return pa.Table.from_pylist([{c: r.get(c) for c in columns} for r in rows], schema=self.schema)
 
 
+async def start_engine(settings: Settings) -> Engine:
+    engine = await asyncio.to_thread(Engine.load, settings)
+    engine.start()
+    return engine
+
+
 def run_on_ray(
-    inputs: list[str], output: str, checkpoint: Path, infer: InferOptions, options: RowOptions, *,
-    address: str | None, actors: int, batch_size: int, device: str, backend: str, threads: int, max_pixels: int,
-) -> tuple[int, int]:  # fmt: skip
+    inputs: list[str],
+    output: str,
+    settings: Settings,
+    infer: InferOptions,
+    options: RowOptions,
+    *,
+    address: str | None,
+    actors: int,
+) -> tuple[int, int]:
     """Run the job on a Ray cluster (`address`) or a local one; returns (rows, failed rows)."""
     try:
         import pyarrow as pa
@@ -102,25 +119,32 @@ def run_on_ray(
     except ImportError:
         raise ValueError("--ray needs Ray Data: pip install 'vit-serve[ray]'") from None
 
-    ckpt = load_checkpoint(checkpoint)  # the driver checks the checkpoint and target before any task starts
-    class_index(checkpoint.stem, ckpt.classes, infer.target)
+    # The driver checks the checkpoint and target before any task starts.
+    ckpt = load_checkpoint(settings.weights)
+    class_index(settings.weights.stem, ckpt.classes, infer.target)
     preprocessing = asdict(ckpt.preprocessing)
     ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
-    gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 and device != "cpu" else 0
+    gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 and settings.device != "cpu" else 0
     if any("://" in item for item in inputs):  # a bucket or other filesystem: Ray lists and reads it
         ds = ray.data.read_binary_files(inputs, include_paths=True)
     else:
         ds = ray.data.from_items([{"path": p} for p in expand_inputs(inputs)])
-    decode_kwargs = {"preprocessing": preprocessing, "max_pixels": max_pixels}
+    batch_size = settings.max_batch_size
+    decode_kwargs = {"preprocessing": preprocessing, "max_pixels": settings.max_image_pixels}
     ds = ds.map_batches(decode_batch, fn_kwargs=decode_kwargs, batch_size=batch_size, batch_format="numpy")  # type: ignore[arg-type]
     ds = ds.map_batches(
-        Classify, fn_constructor_args=(str(checkpoint), device, backend, threads, infer, options),
-        batch_size=batch_size, batch_format="numpy", concurrency=actors, num_gpus=gpus,
-    )  # fmt: skip
+        Classify,
+        fn_constructor_args=(settings, infer, options),
+        batch_size=batch_size,
+        batch_format="numpy",
+        concurrency=actors,
+        num_gpus=gpus,
+    )
     if Path(output).suffix.lower() in (".jsonl", ".json"):
         ds.write_json(output)  # streamed: rows are written as actors produce them, never all held at once
-        only_errors = pa_json.ParseOptions(explicit_schema=pa.schema([("error", pa.string())]),
-                                           unexpected_field_behavior="ignore")  # fmt: skip
+        only_errors = pa_json.ParseOptions(
+            explicit_schema=pa.schema([("error", pa.string())]), unexpected_field_behavior="ignore"
+        )
         written = ray.data.read_json(output, parse_options=only_errors)
     else:
         ds.write_parquet(output)

@@ -1,9 +1,9 @@
 """Classify many files through the serving core: the same decoding, batches, backends and outputs as the service.
 
-Each file is its own request to `Service.infer`, so one bad file fails only its own row, with the
-message the service would answer. A window of files is in flight at once: their decoding runs on
-the core's CPU pool while the batcher fills batches of `--batch-size` for the forward thread, and
-rows are written in input order as the window advances.
+Each file is its own request to the data plane's `infer`, so one bad file fails only its own row,
+with the message the service would answer. A window of files is in flight at once: their decoding
+runs on the core's CPU pool while the batcher fills batches of `--batch-size` for the forward
+thread, and rows are written in input order as the window advances.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from pathlib import Path
 import torch
 
 from app.batch.outputs import Row
+from app.core.data_plane import DataPlane, Inference, InferenceRequest
+from app.core.description import ModelDescription
 from app.core.errors import ServiceError
 from app.core.request import EncodedImage, InferOptions, Prediction
-from app.core.served_model import ServedModel
-from app.core.service import Service
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,14 @@ class Counts:
 def prediction_row(path: str, p: Prediction, classes: list[str], options: RowOptions) -> Row:
     values, indices = torch.topk(p.probabilities, min(options.top_k, len(classes)))
     labels = [classes[i] for i in indices.tolist()]
-    row: Row = {"path": path, "label": labels[0], "probability": float(values[0]), "top_k_labels": labels,
-                "top_k_probabilities": values.tolist(), "error": None}  # fmt: skip
+    row: Row = {
+        "path": path,
+        "label": labels[0],
+        "probability": float(values[0]),
+        "top_k_labels": labels,
+        "top_k_probabilities": values.tolist(),
+        "error": None,
+    }
     if options.probabilities:
         row["probabilities"] = p.probabilities.tolist()
     if options.embedding and p.embedding is not None:
@@ -65,32 +71,37 @@ def prediction_row(path: str, p: Prediction, classes: list[str], options: RowOpt
 
 
 def error_row(path: str, message: str) -> Row:
-    return {"path": path, "label": None, "probability": None, "top_k_labels": None, "top_k_probabilities": None,
-            "error": message}  # fmt: skip
+    empty = dict.fromkeys(["label", "probability", "top_k_labels", "top_k_probabilities"])
+    return {"path": path, **empty, "error": message}
 
 
 def read_file(path: str) -> bytes:
     return Path(path).read_bytes()
 
 
+def predictions(done: Inference) -> list[Prediction]:
+    return done.predictions
+
+
 async def classify_file(
-    service: Service, model: ServedModel, path: str, infer: InferOptions, options: RowOptions
+    plane: DataPlane, model: ModelDescription, path: str, infer: InferOptions, options: RowOptions
 ) -> Row:
     """One file's row: its prediction, or the error the service would answer for it."""
     try:
-        data = await service.run_in_pool(read_file, path)
+        data = await asyncio.to_thread(read_file, path)
     except OSError as e:
         return error_row(path, f"{path}: cannot read the file ({e.strerror or e})")
     try:
-        [prediction] = (await service.infer(model, [EncodedImage(path, data)], infer)).predictions
+        asked = InferenceRequest(model.name, [EncodedImage(path, data)], infer)
+        [prediction] = await plane.infer(asked, predictions)
     except ServiceError as e:
         return error_row(path, e.detail)
     return prediction_row(path, prediction, model.classes, options)
 
 
 async def classify_files(
-    service: Service,
-    model: ServedModel,
+    plane: DataPlane,
+    model: ModelDescription,
     paths: list[str],
     infer: InferOptions,
     options: RowOptions,
@@ -105,7 +116,7 @@ async def classify_files(
 
     def refill() -> None:
         while len(pending) < window and (path := next(todo, None)) is not None:
-            pending.append(asyncio.create_task(classify_file(service, model, path, infer, options)))
+            pending.append(asyncio.create_task(classify_file(plane, model, path, infer, options)))
 
     refill()
     done: list[Row] = []

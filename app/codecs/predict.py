@@ -4,14 +4,14 @@ and the functions that make them from the core's predictions and models."""
 from __future__ import annotations
 
 import base64
-from dataclasses import asdict
 from typing import Any
 
 import torch
 from pydantic import BaseModel, Field
 
-from app.core.request import Prediction
-from app.core.served_model import ServedModel
+from app.choices import BACKENDS, Backend, DecodedOn, Precision, Quantization, choices
+from app.core.description import ModelDescription
+from app.core.request import AttentionKind, Prediction
 
 
 class ModelRef(BaseModel):
@@ -61,19 +61,19 @@ class ModelInfo(BaseModel):
     training: dict[str, Any]
     device: str
     dtype: str
-    backend: str = Field(
-        description="What computes probabilities: torch, onnxruntime or onnxruntime-int8", examples=["onnxruntime"]
+    backend: Backend = Field(
+        description=f"What computes probabilities: {', '.join(BACKENDS)}", examples=["onnxruntime"]
     )
-    precision: str = Field(
-        description="The arithmetic of that computation: float32, bfloat16, float16 or int8", examples=["float32"]
+    precision: Precision = Field(
+        description=f"The arithmetic of that computation: {', '.join(choices(Precision))}", examples=["float32"]
     )
-    quantization: str | None = Field(
+    quantization: Quantization | None = Field(
         None,
         description="With int8: static (a graph calibrated ahead of time by python -m app.quantize) or dynamic",
         examples=["static"],
     )
     embedding_dim: int = Field(description="Length of an image's embedding (embedding=true)", examples=[192])
-    decode: str = Field(
+    decode: DecodedOn = Field(
         description="Where plain JPEGs are decoded: gpu (nvJPEG, a batch at a time; VIT_DECODE=auto on a GPU) or cpu",
         examples=["cpu"],
     )
@@ -94,33 +94,33 @@ class Health(BaseModel):
     status: str = Field(examples=["ok"])
 
 
-def model_ref(model: ServedModel) -> ModelRef:
+def model_ref(model: ModelDescription) -> ModelRef:
     return ModelRef(name=model.name, version=model.version)
 
 
-def model_info(model: ServedModel) -> ModelInfo:
-    c = model.checkpoint
+def model_info(model: ModelDescription) -> ModelInfo:
+    channels, height, width = model.input_shape
     return ModelInfo(
         name=model.name,
-        version=c.version,
-        content_hash=c.content_hash,
-        classes=c.classes,
-        input_size=[c.config.image_size, c.config.image_size],
-        channels=c.config.in_channels,
-        config=c.config.to_dict(),
-        preprocessing=asdict(c.preprocessing),
-        training=c.training,
-        device=str(model.predictor.device),
-        backend=model.predictor.backend,
-        dtype=str(model.predictor.dtype).removeprefix("torch."),
-        precision=model.predictor.precision,
-        quantization=model.predictor.quantization,
-        embedding_dim=model.predictor.embedding_dim,
-        decode=model.predictor.decode,
+        version=model.version,
+        content_hash=model.content_hash,
+        classes=model.classes,
+        input_size=[height, width],
+        channels=channels,
+        config=model.config,
+        preprocessing=model.preprocessing,
+        training=model.training,
+        device=model.device,
+        backend=model.backend,
+        dtype=model.dtype,
+        precision=model.precision,
+        quantization=model.quantization,
+        embedding_dim=model.embedding_dim,
+        decode=model.decode,
     )
 
 
-def image_result(prediction: Prediction, classes: list[str], top_k: int, attention: str) -> ImageResult:
+def image_result(prediction: Prediction, classes: list[str], top_k: int, attention: AttentionKind) -> ImageResult:
     """One image's result: top-k, all probabilities, the map and the overlay when there are some."""
     probs = prediction.probabilities
     values, indices = torch.topk(probs, min(top_k, len(classes)))
@@ -142,7 +142,9 @@ def image_result(prediction: Prediction, classes: list[str], top_k: int, attenti
     return result
 
 
-def encode_predict_response(model: ServedModel, predictions: list[Prediction], top_k: int, attention: str) -> bytes:
+def encode_predict_response(
+    model: ModelDescription, predictions: list[Prediction], top_k: int, attention: AttentionKind
+) -> bytes:
     """The /predict JSON body for one request's predictions."""
     results = [image_result(p, model.classes, top_k, attention) for p in predictions]
     response = PredictResponse(model=model_ref(model), results=results)

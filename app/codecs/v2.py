@@ -27,10 +27,10 @@ import torch
 from pydantic import BaseModel, Field, ValidationError
 
 from app import __version__
+from app.choices import BACKENDS, Datatype, ModelState, Precision, Quantization, choices
+from app.core.description import ModelDescription, ModelStatus
 from app.core.errors import InvalidInput
-from app.core.model_set import ModelStatus
 from app.core.request import ATTENTION_KINDS, AttentionKind, EncodedImage, InferOptions, Prediction
-from app.core.served_model import ServedModel
 
 HEADER_LENGTH = "inference-header-content-length"
 IMAGE, PIXELS = "image", "pixels"
@@ -65,7 +65,7 @@ class V2ModelReady(BaseModel):
 
 class V2TensorMetadata(BaseModel):
     name: str
-    datatype: str
+    datatype: Datatype
     shape: list[int] = Field(description="-1 marks the batch dimension")
 
 
@@ -74,8 +74,8 @@ class V2ModelMetadata(BaseModel):
     versions: list[str] = Field(description="The checkpoint's content-hash version")
     platform: str = Field(description="pytorch, or onnxruntime_onnx on the ONNX Runtime backends", examples=["pytorch"])
     parameters: dict[str, str] = Field(
-        description="backend (torch, onnxruntime, onnxruntime-int8), precision (float32, bfloat16, float16, int8) "
-        "and, with int8, quantization (static or dynamic)",
+        description=f"backend ({', '.join(BACKENDS)}), precision ({', '.join(choices(Precision))}) "
+        f"and, with int8, quantization ({' or '.join(choices(Quantization))})",
         examples=[{"backend": "onnxruntime", "precision": "float32"}],
     )
     inputs: list[V2TensorMetadata]
@@ -100,7 +100,7 @@ class V2InferResponse(BaseModel):
 class V2ModelIndex(BaseModel):
     name: str = Field(examples=["vit-shapes"])
     version: str = Field(description="The version serving, loading or last served ('' when never loaded)")
-    state: str = Field(description="READY, UNAVAILABLE, LOADING or UNLOADING", examples=["READY"])
+    state: ModelState = Field(description=f"{', '.join(choices(ModelState))}", examples=["READY"])
     reason: str = Field(description="Why it is UNAVAILABLE", examples=[""])
 
 
@@ -155,27 +155,27 @@ def server_metadata() -> V2ServerMetadata:
     return V2ServerMetadata(name=SERVER_NAME, version=__version__, extensions=EXTENSIONS)
 
 
-def model_metadata(model: ServedModel) -> V2ModelMetadata:
+def model_metadata(model: ModelDescription) -> V2ModelMetadata:
     """A model's version, inputs (image or pixels) and outputs."""
     c, h, w = model.input_shape
     grid = model.grid_size
     return V2ModelMetadata(
         name=model.name,
         versions=[model.version],
-        platform="pytorch" if model.predictor.backend == "torch" else "onnxruntime_onnx",
+        platform="pytorch" if model.backend == "torch" else "onnxruntime_onnx",
         parameters={
-            "backend": model.predictor.backend,
-            "precision": model.predictor.precision,
-            **({"quantization": model.predictor.quantization} if model.predictor.quantization else {}),
+            "backend": model.backend,
+            "precision": model.precision,
+            **({"quantization": model.quantization} if model.quantization else {}),
         },
         inputs=[
-            V2TensorMetadata(name=IMAGE, datatype="BYTES", shape=[-1]),
-            V2TensorMetadata(name=PIXELS, datatype="FP32", shape=[-1, c, h, w]),
+            V2TensorMetadata(name=IMAGE, datatype=Datatype.BYTES, shape=[-1]),
+            V2TensorMetadata(name=PIXELS, datatype=Datatype.FP32, shape=[-1, c, h, w]),
         ],
         outputs=[
-            V2TensorMetadata(name=PROBABILITIES, datatype="FP32", shape=[-1, len(model.classes)]),
-            V2TensorMetadata(name=ATTENTION, datatype="FP32", shape=[-1, grid, grid]),
-            V2TensorMetadata(name=EMBEDDING, datatype="FP32", shape=[-1, model.predictor.embedding_dim]),
+            V2TensorMetadata(name=PROBABILITIES, datatype=Datatype.FP32, shape=[-1, len(model.classes)]),
+            V2TensorMetadata(name=ATTENTION, datatype=Datatype.FP32, shape=[-1, grid, grid]),
+            V2TensorMetadata(name=EMBEDDING, datatype=Datatype.FP32, shape=[-1, model.embedding_dim]),
         ],
     )
 
@@ -283,7 +283,7 @@ def request_flag(request: InferRequest, name: str) -> bool:
     return value
 
 
-def check_outputs(request: InferRequest, attention: str) -> None:
+def check_outputs(request: InferRequest, attention: AttentionKind) -> None:
     for output in request.outputs or []:
         if output.name not in OUTPUT_NAMES:
             raise InvalidInput(f"unknown output {output.name!r}; this model gives {', '.join(map(repr, OUTPUT_NAMES))}")
@@ -322,7 +322,7 @@ def batch_size(tensor: TensorIn, max_images: int) -> int:
 
 
 def decode_images(tensor: TensorIn, data: TensorData, max_images: int) -> list[EncodedImage]:
-    if tensor.datatype != "BYTES":
+    if tensor.datatype != Datatype.BYTES:
         raise InvalidInput(f"input {IMAGE!r} must be BYTES (encoded image files), got {tensor.datatype}")
     if len(tensor.shape) not in (1, 2) or (len(tensor.shape) == 2 and tensor.shape[1] != 1):
         raise InvalidInput(f"input {IMAGE!r} must have shape [N] or [N, 1], got {tensor.shape}")
@@ -376,7 +376,7 @@ def json_bytes_elements(data: Any) -> list[bytes]:
 def decode_pixels(
     tensor: TensorIn, data: TensorData, input_shape: tuple[int, int, int], max_images: int
 ) -> torch.Tensor:
-    if tensor.datatype != "FP32":
+    if tensor.datatype != Datatype.FP32:
         raise InvalidInput(f"input {PIXELS!r} must be FP32, got {tensor.datatype}")
     expected = [-1, *input_shape]
     if len(tensor.shape) != 4 or list(tensor.shape[1:]) != list(input_shape):
@@ -428,7 +428,7 @@ class Encoded:
 @dataclass(frozen=True)
 class OutputTensor:
     name: str
-    datatype: str
+    datatype: Datatype
     shape: list[int]
     values: np.ndarray | list[str]  # flat, row-major
     parameters: dict[str, Any]  # as requested for this output
@@ -452,7 +452,7 @@ def output_tensors(decoded: Decoded, predictions: list[Prediction], classes: lis
     return tensors
 
 
-def encode_response(decoded: Decoded, predictions: list[Prediction], model: ServedModel) -> Encoded:
+def encode_response(decoded: Decoded, predictions: list[Prediction], model: ModelDescription) -> Encoded:
     """The REST infer response: JSON, each output in it or (binary_data) after it."""
     request = decoded.request
     binary_default = bool((request.parameters or {}).get("binary_data_output", False))
@@ -477,7 +477,7 @@ def encode_response(decoded: Decoded, predictions: list[Prediction], model: Serv
 
 def output_tensor(
     name: str, params: dict[str, Any], predictions: list[Prediction], classes: list[str]
-) -> tuple[str, str, list[int], np.ndarray | list[str]]:
+) -> tuple[str, Datatype, list[int], np.ndarray | list[str]]:
     """(name, datatype, shape, flat row-major values) of one output."""
     n = len(predictions)
     if name == PROBABILITIES:
@@ -491,18 +491,18 @@ def output_tensor(
                 for row_v, row_i in zip(values.tolist(), indices.tolist(), strict=True)
                 for v, i in zip(row_v, row_i, strict=True)
             ]
-            return name, "BYTES", [n, k], labels
-        return name, "FP32", list(probs.shape), probs.flatten().numpy()
+            return name, Datatype.BYTES, [n, k], labels
+        return name, Datatype.FP32, list(probs.shape), probs.flatten().numpy()
     if name == ATTENTION:
         maps = torch.stack([p.attention_map for p in predictions if p.attention_map is not None])  # (N, g, g)
-        return name, "FP32", list(maps.shape), maps.float().flatten().numpy()
+        return name, Datatype.FP32, list(maps.shape), maps.float().flatten().numpy()
     if name == EMBEDDING:
         embeddings = torch.stack([p.embedding for p in predictions if p.embedding is not None])  # (N, D)
-        return name, "FP32", list(embeddings.shape), embeddings.float().flatten().numpy()
+        return name, Datatype.FP32, list(embeddings.shape), embeddings.float().flatten().numpy()
     raise AssertionError(f"unchecked output {name!r}")
 
 
-def to_bytes(datatype: str, values: np.ndarray | list[str]) -> bytes:
+def to_bytes(datatype: Datatype, values: np.ndarray | list[str]) -> bytes:
     if isinstance(values, np.ndarray):
         return values.astype("<f4").tobytes()
     return b"".join(len(b).to_bytes(4, "little") + b for b in (v.encode() for v in values))

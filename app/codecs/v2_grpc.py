@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
+from app.choices import Datatype
+from app.codecs.proto import messages_pb2 as pb
 from app.codecs.v2 import (
     Decoded,
     InferRequest,
@@ -26,13 +28,12 @@ from app.codecs.v2 import (
     decode_infer,
     output_tensors,
 )
+from app.core.description import ModelDescription
 from app.core.errors import InvalidInput
 from app.core.request import Prediction
-from app.core.served_model import ServedModel
-from app.grpc.proto import messages_pb2 as pb
 
 # The typed contents field each datatype's data must be in (the protocol's rule).
-CONTENTS_FIELD = {"BYTES": "bytes_contents", "FP32": "fp32_contents"}
+CONTENTS_FIELD: dict[str, str] = {Datatype.BYTES: "bytes_contents", Datatype.FP32: "fp32_contents"}
 
 
 def parameters(entries: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -91,7 +92,7 @@ def typed_data(tensor: pb.ModelInferRequest.InferInputTensor) -> TensorData:
     return TensorData(values=np.asarray(contents.fp32_contents, dtype=np.float32))
 
 
-def infer_response(decoded: Decoded, predictions: list[Prediction], model: ServedModel) -> pb.ModelInferResponse:
+def infer_response(decoded: Decoded, predictions: list[Prediction], model: ModelDescription) -> pb.ModelInferResponse:
     tensors = output_tensors(decoded, predictions, model.classes)
     return pb.ModelInferResponse(
         model_name=model.name,

@@ -2,6 +2,7 @@
 
 decode -> preprocess -> DynamicBatcher -> Predictor (torch or ONNX Runtime) -> Prediction
 
-`Service.infer` is the one entry every edge calls. The core imports `model` and `app.settings`,
-never `app.codecs` or `app.web` (a test checks that no web framework gets imported with it).
+`DataPlane` (data_plane.py) is everything an edge may call; `Engine` (engine.py) is the one in this
+process. The core imports `model`, `app.choices` and `app.settings`, never a codec, an edge, grpcio
+or a web framework (tests/app/test_layers.py checks that).
 """

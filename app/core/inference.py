@@ -7,19 +7,24 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import torch
 from torch import Tensor
 
+from app.choices import ONNX_BACKENDS, Backend, BackendChoice, DecodedOn, Precision, Quantization
 from app.core.gpu_decode import GpuJpegDecoder, Jpeg, blank_jpeg
-from app.core.onnx_backend import GraphCache, OnnxForward, Quantization, exported, int8_graph_path, stored_int8
+from app.core.onnx_backend import GraphCache, OnnxForward, exported, int8_graph_path, stored_int8
 from app.core.request import AttentionKind
 from model.checkpoint import Checkpoint
 from model.rollout import GRADIENT, Readout, attention_map, gradient_attention_map
 from model.vit import ViT
 
 log = logging.getLogger("app.inference")
+PRECISIONS: dict[torch.dtype, Precision] = {
+    torch.float32: "float32",
+    torch.bfloat16: "bfloat16",
+    torch.float16: "float16",
+}
 
 
 @dataclass(frozen=True)
@@ -37,11 +42,7 @@ class ImageOutput:
     embedding: Tensor | None = None  # (dim,) float32 on the CPU, when asked for
 
 
-Backend = Literal["torch", "onnxruntime", "onnxruntime-int8"]
-ONNX_BACKENDS = ("onnxruntime", "onnxruntime-int8")
-
-
-def resolve_backend(asked: Backend | Literal["auto"], device: torch.device) -> Backend:
+def resolve_backend(asked: BackendChoice, device: torch.device) -> Backend:
     """VIT_BACKEND to the backend that computes plain probabilities: auto is ONNX Runtime on the CPU, torch on CUDA."""
     if asked == "auto":
         return "onnxruntime" if device.type == "cpu" else "torch"
@@ -121,14 +122,16 @@ class Predictor:
             self.forward_plain = self.graphs
 
     @property
-    def decode(self) -> str:
+    def decode(self) -> DecodedOn:
         """Where plain JPEGs are decoded: "gpu" (nvJPEG, with their batch) or "cpu"."""
         return "cpu" if self.jpeg_decoder is None else "gpu"
 
     @property
-    def precision(self) -> str:
+    def precision(self) -> Precision:
         """The arithmetic of plain predictions: int8 on the int8 backend, else the model's dtype."""
-        return "int8" if self.backend == "onnxruntime-int8" else str(self.dtype).removeprefix("torch.")
+        if self.backend == "onnxruntime-int8":
+            return "int8"
+        return PRECISIONS[self.dtype]
 
     def torch_forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         logits, embedding, _ = self.model.forward_with_embedding(x)

@@ -17,33 +17,22 @@ import gc
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import torch
 
+from app.choices import ModelControl
+from app.core.description import ModelStatus
 from app.core.errors import LoadFailed, ModelNotFound, NotAllowed, NotReady, ServiceError
 from app.core.metrics import Metrics
 from app.core.repository import FileStamp, Repository, check_name
 from app.core.served_model import ServedModel
-from app.settings import ModelControl
 
 log = logging.getLogger("app")
 T = TypeVar("T")
 
-State = Literal["READY", "UNAVAILABLE", "LOADING", "UNLOADING"]
 Build = Callable[[str, Path], ServedModel]  # loads and warms one checkpoint (blocking)
-
-
-@dataclass(frozen=True)
-class ModelStatus:
-    """One model's line in the repository index."""
-
-    name: str
-    state: State
-    version: str = ""  # the version serving (or loading, or last served)
-    reason: str = ""  # why it is UNAVAILABLE
 
 
 class ModelSet:
@@ -223,7 +212,7 @@ class ModelSet:
 def release_memory() -> None:
     """Collect what a retired model leaves behind and hand freed pages back to the system."""
     frozen = gc.get_freeze_count() > 0
-    if frozen:  # models loaded at startup were frozen with everything else (Service.start)
+    if frozen:  # models loaded at startup were frozen with everything else (Engine.start)
         gc.unfreeze()
     gc.collect()
     if frozen:

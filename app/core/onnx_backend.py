@@ -30,6 +30,7 @@ import onnxruntime as ort
 import torch
 from torch import Tensor, nn
 
+from app.choices import Quantization
 from model.vit import ViT
 
 log = logging.getLogger("app.inference")
@@ -38,7 +39,6 @@ INPUT = "pixels"
 OUTPUTS = ["logits", "embedding"]
 CHECKPOINT_HASH = "vit_serve.checkpoint_content_hash"  # in a stored graph's metadata: whose graph it is
 QUANTIZED_OPS = ["MatMul", "Gemm"]  # the arithmetic; the patch embedding, LayerNorm, softmax and GELU stay float32
-Quantization = Literal["dynamic", "static"]
 CalibrationMethodName = Literal["minmax", "entropy", "percentile"]
 
 

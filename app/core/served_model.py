@@ -9,22 +9,24 @@ batches, deadlines and overload answers.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
 
 import torch
 from PIL import Image
 
+from app.choices import BackendChoice
 from app.core.batcher import DynamicBatcher
 from app.core.decode import decode_image, load_image, open_image
-from app.core.errors import InvalidInput, RequestTimeout
+from app.core.description import ModelDescription
+from app.core.errors import RequestTimeout
 from app.core.gpu_decode import GpuJpegDecoder, Jpeg, gpu_decodable
-from app.core.inference import Backend, ImageInput, ImageOutput, Predictor, graph_sizes, resolve_backend
+from app.core.inference import ImageInput, ImageOutput, Predictor, graph_sizes, resolve_backend
 from app.core.metrics import ModelMetrics
 from app.core.onnx_backend import ForeignGraph, OnnxExportError
 from app.core.preprocess import Preprocessor
@@ -100,7 +102,7 @@ class ServedModel:
         name: str,
         checkpoint: Checkpoint,
         device: torch.device,
-        backend: Backend | Literal["auto"],
+        backend: BackendChoice,
         jpeg_decoder: GpuJpegDecoder | None = None,
         graph_batch_sizes: list[int] | None = None,
         onnx_cache: Path | None = None,
@@ -124,6 +126,29 @@ class ServedModel:
     @property
     def version(self) -> str:
         return self.checkpoint.version
+
+    @functools.cached_property
+    def description(self) -> ModelDescription:
+        """What the edges may know of this version."""
+        c, p = self.checkpoint, self.predictor
+        return ModelDescription(
+            name=self.name,
+            version=c.version,
+            content_hash=c.content_hash,
+            classes=c.classes,
+            input_shape=p.input_shape,
+            grid_size=c.config.grid_size,
+            embedding_dim=p.embedding_dim,
+            backend=p.backend,
+            precision=p.precision,
+            quantization=p.quantization,
+            device=str(p.device),
+            dtype=str(p.dtype).removeprefix("torch."),
+            decode=p.decode,
+            config=c.config.to_dict(),
+            preprocessing=asdict(c.preprocessing),
+            training=c.training,
+        )
 
     @property
     def classes(self) -> list[str]:
@@ -150,7 +175,7 @@ class ServedModel:
 
     def target_index(self, target: str | None) -> int | None:
         """A class label, or its index, as the class index a gradient map explains."""
-        return class_index(self.name, self.classes, target)
+        return self.description.class_index(target)
 
     async def run_images(
         self, images: Sequence[EncodedImage], wanted: Wanted, keep_images: bool, pool: Executor, deadline: float
@@ -166,20 +191,6 @@ class ServedModel:
         """Already preprocessed images (N, C, H, W) through the same batcher."""
         futures = self.batcher.submit([wanted.input(p) for p in pixels], deadline)
         return await wait_for_outputs(futures, deadline)
-
-
-def class_index(model: str, classes: list[str], target: str | None) -> int | None:
-    """A class label, or its index, as the class index a gradient map explains; None for None (the top-1)."""
-    if target is None:
-        return None
-    if target in classes:
-        return classes.index(target)
-    if target.isdigit() and int(target) < len(classes):
-        return int(target)
-    shown = ", ".join(classes[:10]) + (f", ... ({len(classes)} in all)" if len(classes) > 10 else "")
-    raise InvalidInput(
-        f"target {target!r} names no class of model {model}; give a label or an index 0..{len(classes) - 1}: {shown}"
-    )
 
 
 async def wait_for_outputs(futures: list[asyncio.Future[ImageOutput]], deadline: float) -> list[ImageOutput]:

@@ -1,8 +1,9 @@
-"""The Open Inference Protocol over gRPC: an edge over the core's `Service`, on the HTTP server's event loop.
+"""The Open Inference Protocol over gRPC: an edge over the data plane, on the HTTP server's event loop.
 
-Each RPC converts its message with `app.codecs.v2_grpc`, calls the same core entry as V2 REST (same
+Each RPC converts its message with `app.codecs.v2_grpc`, calls the same data plane as V2 REST (same
 models, batchers, limits, deadlines, API keys and metrics), and answers the core's errors with the
-status codes of one table. Started and drained by the app's lifespan, beside the HTTP server.
+status codes of one table. Each RPC declares once whether it needs the service ready and an API key.
+Started and drained by the process's owner (`app.server`), beside the HTTP server.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import grpc
 from google.protobuf.message import DecodeError, Message
 
 from app.codecs import v2_grpc
-from app.codecs.v2 import check_load_parameters, model_metadata, repository_index, server_metadata
+from app.codecs.proto import messages_pb2 as pb
+from app.codecs.v2 import Decoded, check_load_parameters, model_metadata, repository_index, server_metadata
+from app.core.data_plane import DataPlane, Inference, InferenceRequest
 from app.core.errors import (
     InferenceFailed,
     InvalidInput,
@@ -32,8 +35,6 @@ from app.core.errors import (
     Unauthorized,
     UnsupportedMediaType,
 )
-from app.core.service import Service
-from app.grpc.proto import messages_pb2 as pb
 
 log = logging.getLogger("app")
 SERVICE = "inference.GRPCInferenceService"  # the RPCs' names on the wire: /inference.GRPCInferenceService/ModelInfer
@@ -59,9 +60,13 @@ Method = Callable[["InferenceServicer", Request, grpc.aio.ServicerContext], Awai
 Handler = Callable[["InferenceServicer", bytes, grpc.aio.ServicerContext], Awaitable[Response]]
 
 
-def rpc(request_type: type[Request]) -> Callable[[Method[Request, Response]], Handler[Response]]:
+def rpc(
+    request_type: type[Request], *, ready: bool = False, authorized: bool = False
+) -> Callable[[Method[Request, Response]], Handler[Response]]:
     """An RPC that parses its own request (bytes that are no such message: INVALID_ARGUMENT, not UNKNOWN) and
-    answers the core's errors with status codes, counted and timed as HTTP requests are."""
+    answers the core's errors with status codes, counted and timed as HTTP requests are. With `ready`, it
+    answers UNAVAILABLE until the models are loaded and from the start of shutdown; with `authorized`, it
+    needs an API key (when VIT_API_KEYS is set)."""
 
     def decorate(method: Method[Request, Response]) -> Handler[Response]:
         name = method.__name__
@@ -75,6 +80,10 @@ def rpc(request_type: type[Request]) -> Callable[[Method[Request, Response]], Ha
                     request = request_type.FromString(body)
                 except DecodeError:
                     raise InvalidInput(f"the request is not a valid {request_type.DESCRIPTOR.name} message") from None
+                if ready:
+                    self.plane.check_ready()
+                if authorized:
+                    self.plane.authorize(credentials(context))
                 return await method(self, request, context)
             except ServiceError as e:
                 code = STATUS.get(type(e), Code.INTERNAL)
@@ -94,8 +103,8 @@ def rpc(request_type: type[Request]) -> Callable[[Method[Request, Response]], Ha
                 await context.abort(code, "internal error; see the server log")
             finally:
                 seconds = time.perf_counter() - started
-                self.service.metrics.requests.labels("grpc", name, code.name).inc()
-                self.service.metrics.latency.labels("grpc", name).observe(seconds)
+                self.plane.metrics.requests.labels("grpc", name, code.name).inc()
+                self.plane.metrics.latency.labels("grpc", name).observe(seconds)
             raise AssertionError("unreachable: abort raises")
 
         answer.rpc = True  # type: ignore[attr-defined]
@@ -104,18 +113,18 @@ def rpc(request_type: type[Request]) -> Callable[[Method[Request, Response]], Ha
     return decorate
 
 
+def credentials(context: grpc.aio.ServicerContext) -> str:
+    """The API key a call carries: metadata x-api-key, or authorization: Bearer KEY."""
+    metadata = {key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)}
+    given = metadata.get("x-api-key") or metadata.get("authorization", "")
+    return given.removeprefix("Bearer ").strip()
+
+
 class InferenceServicer:
-    """inference.GRPCInferenceService over one `Service`: one method per RPC, named as the RPC."""
+    """inference.GRPCInferenceService over one data plane: one method per RPC, named as the RPC."""
 
-    def __init__(self, service: Service) -> None:
-        self.service = service
-
-    def check_api_key(self, context: grpc.aio.ServicerContext) -> None:
-        """With VIT_API_KEYS set: metadata x-api-key, or authorization: Bearer KEY."""
-        if self.service.api_keys.required:
-            metadata = {key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)}
-            given = metadata.get("x-api-key") or metadata.get("authorization", "")
-            self.service.api_keys.check(given.removeprefix("Bearer ").strip())
+    def __init__(self, plane: DataPlane) -> None:
+        self.plane = plane
 
     @rpc(pb.ServerLiveRequest)
     async def ServerLive(
@@ -127,15 +136,13 @@ class InferenceServicer:
     async def ServerReady(
         self, request: pb.ServerReadyRequest, context: grpc.aio.ServicerContext
     ) -> pb.ServerReadyResponse:
-        return pb.ServerReadyResponse(ready=self.service.ready)
+        return pb.ServerReadyResponse(ready=self.plane.ready())
 
     @rpc(pb.ModelReadyRequest)
     async def ModelReady(
         self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelReadyResponse:
-        model = self.service.models.get(request.name)
-        ready = self.service.ready and model is not None and request.version in ("", model.version)
-        return pb.ModelReadyResponse(ready=ready)
+        return pb.ModelReadyResponse(ready=self.plane.model_ready(request.name, request.version or None))
 
     @rpc(pb.ServerMetadataRequest)
     async def ServerMetadata(
@@ -143,51 +150,45 @@ class InferenceServicer:
     ) -> pb.ServerMetadataResponse:
         return v2_grpc.server_metadata(server_metadata())
 
-    @rpc(pb.ModelMetadataRequest)
+    @rpc(pb.ModelMetadataRequest, ready=True)
     async def ModelMetadata(
         self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelMetadataResponse:
-        self.service.check_ready()
-        return v2_grpc.model_metadata(model_metadata(self.service.model(request.name, request.version or None)))
+        return v2_grpc.model_metadata(model_metadata(self.plane.describe(request.name, request.version or None)))
 
-    @rpc(pb.ModelInferRequest)
+    @rpc(pb.ModelInferRequest, ready=True, authorized=True)
     async def ModelInfer(
         self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelInferResponse:
-        service = self.service
-        service.check_ready()
-        self.check_api_key(context)
-        model = service.model(request.model_name, request.model_version or None)
-        decoded = v2_grpc.decode(request, model.input_shape, service.settings.max_files)
-        done = await service.infer(model, decoded.inputs, decoded.options, timeout_s=context.time_remaining())
-        return await service.encode(done.predictions, v2_grpc.infer_response, decoded, done.predictions, done.model)
+        name, version = request.model_name, request.model_version or None
+        decoded = v2_grpc.decode(request, self.plane.describe(name, version).input_shape, self.plane.limits.max_files)
+        asked = InferenceRequest(name, decoded.inputs, decoded.options, version, timeout_s=context.time_remaining())
+        return await self.plane.infer(asked, functools.partial(encode, decoded))
 
-    @rpc(pb.RepositoryIndexRequest)
+    @rpc(pb.RepositoryIndexRequest, ready=True)
     async def RepositoryIndex(
         self, request: pb.RepositoryIndexRequest, context: grpc.aio.ServicerContext
     ) -> pb.RepositoryIndexResponse:
-        self.service.check_ready()
-        statuses = await self.service.run_in_pool(self.service.model_set.index, request.ready)
-        return v2_grpc.repository_index(repository_index(statuses))
+        return v2_grpc.repository_index(repository_index(await self.plane.repository_index(request.ready)))
 
-    @rpc(pb.RepositoryModelLoadRequest)
+    @rpc(pb.RepositoryModelLoadRequest, ready=True, authorized=True)
     async def RepositoryModelLoad(
         self, request: pb.RepositoryModelLoadRequest, context: grpc.aio.ServicerContext
     ) -> pb.RepositoryModelLoadResponse:
-        self.service.check_ready()
-        self.check_api_key(context)
         check_load_parameters(v2_grpc.parameters(request.parameters))
-        await self.service.model_set.load(request.model_name)
+        await self.plane.load_model(request.model_name)
         return pb.RepositoryModelLoadResponse()
 
-    @rpc(pb.RepositoryModelUnloadRequest)
+    @rpc(pb.RepositoryModelUnloadRequest, ready=True, authorized=True)
     async def RepositoryModelUnload(
         self, request: pb.RepositoryModelUnloadRequest, context: grpc.aio.ServicerContext
     ) -> pb.RepositoryModelUnloadResponse:
-        self.service.check_ready()
-        self.check_api_key(context)
-        await self.service.model_set.unload(request.model_name)
+        await self.plane.unload_model(request.model_name)
         return pb.RepositoryModelUnloadResponse()
+
+
+def encode(decoded: Decoded, done: Inference) -> pb.ModelInferResponse:
+    return v2_grpc.infer_response(decoded, done.predictions, done.model)
 
 
 def serialize(message: Message) -> bytes:
@@ -195,9 +196,9 @@ def serialize(message: Message) -> bytes:
 
 
 class GrpcServer:
-    """grpcio's asyncio server for one `Service`, on `port` of every interface."""
+    """grpcio's asyncio server for one data plane, on `port` of every interface."""
 
-    def __init__(self, service: Service, port: int, max_message_bytes: int) -> None:
+    def __init__(self, plane: DataPlane, port: int, max_message_bytes: int) -> None:
         self.port = port
         self.address = f"127.0.0.1:{port}"  # where a client on this machine reaches it
         self.server = grpc.aio.server(
@@ -207,7 +208,7 @@ class GrpcServer:
                 ("grpc.so_reuseport", 0),  # a port in use is an error, not a second listener
             ]
         )
-        servicer = InferenceServicer(service)
+        servicer = InferenceServicer(plane)
         rpcs = {
             name: grpc.unary_unary_rpc_method_handler(getattr(servicer, name), response_serializer=serialize)
             for name in dir(servicer)

@@ -1,32 +1,39 @@
-"""What the routes depend on: the ready service and a valid API key, written once for every router."""
+"""What the routes depend on: the data plane, ready, and an authorized caller, written once for every router."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
 from fastapi import Depends, Request
+from starlette.datastructures import Headers
 
-from app.core.errors import NotReady
-from app.core.service import NOT_READY, Service
+from app.core.data_plane import DataPlane
+
+
+def credentials(headers: Headers) -> str:
+    """The API key a request carries: X-API-Key, or Authorization: Bearer KEY."""
+    given = headers.get("x-api-key") or headers.get("authorization", "")
+    return given.removeprefix("Bearer ").strip()
 
 
 # Dependencies are async on purpose: FastAPI runs plain `def` dependencies on a thread pool, two
 # thread hops per request that showed up as 15 % of the event loop's time under load.
-async def ready_service(request: Request) -> Service:
-    """The service, once every model is loaded and warm; NotReady before that and while draining."""
-    service: Service | None = request.app.state.service
-    if service is None:
-        raise NotReady(NOT_READY)
-    service.check_ready()
-    return service
+async def data_plane(request: Request) -> DataPlane:
+    plane: DataPlane = request.app.state.data_plane
+    return plane
 
 
-async def check_api_key(request: Request, service: Annotated[Service, Depends(ready_service)]) -> None:
-    """With VIT_API_KEYS set, inference needs a matching X-API-Key (or Authorization: Bearer) header."""
-    if service.api_keys.required:
-        given = request.headers.get("x-api-key") or request.headers.get("authorization", "")
-        service.api_keys.check(given.removeprefix("Bearer ").strip())
+async def ready_data_plane(plane: Annotated[DataPlane, Depends(data_plane)]) -> DataPlane:
+    """The data plane, once every model is loaded and warm; NotReady before that and while draining."""
+    plane.check_ready()
+    return plane
 
 
-ReadyService = Annotated[Service, Depends(ready_service)]
-ApiKey = Depends(check_api_key)
+async def authorize(request: Request, plane: Annotated[DataPlane, Depends(ready_data_plane)]) -> None:
+    """With VIT_API_KEYS set, inference and model changes need a matching key."""
+    plane.authorize(credentials(request.headers))
+
+
+Plane = Annotated[DataPlane, Depends(data_plane)]
+ReadyPlane = Annotated[DataPlane, Depends(ready_data_plane)]
+Authorized = Depends(authorize)

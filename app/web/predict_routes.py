@@ -1,4 +1,4 @@
-"""`POST /predict`, `/v1`, health and metrics: thin routes over the core's `Service.infer`."""
+"""`POST /predict`, `/v1`, health and metrics: thin routes over the data plane."""
 
 from __future__ import annotations
 
@@ -10,10 +10,9 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from app.codecs.predict import ErrorBody, Health, ModelInfo, ModelList, PredictResponse, encode_predict_response
 from app.codecs.predict import model_info as describe
-from app.core.request import AttentionKind, EncodedImage, InferOptions
-from app.core.served_model import ServedModel
-from app.core.service import Service
-from app.web.dependencies import ApiKey, ReadyService
+from app.core.data_plane import DataPlane, Inference, InferenceRequest
+from app.core.request import AttentionKind, InferOptions
+from app.web.dependencies import Authorized, Plane, ReadyPlane
 from app.web.disconnects import respond_unless_disconnected
 from app.web.errors import PredictRoute
 from app.web.uploads import read_images
@@ -59,12 +58,12 @@ PREDICT_BODY = {
     response_model_exclude_none=True,
     responses=ERRORS,  # type: ignore[arg-type]
     openapi_extra=PREDICT_BODY,
-    dependencies=[ApiKey],
+    dependencies=[Authorized],
     summary="Classify images",
 )
 async def predict(
     request: Request,
-    service: ReadyService,
+    plane: ReadyPlane,
     top_k: Annotated[int, Query(ge=1, le=1000, description="How many top classes to list")] = 5,
     attention: Annotated[
         AttentionKind,
@@ -82,32 +81,29 @@ async def predict(
 ) -> Response:
     """Classify one or more images; optionally return attention maps, overlays and embeddings."""
     options = InferOptions(attention, target, overlay, embedding, normalize)
-    served = service.model(model)
-    images = await read_images(request, service.settings.max_upload_bytes, service.settings.max_files)
-    return await respond_unless_disconnected(request, answer(service, served, images, options, top_k))
+    plane.describe(model)  # an unknown model is answered before the body is read
+    images = await read_images(request, plane.limits.max_upload_bytes, plane.limits.max_files)
+    return await respond_unless_disconnected(request, answer(plane, InferenceRequest(model, images, options), top_k))
 
 
-async def answer(
-    service: Service, model: ServedModel, images: list[EncodedImage], options: InferOptions, top_k: int
-) -> Response:
-    done = await service.infer(model, images, options)
-    body = await service.encode(
-        done.predictions, encode_predict_response, done.model, done.predictions, top_k, options.attention
-    )
-    return Response(body, media_type="application/json")
+async def answer(plane: DataPlane, asked: InferenceRequest, top_k: int) -> Response:
+    def encode(done: Inference) -> bytes:
+        return encode_predict_response(done.model, done.predictions, top_k, asked.options.attention)
+
+    return Response(await plane.infer(asked, encode), media_type="application/json")
 
 
 @router.get("/v1/model", response_model=ModelInfo, responses={404: ERRORS[404], 503: ERRORS[503]})
-async def model_info(service: ReadyService) -> ModelInfo:
+async def model_info(plane: ReadyPlane) -> ModelInfo:
     """Describe the default model: classes, input, config, training summary."""
-    return describe(service.model(None))
+    return describe(plane.describe(None))
 
 
 @router.get("/v1/models", response_model=ModelList, responses={503: ERRORS[503]})
-async def list_models(service: ReadyService) -> ModelList:
+async def list_models(plane: ReadyPlane) -> ModelList:
     """Every served model, the default first."""
-    default = service.default
-    return ModelList(default=default and default.name, models=[describe(m) for m in service.models.values()])
+    models = plane.models()
+    return ModelList(default=models[0].name if models else None, models=[describe(m) for m in models])
 
 
 @router.get("/health/live", response_model=Health)
@@ -117,12 +113,12 @@ async def live() -> Health:
 
 
 @router.get("/health/ready", response_model=Health, responses={503: ERRORS[503]})
-async def ready(_: ReadyService) -> Health:
+async def ready(_: ReadyPlane) -> Health:
     """Readiness: 200 once every model is loaded and warm; 503 before that and while draining."""
     return Health(status="ready")
 
 
 @router.get("/metrics", response_class=PlainTextResponse)
-async def metrics(request: Request) -> Response:
+async def metrics(plane: Plane) -> Response:
     """Prometheus metrics."""
-    return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    return Response(plane.metrics.render(), media_type=CONTENT_TYPE_LATEST)

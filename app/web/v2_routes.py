@@ -1,5 +1,5 @@
-"""Open Inference Protocol (KServe V2) REST routes: health, metadata and infer, over the core's `Service.infer`,
-with the same models, batchers, limits, API keys and metrics as /predict. Errors are answered as {"error": "..."}."""
+"""Open Inference Protocol (KServe V2) REST routes: health, metadata, infer and the model repository, over the data
+plane, with the same models, batchers, limits, API keys and metrics as /predict. Errors are answered as {"error": "..."}."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from starlette.routing import Match
 from app.codecs.v2 import (
     HEADER_LENGTH,
     Decoded,
+    Encoded,
     InferRequest,
     V2Error,
     V2IndexRequest,
@@ -33,10 +34,9 @@ from app.codecs.v2 import (
     server_metadata,
     split_body,
 )
+from app.core.data_plane import DataPlane, Inference, InferenceRequest
 from app.core.errors import InvalidInput
-from app.core.served_model import ServedModel
-from app.core.service import Service
-from app.web.dependencies import ApiKey, ReadyService
+from app.web.dependencies import Authorized, ReadyPlane
 from app.web.disconnects import respond_unless_disconnected
 from app.web.errors import V2Route
 from app.web.uploads import read_body
@@ -109,23 +109,23 @@ async def server_live() -> V2Live:
 
 
 @router.get("/health/ready", response_model=V2Ready, responses=v2_errors(503))
-async def server_ready(_: ReadyService) -> V2Ready:
+async def server_ready(_: ReadyPlane) -> V2Ready:
     """200 once every model is loaded and warm; 503 before that and while draining."""
     return V2Ready(ready=True)
 
 
 @router.get("/models/{name}", response_model=V2ModelMetadata, responses=v2_errors(404, 503))
 @router.get("/models/{name}/versions/{version}", response_model=V2ModelMetadata, responses=v2_errors(404, 503))
-async def model_metadata_route(service: ReadyService, name: str, version: str | None = None) -> V2ModelMetadata:
+async def model_metadata_route(plane: ReadyPlane, name: str, version: str | None = None) -> V2ModelMetadata:
     """A model's version, inputs (image or pixels) and outputs."""
-    return model_metadata(service.model(name, version))
+    return model_metadata(plane.describe(name, version))
 
 
 @router.get("/models/{name}/ready", response_model=V2ModelReady, responses=v2_errors(404, 503))
 @router.get("/models/{name}/versions/{version}/ready", response_model=V2ModelReady, responses=v2_errors(404, 503))
-async def model_ready(service: ReadyService, name: str, version: str | None = None) -> V2ModelReady:
+async def model_ready(plane: ReadyPlane, name: str, version: str | None = None) -> V2ModelReady:
     """200 when the model is loaded and warm."""
-    return V2ModelReady(name=service.model(name, version).name, ready=True)
+    return V2ModelReady(name=plane.describe(name, version).name, ready=True)
 
 
 INFER_ROUTE: dict[str, Any] = {
@@ -133,25 +133,28 @@ INFER_ROUTE: dict[str, Any] = {
     "response_model_exclude_none": True,
     "responses": v2_errors(400, 401, 404, 413, 503, 504),
     "openapi_extra": INFER_BODY,
-    "dependencies": [ApiKey],
+    "dependencies": [Authorized],
 }
 
 
 @router.post("/models/{name}/infer", **INFER_ROUTE)
 @router.post("/models/{name}/versions/{version}/infer", **INFER_ROUTE)
-async def infer(request: Request, service: ReadyService, name: str, version: str | None = None) -> Response:
+async def infer(request: Request, plane: ReadyPlane, name: str, version: str | None = None) -> Response:
     """Inference: encoded images (BYTES `image`) or preprocessed pixels (FP32 `pixels`) in; probabilities,
     attention maps (request parameter `attention`) and classification strings out."""
-    model = service.model(name, version)
-    body = await read_body(request, service.settings.max_upload_bytes)
+    model = plane.describe(name, version)
+    body = await read_body(request, plane.limits.max_upload_bytes)
     header, binary = split_body(body, request.headers.get(HEADER_LENGTH))
-    decoded = decode_request(header, binary, model.input_shape, service.settings.max_files)
-    return await respond_unless_disconnected(request, answer(service, model, decoded))
+    decoded = decode_request(header, binary, model.input_shape, plane.limits.max_files)
+    asked = InferenceRequest(name, decoded.inputs, decoded.options, version)
+    return await respond_unless_disconnected(request, answer(plane, asked, decoded))
 
 
-async def answer(service: Service, model: ServedModel, decoded: Decoded) -> Response:
-    done = await service.infer(model, decoded.inputs, decoded.options)
-    encoded = await service.encode(done.predictions, encode_response, decoded, done.predictions, done.model)
+async def answer(plane: DataPlane, asked: InferenceRequest, decoded: Decoded) -> Response:
+    def encode(done: Inference) -> Encoded:
+        return encode_response(decoded, done.predictions, done.model)
+
+    encoded = await plane.infer(asked, encode)
     if encoded.header_length is None:
         return Response(encoded.body, media_type="application/json")
     headers = {"Inference-Header-Content-Length": str(encoded.header_length)}
@@ -169,26 +172,26 @@ async def optional_body(request: Request, model: type[BodyT], limit: int) -> Bod
 
 
 @router.post("/repository/index", response_model=list[V2ModelIndex], responses=v2_errors(400, 503))
-async def repository_index_route(request: Request, service: ReadyService) -> list[V2ModelIndex]:
+async def repository_index_route(request: Request, plane: ReadyPlane) -> list[V2ModelIndex]:
     """Every model of the repository (and those served from VIT_MODELS), its version, state and reason."""
     asked = await optional_body(request, V2IndexRequest, REPOSITORY_BODY_LIMIT)
-    return repository_index(await service.run_in_pool(service.model_set.index, asked.ready))
+    return repository_index(await plane.repository_index(asked.ready))
 
 
-@router.post("/repository/models/{name}/load", responses=v2_errors(400, 401, 404, 503), dependencies=[ApiKey])
-async def load_model(request: Request, service: ReadyService, name: str) -> Response:
+@router.post("/repository/models/{name}/load", responses=v2_errors(400, 401, 404, 503), dependencies=[Authorized])
+async def load_model(request: Request, plane: ReadyPlane, name: str) -> Response:
     """Load the model from the repository (VIT_MODEL_CONTROL=explicit); a loaded one is reloaded beside itself."""
     asked = await optional_body(request, V2RepositoryRequest, REPOSITORY_BODY_LIMIT)
     check_load_parameters(asked.parameters)
-    await service.model_set.load(name)
+    await plane.load_model(name)
     return Response(status_code=200)
 
 
-@router.post("/repository/models/{name}/unload", responses=v2_errors(400, 401, 404, 503), dependencies=[ApiKey])
-async def unload_model(request: Request, service: ReadyService, name: str) -> Response:
+@router.post("/repository/models/{name}/unload", responses=v2_errors(400, 401, 404, 503), dependencies=[Authorized])
+async def unload_model(request: Request, plane: ReadyPlane, name: str) -> Response:
     """Stop admitting requests for the model, answer those admitted, then free it (VIT_MODEL_CONTROL=explicit)."""
     await optional_body(request, V2RepositoryRequest, REPOSITORY_BODY_LIMIT)  # unload_dependents: none here
-    await service.model_set.unload(name)
+    await plane.unload_model(name)
     return Response(status_code=200)
 
 

@@ -62,7 +62,7 @@ async def test_cuda_graphs_answer_as_the_eager_model_at_every_batch_size(make_cl
         async with make_client(
             weights=BUNDLED_WEIGHTS, device="auto", cuda_graphs=graphs, max_batch_size=64, max_files=64
         ) as client:
-            served = client.app.state.service.default  # type: ignore[attr-defined]
+            served = client.app.state.data_plane.default  # type: ignore[attr-defined]
             assert (served.predictor.graphs is not None) is graphs
             answers[graphs] = [
                 torch.tensor((await client.post(f"/v2/models/{served.name}/infer", json={"inputs": [
@@ -119,7 +119,7 @@ async def test_a_real_out_of_memory_batch_is_retried_in_halves(make_client: Clie
     # CUDA graphs take their memory at startup, so a replay cannot run out: this is the eager path's guard.
     settings = {"max_batch_size": 128, "max_files": 128, "max_queue": 256, "warmup": False, "cuda_graphs": False}
     async with make_client(weights=BUNDLED_WEIGHTS, device="auto", **settings) as client:
-        served = client.app.state.service.default  # type: ignore[attr-defined]
+        served = client.app.state.data_plane.default  # type: ignore[attr-defined]
         predictor, batcher = served.predictor, served.batcher
         blank = torch.zeros(1, *predictor.input_shape, device=device, dtype=predictor.dtype)
 

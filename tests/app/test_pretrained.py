@@ -119,14 +119,13 @@ def test_serving_imports_neither_the_libraries_nor_training_code(pretrained: Cal
 import asyncio, io, sys
 import httpx
 from PIL import Image
-from asgi_lifespan import LifespanManager
+from app.core.engine import Engine
 from app.web.app import create_app
 from app.settings import Settings
 
 async def main():
-    app = create_app(Settings(weights={str(checkpoint)!r}, device="cpu", warmup=False, grpc_port=0))
-    async with LifespanManager(app, startup_timeout=120, shutdown_timeout=60) as manager:  # the ONNX export takes seconds
-        transport = httpx.ASGITransport(app=manager.app)
+    async with Engine.serving(Settings(weights={str(checkpoint)!r}, device="cpu", warmup=False)) as engine:
+        transport = httpx.ASGITransport(app=create_app(engine))
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
             buf = io.BytesIO()
             Image.new("RGB", (300, 200), (10, 200, 30)).save(buf, "PNG")

@@ -1,4 +1,4 @@
-"""The app in process, with its lifespan run, behind an httpx client."""
+"""The app in process over a running engine, behind an httpx client."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from asgi_lifespan import LifespanManager
 
+from app.core.engine import Engine
 from app.core.served_model import ServedModel
 from app.settings import Settings
 from app.web.app import create_app
@@ -20,15 +20,15 @@ ClientFactory = Callable[..., AbstractAsyncContextManager[httpx.AsyncClient]]
 
 
 def client_factory(checkpoint: Path) -> ClientFactory:
-    """`async with factory(max_batch_size=4) as client:` serves `checkpoint` with torch on the CPU, no gRPC,
-    unless overridden."""
+    """`async with factory(max_batch_size=4) as client:` serves `checkpoint` with torch on the CPU unless
+    overridden; `client.app.state.data_plane` is the engine."""
 
     @asynccontextmanager
     async def factory(**overrides: Any) -> AsyncIterator[httpx.AsyncClient]:
-        settings = Settings(**{"weights": checkpoint, "device": "cpu", "backend": "torch", "grpc_port": 0, **overrides})
-        app = create_app(settings)
-        async with LifespanManager(app, startup_timeout=60, shutdown_timeout=60) as manager:
-            transport = httpx.ASGITransport(app=manager.app)
+        settings = Settings(**{"weights": checkpoint, "device": "cpu", "backend": "torch", **overrides})
+        async with Engine.serving(settings) as engine:
+            app = create_app(engine)
+            transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=60) as client:
                 client.app = app  # type: ignore[attr-defined]
                 yield client

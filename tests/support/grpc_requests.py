@@ -8,7 +8,7 @@ import grpc
 import numpy as np
 import pytest
 
-from app.grpc.proto import messages_pb2 as pb
+from app.codecs.proto import messages_pb2 as pb
 
 
 def length_prefixed(*elements: bytes) -> bytes:

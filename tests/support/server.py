@@ -38,9 +38,26 @@ class ServerProcess:
         self.output = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
         self.final_output = ""
         self.proc = subprocess.Popen(  # its own process group: a server's workers are its children
-            argv, cwd=cwd, env={**os.environ, **env}, stdout=self.output, stderr=subprocess.STDOUT, text=True,
+            argv,
+            cwd=cwd,
+            env={**os.environ, **env},
+            stdout=self.output,
+            stderr=subprocess.STDOUT,
+            text=True,
             start_new_session=True,
-        )  # fmt: skip
+        )
+
+    def __enter__(self) -> ServerProcess:
+        """Started and ready; stopped (with its whole process group) when the block ends."""
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     def read_output(self) -> str:
         if self.output.closed:
@@ -77,13 +94,20 @@ class ServerProcess:
 
 
 class Server(ServerProcess):
-    """This service as `uvicorn app.main:app` runs it, serving `checkpoint` on the CPU unless `env` says otherwise;
-    gRPC on a free port of its own (`grpc_target`) unless VIT_GRPC_PORT says otherwise."""
+    """This service as `python -m app` runs it, serving `checkpoint` on the CPU unless `env` says otherwise;
+    gRPC on a free port of its own (`grpc_target`) unless VIT_GRPC_PORT says otherwise.
 
-    def __init__(self, checkpoint: Path, *uvicorn_args: str, **env: str) -> None:
+    `with Server(checkpoint, VIT_MAX_FILES="8") as server:` waits until it is ready and stops it afterwards.
+    """
+
+    def __init__(self, checkpoint: Path, **env: str) -> None:
         port = free_port()
-        argv = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port),
-                "--timeout-graceful-shutdown", "20", *uvicorn_args]  # fmt: skip
+        argv = [sys.executable, "-m", "app", "--host", "127.0.0.1", "--port", str(port)]
         env.setdefault("VIT_GRPC_PORT", str(free_port()))
+        env.setdefault("VIT_DRAIN_TIMEOUT_S", "20")
         self.grpc_target = f"127.0.0.1:{env['VIT_GRPC_PORT']}"
         super().__init__(argv, {"VIT_WEIGHTS": str(checkpoint), "VIT_DEVICE": "cpu", **env}, port)
+
+    def __enter__(self) -> Server:
+        super().__enter__()
+        return self

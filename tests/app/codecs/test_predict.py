@@ -8,8 +8,8 @@ import json
 import torch
 
 from app.codecs.predict import encode_predict_response, image_result
+from app.core.engine import Engine
 from app.core.request import Prediction
-from app.core.service import Service
 
 CLASSES = ["a", "b", "c", "d"]
 
@@ -31,8 +31,8 @@ def test_maps_and_overlays_when_there_are_some() -> None:
     assert base64.b64decode(result.overlay_png or "") == b"\x89PNG..."
 
 
-async def test_the_response_body(service: Service) -> None:
-    model = service.model(None)
+async def test_the_response_body(service: Engine) -> None:
+    model = service.describe(None)
     probs = torch.softmax(torch.arange(10.0), 0)
     body = json.loads(encode_predict_response(model, [Prediction("x.png", probs, None, None)] * 2, 3, "none"))
     assert body["model"] == {"name": "tiny", "version": model.version}

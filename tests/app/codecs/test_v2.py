@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from app.codecs.v2 import decode_request, encode_response, model_metadata, split_body, split_bytes_elements
+from app.core.engine import Engine
 from app.core.errors import InvalidInput
 from app.core.request import EncodedImage, Prediction
-from app.core.service import Service
 
 SHAPE = (3, 32, 32)
 
@@ -70,8 +70,8 @@ def test_a_truncated_bytes_element_is_refused() -> None:
         split_body(b"{}", "99")
 
 
-async def test_binary_outputs_and_classification(service: Service) -> None:
-    model = service.model(None)
+async def test_binary_outputs_and_classification(service: Engine) -> None:
+    model = service.describe(None)
     probs = torch.softmax(torch.arange(10.0), 0)
     predictions = [Prediction("image[0]", probs, torch.rand(4, 4), None)]
     wanted = [{"name": "probabilities", "parameters": {"classification": 2}},
@@ -99,8 +99,8 @@ def test_asking_for_the_embedding_output_or_parameter_computes_it() -> None:
     assert not decode_request(header, binary, SHAPE, 8).options.embedding
 
 
-async def test_the_embedding_output(service: Service) -> None:
-    model = service.model(None)
+async def test_the_embedding_output(service: Engine) -> None:
+    model = service.describe(None)
     header, binary = binary_request([b"x", b"y"], {"embedding": True})
     decoded = decode_request(header, binary, model.input_shape, 8)
     embeddings = torch.randn(2, 32)
@@ -111,8 +111,8 @@ async def test_the_embedding_output(service: Service) -> None:
     torch.testing.assert_close(torch.tensor(response["outputs"][1]["data"]).view(2, 32), embeddings)
 
 
-async def test_model_metadata_lists_both_inputs(service: Service) -> None:
-    meta = model_metadata(service.model(None))
+async def test_model_metadata_lists_both_inputs(service: Engine) -> None:
+    meta = model_metadata(service.describe(None))
     assert [(t.name, t.datatype, t.shape) for t in meta.inputs] == [("image", "BYTES", [-1]),
                                                                     ("pixels", "FP32", [-1, 3, 32, 32])]  # fmt: skip
     assert [(t.name, t.shape) for t in meta.outputs] == [("probabilities", [-1, 10]), ("attention", [-1, 4, 4]),

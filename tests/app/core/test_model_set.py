@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from app.core.engine import Engine
 from app.core.errors import InvalidInput, LoadFailed, ModelNotFound, NotAllowed
 from app.core.metrics import Metrics
 from app.core.request import EncodedImage, InferOptions
-from app.core.service import Service
 from app.settings import Settings
 from model.shapes import make_sample
 from tests.support.checkpoints import replace_checkpoint, write_tiny_checkpoint
@@ -39,12 +39,12 @@ ServiceFactory = Callable[..., Any]
 @pytest.fixture
 def make_service(repository: Path) -> ServiceFactory:
     @asynccontextmanager
-    async def make(**overrides: Any) -> AsyncIterator[Service]:
+    async def make(**overrides: Any) -> AsyncIterator[Engine]:
         settings = Settings(**{
             "model_repository": repository, "model_control": "explicit", "device": "cpu", "backend": "torch",
             "warmup": False, "max_batch_size": 4, "grpc_port": 0, **overrides,
         })  # fmt: skip
-        service = await asyncio.to_thread(Service.load, settings, Metrics())
+        service = await asyncio.to_thread(Engine.load, settings, Metrics())
         service.start()
         try:
             yield service
@@ -54,19 +54,19 @@ def make_service(repository: Path) -> ServiceFactory:
     return make
 
 
-def index(service: Service) -> dict[str, tuple[str, str, str]]:
+def index(service: Engine) -> dict[str, tuple[str, str, str]]:
     return {s.name: (s.state, s.version, s.reason) for s in service.model_set.index()}
 
 
 async def test_explicit_mode_loads_what_it_is_told(make_service: ServiceFactory) -> None:
     async with make_service(models="a") as service:
-        assert list(service.models) == ["a"]
+        assert list(service.served) == ["a"]
         assert index(service)["b"] == ("UNAVAILABLE", "", "not loaded") and "notes" not in index(service)
         b = await service.model_set.load("b")
-        assert list(service.models) == ["a", "b"] and service.default is service.models["a"]
+        assert list(service.served) == ["a", "b"] and service.default is service.served["a"]
         assert index(service)["b"] == ("READY", b.version, "")
-        done = await service.infer(service.model("b"), IMAGE, InferOptions())
-        assert done.model is b and len(done.predictions) == 1
+        done = await service.run(service.model("b"), IMAGE, InferOptions())
+        assert done.model is b.description and len(done.predictions) == 1
         assert service.metrics.models_loaded._value.get() == 2
 
 
@@ -85,31 +85,31 @@ async def test_a_reload_finishes_admitted_requests_on_the_old_version(
     async with make_service(models="a") as service:
         old = service.model("a")
         slow_forward(old, 0.5)
-        in_flight = asyncio.create_task(service.infer(old, IMAGE, InferOptions()))
+        in_flight = asyncio.create_task(service.run(old, IMAGE, InferOptions()))
         await until(lambda: old.batcher.queue_depth == 0 and not old.batcher._idle.is_set())  # admitted, computing
         new_version = replace_checkpoint(repository / "a.safetensors", seed=7)
         new = await service.model_set.load("a")
-        assert (await in_flight).model is old  # answered by the version that admitted it
+        assert (await in_flight).model is old.description  # answered by the version that admitted it
         assert new.version == new_version != old.version and service.model("a") is new
         assert old.retired and old.batcher.queue_depth == 0
         # An edge that looked the model up before the switch gets the new version.
-        assert (await service.infer(old, IMAGE, InferOptions())).model is new
+        assert (await service.run(old, IMAGE, InferOptions())).model is new.description
 
 
 async def test_an_unload_answers_what_it_admitted_then_refuses(make_service: ServiceFactory) -> None:
     async with make_service(models="a,b") as service:
         a = service.model("a")
         slow_forward(a, 0.5)
-        in_flight = asyncio.create_task(service.infer(a, IMAGE, InferOptions()))
+        in_flight = asyncio.create_task(service.run(a, IMAGE, InferOptions()))
         await until(lambda: not a.batcher._idle.is_set())
         await service.model_set.unload("a")
-        assert (await in_flight).model is a
+        assert (await in_flight).model is a.description
         with pytest.raises(ModelNotFound, match="'a' was unloaded; this service serves: b"):
-            await service.infer(a, IMAGE, InferOptions())
+            await service.run(a, IMAGE, InferOptions())
         with pytest.raises(ModelNotFound, match="no model named 'a'"):
             service.model("a")
         assert index(service)["a"] == ("UNAVAILABLE", a.version, "unloaded")
-        assert service.default is service.models["b"]
+        assert service.default is service.served["b"]
         await service.model_set.unload("a")  # known and not loaded: nothing to do
         with pytest.raises(ModelNotFound):
             await service.model_set.unload("never-there")
@@ -130,7 +130,7 @@ async def test_a_file_that_fails_to_load_leaves_the_old_version_serving(
         assert (state, version) == ("UNAVAILABLE", old.version) and "goes on serving" in reason
         assert service.metrics.model_load_failures.labels("a")._value.get() == 1
         service.check_ready()
-        assert len((await service.infer(service.model("a"), IMAGE, InferOptions())).predictions) == 1
+        assert len((await service.run(service.model("a"), IMAGE, InferOptions())).predictions) == 1
 
 
 @pytest.mark.parametrize("name", ["../a", "a/b", ".hidden", "a..b", "", "x" * 65, "/etc/passwd"])
@@ -158,7 +158,7 @@ async def test_nothing_outside_the_repository_is_read(
 @pytest.mark.parametrize("control", ["none", "poll"])
 async def test_the_api_changes_models_in_explicit_mode_only(make_service: ServiceFactory, control: str) -> None:
     async with make_service(model_control=control) as service:
-        assert list(service.models) == ["a", "b"]  # none and poll load every model file
+        assert list(service.served) == ["a", "b"]  # none and poll load every model file
         with pytest.raises(NotAllowed, match=f"VIT_MODEL_CONTROL={control}"):
             await service.model_set.load("a")
         with pytest.raises(NotAllowed, match=f"VIT_MODEL_CONTROL={control}"):
@@ -167,42 +167,40 @@ async def test_the_api_changes_models_in_explicit_mode_only(make_service: Servic
 
 async def test_poll_mode_follows_the_files(make_service: ServiceFactory, repository: Path) -> None:
     async with make_service(model_control="poll", models="b", repository_poll_s=0.05) as service:
-        assert list(service.models) == ["b", "a"]  # VIT_MODELS first: b is the default
+        assert list(service.served) == ["b", "a"]  # VIT_MODELS first: b is the default
         write_tiny_checkpoint(repository / "c.safetensors", seed=2)
-        await until(lambda: "c" in service.models, timeout=30)
+        await until(lambda: "c" in service.served, timeout=30)
         old_a = service.model("a")
         new_version = replace_checkpoint(repository / "a.safetensors", seed=9)
-        await until(lambda: service.models["a"].version == new_version, timeout=30)
-        assert old_a.retired and list(service.models)[:2] == ["b", "a"]
+        await until(lambda: service.served["a"].version == new_version, timeout=30)
+        assert old_a.retired and list(service.served)[:2] == ["b", "a"]
         (repository / "b.safetensors").unlink()
         await until(lambda: index(service)["b"][0] == "UNAVAILABLE", timeout=30)
-        assert "b" not in service.models and service.default is service.models["a"]
+        assert "b" not in service.served and service.default is service.served["a"]
         (repository / "c.safetensors").write_bytes(b"broken")  # a bad file: c keeps serving
         await until(lambda: index(service)["c"][0] == "UNAVAILABLE", timeout=30)
-        assert "c" in service.models and "goes on serving" in index(service)["c"][2]
+        assert "c" in service.served and "goes on serving" in index(service)["c"][2]
 
 
 def test_startup_checks_the_repository(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     base = {"model_repository": repository, "device": "cpu", "backend": "torch", "warmup": False}
     with pytest.raises(ValueError, match="VIT_MODELS names zzz, but VIT_MODEL_REPOSITORY .* it has: a, b"):
-        Service.load(Settings(**base, models="zzz"), Metrics())
+        Engine.load(Settings(**base, models="zzz"), Metrics())
     empty = tmp_path_factory.mktemp("empty")
     with pytest.raises(ValueError, match="holds no model file"):
-        Service.load(Settings(**{**base, "model_repository": empty}), Metrics())
-    assert (
-        Service.load(Settings(**{**base, "model_repository": empty, "model_control": "poll"}), Metrics()).models == {}
-    )
+        Engine.load(Settings(**{**base, "model_repository": empty}), Metrics())
+    assert Engine.load(Settings(**{**base, "model_repository": empty, "model_control": "poll"}), Metrics()).served == {}
 
 
 async def test_a_change_under_way_finishes_when_its_caller_is_cancelled(make_service: ServiceFactory) -> None:
     async with make_service(models="a") as service:
         a = service.model("a")
         slow_forward(a, 0.5)
-        in_flight = asyncio.create_task(service.infer(a, IMAGE, InferOptions()))
+        in_flight = asyncio.create_task(service.run(a, IMAGE, InferOptions()))
         await until(lambda: not a.batcher._idle.is_set())
         unloading = asyncio.create_task(service.model_set.unload("a"))
         await until(lambda: index(service)["a"][0] == "UNLOADING")
         unloading.cancel()  # e.g. the gRPC client went away
-        assert (await in_flight).model is a
+        assert (await in_flight).model is a.description
         await until(lambda: index(service)["a"][0] == "UNAVAILABLE")
         assert a.batcher._task is not None and a.batcher._task.done()  # stopped, not left running

@@ -79,7 +79,7 @@ async def test_v2_infer_on_onnxruntime(make_client: ClientFactory) -> None:
         r = await client.post("/v2/models/tiny/infer", json=body)
         assert r.status_code == 200, r.text
         (out,) = r.json()["outputs"]
-        model = client.app.state.service.default.predictor.model  # type: ignore[attr-defined]
+        model = client.app.state.data_plane.default.predictor.model  # type: ignore[attr-defined]
         with torch.inference_mode():
             expected = model(pixels).softmax(-1)
         assert out["data"] == pytest.approx(expected.flatten().tolist(), abs=TOLERANCE)

@@ -5,21 +5,21 @@ from __future__ import annotations
 import pytest
 import torch
 
+from app.core.engine import Engine
 from app.core.errors import InvalidInput, PayloadTooLarge
 from app.core.request import EncodedImage
-from app.core.service import Service
 from model.shapes import SHAPE_CLASSES, make_sample
 from tests.support.images import encode
 
 
-def test_what_a_model_tells_about_itself(service: Service) -> None:
+def test_what_a_model_tells_about_itself(service: Engine) -> None:
     model = service.model(None)
     assert model.name == "tiny" and model.classes == list(SHAPE_CLASSES)
     assert model.input_shape == (3, 32, 32) and model.grid_size == 4
     assert model.version == model.checkpoint.version and len(model.version) == 12
 
 
-def test_prepare_decodes_and_preprocesses_as_the_checkpoint_says(service: Service) -> None:
+def test_prepare_decodes_and_preprocesses_as_the_checkpoint_says(service: Engine) -> None:
     model = service.model(None)
     image = make_sample(3, 1).image
     prepared = model.prepare(EncodedImage("a.png", encode(image)), keep_image=True)
@@ -28,7 +28,7 @@ def test_prepare_decodes_and_preprocesses_as_the_checkpoint_says(service: Servic
     assert model.prepare(EncodedImage("a.png", encode(image)), keep_image=False).image is None
 
 
-def test_the_pixel_limit_is_checked_before_decoding(service: Service) -> None:
+def test_the_pixel_limit_is_checked_before_decoding(service: Engine) -> None:
     model = service.model(None)
     model.max_image_pixels = 100
     with pytest.raises(PayloadTooLarge, match=r"big.png: 64x64 = 4096 pixels is over the limit of 100"):
@@ -36,11 +36,11 @@ def test_the_pixel_limit_is_checked_before_decoding(service: Service) -> None:
 
 
 @pytest.mark.parametrize(("target", "index"), [(None, None), ("star", SHAPE_CLASSES.index("star")), ("0", 0), ("9", 9)])
-def test_targets_by_label_or_index(service: Service, target: str | None, index: int | None) -> None:
+def test_targets_by_label_or_index(service: Engine, target: str | None, index: int | None) -> None:
     assert service.model(None).target_index(target) == index
 
 
 @pytest.mark.parametrize("target", ["10", "-1", "Star", ""])
-def test_targets_that_name_no_class(service: Service, target: str) -> None:
+def test_targets_that_name_no_class(service: Engine, target: str) -> None:
     with pytest.raises(InvalidInput, match=r"give a label or an index 0\.\.9"):
         service.model(None).target_index(target)

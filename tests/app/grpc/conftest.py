@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
@@ -10,9 +9,8 @@ from typing import Any
 import grpc
 import pytest
 
-from app.core.metrics import Metrics
-from app.core.service import Service
-from app.grpc.proto.service_pb2_grpc import GRPCInferenceServiceStub
+from app.codecs.proto.service_pb2_grpc import GRPCInferenceServiceStub
+from app.core.engine import Engine
 from app.grpc.server import GrpcServer
 from app.settings import Settings
 from tests.support.server import free_port
@@ -22,7 +20,7 @@ from tests.support.server import free_port
 class Edge:
     """The core with its gRPC edge in this process, and a client stub over a real channel."""
 
-    service: Service
+    service: Engine
     server: GrpcServer
     stub: GRPCInferenceServiceStub
 
@@ -37,20 +35,16 @@ def make_edge(tiny_checkpoint: Path) -> EdgeFactory:
     @asynccontextmanager
     async def make(**overrides: Any) -> AsyncIterator[Edge]:
         port = free_port()
-        settings = Settings(**{
-            "weights": tiny_checkpoint, "device": "cpu", "backend": "torch", "warmup": False, "max_batch_size": 4,
-            "grpc_port": port, **overrides,
-        })  # fmt: skip
-        service = await asyncio.to_thread(Service.load, settings, Metrics())
-        server = GrpcServer(service, port, settings.grpc_message_limit())
-        await server.start()
-        service.start()
-        try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-                yield Edge(service, server, GRPCInferenceServiceStub(channel))
-        finally:
-            await server.stop(5)
-            await service.shutdown()
+        base = {"weights": tiny_checkpoint, "device": "cpu", "backend": "torch", "warmup": False, "max_batch_size": 4}
+        settings = Settings(**{**base, "grpc_port": port, **overrides})
+        async with Engine.serving(settings) as service:
+            server = GrpcServer(service, port, settings.grpc_message_limit())
+            await server.start()
+            try:
+                async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                    yield Edge(service, server, GRPCInferenceServiceStub(channel))
+            finally:
+                await server.stop(5)
 
     return make
 

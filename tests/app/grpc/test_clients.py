@@ -16,7 +16,7 @@ import tritonclient.grpc as triton
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
-from app.grpc.proto.service_pb2_grpc import GRPCInferenceServiceStub
+from app.codecs.proto.service_pb2_grpc import GRPCInferenceServiceStub
 from app.settings import BUNDLED_WEIGHTS
 from model.checkpoint import load_checkpoint
 from model.shapes import SHAPE_CLASSES, make_sample
@@ -168,7 +168,7 @@ def test_sigterm_answers_the_calls_under_way() -> None:
                 return [len(r.outputs) for r in await asyncio.gather(*calls)]
 
         assert asyncio.run(in_flight()) == [1] * 32
-        assert s.proc.wait(timeout=30) in (0, -signal.SIGTERM)
+        assert s.proc.wait(timeout=30) == 0
     finally:
         out = s.stop()
     assert "stopped" in out

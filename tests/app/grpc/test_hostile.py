@@ -8,7 +8,7 @@ from collections.abc import Callable
 import grpc
 import pytest
 
-from app.grpc.proto import messages_pb2 as pb
+from app.codecs.proto import messages_pb2 as pb
 from model.shapes import make_sample
 from tests.app.grpc.conftest import Edge
 from tests.support.grpc_requests import expect, image_request, length_prefixed

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tritonclient.grpc import service_pb2 as triton
 
-from app.grpc.proto import messages_pb2 as pb
+from app.codecs.proto import messages_pb2 as pb
 from tests.support.server import ROOT
 
 GENERATED = ["messages_pb2.py", "messages_pb2.pyi", "service_pb2_grpc.py"]
@@ -18,9 +18,9 @@ GENERATED = ["messages_pb2.py", "messages_pb2.pyi", "service_pb2_grpc.py"]
 def test_generated_code_is_current(tmp_path: Path) -> None:
     subprocess.run(["bin/protos", str(tmp_path)], cwd=ROOT, check=True, env={**os.environ, "PYTHON": sys.executable})
     for name in GENERATED:
-        made = (tmp_path / "app/grpc/proto" / name).read_text()
-        assert made == (ROOT / "app/grpc/proto" / name).read_text(), f"{name} is stale: run bin/protos"
-    assert sorted(p.name for p in (tmp_path / "app/grpc/proto").iterdir()) == sorted(GENERATED)
+        made = (tmp_path / "app/codecs/proto" / name).read_text()
+        assert made == (ROOT / "app/codecs/proto" / name).read_text(), f"{name} is stale: run bin/protos"
+    assert sorted(p.name for p in (tmp_path / "app/codecs/proto").iterdir()) == sorted(GENERATED)
 
 
 def test_messages_are_tritons_on_the_wire() -> None:

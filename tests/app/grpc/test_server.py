@@ -8,8 +8,8 @@ import grpc
 import numpy as np
 import torch
 
+from app.codecs.proto import messages_pb2 as pb
 from app.core.request import EncodedImage, InferOptions
-from app.grpc.proto import messages_pb2 as pb
 from model.shapes import make_sample
 from tests.app.grpc.conftest import Edge, EdgeFactory
 from tests.support.clients import slow_forward
@@ -43,7 +43,7 @@ async def test_health_and_metadata(edge: Edge) -> None:
 
 async def test_infer_answers_what_the_core_answers(edge: Edge) -> None:
     model = edge.service.model("tiny")
-    expected = await edge.service.infer(model, [EncodedImage(f"{i}", p) for i, p in enumerate(PNGS)], InferOptions())
+    expected = await edge.service.run(model, [EncodedImage(f"{i}", p) for i, p in enumerate(PNGS)], InferOptions())
     want = torch.stack([p.probabilities for p in expected.predictions]).numpy()
     for raw in (True, False):  # raw_input_contents as tritonclient sends, or typed bytes_contents
         response = await edge.stub.ModelInfer(image_request(*PNGS, raw=raw))

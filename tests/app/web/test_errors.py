@@ -6,13 +6,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-from asgi_lifespan import LifespanManager
 from PIL import Image
 
+from app.core.engine import Engine
 from app.settings import Settings
 from app.web.app import create_app
 from model.shapes import make_sample
 from tests.support.clients import ClientFactory, until
+from tests.support.data_planes import UnreadyDataPlane
 from tests.support.images import encode, png_with_header
 
 
@@ -122,7 +123,7 @@ async def test_bad_query_is_422(
 
 async def test_overloaded_is_503_with_retry_after(make_client: ClientFactory, shape_png: bytes) -> None:
     async with make_client(max_queue=2, max_files=2, max_batch_size=1, max_wait_ms=0) as client:
-        batcher = client.app.state.service.default.batcher  # type: ignore[attr-defined]
+        batcher = client.app.state.data_plane.default.batcher  # type: ignore[attr-defined]
         original = batcher.run_batch
         release, entered = asyncio.Event(), threading.Event()
         loop = asyncio.get_running_loop()
@@ -147,7 +148,7 @@ async def test_overloaded_is_503_with_retry_after(make_client: ClientFactory, sh
 
 async def test_timeout_is_504(make_client: ClientFactory, shape_png: bytes) -> None:
     async with make_client(request_timeout_s=0.2) as client:
-        batcher = client.app.state.service.default.batcher  # type: ignore[attr-defined]
+        batcher = client.app.state.data_plane.default.batcher  # type: ignore[attr-defined]
         original = batcher.run_batch
 
         def slow(batch):  # type: ignore[no-untyped-def]
@@ -161,19 +162,34 @@ async def test_timeout_is_504(make_client: ClientFactory, shape_png: bytes) -> N
 
 
 async def test_not_ready_before_the_model_is_loaded(tiny_checkpoint: Path, shape_png: bytes) -> None:
-    app = create_app(Settings(weights=tiny_checkpoint, device="cpu", grpc_port=0))
-    transport = httpx.ASGITransport(app=app)  # no lifespan run: the model is not loaded
-    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+    engine = Engine.load(Settings(weights=tiny_checkpoint, device="cpu", backend="torch"))  # loaded, not started
+    app = create_app(engine)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
         assert (await client.get("/health/live")).status_code == 200
         assert_error(await client.get("/health/ready"), 503, "not ready")
         assert_error(await post_file(client, shape_png), 503, "not loaded yet")
         assert_error(await client.get("/v1/model"), 503)
         assert (await client.get("/metrics")).status_code == 200
-    async with (
-        LifespanManager(app, startup_timeout=60),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client,
-    ):
-        assert (await client.get("/health/ready")).status_code == 200
+        engine.start()
+        try:
+            assert (await client.get("/health/ready")).status_code == 200
+        finally:
+            await engine.shutdown()
+        assert_error(await client.get("/health/ready"), 503, "draining")
+
+
+async def test_the_edges_ask_only_the_data_plane(shape_png: bytes) -> None:
+    """/predict, V2 REST and the health routes run over a data plane that is not the engine."""
+    plane = UnreadyDataPlane()
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(plane)), base_url="http://test") as c:
+        assert (await c.get("/health/live")).status_code == 200
+        assert (await c.get("/v2/health/live")).status_code == 200
+        assert_error(await c.get("/health/ready"), 503, "not loaded yet")
+        assert_error(await post_file(c, shape_png), 503, "not loaded yet")
+        r = await c.post("/v2/models/m/infer", json={"inputs": []})
+        assert r.status_code == 503 and "not loaded yet" in r.json()["error"]
+        assert (await c.get("/metrics")).status_code == 200
+    assert plane.calls == ["check_ready"] * 3
 
 
 async def test_api_keys_guard_predict_only(make_client: ClientFactory, shape_png: bytes) -> None:

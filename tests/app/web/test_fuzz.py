@@ -10,12 +10,11 @@ from typing import Any, TypeVar
 
 import httpx
 import pytest
-from asgi_lifespan import LifespanManager
-from fastapi import FastAPI
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
+from app.core.engine import Engine
 from app.settings import Settings
 from app.web.app import create_app
 from model.shapes import make_sample
@@ -47,18 +46,18 @@ SEEDS = seed_images()
 
 
 class InProcessClient:
-    """The app with its lifespan run on an event loop thread, called synchronously (hypothesis tests are sync)."""
+    """The app over a running engine on an event loop thread, called synchronously (hypothesis tests are sync)."""
 
-    def __init__(self, app: FastAPI) -> None:
+    def __init__(self, settings: Settings) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.lifespan, self.client = self.call(self.start(app))
+        self.engine, self.client = self.call(self.start(settings))
 
-    async def start(self, app: FastAPI) -> tuple[LifespanManager, httpx.AsyncClient]:
-        lifespan = LifespanManager(app, startup_timeout=60)  # both need a running loop to be made
-        await lifespan.__aenter__()
-        return lifespan, httpx.AsyncClient(transport=httpx.ASGITransport(app=lifespan.app), base_url="http://test")
+    async def start(self, settings: Settings) -> tuple[Engine, httpx.AsyncClient]:
+        engine = await asyncio.to_thread(Engine.load, settings)  # started on the loop that serves it
+        engine.start()
+        return engine, httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(engine)), base_url="http://test")
 
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=60)
@@ -71,7 +70,7 @@ class InProcessClient:
 
     def close(self) -> None:
         self.call(self.client.aclose())
-        self.call(self.lifespan.__aexit__(None, None, None))
+        self.call(self.engine.shutdown())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)
         self.loop.close()
@@ -80,9 +79,7 @@ class InProcessClient:
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessClient]:
     checkpoint = write_tiny_checkpoint(tmp_path_factory.mktemp("fuzz") / "tiny.safetensors")
-    c = InProcessClient(
-        create_app(Settings(weights=checkpoint, device="cpu", max_wait_ms=0, max_image_pixels=4_000_000, grpc_port=0))
-    )
+    c = InProcessClient(Settings(weights=checkpoint, device="cpu", max_wait_ms=0, max_image_pixels=4_000_000))
     try:
         yield c
         assert c.get("/health/ready").status_code == 200  # the service stays ready after all of it

@@ -105,7 +105,7 @@ async def test_overlay_is_a_png_of_the_image(client: httpx.AsyncClient) -> None:
 
 async def test_attention_and_plain_requests_share_a_batch(make_client: ClientFactory, shape_png: bytes) -> None:
     async with make_client(max_batch_size=8, max_wait_ms=0) as client:
-        batcher = client.app.state.service.default.batcher  # type: ignore[attr-defined]
+        batcher = client.app.state.data_plane.default.batcher  # type: ignore[attr-defined]
         real, gate, loop = batcher.run_batch, asyncio.Event(), asyncio.get_running_loop()
         entered = threading.Event()
         sizes: list[int] = []

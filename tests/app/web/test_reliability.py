@@ -154,7 +154,7 @@ def test_disconnected_clients_are_not_computed(tmp_path: Path) -> None:
 
 async def test_out_of_memory_batches_are_retried_in_halves(make_client: ClientFactory) -> None:
     async with make_client(max_batch_size=8, max_wait_ms=100) as client:
-        batcher = client.app.state.service.default.batcher  # type: ignore[attr-defined]
+        batcher = client.app.state.data_plane.default.batcher  # type: ignore[attr-defined]
         real = batcher.run_batch
         sizes: list[int] = []
 
@@ -175,7 +175,7 @@ async def test_out_of_memory_batches_are_retried_in_halves(make_client: ClientFa
 
 async def test_an_image_that_always_fails_fails_only_its_request(make_client: ClientFactory) -> None:
     async with make_client(max_batch_size=8, max_wait_ms=100) as client:
-        batcher = client.app.state.service.default.batcher  # type: ignore[attr-defined]
+        batcher = client.app.state.data_plane.default.batcher  # type: ignore[attr-defined]
         real = batcher.run_batch
 
         def one_poisoned(batch):  # type: ignore[no-untyped-def]

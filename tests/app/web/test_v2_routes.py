@@ -85,7 +85,7 @@ async def test_binary_outputs_follow_the_json_header(client: httpx.AsyncClient, 
 
 async def test_v2_and_predict_images_share_one_batch(make_client: ClientFactory, shape_png: bytes) -> None:
     async with make_client(max_batch_size=8, max_wait_ms=200) as client:
-        batcher = client.app.state.service.default.batcher  # type: ignore[attr-defined]
+        batcher = client.app.state.data_plane.default.batcher  # type: ignore[attr-defined]
         sizes: list[int] = []
         original = batcher.run_batch
         batcher.run_batch = lambda batch: sizes.append(len(batch)) or original(batch)
@@ -186,7 +186,7 @@ async def test_body_limit_and_overload(make_client: ClientFactory, shape_png: by
     ) as client:
         header, binary = image_request(b"x" * 30_000)
         assert_v2_error(await infer_binary(client, header, binary), 413, "over the limit of 20000 bytes")
-        batcher = client.app.state.service.default.batcher  # type: ignore[attr-defined]
+        batcher = client.app.state.data_plane.default.batcher  # type: ignore[attr-defined]
         original, release, entered = batcher.run_batch, asyncio.Event(), threading.Event()
         loop = asyncio.get_running_loop()
 

@@ -1,4 +1,4 @@
-"""Service.infer, the core's one entry, used with no edge: images or pixels in, predictions out."""
+"""The engine, the in-process data plane, used with no edge: images or pixels in, predictions out."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import asyncio
 import pytest
 import torch
 
+from app.core.data_plane import Inference, InferenceRequest
+from app.core.engine import Engine
 from app.core.errors import InvalidInput, ModelNotFound, NotReady, UnsupportedMediaType
 from app.core.request import EncodedImage, InferOptions
-from app.core.service import Service
 from model.shapes import make_sample
 from tests.support.images import encode
 
@@ -18,12 +19,12 @@ def images(n: int) -> list[EncodedImage]:
     return [EncodedImage(f"{i}.png", encode(make_sample(7, i).image)) for i in range(n)]
 
 
-async def test_images_and_their_pixels_give_the_same_predictions(service: Service) -> None:
+async def test_images_and_their_pixels_give_the_same_predictions(service: Engine) -> None:
     model = service.model(None)
     files = images(3)
-    from_files = (await service.infer(model, files, InferOptions("rollout"))).predictions
+    from_files = (await service.run(model, files, InferOptions("rollout"))).predictions
     pixels = torch.stack([model.prepare(f, keep_image=False).pixels for f in files])
-    from_pixels = (await service.infer(model, pixels, InferOptions("rollout"))).predictions
+    from_pixels = (await service.run(model, pixels, InferOptions("rollout"))).predictions
     assert [p.filename for p in from_files] == ["0.png", "1.png", "2.png"]
     assert [p.filename for p in from_pixels] == ["pixels[0]", "pixels[1]", "pixels[2]"]
     for a, b in zip(from_files, from_pixels, strict=True):
@@ -32,30 +33,30 @@ async def test_images_and_their_pixels_give_the_same_predictions(service: Servic
         assert a.overlay_png is None
 
 
-async def test_overlays_are_drawn_for_files_only(service: Service) -> None:
+async def test_overlays_are_drawn_for_files_only(service: Engine) -> None:
     model = service.model(None)
-    [prediction] = (await service.infer(model, images(1), InferOptions("last", overlay=True))).predictions
+    [prediction] = (await service.run(model, images(1), InferOptions("last", overlay=True))).predictions
     assert prediction.overlay_png is not None and prediction.overlay_png.startswith(b"\x89PNG")
     with pytest.raises(InvalidInput, match="send images, not pixels"):
-        await service.infer(model, torch.zeros(1, *model.input_shape), InferOptions("last", overlay=True))
+        await service.run(model, torch.zeros(1, *model.input_shape), InferOptions("last", overlay=True))
 
 
-async def test_one_bad_file_fails_the_request_before_any_compute(service: Service) -> None:
+async def test_one_bad_file_fails_the_request_before_any_compute(service: Engine) -> None:
     model = service.model(None)
     batches_before = service.metrics.batch_size.labels(model.name)._sum.get()
     bad = [*images(2), EncodedImage("notes.txt", b"plain text")]
     with pytest.raises(UnsupportedMediaType, match="notes.txt: not a recognised image"):
-        await service.infer(model, bad, InferOptions())
+        await service.run(model, bad, InferOptions())
     await asyncio.sleep(0.05)
     assert service.metrics.batch_size.labels(model.name)._sum.get() == batches_before
 
 
-async def test_an_unknown_target_names_the_classes(service: Service) -> None:
+async def test_an_unknown_target_names_the_classes(service: Engine) -> None:
     with pytest.raises(InvalidInput, match="target 'moon' names no class of model tiny"):
-        await service.infer(service.model(None), images(1), InferOptions("gradient", "moon"))
+        await service.run(service.model(None), images(1), InferOptions("gradient", "moon"))
 
 
-async def test_models_by_name_and_version(service: Service) -> None:
+async def test_models_by_name_and_version(service: Engine) -> None:
     model = service.model(None)
     assert service.model("tiny") is model and service.model("tiny", model.version) is model
     with pytest.raises(ModelNotFound, match="no model named 'other'; this service serves: tiny"):
@@ -64,22 +65,25 @@ async def test_models_by_name_and_version(service: Service) -> None:
         service.model("tiny", "0")
 
 
-async def test_readiness_follows_start_and_shutdown(service: Service) -> None:
+async def test_readiness_follows_start_and_shutdown(service: Engine) -> None:
     service.check_ready()
     assert service.metrics.ready._value.get() == 1
     await service.shutdown()
     with pytest.raises(NotReady, match="retry shortly"):
         service.check_ready()
     with pytest.raises(NotReady, match="shutting down"):
-        await service.infer(service.model(None), images(1), InferOptions())
+        await service.run(service.model(None), images(1), InferOptions())
 
 
-async def test_costly_encoding_runs_off_the_event_loop(service: Service) -> None:
+async def test_costly_encoding_runs_off_the_event_loop(service: Engine) -> None:
     import threading
 
-    model = service.model(None)
     loop_thread = threading.get_ident()
-    plain = (await service.infer(model, images(1), InferOptions())).predictions
-    mapped = (await service.infer(model, images(1), InferOptions("rollout"))).predictions
-    assert await service.encode(plain, threading.get_ident) == loop_thread  # ten numbers: inline
-    assert await service.encode(mapped, threading.get_ident) != loop_thread  # a map: on the CPU pool
+
+    def encoded_on(_: Inference) -> int:
+        return threading.get_ident()
+
+    plain = await service.infer(InferenceRequest(None, images(1), InferOptions()), encoded_on)
+    mapped = await service.infer(InferenceRequest(None, images(1), InferOptions("rollout")), encoded_on)
+    assert plain == loop_thread  # ten numbers: inline
+    assert mapped != loop_thread  # a map: on the CPU pool

@@ -1,9 +1,8 @@
-"""The serving core's one entry: every served model, the CPU pool, readiness and shutdown.
+"""The engine: the in-process data plane, owning every served model, the CPU pool, readiness and shutdown.
 
-`Service.load` builds it whole (models loaded and warm); `start` runs it on the event loop. Every
-edge (`/predict`, V2 over REST and gRPC, the batch runner) calls `infer` with encoded images or
-pixels and the options, and encodes the predictions in its own protocol. Models change at runtime
-through `model_set` (a `ModelSet`). It knows nothing of HTTP or any other protocol.
+`Engine.load` builds it whole (models loaded and warm); `start` runs it on the event loop, `shutdown`
+answers what it admitted and stops; `Engine.serving` does all three around a block. Edges reach it only
+through the `DataPlane` members; the rest (`model`, `served`, `model_set`) is the core's own.
 """
 
 from __future__ import annotations
@@ -13,15 +12,17 @@ import gc
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TypeVar
 
 import torch
 
 from app.core.api_keys import ApiKeys
+from app.core.data_plane import Inference, InferenceRequest, Limits
+from app.core.description import ModelDescription, ModelStatus
 from app.core.errors import InvalidInput, ModelNotFound, NotReady
 from app.core.inference import ImageOutput
 from app.core.metrics import Metrics, ModelMetrics
@@ -37,27 +38,24 @@ log = logging.getLogger("app")
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class Inference:
-    """One request's answer: the model version that computed it, and a prediction per image in input order."""
+class Engine:
+    """A `DataPlane` in this process."""
 
-    model: ServedModel
-    predictions: list[Prediction]
-
-
-class Service:
     def __init__(self, settings: Settings, metrics: Metrics, models: ModelSet) -> None:
         self.settings = settings
         self.metrics = metrics
         self.model_set = models
+        self.limits = Limits(settings.max_upload_bytes, settings.max_files)
         self.api_keys = ApiKeys(settings.api_key_set())
-        self.ready = False
+        self.is_ready = False
+        self.started = False
         # decoding, overlays and large responses: CPU work kept off the event loop
         self.cpu_pool = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="cpu")
 
     @classmethod
-    def load(cls, settings: Settings, metrics: Metrics) -> Service:
+    def load(cls, settings: Settings, metrics: Metrics | None = None) -> Engine:
         """Load and warm up every model (blocking; run off the event loop)."""
+        metrics = metrics or Metrics()
         if settings.threads:
             torch.set_num_threads(settings.threads)
         try:
@@ -78,17 +76,40 @@ class Service:
             served[name] = build(name, path)
             metrics.model_load_seconds.observe(time.perf_counter() - started)
         s = settings
-        return cls(s, metrics, ModelSet(served, build, repository, s.model_control, metrics, s.drain_timeout_s, files))
+        models = ModelSet(served, build, repository, s.model_control, metrics, s.drain_timeout_s, files)
+        return cls(s, metrics, models)
 
+    @classmethod
+    @asynccontextmanager
+    async def serving(cls, settings: Settings, metrics: Metrics | None = None) -> AsyncIterator[Engine]:
+        """Loaded (on a thread), started on this event loop, and shut down after the block."""
+        engine = await asyncio.to_thread(cls.load, settings, metrics)
+        engine.start()
+        try:
+            yield engine
+        finally:
+            await engine.shutdown()
+
+    # The core's own view: served models as objects.
     @property
-    def models(self) -> dict[str, ServedModel]:
+    def served(self) -> dict[str, ServedModel]:
         """The models serving now, by name; the default first."""
         return self.model_set.served
 
     @property
     def default(self) -> ServedModel | None:
         """The model requests without a name go to: the first one loaded (VIT_MODELS' first)."""
-        return next(iter(self.models.values()), None)
+        return next(iter(self.served.values()), None)
+
+    def model(self, name: str | None, version: str | None = None) -> ServedModel:
+        """The model called `name` (the default one for None), at `version` when one is given."""
+        model = self.default if name is None else self.served.get(name)
+        if model is None:
+            asked = "no model is loaded" if name is None else f"no model named {name!r}"
+            raise ModelNotFound(f"{asked}; this service serves: {self.model_set.names()}")
+        if version is not None and version != model.version:
+            raise ModelNotFound(f"model {name!r} has no version {version!r}; it serves version {model.version}")
+        return model
 
     def start(self) -> None:
         """Start every model's batcher; ready once all are loaded, warm and running."""
@@ -98,27 +119,57 @@ class Service:
         gc.collect()
         gc.freeze()
         self.metrics.watch_gc()
-        for model in self.models.values():
+        for model in self.served.values():
             model.batcher.start()
         self.model_set.start_polling(self.settings.repository_poll_s)
-        self.ready = True
+        self.started = True
+        self.is_ready = True
         self.metrics.ready.set(1)
 
+    # The DataPlane.
+    def live(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        return self.is_ready
+
     def check_ready(self) -> None:
-        if not self.ready:
+        if not self.is_ready:
             raise NotReady(NOT_READY)
 
-    def model(self, name: str | None, version: str | None = None) -> ServedModel:
-        """The model called `name` (the default one for None), at `version` when one is given."""
-        model = self.default if name is None else self.models.get(name)
-        if model is None:
-            asked = "no model is loaded" if name is None else f"no model named {name!r}"
-            raise ModelNotFound(f"{asked}; this service serves: {self.model_set.names()}")
-        if version is not None and version != model.version:
-            raise ModelNotFound(f"model {name!r} has no version {version!r}; it serves version {model.version}")
-        return model
+    def authorize(self, credentials: str | None) -> None:
+        self.api_keys.check(credentials or "")
 
-    async def infer(
+    def model_ready(self, name: str, version: str | None = None) -> bool:
+        model = self.served.get(name)
+        return self.is_ready and model is not None and version in (None, "", model.version)
+
+    def describe(self, name: str | None, version: str | None = None) -> ModelDescription:
+        return self.model(name, version).description
+
+    def models(self) -> list[ModelDescription]:
+        return [m.description for m in self.served.values()]
+
+    async def infer(self, request: InferenceRequest, encode: Callable[[Inference], T]) -> T:
+        model = self.model(request.model, request.version)
+        done = await self.run(model, request.inputs, request.options, request.timeout_s)
+        values = sum(
+            p.probabilities.numel() + (0 if p.embedding is None else p.embedding.numel()) for p in done.predictions
+        )
+        costly = values > INLINE_ENCODE_MAX_VALUES or any(p.attention_map is not None for p in done.predictions)
+        return await self.run_in_pool(encode, done) if costly else encode(done)
+
+    async def repository_index(self, ready_only: bool = False) -> list[ModelStatus]:
+        return await self.run_in_pool(self.model_set.index, ready_only)
+
+    async def load_model(self, name: str) -> None:
+        await self.model_set.load(name)
+
+    async def unload_model(self, name: str) -> None:
+        await self.model_set.unload(name)
+
+    # The core's own entry, for a model already looked up.
+    async def run(
         self,
         model: ServedModel,
         inputs: Sequence[EncodedImage] | torch.Tensor,
@@ -127,15 +178,13 @@ class Service:
     ) -> Inference:
         """Predictions for encoded image files, or for preprocessed pixels (N, C, H, W), in input order.
 
-        A model replaced since the edge looked it up answers with its new version; one unloaded since, not at
+        A model replaced since it was looked up answers with its new version; one unloaded since, not at
         all. `timeout_s` shortens VIT_REQUEST_TIMEOUT_S (a gRPC client's deadline).
         """
         model = self.model_set.current(model)  # no await from here until the batcher has admitted the request
         wanted = Wanted(options.attention, model.target_index(options.target), options.embedding)
-        timeout = (
-            self.settings.request_timeout_s if timeout_s is None else min(timeout_s, self.settings.request_timeout_s)
-        )
-        deadline = time.monotonic() + timeout
+        timeout = self.settings.request_timeout_s
+        deadline = time.monotonic() + (timeout if timeout_s is None else min(timeout_s, timeout))
         if isinstance(inputs, torch.Tensor):
             if options.overlay:
                 raise InvalidInput("an overlay is drawn over the image file: send images, not pixels")
@@ -146,46 +195,48 @@ class Service:
                 )
             outputs = await model.run_pixels(inputs, wanted, deadline)
             names = [f"pixels[{i}]" for i in range(len(outputs))]
-            return Inference(
-                model, [prediction(name, o, None, options.normalize) for name, o in zip(names, outputs, strict=True)]
-            )
+            predictions = [prediction(n, o, None, options.normalize) for n, o in zip(names, outputs, strict=True)]
+            return Inference(model.description, predictions)
         prepared, outputs = await model.run_images(inputs, wanted, options.overlay, self.cpu_pool, deadline)
         if options.overlay:  # PNG encoding of every map: milliseconds each, on the pool
-            return Inference(model, await self.run_in_pool(with_overlays, prepared, outputs, options.normalize))
+            return Inference(
+                model.description, await self.run_in_pool(with_overlays, prepared, outputs, options.normalize)
+            )
         predictions = [
             prediction(p.filename, o, None, options.normalize) for p, o in zip(prepared, outputs, strict=True)
         ]
-        return Inference(model, predictions)
+        return Inference(model.description, predictions)
 
     async def run_in_pool(self, fn: Callable[..., T], *args: object) -> T:
         """`fn(*args)` on the CPU pool, so the event loop only parses, awaits and writes."""
         return await asyncio.get_running_loop().run_in_executor(self.cpu_pool, fn, *args)
 
-    async def encode(self, predictions: list[Prediction], fn: Callable[..., T], *args: object) -> T:
-        """An edge's response encoder `fn(*args)` for these predictions: on the event loop when it costs
-        less than the hop to the pool (a few numbers), on the pool for overlays, maps and many classes."""
-        values = sum(p.probabilities.numel() + (0 if p.embedding is None else p.embedding.numel()) for p in predictions)
-        costly = values > INLINE_ENCODE_MAX_VALUES or any(p.attention_map is not None for p in predictions)
-        return await self.run_in_pool(fn, *args) if costly else fn(*args)
-
-    async def shutdown(self) -> None:
-        """Turn unready, answer every accepted image of every model, then stop."""
-        self.ready = False
+    def stop_admitting(self) -> None:
+        """Turn unready: the first step of shutdown, taken for every protocol at once."""
+        self.is_ready = False
         self.metrics.ready.set(0)
+
+    async def shutdown(self, timeout_s: float | None = None) -> None:
+        """Turn unready, answer every accepted image of every model (within `timeout_s`, default
+        VIT_DRAIN_TIMEOUT_S), then stop."""
+        self.stop_admitting()
         await self.model_set.close()  # a change under way finishes first
-        timeout = self.settings.drain_timeout_s
-        drained = await asyncio.gather(*(m.batcher.drain(timeout) for m in self.models.values()))
-        for model, ok in zip(self.models.values(), drained, strict=True):
-            if not ok:
-                log.warning("model %s: drain timed out after %.1fs with %d images queued",
-                            model.name, timeout, model.batcher.queue_depth)  # fmt: skip
+        timeout = self.settings.drain_timeout_s if timeout_s is None else timeout_s
+        if not self.started:  # loaded, never served: nothing was admitted
+            timeout = 0.0
+        drained = await asyncio.gather(*(m.batcher.drain(timeout) for m in self.served.values()))
+        for model, ok in zip(self.served.values(), drained, strict=True):
+            if not ok and self.started:
+                queued = model.batcher.queue_depth
+                log.warning("model %s: drain timed out after %.1fs with %d images queued", model.name, timeout, queued)
             await model.batcher.stop()
         self.cpu_pool.shutdown(wait=False, cancel_futures=True)
-        self.metrics.unwatch_gc()
-        gc.unfreeze()  # in-process apps (tests) give their objects back to the collector
+        if self.started:
+            self.metrics.unwatch_gc()
+            gc.unfreeze()  # in-process apps (tests) give their objects back to the collector
 
 
-# Encoding a response costs ~40 us per 1,000 probabilities (pydantic's serializer); a hop to the pool about as much.
+# Encoding a response costs ~40 us per 1,000 probabilities; a hop to the pool about as much.
 INLINE_ENCODE_MAX_VALUES = 1000
 NOT_READY = "not ready: the models are not loaded yet or the service is draining; retry shortly"
 

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from app.grpc.proto import messages_pb2 as app_dot_grpc_dot_proto_dot_messages__pb2
+from app.codecs.proto import messages_pb2 as app_dot_codecs_dot_proto_dot_messages__pb2
 
 GRPC_GENERATED_VERSION = '1.81.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in app/grpc/proto/service_pb2_grpc.py depends on'
+        + ' but the generated code in app/codecs/proto/service_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,48 +36,48 @@ class GRPCInferenceServiceStub:
         """
         self.ServerLive = channel.unary_unary(
                 '/inference.GRPCInferenceService/ServerLive',
-                request_serializer=app_dot_grpc_dot_proto_dot_messages__pb2.ServerLiveRequest.SerializeToString,
-                response_deserializer=app_dot_grpc_dot_proto_dot_messages__pb2.ServerLiveResponse.FromString,
+                request_serializer=app_dot_codecs_dot_proto_dot_messages__pb2.ServerLiveRequest.SerializeToString,
+                response_deserializer=app_dot_codecs_dot_proto_dot_messages__pb2.ServerLiveResponse.FromString,
                 _registered_method=True)
         self.ServerReady = channel.unary_unary(
                 '/inference.GRPCInferenceService/ServerReady',
-                request_serializer=app_dot_grpc_dot_proto_dot_messages__pb2.ServerReadyRequest.SerializeToString,
-                response_deserializer=app_dot_grpc_dot_proto_dot_messages__pb2.ServerReadyResponse.FromString,
+                request_serializer=app_dot_codecs_dot_proto_dot_messages__pb2.ServerReadyRequest.SerializeToString,
+                response_deserializer=app_dot_codecs_dot_proto_dot_messages__pb2.ServerReadyResponse.FromString,
                 _registered_method=True)
         self.ModelReady = channel.unary_unary(
                 '/inference.GRPCInferenceService/ModelReady',
-                request_serializer=app_dot_grpc_dot_proto_dot_messages__pb2.ModelReadyRequest.SerializeToString,
-                response_deserializer=app_dot_grpc_dot_proto_dot_messages__pb2.ModelReadyResponse.FromString,
+                request_serializer=app_dot_codecs_dot_proto_dot_messages__pb2.ModelReadyRequest.SerializeToString,
+                response_deserializer=app_dot_codecs_dot_proto_dot_messages__pb2.ModelReadyResponse.FromString,
                 _registered_method=True)
         self.ServerMetadata = channel.unary_unary(
                 '/inference.GRPCInferenceService/ServerMetadata',
-                request_serializer=app_dot_grpc_dot_proto_dot_messages__pb2.ServerMetadataRequest.SerializeToString,
-                response_deserializer=app_dot_grpc_dot_proto_dot_messages__pb2.ServerMetadataResponse.FromString,
+                request_serializer=app_dot_codecs_dot_proto_dot_messages__pb2.ServerMetadataRequest.SerializeToString,
+                response_deserializer=app_dot_codecs_dot_proto_dot_messages__pb2.ServerMetadataResponse.FromString,
                 _registered_method=True)
         self.ModelMetadata = channel.unary_unary(
                 '/inference.GRPCInferenceService/ModelMetadata',
-                request_serializer=app_dot_grpc_dot_proto_dot_messages__pb2.ModelMetadataRequest.SerializeToString,
-                response_deserializer=app_dot_grpc_dot_proto_dot_messages__pb2.ModelMetadataResponse.FromString,
+                request_serializer=app_dot_codecs_dot_proto_dot_messages__pb2.ModelMetadataRequest.SerializeToString,
+                response_deserializer=app_dot_codecs_dot_proto_dot_messages__pb2.ModelMetadataResponse.FromString,
                 _registered_method=True)
         self.ModelInfer = channel.unary_unary(
                 '/inference.GRPCInferenceService/ModelInfer',
-                request_serializer=app_dot_grpc_dot_proto_dot_messages__pb2.ModelInferRequest.SerializeToString,
-                response_deserializer=app_dot_grpc_dot_proto_dot_messages__pb2.ModelInferResponse.FromString,
+                request_serializer=app_dot_codecs_dot_proto_dot_messages__pb2.ModelInferRequest.SerializeToString,
+                response_deserializer=app_dot_codecs_dot_proto_dot_messages__pb2.ModelInferResponse.FromString,
                 _registered_method=True)
         self.RepositoryIndex = channel.unary_unary(
                 '/inference.GRPCInferenceService/RepositoryIndex',
-                request_serializer=app_dot_grpc_dot_proto_dot_messages__pb2.RepositoryIndexRequest.SerializeToString,
-                response_deserializer=app_dot_grpc_dot_proto_dot_messages__pb2.RepositoryIndexResponse.FromString,
+                request_serializer=app_dot_codecs_dot_proto_dot_messages__pb2.RepositoryIndexRequest.SerializeToString,
+                response_deserializer=app_dot_codecs_dot_proto_dot_messages__pb2.RepositoryIndexResponse.FromString,
                 _registered_method=True)
         self.RepositoryModelLoad = channel.unary_unary(
                 '/inference.GRPCInferenceService/RepositoryModelLoad',
-                request_serializer=app_dot_grpc_dot_proto_dot_messages__pb2.RepositoryModelLoadRequest.SerializeToString,
-                response_deserializer=app_dot_grpc_dot_proto_dot_messages__pb2.RepositoryModelLoadResponse.FromString,
+                request_serializer=app_dot_codecs_dot_proto_dot_messages__pb2.RepositoryModelLoadRequest.SerializeToString,
+                response_deserializer=app_dot_codecs_dot_proto_dot_messages__pb2.RepositoryModelLoadResponse.FromString,
                 _registered_method=True)
         self.RepositoryModelUnload = channel.unary_unary(
                 '/inference.GRPCInferenceService/RepositoryModelUnload',
-                request_serializer=app_dot_grpc_dot_proto_dot_messages__pb2.RepositoryModelUnloadRequest.SerializeToString,
-                response_deserializer=app_dot_grpc_dot_proto_dot_messages__pb2.RepositoryModelUnloadResponse.FromString,
+                request_serializer=app_dot_codecs_dot_proto_dot_messages__pb2.RepositoryModelUnloadRequest.SerializeToString,
+                response_deserializer=app_dot_codecs_dot_proto_dot_messages__pb2.RepositoryModelUnloadResponse.FromString,
                 _registered_method=True)
 
 
@@ -143,48 +143,48 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'ServerLive': grpc.unary_unary_rpc_method_handler(
                     servicer.ServerLive,
-                    request_deserializer=app_dot_grpc_dot_proto_dot_messages__pb2.ServerLiveRequest.FromString,
-                    response_serializer=app_dot_grpc_dot_proto_dot_messages__pb2.ServerLiveResponse.SerializeToString,
+                    request_deserializer=app_dot_codecs_dot_proto_dot_messages__pb2.ServerLiveRequest.FromString,
+                    response_serializer=app_dot_codecs_dot_proto_dot_messages__pb2.ServerLiveResponse.SerializeToString,
             ),
             'ServerReady': grpc.unary_unary_rpc_method_handler(
                     servicer.ServerReady,
-                    request_deserializer=app_dot_grpc_dot_proto_dot_messages__pb2.ServerReadyRequest.FromString,
-                    response_serializer=app_dot_grpc_dot_proto_dot_messages__pb2.ServerReadyResponse.SerializeToString,
+                    request_deserializer=app_dot_codecs_dot_proto_dot_messages__pb2.ServerReadyRequest.FromString,
+                    response_serializer=app_dot_codecs_dot_proto_dot_messages__pb2.ServerReadyResponse.SerializeToString,
             ),
             'ModelReady': grpc.unary_unary_rpc_method_handler(
                     servicer.ModelReady,
-                    request_deserializer=app_dot_grpc_dot_proto_dot_messages__pb2.ModelReadyRequest.FromString,
-                    response_serializer=app_dot_grpc_dot_proto_dot_messages__pb2.ModelReadyResponse.SerializeToString,
+                    request_deserializer=app_dot_codecs_dot_proto_dot_messages__pb2.ModelReadyRequest.FromString,
+                    response_serializer=app_dot_codecs_dot_proto_dot_messages__pb2.ModelReadyResponse.SerializeToString,
             ),
             'ServerMetadata': grpc.unary_unary_rpc_method_handler(
                     servicer.ServerMetadata,
-                    request_deserializer=app_dot_grpc_dot_proto_dot_messages__pb2.ServerMetadataRequest.FromString,
-                    response_serializer=app_dot_grpc_dot_proto_dot_messages__pb2.ServerMetadataResponse.SerializeToString,
+                    request_deserializer=app_dot_codecs_dot_proto_dot_messages__pb2.ServerMetadataRequest.FromString,
+                    response_serializer=app_dot_codecs_dot_proto_dot_messages__pb2.ServerMetadataResponse.SerializeToString,
             ),
             'ModelMetadata': grpc.unary_unary_rpc_method_handler(
                     servicer.ModelMetadata,
-                    request_deserializer=app_dot_grpc_dot_proto_dot_messages__pb2.ModelMetadataRequest.FromString,
-                    response_serializer=app_dot_grpc_dot_proto_dot_messages__pb2.ModelMetadataResponse.SerializeToString,
+                    request_deserializer=app_dot_codecs_dot_proto_dot_messages__pb2.ModelMetadataRequest.FromString,
+                    response_serializer=app_dot_codecs_dot_proto_dot_messages__pb2.ModelMetadataResponse.SerializeToString,
             ),
             'ModelInfer': grpc.unary_unary_rpc_method_handler(
                     servicer.ModelInfer,
-                    request_deserializer=app_dot_grpc_dot_proto_dot_messages__pb2.ModelInferRequest.FromString,
-                    response_serializer=app_dot_grpc_dot_proto_dot_messages__pb2.ModelInferResponse.SerializeToString,
+                    request_deserializer=app_dot_codecs_dot_proto_dot_messages__pb2.ModelInferRequest.FromString,
+                    response_serializer=app_dot_codecs_dot_proto_dot_messages__pb2.ModelInferResponse.SerializeToString,
             ),
             'RepositoryIndex': grpc.unary_unary_rpc_method_handler(
                     servicer.RepositoryIndex,
-                    request_deserializer=app_dot_grpc_dot_proto_dot_messages__pb2.RepositoryIndexRequest.FromString,
-                    response_serializer=app_dot_grpc_dot_proto_dot_messages__pb2.RepositoryIndexResponse.SerializeToString,
+                    request_deserializer=app_dot_codecs_dot_proto_dot_messages__pb2.RepositoryIndexRequest.FromString,
+                    response_serializer=app_dot_codecs_dot_proto_dot_messages__pb2.RepositoryIndexResponse.SerializeToString,
             ),
             'RepositoryModelLoad': grpc.unary_unary_rpc_method_handler(
                     servicer.RepositoryModelLoad,
-                    request_deserializer=app_dot_grpc_dot_proto_dot_messages__pb2.RepositoryModelLoadRequest.FromString,
-                    response_serializer=app_dot_grpc_dot_proto_dot_messages__pb2.RepositoryModelLoadResponse.SerializeToString,
+                    request_deserializer=app_dot_codecs_dot_proto_dot_messages__pb2.RepositoryModelLoadRequest.FromString,
+                    response_serializer=app_dot_codecs_dot_proto_dot_messages__pb2.RepositoryModelLoadResponse.SerializeToString,
             ),
             'RepositoryModelUnload': grpc.unary_unary_rpc_method_handler(
                     servicer.RepositoryModelUnload,
-                    request_deserializer=app_dot_grpc_dot_proto_dot_messages__pb2.RepositoryModelUnloadRequest.FromString,
-                    response_serializer=app_dot_grpc_dot_proto_dot_messages__pb2.RepositoryModelUnloadResponse.SerializeToString,
+                    request_deserializer=app_dot_codecs_dot_proto_dot_messages__pb2.RepositoryModelUnloadRequest.FromString,
+                    response_serializer=app_dot_codecs_dot_proto_dot_messages__pb2.RepositoryModelUnloadResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -212,8 +212,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/ServerLive',
-            app_dot_grpc_dot_proto_dot_messages__pb2.ServerLiveRequest.SerializeToString,
-            app_dot_grpc_dot_proto_dot_messages__pb2.ServerLiveResponse.FromString,
+            app_dot_codecs_dot_proto_dot_messages__pb2.ServerLiveRequest.SerializeToString,
+            app_dot_codecs_dot_proto_dot_messages__pb2.ServerLiveResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -239,8 +239,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/ServerReady',
-            app_dot_grpc_dot_proto_dot_messages__pb2.ServerReadyRequest.SerializeToString,
-            app_dot_grpc_dot_proto_dot_messages__pb2.ServerReadyResponse.FromString,
+            app_dot_codecs_dot_proto_dot_messages__pb2.ServerReadyRequest.SerializeToString,
+            app_dot_codecs_dot_proto_dot_messages__pb2.ServerReadyResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -266,8 +266,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/ModelReady',
-            app_dot_grpc_dot_proto_dot_messages__pb2.ModelReadyRequest.SerializeToString,
-            app_dot_grpc_dot_proto_dot_messages__pb2.ModelReadyResponse.FromString,
+            app_dot_codecs_dot_proto_dot_messages__pb2.ModelReadyRequest.SerializeToString,
+            app_dot_codecs_dot_proto_dot_messages__pb2.ModelReadyResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -293,8 +293,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/ServerMetadata',
-            app_dot_grpc_dot_proto_dot_messages__pb2.ServerMetadataRequest.SerializeToString,
-            app_dot_grpc_dot_proto_dot_messages__pb2.ServerMetadataResponse.FromString,
+            app_dot_codecs_dot_proto_dot_messages__pb2.ServerMetadataRequest.SerializeToString,
+            app_dot_codecs_dot_proto_dot_messages__pb2.ServerMetadataResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -320,8 +320,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/ModelMetadata',
-            app_dot_grpc_dot_proto_dot_messages__pb2.ModelMetadataRequest.SerializeToString,
-            app_dot_grpc_dot_proto_dot_messages__pb2.ModelMetadataResponse.FromString,
+            app_dot_codecs_dot_proto_dot_messages__pb2.ModelMetadataRequest.SerializeToString,
+            app_dot_codecs_dot_proto_dot_messages__pb2.ModelMetadataResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -347,8 +347,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/ModelInfer',
-            app_dot_grpc_dot_proto_dot_messages__pb2.ModelInferRequest.SerializeToString,
-            app_dot_grpc_dot_proto_dot_messages__pb2.ModelInferResponse.FromString,
+            app_dot_codecs_dot_proto_dot_messages__pb2.ModelInferRequest.SerializeToString,
+            app_dot_codecs_dot_proto_dot_messages__pb2.ModelInferResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -374,8 +374,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/RepositoryIndex',
-            app_dot_grpc_dot_proto_dot_messages__pb2.RepositoryIndexRequest.SerializeToString,
-            app_dot_grpc_dot_proto_dot_messages__pb2.RepositoryIndexResponse.FromString,
+            app_dot_codecs_dot_proto_dot_messages__pb2.RepositoryIndexRequest.SerializeToString,
+            app_dot_codecs_dot_proto_dot_messages__pb2.RepositoryIndexResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -401,8 +401,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/RepositoryModelLoad',
-            app_dot_grpc_dot_proto_dot_messages__pb2.RepositoryModelLoadRequest.SerializeToString,
-            app_dot_grpc_dot_proto_dot_messages__pb2.RepositoryModelLoadResponse.FromString,
+            app_dot_codecs_dot_proto_dot_messages__pb2.RepositoryModelLoadRequest.SerializeToString,
+            app_dot_codecs_dot_proto_dot_messages__pb2.RepositoryModelLoadResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -428,8 +428,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/RepositoryModelUnload',
-            app_dot_grpc_dot_proto_dot_messages__pb2.RepositoryModelUnloadRequest.SerializeToString,
-            app_dot_grpc_dot_proto_dot_messages__pb2.RepositoryModelUnloadResponse.FromString,
+            app_dot_codecs_dot_proto_dot_messages__pb2.RepositoryModelUnloadRequest.SerializeToString,
+            app_dot_codecs_dot_proto_dot_messages__pb2.RepositoryModelUnloadResponse.FromString,
             options,
             channel_credentials,
             insecure,

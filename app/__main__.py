@@ -1,0 +1,32 @@
+"""`python -m app [--host H] [--port P]`: serve HTTP on H:P and gRPC on VIT_GRPC_PORT (settings from VIT_* variables)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from app.server import serve
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m app", description=__doc__)
+    p.add_argument("--host", default="0.0.0.0", help="interface HTTP listens on (default 0.0.0.0)")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000); gRPC listens on VIT_GRPC_PORT")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        import uvloop
+
+        loop_factory = uvloop.new_event_loop
+    except ImportError:  # uvloop is Linux and macOS only
+        loop_factory = None
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        return runner.run(serve(args.host, args.port))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""The process's owner: the engine loaded once, HTTP (uvicorn) and gRPC served side by side, one joint drain.
+
+`python -m app` runs `serve`. On SIGTERM (or SIGINT) both protocols turn not-ready at the same moment
+and stop accepting; both drain together within VIT_DRAIN_TIMEOUT_S, then the engine answers what is
+left and stops. A bad setting or checkpoint, or a port that cannot be bound, ends the process with
+one log line and exit code 3 after shutting down whatever was loaded.
+
+`uvicorn app.main:app` runs `lifespan_app` instead: the same engine and gRPC server, started and
+stopped by uvicorn's lifespan, so there uvicorn drains HTTP first and the rest after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from typing import Any
+
+import uvicorn
+from pydantic import ValidationError
+
+from app.core.engine import Engine
+from app.core.metrics import Metrics
+from app.grpc.server import GrpcServer
+from app.settings import Settings, configured_names, unknown_variables
+from app.web.app import create_app
+from model.checkpoint import CheckpointError
+
+log = logging.getLogger("app")
+
+STARTUP_FAILED_EXIT_CODE = 3
+STARTUP_ERRORS = (ValidationError, CheckpointError, ValueError, OSError)
+
+
+def configure_logging(level: str) -> None:
+    """Log the app's lines to stderr beside uvicorn's, once per process."""
+    logger = logging.getLogger("app")
+    logger.setLevel(level.upper())
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
+
+
+def describe_startup_error(e: Exception) -> str:
+    """One line that says what to fix."""
+    if isinstance(e, ValidationError):
+        problems = [f"VIT_{'.'.join(map(str, err['loc'])).upper()}: {err['msg']}" for err in e.errors()]
+        return "invalid settings: " + "; ".join(problems)
+    return str(e)
+
+
+def read_settings() -> Settings:
+    """Settings from VIT_* variables (and .env), naming the VIT_ variables that set nothing."""
+    settings = Settings()
+    configure_logging(settings.log_level)
+    for message in unknown_variables(configured_names()):
+        log.warning(message)
+    return settings
+
+
+def startup_failed(e: Exception) -> int:
+    configure_logging("info")
+    log.critical("startup failed: %s", describe_startup_error(e))
+    return STARTUP_FAILED_EXIT_CODE
+
+
+def bind_http(host: str, port: int) -> socket.socket:
+    """The HTTP listening socket, bound now so that a port in use is an error before serving starts."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise OSError(
+            f"HTTP port {host}:{port}: cannot listen ({e.strerror or e}); free the port or pass --port"
+        ) from None
+    sock.set_inheritable(True)
+    return sock
+
+
+class HttpServer(uvicorn.Server):
+    """uvicorn's server, leaving signals to the process's owner, which tells it when to stop."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def http_server(engine: Engine, settings: Settings) -> HttpServer:
+    config = uvicorn.Config(
+        create_app(engine),
+        lifespan="off",
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=max(1, round(settings.drain_timeout_s)),
+    )
+    return HttpServer(config)
+
+
+async def serve(host: str, port: int, settings: Settings | None = None) -> int:
+    """Load, serve HTTP on host:port and gRPC on VIT_GRPC_PORT until SIGTERM or SIGINT, drain, stop; the exit code."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        settings = settings or read_settings()
+        configure_logging(settings.log_level)
+        engine = await asyncio.to_thread(Engine.load, settings, Metrics())
+    except STARTUP_ERRORS as e:
+        return startup_failed(e)
+    grpc_server = None
+    try:
+        sock = bind_http(host, port)
+        if settings.grpc_port:
+            grpc_server = GrpcServer(engine, settings.grpc_port, settings.grpc_message_limit())
+            await grpc_server.start()
+    except OSError as e:
+        await engine.shutdown(0)
+        return startup_failed(e)
+    engine.start()
+    http = http_server(engine, settings)
+    serving = asyncio.create_task(http.serve(sockets=[sock]))
+    log.info("ready: HTTP on %s:%d", host, port)
+    stopped = asyncio.create_task(stop.wait())
+    await asyncio.wait([serving, stopped], return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    await drain(engine, http, serving, grpc_server, settings.drain_timeout_s)
+    sock.close()
+    log.info("stopped")
+    return 0
+
+
+async def drain(
+    engine: Engine, http: HttpServer, serving: asyncio.Task[None], grpc_server: GrpcServer | None, timeout_s: float
+) -> None:
+    """Both protocols not-ready and closed to new work at once, both drained together, then the engine."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    engine.stop_admitting()  # /health/ready, /v2/health/ready and ServerReady answer not-ready from here
+    http.should_exit = True
+    log.info("draining: HTTP and gRPC answer what they accepted (up to %.0f s)", timeout_s)
+    await asyncio.gather(serving, grpc_server.stop(timeout_s) if grpc_server else asyncio.sleep(0))
+    await engine.shutdown(max(0.0, deadline - loop.time()))
+
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+
+class LifespanApp:
+    """`uvicorn app.main:app`: an ASGI app whose lifespan loads the engine and starts gRPC, then serves
+    `create_app(engine)`; uvicorn drains HTTP, then the lifespan's shutdown drains gRPC and the engine."""
+
+    def __init__(self) -> None:
+        self.app: Callable[[Scope, Receive, Send], Awaitable[None]] | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self.lifespan(receive, send)
+        elif self.app is not None:
+            await self.app(scope, receive, send)
+        else:
+            raise RuntimeError("the app serves after its lifespan has started (uvicorn's default, --lifespan on)")
+
+    async def lifespan(self, receive: Receive, send: Send) -> None:
+        await receive()  # lifespan.startup
+        try:
+            settings = read_settings()
+            engine = await asyncio.to_thread(Engine.load, settings, Metrics())
+        except STARTUP_ERRORS as e:
+            code = startup_failed(e)
+            logging.shutdown()
+            os._exit(code)  # nothing is serving yet: no socket is bound before startup
+        grpc_server = None
+        try:
+            if settings.grpc_port:
+                grpc_server = GrpcServer(engine, settings.grpc_port, settings.grpc_message_limit())
+                await grpc_server.start()
+        except OSError as e:
+            await engine.shutdown(0)
+            code = startup_failed(e)
+            logging.shutdown()
+            os._exit(code)
+        engine.start()
+        self.app = create_app(engine)
+        log.info("ready")
+        await send({"type": "lifespan.startup.complete"})
+        await receive()  # lifespan.shutdown: uvicorn has drained HTTP
+        engine.stop_admitting()
+        if grpc_server is not None:
+            await grpc_server.stop(settings.drain_timeout_s)
+        await engine.shutdown()
+        log.info("stopped")
+        await send({"type": "lifespan.shutdown.complete"})
