@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
-# The ViT service: one uvicorn worker per container (batching lives inside the process; more
-# workers would split batches and load the model once each). Runs on a GPU when the container
+# The ViT service: one `python -m app` process per container, HTTP and gRPC over one engine (batching
+# lives inside the process; more processes would split batches and load the model once each). Runs on a GPU when the container
 # gets one (docker-compose.yml reserves it), else on the CPU.
 
 ARG PYTHON_VERSION=3.11
@@ -52,4 +52,4 @@ EXPOSE 8001
 HEALTHCHECK --interval=10s --timeout=3s --start-period=120s --retries=3 \
     CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/health/ready', timeout=2).status != 200)"]
 STOPSIGNAL SIGTERM
-CMD ["uvicorn", "app.main:app", "--host", "0.0.0.0", "--port", "8000", "--workers", "1", "--timeout-graceful-shutdown", "30"]
+CMD ["python", "-m", "app", "--host", "0.0.0.0", "--port", "8000"]

@@ -95,6 +95,7 @@ def test_deployment_matches_the_image_and_the_app() -> None:
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert c[probe]["httpGet"]["path"] in APP_PATHS, probe
     assert c["readinessProbe"]["httpGet"]["path"] == "/health/ready"
+    assert c["command"] == ["python", "-m", "app", "--host", "0.0.0.0", "--port", str(DOCKER_PORT)]
     # drain: the preStop pause plus the drain timeout fit in the grace period
     pause = int(c["lifecycle"]["preStop"]["exec"]["command"][-1])
     drain = float(env_of(c)["VIT_DRAIN_TIMEOUT_S"])

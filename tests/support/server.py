@@ -100,8 +100,8 @@ class Server(ServerProcess):
     `with Server(checkpoint, VIT_MAX_FILES="8") as server:` waits until it is ready and stops it afterwards.
     """
 
-    def __init__(self, checkpoint: Path, **env: str) -> None:
-        port = free_port()
+    def __init__(self, checkpoint: Path, port: int | None = None, **env: str) -> None:
+        port = port or free_port()
         argv = [sys.executable, "-m", "app", "--host", "127.0.0.1", "--port", str(port)]
         env.setdefault("VIT_GRPC_PORT", str(free_port()))
         env.setdefault("VIT_DRAIN_TIMEOUT_S", "20")

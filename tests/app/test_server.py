@@ -1,0 +1,102 @@
+"""`python -m app`, the process's owner: HTTP and gRPC over one engine, one joint drain, one-line startup failures."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import time
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+
+from app.codecs.proto import messages_pb2 as pb
+from app.codecs.proto.service_pb2_grpc import GRPCInferenceServiceStub
+from app.settings import BUNDLED_WEIGHTS
+from model.shapes import make_sample
+from tests.support.grpc_requests import image_request
+from tests.support.images import encode
+from tests.support.server import Server
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+PNG = encode(make_sample(3, 2).image)
+DRAIN_S = 10
+
+
+async def http_ready(url: str) -> bool:
+    try:
+        async with httpx.AsyncClient(timeout=1) as client:
+            return (await client.get(url + "/health/ready")).status_code == 200
+    except httpx.TransportError:  # the listener is closed: not ready
+        return False
+
+
+async def grpc_ready(stub: GRPCInferenceServiceStub) -> bool:
+    try:
+        return bool((await stub.ServerReady(pb.ServerReadyRequest(), timeout=1)).ready)
+    except grpc.aio.AioRpcError:  # no new calls taken: not ready
+        return False
+
+
+def test_sigterm_drains_http_and_grpc_together() -> None:
+    """With calls of both protocols in flight, SIGTERM turns both not-ready at once, every accepted call is
+    answered, and the process exits 0 within VIT_DRAIN_TIMEOUT_S plus a few seconds."""
+    env = {"VIT_MAX_BATCH_SIZE": "4", "VIT_MAX_FILES": "8", "VIT_DRAIN_TIMEOUT_S": str(DRAIN_S)}
+    with Server(BUNDLED_WEIGHTS, **env) as s:
+
+        async def in_flight() -> tuple[list[int], list[int], dict[str, float], float]:
+            files = [("files", (f"{i}.png", PNG, "image/png")) for i in range(8)]
+            async with (
+                httpx.AsyncClient(base_url=s.url, timeout=60) as client,
+                grpc.aio.insecure_channel(s.grpc_target) as channel,
+            ):
+                stub = GRPCInferenceServiceStub(channel)
+                assert await http_ready(s.url) and await grpc_ready(stub)
+                posts = [asyncio.create_task(client.post("/predict", files=files)) for _ in range(16)]
+                calls = [
+                    asyncio.ensure_future(stub.ModelInfer(image_request(*[PNG] * 8, model="vit-shapes")))
+                    for _ in range(16)
+                ]
+                await asyncio.sleep(0.3)  # sent and accepted
+                signalled = time.monotonic()
+                s.proc.send_signal(signal.SIGTERM)
+                not_ready: dict[str, float] = {}
+                while len(not_ready) < 2 and time.monotonic() - signalled < 5:
+                    if "http" not in not_ready and not await http_ready(s.url):
+                        not_ready["http"] = time.monotonic() - signalled
+                    if "grpc" not in not_ready and not await grpc_ready(stub):
+                        not_ready["grpc"] = time.monotonic() - signalled
+                    await asyncio.sleep(0.01)
+                http_statuses = [r.status_code for r in await asyncio.gather(*posts)]
+                grpc_outputs = [len(r.outputs) for r in await asyncio.gather(*calls)]
+                return http_statuses, grpc_outputs, not_ready, signalled
+
+        http_statuses, grpc_outputs, not_ready, signalled = asyncio.run(in_flight())
+        assert http_statuses == [200] * 16
+        assert grpc_outputs == [1] * 16
+        assert set(not_ready) == {"http", "grpc"} and max(not_ready.values()) < 1.0, not_ready
+        assert s.proc.wait(timeout=DRAIN_S + 5) == 0
+        assert time.monotonic() - signalled < DRAIN_S + 5
+        out = s.stop()
+    assert "draining" in out and "stopped" in out
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_port_in_use_exits_3_with_one_line(tiny_checkpoint: Path, protocol: str) -> None:
+    """The models load, then a port cannot be bound: what was loaded is shut down and the process exits 3."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        if protocol == "http":
+            s = Server(tiny_checkpoint, port=port, VIT_BACKEND="torch")
+        else:
+            s = Server(tiny_checkpoint, VIT_BACKEND="torch", VIT_GRPC_PORT=str(port))
+        code = s.proc.wait(timeout=60)
+        out = s.stop()
+    assert code == 3, out
+    assert "Traceback" not in out
+    [line] = [line for line in out.splitlines() if "startup failed" in line]
+    assert "cannot listen" in line and str(port) in line
