@@ -65,8 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calibration", required=True, help="a folder of representative images, or 'shapes'")
     p.add_argument("--images", type=int, default=256, help="calibration images to use (default 256)")
     p.add_argument("--batch-size", type=int, default=16, help="images per calibration batch")
-    p.add_argument("--method", choices=["minmax", "entropy", "percentile"], default="minmax",
-                   help="how activation ranges are chosen from the calibration (default minmax)")  # fmt: skip
+    p.add_argument(
+        "--method",
+        choices=["minmax", "entropy", "percentile"],
+        default="minmax",
+        help="how activation ranges are chosen from the calibration (default minmax)",
+    )
     p.add_argument(
         "--output", type=Path, help="where to write the graph (default: NAME.int8.onnx beside the checkpoint)"
     )
@@ -85,13 +89,21 @@ def main(argv: list[str] | None = None) -> int:
     shape = (config.in_channels, config.image_size, config.image_size)
     images = calibration_images(args.calibration, checkpoint, args.images)
     try:
-        quantize_static_int8(checkpoint.model.eval(), shape, batches(images, args.batch_size),
-                             checkpoint.content_hash, output, args.method)  # fmt: skip
+        quantize_static_int8(
+            checkpoint.model.eval(),
+            shape,
+            batches(images, args.batch_size),
+            checkpoint.content_hash,
+            output,
+            args.method,
+        )
     except OnnxExportError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print(f"wrote {output}: static int8 for {args.checkpoint.name} (version {checkpoint.version}), "
-          f"calibrated on {args.calibration} ({args.method}) in {time.perf_counter() - started:.1f} s")  # fmt: skip
+    print(
+        f"wrote {output}: static int8 for {args.checkpoint.name} (version {checkpoint.version}), "
+        f"calibrated on {args.calibration} ({args.method}) in {time.perf_counter() - started:.1f} s"
+    )
     return 0
 
 

@@ -56,16 +56,45 @@ def train_variants(args: argparse.Namespace) -> list[dict[str, Any]]:
     for name, flags in VARIANTS.items():
         out = args.runs / (name.split(" ")[0].lower() + ".safetensors")
         started = time.monotonic()
-        train.main([
-            "--dataset", "shapes", "--channels", "1", "--shapes-train", str(args.train), "--shapes-test", "1000",
-            "--epochs", str(args.epochs), "--batch-size", "64", "--warmup-epochs", "0.2", "--workers", "1",
-            "--seed", "0", "--no-progress", "--output", str(out), *flags,
-        ])  # fmt: skip
+        train.main(
+            [
+                "--dataset",
+                "shapes",
+                "--channels",
+                "1",
+                "--shapes-train",
+                str(args.train),
+                "--shapes-test",
+                "1000",
+                "--epochs",
+                str(args.epochs),
+                "--batch-size",
+                "64",
+                "--warmup-epochs",
+                "0.2",
+                "--workers",
+                "1",
+                "--seed",
+                "0",
+                "--no-progress",
+                "--output",
+                str(out),
+                *flags,
+            ]
+        )
         seconds = time.monotonic() - started
         result = evaluate.main(["--checkpoint", str(out), "--samples", str(args.eval), "--attention", "rollout"])
         params = load_checkpoint(out).model.num_parameters()
-        rows.append({"variant": name, "flags": " ".join(flags) or "(defaults)", "parameters": params,
-                     "accuracy": result.accuracy, "pointing_game": result.pointing_game, "train_s": round(seconds)})  # fmt: skip
+        rows.append(
+            {
+                "variant": name,
+                "flags": " ".join(flags) or "(defaults)",
+                "parameters": params,
+                "accuracy": result.accuracy,
+                "pointing_game": result.pointing_game,
+                "train_s": round(seconds),
+            }
+        )
         print(rows[-1], flush=True)
     return rows
 
@@ -117,8 +146,15 @@ def compare_maps(args: argparse.Namespace) -> list[dict[str, Any]]:
                 predictor(items)
                 times.append((time.perf_counter() - started) * 1e3)
             latency[batch] = round(statistics.median(times), 2)
-        rows.append({"method": method, "pointing_game": result.pointing_game, "accuracy": result.accuracy,
-                     "ms_batch_1": latency[1], "ms_batch_8": latency[8]})  # fmt: skip
+        rows.append(
+            {
+                "method": method,
+                "pointing_game": result.pointing_game,
+                "accuracy": result.accuracy,
+                "ms_batch_1": latency[1],
+                "ms_batch_8": latency[8],
+            }
+        )
         print(rows[-1], flush=True)
     started = time.perf_counter()
     for _ in range(15):
@@ -144,16 +180,28 @@ def markdown(results: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|",
     ]
     for r in results["variants"]:
-        lines.append(f"| {r['variant']} | `{r['flags']}` | {r['parameters']:,} | {r['accuracy']:.2%} | "
-                     f"{r['pointing_game']:.2%} | {r['train_s']} s |")  # fmt: skip
-    lines += ["", f"## Forward time, full against axial attention (patch 8, micro widths, batch {a['batch']})", "",
-              "| image | patches | full | axial | full / axial |", "|---|---|---|---|---|"]  # fmt: skip
+        lines.append(
+            f"| {r['variant']} | `{r['flags']}` | {r['parameters']:,} | {r['accuracy']:.2%} | "
+            f"{r['pointing_game']:.2%} | {r['train_s']} s |"
+        )
+    lines += [
+        "",
+        f"## Forward time, full against axial attention (patch 8, micro widths, batch {a['batch']})",
+        "",
+        "| image | patches | full | axial | full / axial |",
+        "|---|---|---|---|---|",
+    ]
     for r in results["attention"]:
         lines.append(
             f"| {r['image_size']} px | {r['patches']} | {r['full_ms']} ms | {r['axial_ms']} ms | {r['axial_speedup']}x |"
         )
-    lines += ["", "## Maps on the bundled checkpoint (service Predictor, CPU)", "",
-              "| map | pointing game | batch of 1 | batch of 8 |", "|---|---|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        "## Maps on the bundled checkpoint (service Predictor, CPU)",
+        "",
+        "| map | pointing game | batch of 1 | batch of 8 |",
+        "|---|---|---|---|",
+    ]
     for r in results["maps"]:
         game = f"{r['pointing_game']:.2%}" if "pointing_game" in r else "-"
         lines.append(

@@ -49,8 +49,21 @@ def photo_jpeg(seed: int) -> bytes:
 def run_batch(
     folder: Path, output: Path, checkpoint: Path, batch_size: int, threads: int, ray: bool
 ) -> dict[str, float]:
-    argv = [sys.executable, "-m", "app.batch", str(folder), "--output", str(output), "--checkpoint", str(checkpoint),
-            "--batch-size", str(batch_size), "--threads", str(threads), *(["--ray"] if ray else [])]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "app.batch",
+        str(folder),
+        "--output",
+        str(output),
+        "--checkpoint",
+        str(checkpoint),
+        "--batch-size",
+        str(batch_size),
+        "--threads",
+        str(threads),
+        *(["--ray"] if ray else []),
+    ]
     started = time.perf_counter()
     out = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
     wall = time.perf_counter() - started
@@ -94,12 +107,17 @@ def measure(
     )
     runner_rate = single["images"] / single["classify_s"]
     return {
-        "images": n, "batch_size": batch, "threads": threads, "raw_images_per_s": raw,
+        "images": n,
+        "batch_size": batch,
+        "threads": threads,
+        "raw_images_per_s": raw,
         "runner": single | {"images_per_s": runner_rate, "end_to_end_images_per_s": n / single["wall_s"]},
         "ray": on_ray | {"end_to_end_images_per_s": n / on_ray["wall_s"]},
-        "service_images_per_s": load.requests_per_s, "service_p99_ms": load.p99_ms, "service_errors": load.errors,
+        "service_images_per_s": load.requests_per_s,
+        "service_p99_ms": load.p99_ms,
+        "service_errors": load.errors,
         "runner_vs_raw": runner_rate / raw,
-    }  # fmt: skip
+    }
 
 
 def main() -> None:
@@ -112,8 +130,12 @@ def main() -> None:
     p.add_argument("--name", default="batch-cpu")
     args = p.parse_args()
     require_hey()
-    report: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": torch.get_num_threads(),
-                              "ray_start_s": ray_start_seconds(), "models": {}}  # fmt: skip
+    report: dict[str, Any] = {
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "cpus": torch.get_num_threads(),
+        "ray_start_s": ray_start_seconds(),
+        "models": {},
+    }
     print(f"ray.init() alone: {report['ray_start_s']:.1f} s", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:

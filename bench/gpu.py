@@ -174,16 +174,22 @@ def raw(models: list[str], batches: list[int], compile_batches: list[int]) -> di
         errors = {"eager": check_close(eager, model, config)}
         with torch.inference_mode():
             for bs in batches:
-                xs = [torch.randn(bs, 3, config.image_size, config.image_size, device="cuda", dtype=torch.bfloat16)
-                      for _ in range(3)]  # fmt: skip
+                xs = [
+                    torch.randn(bs, 3, config.image_size, config.image_size, device="cuda", dtype=torch.bfloat16)
+                    for _ in range(3)
+                ]
                 turn = iter(range(10**9))
                 rows["eager"][bs] = bs / median_ms(lambda xs=xs, t=turn: eager(xs[next(t) % 3])) * 1e3
                 rows["eager+graphs"][bs] = bs / graph_ms(eager, xs[0]) * 1e3
                 if bs in compile_batches:
                     rows["compiled"][bs] = bs / median_ms(lambda xs=xs, t=turn, f=compiled: f(xs[next(t) % 3])) * 1e3
                     rows["compiled+graphs"][bs] = bs / graph_ms(compiled, xs[0]) * 1e3
-                print(f"  {name} batch {bs:>4}: " + "  ".join(
-                    f"{k} {v[bs]:8.0f}" for k, v in rows.items() if bs in v) + " img/s", flush=True)  # fmt: skip
+                print(
+                    f"  {name} batch {bs:>4}: "
+                    + "  ".join(f"{k} {v[bs]:8.0f}" for k, v in rows.items() if bs in v)
+                    + " img/s",
+                    flush=True,
+                )
         errors["compiled"] = check_close(compiled, model, config)
         result[name] = {
             "gflops_per_image": flops / 1e9,
@@ -193,8 +199,10 @@ def raw(models: list[str], batches: list[int], compile_batches: list[int]) -> di
             "compile_and_runs_s": time.perf_counter() - started,
         }
         best = max(max(v.values()) for v in rows.values() if v)
-        print(f"  {name}: {flops / 1e9:.2f} GFLOP/image, best {best:.0f} img/s = "
-              f"{best * flops / 1e12:.0f} TFLOP/s; rel. error vs fp32 {errors}")  # fmt: skip
+        print(
+            f"  {name}: {flops / 1e9:.2f} GFLOP/image, best {best:.0f} img/s = "
+            f"{best * flops / 1e12:.0f} TFLOP/s; rel. error vs fp32 {errors}"
+        )
         del model, compiled
         torch._dynamo.reset()
         torch.cuda.empty_cache()
@@ -286,8 +294,11 @@ class Sampler:
 
     def run(self) -> None:
         while self.running and shutil.which("nvidia-smi"):
-            out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
-                                 capture_output=True, text=True).stdout  # fmt: skip
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
+                capture_output=True,
+                text=True,
+            ).stdout
             if out.strip().isdigit():
                 self.samples.append(int(out.strip()))
             time.sleep(0.25)
@@ -322,27 +333,47 @@ def children(pid: int) -> list[int]:
 def v2_body(files: list[bytes]) -> tuple[bytes, int]:
     binary = b"".join(len(f).to_bytes(4, "little") + f for f in files)
     header = {
-        "inputs": [{"name": "image", "datatype": "BYTES", "shape": [len(files)],
-                    "parameters": {"binary_data_size": len(binary)}}],
+        "inputs": [
+            {
+                "name": "image",
+                "datatype": "BYTES",
+                "shape": [len(files)],
+                "parameters": {"binary_data_size": len(binary)},
+            }
+        ],
         "outputs": [{"name": "probabilities", "parameters": {"binary_data": True}}],
-    }  # fmt: skip
+    }
     head = json.dumps(header).encode()
     return head + binary, len(head)
 
 
 def load_levels(
-    server: ServerProcess, route: str, body: Path, ctype: str, levels: list[int], seconds: float,
-    images: int, label: str, headers: dict[str, str] | None = None,
-) -> list[dict[str, Any]]:  # fmt: skip
+    server: ServerProcess,
+    route: str,
+    body: Path,
+    ctype: str,
+    levels: list[int],
+    seconds: float,
+    images: int,
+    label: str,
+    headers: dict[str, str] | None = None,
+) -> list[dict[str, Any]]:
     rows = []
     for c in levels:
         with Sampler(server.proc.pid) as sampled:
             r = run_hey(server.url + route, body, ctype, c, seconds, headers)
-        row = {**r.__dict__, "images_per_s": r.requests_per_s * images, "gpu_util": sampled.gpu_util,
-               "server_cores": sampled.cores}  # fmt: skip
-        print(f"  {label:<28} c={c:<4} {row['images_per_s']:8.0f} img/s  p50 {r.p50_ms:7.1f}  p99 {r.p99_ms:7.1f} ms  "
-              f"errors {r.errors}  batch {r.mean_batch_size or float('nan'):6.1f}  gpu {sampled.gpu_util:4.0f} %  "
-              f"server cores {sampled.cores:4.1f}", flush=True)  # fmt: skip
+        row = {
+            **r.__dict__,
+            "images_per_s": r.requests_per_s * images,
+            "gpu_util": sampled.gpu_util,
+            "server_cores": sampled.cores,
+        }
+        print(
+            f"  {label:<28} c={c:<4} {row['images_per_s']:8.0f} img/s  p50 {r.p50_ms:7.1f}  p99 {r.p99_ms:7.1f} ms  "
+            f"errors {r.errors}  batch {r.mean_batch_size or float('nan'):6.1f}  gpu {sampled.gpu_util:4.0f} %  "
+            f"server cores {sampled.cores:4.1f}",
+            flush=True,
+        )
         rows.append(row)
     return rows
 
@@ -361,18 +392,28 @@ def bodies(folder: Path, images: int) -> tuple[str, dict[str, str]]:
 def random_checkpoint(folder: Path, name: str) -> Path:
     checkpoint = folder / f"{name}.safetensors"
     torch.manual_seed(0)
-    save_checkpoint(checkpoint, ViT(MODELS[name]).eval(), [f"class_{i}" for i in range(1000)],
-                    VIT_S16_PREPROCESSING, {"note": "random weights, for speed measurements only"})  # fmt: skip
+    save_checkpoint(
+        checkpoint,
+        ViT(MODELS[name]).eval(),
+        [f"class_{i}" for i in range(1000)],
+        VIT_S16_PREPROCESSING,
+        {"note": "random weights, for speed measurements only"},
+    )
     return checkpoint
 
 
 def start_server(args: argparse.Namespace, checkpoint: Path, variant: str) -> Server:
     return Server(
         checkpoint,
-        VIT_DEVICE="auto", VIT_MAX_BATCH_SIZE=str(args.max_batch_size), VIT_MAX_WAIT_MS=str(args.wait_ms),
-        VIT_MAX_QUEUE="8192", VIT_MAX_FILES="64", VIT_LOG_LEVEL="warning", VIT_GRPC_PORT="0",
+        VIT_DEVICE="auto",
+        VIT_MAX_BATCH_SIZE=str(args.max_batch_size),
+        VIT_MAX_WAIT_MS=str(args.wait_ms),
+        VIT_MAX_QUEUE="8192",
+        VIT_MAX_FILES="64",
+        VIT_LOG_LEVEL="warning",
+        VIT_GRPC_PORT="0",
         **VARIANTS[variant],
-    )  # fmt: skip
+    )
 
 
 def profile(args: argparse.Namespace, folder: Path, seconds: float = 8.0) -> dict[str, Any]:
@@ -391,9 +432,23 @@ def profile(args: argparse.Namespace, folder: Path, seconds: float = 8.0) -> dic
         for kind, (route, body, ctype, c, headers) in loads.items():
             for gil in (False, True):
                 target = args.out / f"profile-{kind}{'-gil' if gil else ''}.txt"
-                argv = ["py-spy", "record", "--format", "raw", "--rate", "250", "--duration", str(int(seconds)),
-                        "--nonblocking", "--threads", "-o", str(target), "-p", str(server.proc.pid),
-                        *(["--gil"] if gil else [])]  # fmt: skip
+                argv = [
+                    "py-spy",
+                    "record",
+                    "--format",
+                    "raw",
+                    "--rate",
+                    "250",
+                    "--duration",
+                    str(int(seconds)),
+                    "--nonblocking",
+                    "--threads",
+                    "-o",
+                    str(target),
+                    "-p",
+                    str(server.proc.pid),
+                    *(["--gil"] if gil else []),
+                ]
                 spy = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                 r = run_hey(server.url + route, body, ctype, c, seconds + 2, headers)
                 spy_out = spy.communicate()[0]
@@ -409,8 +464,19 @@ def profile(args: argparse.Namespace, folder: Path, seconds: float = 8.0) -> dic
 
 def served(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     form_type, v2_headers = bodies(folder, args.images_per_request)
-    result: dict[str, Any] = {"settings": {k: getattr(args, k) for k in (
-        "max_batch_size", "wait_ms", "images_per_request", "duration", "predict_concurrency", "v2_concurrency")}}  # fmt: skip
+    result: dict[str, Any] = {
+        "settings": {
+            k: getattr(args, k)
+            for k in (
+                "max_batch_size",
+                "wait_ms",
+                "images_per_request",
+                "duration",
+                "predict_concurrency",
+                "v2_concurrency",
+            )
+        }
+    }
     for name in args.models:
         checkpoint = random_checkpoint(folder, name)
         result[name] = {}
@@ -424,12 +490,28 @@ def served(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
                 print(f"== {name} {variant}: ready in {startup:.1f} s on {info['device']} ({info['dtype']})")
                 result[name][variant] = {
                     "startup_s": startup,
-                    "predict": load_levels(server, "/predict", folder / "form", form_type, args.predict_concurrency,
-                                           args.duration, 1, f"{variant} /predict"),
-                    "v2": load_levels(server, f"/v2/models/{name}/infer", folder / "v2", "application/octet-stream",
-                                      args.v2_concurrency, args.duration, args.images_per_request,
-                                      f"{variant} V2 x{args.images_per_request}", v2_headers),
-                }  # fmt: skip
+                    "predict": load_levels(
+                        server,
+                        "/predict",
+                        folder / "form",
+                        form_type,
+                        args.predict_concurrency,
+                        args.duration,
+                        1,
+                        f"{variant} /predict",
+                    ),
+                    "v2": load_levels(
+                        server,
+                        f"/v2/models/{name}/infer",
+                        folder / "v2",
+                        "application/octet-stream",
+                        args.v2_concurrency,
+                        args.duration,
+                        args.images_per_request,
+                        f"{variant} V2 x{args.images_per_request}",
+                        v2_headers,
+                    ),
+                }
             finally:
                 log = server.stop()
                 with (args.out / "servers.log").open("a") as f:
@@ -438,9 +520,18 @@ def served(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
             server = start_litserve(checkpoint, args.max_batch_size, args.wait_ms, 0, "torch")
             try:
                 check_peer(server, folder / "form", form_type, 0, "torch")
-                result[name]["litserve"] = {"predict": load_levels(
-                    server, "/predict", folder / "form", form_type, args.predict_concurrency, args.duration, 1,
-                    "litserve /predict")}  # fmt: skip
+                result[name]["litserve"] = {
+                    "predict": load_levels(
+                        server,
+                        "/predict",
+                        folder / "form",
+                        form_type,
+                        args.predict_concurrency,
+                        args.duration,
+                        1,
+                        "litserve /predict",
+                    )
+                }
             finally:
                 server.stop()
         save(args.out, "served", result)
@@ -451,8 +542,18 @@ def served(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
 
 
 def tests(out: Path) -> dict[str, Any]:
-    argv = [sys.executable, "-m", "pytest", "tests/app/test_cuda.py", "-v", "-p", "no:cacheprovider", "-rA",
-            "--tb=short", "--show-capture=no"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "tests/app/test_cuda.py",
+        "-v",
+        "-p",
+        "no:cacheprovider",
+        "-rA",
+        "--tb=short",
+        "--show-capture=no",
+    ]
     run = subprocess.run(argv, capture_output=True, text=True)
     print(run.stdout, run.stderr)
     return {"returncode": run.returncode, "summary": run.stdout.strip().splitlines()[-1] if run.stdout else ""}
@@ -480,8 +581,11 @@ def smoke(folder: Path) -> dict[str, Any]:
             ]
         }
         out["v2"] = httpx.post(server.url + "/v2/models/vit-shapes/infer", json=v2).json()
-        out["metrics_batches"] = [line for line in httpx.get(server.url + "/metrics").text.splitlines()
-                                  if line.startswith("vit_batch_size_count")]  # fmt: skip
+        out["metrics_batches"] = [
+            line
+            for line in httpx.get(server.url + "/metrics").text.splitlines()
+            if line.startswith("vit_batch_size_count")
+        ]
     finally:
         out["log"] = server.stop()[-4000:]
     print(json.dumps({k: v for k, v in out.items() if k != "log"}, indent=1)[:6000])
@@ -532,8 +636,13 @@ def summarize_profile(path: Path) -> dict[str, float]:
     counts: dict[str, int] = {}
     for line in path.read_text().splitlines():
         stack, _, n = line.rpartition(" ")
-        thread = ("forward thread" if "Predictor.__call__" in stack else "cpu pool" if "_WorkItem.run" in stack
-                  else "event loop")  # fmt: skip
+        thread = (
+            "forward thread"
+            if "Predictor.__call__" in stack
+            else "cpu pool"
+            if "_WorkItem.run" in stack
+            else "event loop"
+        )
         counts[thread] = counts.get(thread, 0) + int(n)
     return {k: v / (250 * 8) for k, v in sorted(counts.items())}
 
@@ -563,8 +672,13 @@ def models_in(part: dict[str, Any]) -> dict[str, Any]:
 
 
 def best_served(model: dict[str, Any]) -> dict[str, Any]:
-    rows = [r for variant, runs in model.items() if variant != "litserve" and isinstance(runs, dict)
-            for route in ("predict", "v2") for r in runs.get(route, [])]  # fmt: skip
+    rows = [
+        r
+        for variant, runs in model.items()
+        if variant != "litserve" and isinstance(runs, dict)
+        for route in ("predict", "v2")
+        for r in runs.get(route, [])
+    ]
     return max(rows, key=lambda r: r["images_per_s"])
 
 
@@ -576,52 +690,78 @@ def targets(data: dict[str, Any]) -> dict[str, Any]:
         raw_rates = data["raw"][name]["img_per_s"]
         compiled_best = max(raw_rates["compiled"].values())
         served = best_served(model)
-        out[name] = {"served_best_img_per_s": served["images_per_s"], "raw_compiled_best_img_per_s": compiled_best,
-                     "served_over_raw": served["images_per_s"] / compiled_best, "p99_ms_there": served["p99_ms"]}  # fmt: skip
+        out[name] = {
+            "served_best_img_per_s": served["images_per_s"],
+            "raw_compiled_best_img_per_s": compiled_best,
+            "served_over_raw": served["images_per_s"] / compiled_best,
+            "p99_ms_there": served["p99_ms"],
+        }
         if "litserve" in model:
             ours = {r["concurrency"]: r for r in model["gpu-decode+graphs"]["predict"]}
             out[name]["vs_litserve"] = {
-                c: ours[c]["images_per_s"] / r["images_per_s"] for c in ours for r in model["litserve"]["predict"]
+                c: ours[c]["images_per_s"] / r["images_per_s"]
+                for c in ours
+                for r in model["litserve"]["predict"]
                 if r["concurrency"] == c
-            }  # fmt: skip
+            }
     return out
 
 
 def markdown(d: dict[str, Any]) -> str:
     c, dec = d["ceilings"], d["decode"]
-    lines = [f"{d.get('machine', '')}", "", "## Ceilings", "",
-             f"bf16 matrix product (8192³): **{c['matmul_bf16_tflops']:.0f} TFLOP/s**; device-to-device copy: "
-             f"**{c['copy_tb_per_s']:.2f} TB/s** (bytes read + written).", "",
-             "## Raw forward, bf16 (img/s; logits and embedding, random input)", ""]  # fmt: skip
+    lines = [
+        f"{d.get('machine', '')}",
+        "",
+        "## Ceilings",
+        "",
+        f"bf16 matrix product (8192³): **{c['matmul_bf16_tflops']:.0f} TFLOP/s**; device-to-device copy: "
+        f"**{c['copy_tb_per_s']:.2f} TB/s** (bytes read + written).",
+        "",
+        "## Raw forward, bf16 (img/s; logits and embedding, random input)",
+        "",
+    ]
     for name, r in models_in(d["raw"]).items():
         rates = r["img_per_s"]
         best = max(max(v.values()) for v in rates.values() if v)
-        lines += [f"**{name}**: {r['parameters_m']:.1f} M parameters, {r['gflops_per_image']:.2f} GFLOP/image; best "
-                  f"{best:.0f} img/s = {best * r['gflops_per_image'] / 1e3:.0f} TFLOP/s "
-                  f"({best * r['gflops_per_image'] / 1e3 / c['matmul_bf16_tflops']:.0%} of the matmul ceiling); "
-                  f"relative error against fp32: eager {r['relative_error_vs_fp32']['eager']:.4f}, compiled "
-                  f"{r['relative_error_vs_fp32']['compiled']:.4f}", "",
-                  "| batch | eager | torch.compile | eager + CUDA graph | compiled + CUDA graph |",
-                  "|---:|---:|---:|---:|---:|"]  # fmt: skip
+        lines += [
+            f"**{name}**: {r['parameters_m']:.1f} M parameters, {r['gflops_per_image']:.2f} GFLOP/image; best "
+            f"{best:.0f} img/s = {best * r['gflops_per_image'] / 1e3:.0f} TFLOP/s "
+            f"({best * r['gflops_per_image'] / 1e3 / c['matmul_bf16_tflops']:.0%} of the matmul ceiling); "
+            f"relative error against fp32: eager {r['relative_error_vs_fp32']['eager']:.4f}, compiled "
+            f"{r['relative_error_vs_fp32']['compiled']:.4f}",
+            "",
+            "| batch | eager | torch.compile | eager + CUDA graph | compiled + CUDA graph |",
+            "|---:|---:|---:|---:|---:|",
+        ]
         for bs in rates["eager"]:
             cells = [f"{rates[m][bs]:.0f}" if bs in rates[m] else "" for m in rates]
             lines.append(f"| {bs} | " + " | ".join(cells) + " |")
         lines.append("")
-    lines += ["## Preprocessing a 500x375 JPEG (decode, resize to 248, crop 224, normalise)", "",
-              "| where | img/s |", "|---|---:|",
-              *[f"| PIL on {t} CPU thread{'s' if t != '1' else ''} | {v:.0f} |" for t, v in dec["cpu_img_per_s"].items()],
-              f"| nvJPEG, batches of {dec['gpu_batch']}: decode only | {dec['gpu_decode_img_per_s']:.0f} |",
-              f"| nvJPEG + resize on the GPU | {dec['gpu_decode_resize_img_per_s']:.0f} |", "",
-              f"GPU pixels against the CPU path's (normalised units): mean |diff| {dec['mean_abs_diff_vs_cpu']:.4f}, "
-              f"max {dec['max_abs_diff_vs_cpu']:.3f}.", ""]  # fmt: skip
+    lines += [
+        "## Preprocessing a 500x375 JPEG (decode, resize to 248, crop 224, normalise)",
+        "",
+        "| where | img/s |",
+        "|---|---:|",
+        *[f"| PIL on {t} CPU thread{'s' if t != '1' else ''} | {v:.0f} |" for t, v in dec["cpu_img_per_s"].items()],
+        f"| nvJPEG, batches of {dec['gpu_batch']}: decode only | {dec['gpu_decode_img_per_s']:.0f} |",
+        f"| nvJPEG + resize on the GPU | {dec['gpu_decode_resize_img_per_s']:.0f} |",
+        "",
+        f"GPU pixels against the CPU path's (normalised units): mean |diff| {dec['mean_abs_diff_vs_cpu']:.4f}, "
+        f"max {dec['max_abs_diff_vs_cpu']:.3f}.",
+        "",
+    ]
     sv = d["served"]
     st = sv["settings"]
-    lines += ["## Served (500x375 JPEGs; `hey`; /predict: one image per multipart request; V2: "
-              f"{st['images_per_request']} images per binary request)", "",
-              f"VIT_MAX_BATCH_SIZE={st['max_batch_size']}, VIT_MAX_WAIT_MS={st['wait_ms']}, {st['duration']} s per "
-              "level. *server cores*: CPU seconds the server process used per second; *GPU*: nvidia-smi utilisation.",
-              "", "| model | server | route | concurrency | img/s | p50 ms | p99 ms | mean batch | GPU % | server cores |",
-              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines += [
+        "## Served (500x375 JPEGs; `hey`; /predict: one image per multipart request; V2: "
+        f"{st['images_per_request']} images per binary request)",
+        "",
+        f"VIT_MAX_BATCH_SIZE={st['max_batch_size']}, VIT_MAX_WAIT_MS={st['wait_ms']}, {st['duration']} s per "
+        "level. *server cores*: CPU seconds the server process used per second; *GPU*: nvidia-smi utilisation.",
+        "",
+        "| model | server | route | concurrency | img/s | p50 ms | p99 ms | mean batch | GPU % | server cores |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for name, model in models_in(sv).items():
         for variant, runs in model.items():
             if not isinstance(runs, dict):
@@ -629,26 +769,47 @@ def markdown(d: dict[str, Any]) -> str:
             for route in ("predict", "v2"):
                 for r in runs.get(route, []):
                     batch = f"{r['mean_batch_size']:.0f}" if r["mean_batch_size"] else "-"
-                    lines.append(f"| {name} | {variant} | {route} | {r['concurrency']} | {r['images_per_s']:.0f} | "
-                                 f"{r['p50_ms']:.0f} | {r['p99_ms']:.0f} | {batch} | {r['gpu_util']:.0f} | "
-                                 f"{r['server_cores']:.1f} |")  # fmt: skip
+                    lines.append(
+                        f"| {name} | {variant} | {route} | {r['concurrency']} | {r['images_per_s']:.0f} | "
+                        f"{r['p50_ms']:.0f} | {r['p99_ms']:.0f} | {batch} | {r['gpu_util']:.0f} | "
+                        f"{r['server_cores']:.1f} |"
+                    )
         starts = ", ".join(f"{v} {runs['startup_s']:.1f} s" for v, runs in model.items() if "startup_s" in runs)
         lines.append(f"| {name} | startup (process start to ready) | {starts} | | | | | | | |")
-    lines += ["", "## Targets", "", "| model | served best img/s | raw compiled best | served / raw | p99 there | "
-              "/predict vs LitServe, by concurrency |", "|---|---:|---:|---:|---:|---|"]  # fmt: skip
+    lines += [
+        "",
+        "## Targets",
+        "",
+        "| model | served best img/s | raw compiled best | served / raw | p99 there | "
+        "/predict vs LitServe, by concurrency |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
     for name, t in d["targets"].items():
         peer = ", ".join(f"c={k}: {v:.1f}x" for k, v in t.get("vs_litserve", {}).items())
-        lines.append(f"| {name} | {t['served_best_img_per_s']:.0f} | {t['raw_compiled_best_img_per_s']:.0f} | "
-                     f"{t['served_over_raw']:.2f} | {t['p99_ms_there']:.0f} ms | {peer} |")  # fmt: skip
+        lines.append(
+            f"| {name} | {t['served_best_img_per_s']:.0f} | {t['raw_compiled_best_img_per_s']:.0f} | "
+            f"{t['served_over_raw']:.2f} | {t['p99_ms_there']:.0f} ms | {peer} |"
+        )
     if "profile" in d:
-        lines += ["", "## Where the served process spends its time (py-spy, 8 s at 250 Hz, vit-b16 with the defaults)",
-                  "", "Share of wall time each thread was sampled running; *holding the GIL*: sampled with `--gil`.", "",
-                  "| load | event loop | CPU pool | forward thread |", "|---|---:|---:|---:|"]  # fmt: skip
+        lines += [
+            "",
+            "## Where the served process spends its time (py-spy, 8 s at 250 Hz, vit-b16 with the defaults)",
+            "",
+            "Share of wall time each thread was sampled running; *holding the GIL*: sampled with `--gil`.",
+            "",
+            "| load | event loop | CPU pool | forward thread |",
+            "|---|---:|---:|---:|",
+        ]
         for kind, shares in d["profile"].items():
-            label = kind.replace("-gil", ", holding the GIL").replace("predict", "/predict c=256").replace(
-                "v2", "V2 x8 c=64")  # fmt: skip
-            lines.append(f"| {label} | {shares.get('event loop', 0):.0%} | {shares.get('cpu pool', 0):.0%} | "
-                         f"{shares.get('forward thread', 0):.0%} |")  # fmt: skip
+            label = (
+                kind.replace("-gil", ", holding the GIL")
+                .replace("predict", "/predict c=256")
+                .replace("v2", "V2 x8 c=64")
+            )
+            lines.append(
+                f"| {label} | {shares.get('event loop', 0):.0%} | {shares.get('cpu pool', 0):.0%} | "
+                f"{shares.get('forward thread', 0):.0%} |"
+            )
     if "tests" in d:
         lines += ["", f"GPU tests (`tests/app/test_cuda.py`): {d['tests']['summary'].strip('= ')}"]
     return "\n".join(lines) + "\n"

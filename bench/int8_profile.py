@@ -48,8 +48,13 @@ def graphs(folder: Path) -> dict[str, Path]:
     export(LogitsAndEmbedding(ckpt.model.eval()), (c.in_channels, c.image_size, c.image_size), plain)
     fused = ort_fusions(plain, folder / "fused" / "model.onnx")
     assert quantize_main([str(checkpoint), "--calibration", "shapes", "--images", "64"]) == 0
-    return {"float32": plain, "float32 fused": fused, "int8 dynamic": quantize_int8(plain),
-            "int8 dynamic fused": quantize_int8(fused), "int8 static": int8_graph_path(checkpoint)}  # fmt: skip
+    return {
+        "float32": plain,
+        "float32 fused": fused,
+        "int8 dynamic": quantize_int8(plain),
+        "int8 dynamic fused": quantize_int8(fused),
+        "int8 static": int8_graph_path(checkpoint),
+    }
 
 
 def ort_fusions(path: Path, output: Path) -> Path:
@@ -105,8 +110,10 @@ def preprocessing_ms(repeats: int = 50) -> float:
 
 def markdown(r: dict[str, Any]) -> str:
     variants = r["variants"]
-    ops = sorted({op for v in variants.values() for op in v["ops_ms_per_image"]},
-                 key=lambda op: -max(v["ops_ms_per_image"].get(op, 0) for v in variants.values()))  # fmt: skip
+    ops = sorted(
+        {op for v in variants.values() for op in v["ops_ms_per_image"]},
+        key=lambda op: -max(v["ops_ms_per_image"].get(op, 0) for v in variants.values()),
+    )
     lines = [
         f"Started {r['started']}; ViT-S/16 at 224 px, batch {r['batch']}, {r['threads']} ORT threads, "
         f"{r['runs']} profiled batches; `python -m bench.int8_profile --name {r['name']}`.",
@@ -145,8 +152,14 @@ def main() -> None:
     p.add_argument("--name", default="int8-profile")
     args = p.parse_args()
     threads = torch.get_num_threads()
-    report: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "name": args.name, "batch": args.batch,
-                              "runs": args.runs, "threads": threads, "variants": {}}  # fmt: skip
+    report: dict[str, Any] = {
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "name": args.name,
+        "batch": args.batch,
+        "runs": args.runs,
+        "threads": threads,
+        "variants": {},
+    }
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         for variant, path in graphs(folder).items():

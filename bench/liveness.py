@@ -47,10 +47,26 @@ def large_photo() -> bytes:
 
 def start(tree: Path) -> ServerProcess:
     port = free_port()
-    argv = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port),
-            "--log-level", "warning", "--no-access-log"]  # fmt: skip
-    env = {"VIT_WEIGHTS": str(BUNDLED_WEIGHTS), "VIT_DEVICE": "cpu", "VIT_THREADS": "1", "VIT_LOG_LEVEL": "warning",
-           "VIT_MAX_QUEUE": "4096"}  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "app.main:app",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "--no-access-log",
+    ]
+    env = {
+        "VIT_WEIGHTS": str(BUNDLED_WEIGHTS),
+        "VIT_DEVICE": "cpu",
+        "VIT_THREADS": "1",
+        "VIT_LOG_LEVEL": "warning",
+        "VIT_MAX_QUEUE": "4096",
+    }
     server = ServerProcess(argv, env, port, cwd=tree)
     server.wait_ready(180)
     return server
@@ -60,8 +76,10 @@ def health_p99(url: str, seconds: float) -> LoadResult:
     """One client checking liveness 50 times a second."""
     out = subprocess.run(
         [require_hey(), "-z", f"{seconds}s", "-c", "1", "-q", "50", url + "/health/live"],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return parse_hey(out, 1, None)
 
 
@@ -131,11 +149,24 @@ def main() -> None:
 
 def markdown(runs: dict[str, list[dict[str, Any]]], trees: dict[str, Path]) -> str:
     if "health_p99_ms" not in next(iter(runs.values()))[0]:
-        rows = [f"| {name} ({trees[name].name}) | {i + 1} | {r['c32_req_s']:.1f} | {r['c32_p99_ms']:.1f} | {r['errors']} |"
-                for name, results in runs.items() for i, r in enumerate(results)]  # fmt: skip
+        rows = [
+            f"| {name} ({trees[name].name}) | {i + 1} | {r['c32_req_s']:.1f} | {r['c32_p99_ms']:.1f} | {r['errors']} |"
+            for name, results in runs.items()
+            for i, r in enumerate(results)
+        ]
         means = [f"{name}: mean {sum(r['c32_req_s'] for r in rs) / len(rs):.1f} req/s" for name, rs in runs.items()]
-        return "\n".join(["| tree | round | c=32 req/s | p99 ms | errors |", "|---|---:|---:|---:|---:|", *rows, "",
-                          "; ".join(means)]) + "\n"  # fmt: skip
+        return (
+            "\n".join(
+                [
+                    "| tree | round | c=32 req/s | p99 ms | errors |",
+                    "|---|---:|---:|---:|---:|",
+                    *rows,
+                    "",
+                    "; ".join(means),
+                ]
+            )
+            + "\n"
+        )
     lines = [
         "`GET /health/live` p99 (p50) in ms: idle, beside 4 clients asking for rollout + overlay of a 1600x1200 JPEG, "
         "and beside the same load without overlay; then /predict throughput at concurrency 32 (64 px PNG, multipart).",

@@ -36,18 +36,37 @@ def require_hey() -> str:
 def start_service(weights: Path, max_batch_size: int, wait_ms: float, threads: int, backend: str) -> ServerProcess:
     server = Server(
         weights,
-        VIT_DEVICE="auto", VIT_MAX_BATCH_SIZE=str(max_batch_size), VIT_MAX_WAIT_MS=str(wait_ms), VIT_MAX_QUEUE="4096",
-        VIT_THREADS=str(threads), VIT_LOG_LEVEL="warning", VIT_BACKEND=backend,
-    )  # fmt: skip
+        VIT_DEVICE="auto",
+        VIT_MAX_BATCH_SIZE=str(max_batch_size),
+        VIT_MAX_WAIT_MS=str(wait_ms),
+        VIT_MAX_QUEUE="4096",
+        VIT_THREADS=str(threads),
+        VIT_LOG_LEVEL="warning",
+        VIT_BACKEND=backend,
+    )
     server.wait_ready(180)
     return server
 
 
 def start_litserve(weights: Path, max_batch_size: int, wait_ms: float, threads: int, backend: str) -> ServerProcess:
     port = free_port()
-    argv = [sys.executable, "-m", "bench.litserve_server", "--weights", str(weights), "--port", str(port),
-            "--max-batch-size", str(max_batch_size), "--wait-ms", str(wait_ms), "--threads", str(threads),
-            "--backend", backend]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "bench.litserve_server",
+        "--weights",
+        str(weights),
+        "--port",
+        str(port),
+        "--max-batch-size",
+        str(max_batch_size),
+        "--wait-ms",
+        str(wait_ms),
+        "--threads",
+        str(threads),
+        "--backend",
+        backend,
+    ]
     server = ServerProcess(argv, {}, port, "/health")
     server.wait_ready(180)
     return server
@@ -74,10 +93,25 @@ def run_hey(
     before = batch_counters(base)
     extra = [arg for name, value in (headers or {}).items() for arg in ("-H", f"{name}: {value}")]
     out = subprocess.run(
-        [require_hey(), "-z", f"{seconds}s", "-c", str(concurrency), "-m", "POST", "-T", content_type, *extra,
-         "-D", str(body), url],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        [
+            require_hey(),
+            "-z",
+            f"{seconds}s",
+            "-c",
+            str(concurrency),
+            "-m",
+            "POST",
+            "-T",
+            content_type,
+            *extra,
+            "-D",
+            str(body),
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     after = batch_counters(base)
     mean_batch = None
     if before and after and after[1] > before[1]:
@@ -101,8 +135,10 @@ def parse_hey(out: str, concurrency: int, mean_batch: float | None) -> LoadResul
     return LoadResult(
         concurrency=concurrency,
         requests_per_s=float(rps.group(1)) if rps else 0.0,
-        p50_ms=pct(50), p90_ms=pct(90), p99_ms=pct(99),
+        p50_ms=pct(50),
+        p90_ms=pct(90),
+        p99_ms=pct(99),
         ok=ok,
         errors=sum(statuses.values()) - ok + transport_errors,
         mean_batch_size=mean_batch,
-    )  # fmt: skip
+    )

@@ -164,9 +164,12 @@ def agreement(models: Checkpoints, images: list[Image.Image]) -> dict[str, dict[
     for variant in VARIANTS[1:]:
         other = logits_of(models.forward(variant), batches)
         cosine = torch.nn.functional.cosine_similarity(fp32, other)
-        out[variant] = {"images": len(images),
-                        "top1_agreement": float((fp32.argmax(1) == other.argmax(1)).float().mean()),
-                        "cosine_mean": float(cosine.mean()), "cosine_min": float(cosine.min())}  # fmt: skip
+        out[variant] = {
+            "images": len(images),
+            "top1_agreement": float((fp32.argmax(1) == other.argmax(1)).float().mean()),
+            "cosine_mean": float(cosine.mean()),
+            "cosine_min": float(cosine.min()),
+        }
     return out
 
 

@@ -51,8 +51,20 @@ class Load:
     stopping: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
-        argv = [require_hey(), "-z", "3600s", "-c", str(self.concurrency), "-m", "POST", "-T", "image/png",
-                "-D", str(self.image), self.url]  # fmt: skip
+        argv = [
+            require_hey(),
+            "-z",
+            "3600s",
+            "-c",
+            str(self.concurrency),
+            "-m",
+            "POST",
+            "-T",
+            "image/png",
+            "-D",
+            str(self.image),
+            self.url,
+        ]
         self.hey = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.checker = threading.Thread(target=self.check, daemon=True)
         self.checker.start()
@@ -124,8 +136,15 @@ def reload_under_load(
     with tempfile.TemporaryDirectory() as folder:
         served = Path(folder) / "m.safetensors"
         shutil.copyfile(versions[0], served)
-        server = Server(served, VIT_LOG_LEVEL="warning", VIT_MODEL_REPOSITORY=folder, VIT_MODEL_CONTROL="poll",
-                        VIT_REPOSITORY_POLL_S="0.2", VIT_MAX_QUEUE="4096", **env)  # fmt: skip
+        server = Server(
+            served,
+            VIT_LOG_LEVEL="warning",
+            VIT_MODEL_REPOSITORY=folder,
+            VIT_MODEL_CONTROL="poll",
+            VIT_REPOSITORY_POLL_S="0.2",
+            VIT_MAX_QUEUE="4096",
+            **env,
+        )
         try:
             server.wait_ready(300)
             load = Load(f"{server.url}/predict?model=m", image, concurrency)
@@ -140,8 +159,10 @@ def reload_under_load(
                 hey = load.stop()
             final = names[reloads % 2]
             with httpx.Client(timeout=60) as client:
-                after = [client.post(load.url, content=image.read_bytes(), headers={"content-type": "image/png"})
-                         for _ in range(20)]  # fmt: skip
+                after = [
+                    client.post(load.url, content=image.read_bytes(), headers={"content-type": "image/png"})
+                    for _ in range(20)
+                ]
             after_last = [r.json()["model"]["version"] if r.status_code == 200 else str(r.status_code) for r in after]
             assert final == served_version(server, "m")
         finally:
@@ -173,8 +194,15 @@ def load_unload_cycles(
     with tempfile.TemporaryDirectory() as folder:
         shutil.copyfile(serving, Path(folder) / "a.safetensors")
         shutil.copyfile(cycled, Path(folder) / "b.safetensors")
-        server = Server(serving, VIT_LOG_LEVEL="warning", VIT_MODEL_REPOSITORY=folder, VIT_MODEL_CONTROL="explicit",
-                        VIT_MODELS="a", VIT_MAX_QUEUE="4096", **env)  # fmt: skip
+        server = Server(
+            serving,
+            VIT_LOG_LEVEL="warning",
+            VIT_MODEL_REPOSITORY=folder,
+            VIT_MODEL_CONTROL="explicit",
+            VIT_MODELS="a",
+            VIT_MAX_QUEUE="4096",
+            **env,
+        )
         try:
             server.wait_ready(300)
             load = Load(f"{server.url}/predict?model=a", image, concurrency)
@@ -209,8 +237,10 @@ def another_version(source: Path, target: Path) -> Path:
 
 
 def report(results: dict[str, dict[str, Any]]) -> str:
-    lines = ["| model | reloads | hey 200 | hey errors | hey req/s | checker answers by version | after the last | switch s (median, max) |",
-             "|---|---:|---:|---:|---:|---|---|---|"]  # fmt: skip
+    lines = [
+        "| model | reloads | hey 200 | hey errors | hey req/s | checker answers by version | after the last | switch s (median, max) |",
+        "|---|---:|---:|---:|---:|---|---|---|",
+    ]
     for key, r in results.items():
         if key.startswith("reload/"):
             switch = sorted(r["switch_s"])
@@ -222,11 +252,14 @@ def report(results: dict[str, dict[str, Any]]) -> str:
     for key, r in results.items():
         if key.startswith("cycles/"):
             rss = r["rss_mib"]
-            lines += ["", f"Load and unload {key.removeprefix('cycles/')} {r['cycles']} times while the bundled model serves "
-                      f"(`hey` c=4: {r['hey']['ok']} answers, {r['hey']['errors']} errors): resident memory {r['rss_before_mib']:.0f} MiB "
-                      "before the first load, after each unload "
-                      f"{', '.join(f'{x:.0f}' for x in rss)} MiB (last - first: {rss[-1] - rss[0]:+.1f} MiB); "
-                      f"load {min(r['load_s']):.2f}-{max(r['load_s']):.2f} s."]  # fmt: skip
+            lines += [
+                "",
+                f"Load and unload {key.removeprefix('cycles/')} {r['cycles']} times while the bundled model serves "
+                f"(`hey` c=4: {r['hey']['ok']} answers, {r['hey']['errors']} errors): resident memory {r['rss_before_mib']:.0f} MiB "
+                "before the first load, after each unload "
+                f"{', '.join(f'{x:.0f}' for x in rss)} MiB (last - first: {rss[-1] - rss[0]:+.1f} MiB); "
+                f"load {min(r['load_s']):.2f}-{max(r['load_s']):.2f} s.",
+            ]
     return "\n".join(lines) + "\n"
 
 

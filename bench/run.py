@@ -46,12 +46,20 @@ DEFAULT_IMAGE = {"bundled": "png-small", "vit-s16": "jpeg-medium"}
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", choices=["bundled", "vit-s16"], default="bundled",
-                   help="the bundled checkpoint, or a random-weight ViT-S/16 at 224 px with 1,000 classes")  # fmt: skip
+    p.add_argument(
+        "--model",
+        choices=["bundled", "vit-s16"],
+        default="bundled",
+        help="the bundled checkpoint, or a random-weight ViT-S/16 at 224 px with 1,000 classes",
+    )
     p.add_argument("--weights", type=Path, help="serve this checkpoint instead of --model")
     p.add_argument("--image", choices=sorted(sample_images()), help="the posted image (default: by model)")
-    p.add_argument("--backends", nargs="+", choices=["torch", "onnxruntime", "onnxruntime-int8"],
-                   help="default: both on the CPU, torch on a GPU")  # fmt: skip
+    p.add_argument(
+        "--backends",
+        nargs="+",
+        choices=["torch", "onnxruntime", "onnxruntime-int8"],
+        help="default: both on the CPU, torch on a GPU",
+    )
     p.add_argument("--max-batch-size", type=int, default=32)
     p.add_argument("--wait-ms", type=float, default=5.0)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64, 128])
@@ -97,16 +105,24 @@ def sweep(
     results = []
     for c in levels:
         r = run_hey(server.url + path, body, ctype, c, seconds)
-        print(f"  {label:<22} c={c:<4} {r.requests_per_s:8.1f} req/s  p50 {r.p50_ms:7.2f}  p99 {r.p99_ms:7.2f} ms  "
-              f"errors {r.errors}  batch {r.mean_batch_size or float('nan'):.2f}", flush=True)  # fmt: skip
+        print(
+            f"  {label:<22} c={c:<4} {r.requests_per_s:8.1f} req/s  p50 {r.p50_ms:7.2f}  p99 {r.p99_ms:7.2f} ms  "
+            f"errors {r.errors}  batch {r.mean_batch_size or float('nan'):.2f}",
+            flush=True,
+        )
         results.append(r)
     return results
 
 
 def vit_s16_checkpoint(path: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
-    save_checkpoint(path, ViT(VIT_S16).eval(), [f"class_{i}" for i in range(1000)], VIT_S16_PREPROCESSING,
-                    {"note": "random weights, for speed measurements only"})  # fmt: skip
+    save_checkpoint(
+        path,
+        ViT(VIT_S16).eval(),
+        [f"class_{i}" for i in range(1000)],
+        VIT_S16_PREPROCESSING,
+        {"note": "random weights, for speed measurements only"},
+    )
     return path
 
 
@@ -125,18 +141,30 @@ def main() -> None:
         image_name = args.image or DEFAULT_IMAGE[args.model]
         ckpt = load_checkpoint(weights, device)
         report: dict[str, Any] = {
-            "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                        "cpus": torch.get_num_threads(), "device": str(device), "torch": torch.__version__,
-                        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None},
-            "settings": {"model": args.model if args.weights is None else str(args.weights),
-                         "model_version": ckpt.version, "parameters": sum(p.numel() for p in ckpt.model.parameters()),
-                         "image_size": ckpt.config.image_size, "classes": len(ckpt.classes), "image": image_name,
-                         "max_batch_size": args.max_batch_size, "wait_ms": args.wait_ms, "duration_s": args.duration,
-                         "threads": args.threads},
+            "machine": {
+                "platform": platform.platform(),
+                "processor": platform.processor() or platform.machine(),
+                "cpus": torch.get_num_threads(),
+                "device": str(device),
+                "torch": torch.__version__,
+                "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+            },
+            "settings": {
+                "model": args.model if args.weights is None else str(args.weights),
+                "model_version": ckpt.version,
+                "parameters": sum(p.numel() for p in ckpt.model.parameters()),
+                "image_size": ckpt.config.image_size,
+                "classes": len(ckpt.classes),
+                "image": image_name,
+                "max_batch_size": args.max_batch_size,
+                "wait_ms": args.wait_ms,
+                "duration_s": args.duration,
+                "threads": args.threads,
+            },
             "started": time.strftime("%Y-%m-%d %H:%M:%S"),
             "preprocess_ms": preprocessing_cost(ckpt),
             "backends": {},
-        }  # fmt: skip
+        }
         print("preprocess ms/image:", {k: round(v, 3) for k, v in report["preprocess_ms"].items()})
         del ckpt
         for backend in backends:
@@ -180,8 +208,9 @@ def run_backend(
                 server, "/predict", form_body, form_type, levels, seconds, "service (multipart)"
             )
             if args.attention:
-                runs["service-rollout"] = sweep(server, "/predict?attention=rollout", raw_body, f"image/{suffix}",
-                                                [1], seconds, "service + rollout")  # fmt: skip
+                runs["service-rollout"] = sweep(
+                    server, "/predict?attention=rollout", raw_body, f"image/{suffix}", [1], seconds, "service + rollout"
+                )
         finally:
             server.stop()
         print("3. service, batching off (VIT_MAX_BATCH_SIZE=1)")

@@ -52,9 +52,14 @@ def main() -> None:
                 rows.append(row)
     report = {"machine": platform.processor() or platform.machine(), "rows": rows}
     (RESULTS / f"{args.name}.json").write_text(json.dumps(report, indent=2) + "\n")
-    lines = ["# Seconds to ready, with and without the ONNX graph cache", "",
-             "`python -m bench.startup --name " + args.name + "`", "",
-             "| model | backend | " + " | ".join(STARTS) + " |", "|---|---|" + "---:|" * len(STARTS)]  # fmt: skip
+    lines = [
+        "# Seconds to ready, with and without the ONNX graph cache",
+        "",
+        "`python -m bench.startup --name " + args.name + "`",
+        "",
+        "| model | backend | " + " | ".join(STARTS) + " |",
+        "|---|---|" + "---:|" * len(STARTS),
+    ]
     lines += [f"| {r['model']} | `{r['backend']}` | " + " | ".join(f"{r[s]:.1f}" for s in STARTS) + " |" for r in rows]
     (RESULTS / f"{args.name}.md").write_text("\n".join(lines) + "\n")
 

@@ -89,9 +89,15 @@ class Preprocessing:
     def with_image_size(self, image_size: int) -> Preprocessing:
         """The same recipe at another input size (fine-tuning at a new resolution keeps crop_pct)."""
         return Preprocessing(
-            image_size, self.channels, self.mean, self.std, self.resize, self.crop_pct,
-            self.interpolation, self.resize_backend,
-        )  # fmt: skip
+            image_size,
+            self.channels,
+            self.mean,
+            self.std,
+            self.resize,
+            self.crop_pct,
+            self.interpolation,
+            self.resize_backend,
+        )
 
 
 def resize_and_crop(image: Any, p: Preprocessing) -> Any:

@@ -48,9 +48,18 @@ from model.vit import (
 )
 
 ARCHITECTURE_FLAGS = (
-    "preset", "patch_size", "dim", "depth", "heads", "mlp_ratio", "pos_embed", "norm", "head", "head_hidden",
+    "preset",
+    "patch_size",
+    "dim",
+    "depth",
+    "heads",
+    "mlp_ratio",
+    "pos_embed",
+    "norm",
+    "head",
+    "head_hidden",
     "attention_pattern",
-)  # fmt: skip
+)
 SCRATCH_LR, FINETUNE_LR = 5e-4, 1e-4
 FINETUNE_LAYER_DECAY = 0.75
 
@@ -197,10 +206,14 @@ def finetune_preprocessing(args: argparse.Namespace, source: Checkpoint) -> Prep
 def finetune_model(args: argparse.Namespace, source: Checkpoint, data: DataBundle) -> ViT:
     """The source model adapted to the data: a new head for new classes, positions resampled to the new grid."""
     try:
-        config = ViTConfig(**{
-            **source.config.to_dict(), "num_classes": len(data.classes),
-            "image_size": data.preprocessing.image_size, "dropout": args.dropout,
-        })  # fmt: skip
+        config = ViTConfig(
+            **{
+                **source.config.to_dict(),
+                "num_classes": len(data.classes),
+                "image_size": data.preprocessing.image_size,
+                "dropout": args.dropout,
+            }
+        )
     except ValueError as e:
         raise SystemExit(f"cannot fine-tune {args.init_from} at this size: {e}") from None
     state = dict(source.model.state_dict())
@@ -246,10 +259,14 @@ def param_groups(model: ViT, weight_decay: float, layer_decay: float = 1.0) -> l
             continue
         decays = not (p.ndim < 2 or name in skip)
         layer = layer_id(name, depth)
-        group = groups.setdefault((layer, decays), {
-            "params": [], "weight_decay": weight_decay if decays else 0.0,
-            "lr_scale": layer_decay ** (depth + 1 - layer),
-        })  # fmt: skip
+        group = groups.setdefault(
+            (layer, decays),
+            {
+                "params": [],
+                "weight_decay": weight_decay if decays else 0.0,
+                "lr_scale": layer_decay ** (depth + 1 - layer),
+            },
+        )
         group["params"].append(p)
     return list(groups.values())
 
@@ -382,9 +399,16 @@ class Schedule:
 
 
 def train_epoch(
-    args: argparse.Namespace, net: nn.Module, model: ViT, optimizer: torch.optim.Optimizer,
-    loader: DataLoader[Any], schedule: Schedule, epoch: int, device: torch.device, ddp: Distributed,
-) -> tuple[float, float]:  # fmt: skip
+    args: argparse.Namespace,
+    net: nn.Module,
+    model: ViT,
+    optimizer: torch.optim.Optimizer,
+    loader: DataLoader[Any],
+    schedule: Schedule,
+    epoch: int,
+    device: torch.device,
+    ddp: Distributed,
+) -> tuple[float, float]:
     """One pass over the training data -> (mean loss, accuracy) over all processes."""
     net.train()
     loss_sum = torch.zeros((), device=device)
@@ -466,9 +490,15 @@ def main(argv: list[str] | None = None) -> History:
 
 
 def end_of_epoch(
-    args: argparse.Namespace, model: ViT, optimizer: torch.optim.Optimizer, history: History,
-    record: dict[str, float], data: DataBundle, source: Checkpoint | None, started: float,
-) -> None:  # fmt: skip
+    args: argparse.Namespace,
+    model: ViT,
+    optimizer: torch.optim.Optimizer,
+    history: History,
+    record: dict[str, float],
+    data: DataBundle,
+    source: Checkpoint | None,
+    started: float,
+) -> None:
     """Print the epoch, keep the best checkpoint, and write metrics, curves and the resumable state."""
     print(
         f"epoch {record['epoch']}: train loss {record['train_loss']:.4f} acc {record['train_accuracy']:.4f} | "

@@ -103,8 +103,10 @@ def test_deployment_matches_the_image_and_the_app() -> None:
     # non-root, read-only root filesystem with a writable /tmp
     assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["runAsUser"] == DOCKER_USER
     assert c["securityContext"] == {
-        "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]},
-    }  # fmt: skip
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
     assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]
     assert {v["name"] for v in pod["volumes"]} == {"tmp"}
     # one GPU per pod, with requests and limits

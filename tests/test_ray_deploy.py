@@ -19,15 +19,51 @@ from app.batch.__main__ import parse_args
 ROOT = Path(__file__).resolve().parent.parent
 RAYJOB = ROOT / "deploy" / "ray" / "rayjob.yaml"
 # The fields of KubeRay's ray.io/v1 API reference that this manifest may use (unknown ones fail).
-RAYJOB_SPEC = {"entrypoint", "submissionMode", "shutdownAfterJobFinishes", "ttlSecondsAfterFinished",
-               "activeDeadlineSeconds", "runtimeEnvYAML", "rayClusterSpec", "clusterSelector", "suspend",
-               "entrypointNumCpus", "entrypointNumGpus", "submitterPodTemplate", "submitterConfig", "jobId",
-               "metadata", "entrypointResources", "managedBy", "deletionStrategy", "backoffLimit"}  # fmt: skip
-CLUSTER_SPEC = {"rayVersion", "headGroupSpec", "workerGroupSpecs", "enableInTreeAutoscaling", "autoscalerOptions",
-                "headServiceAnnotations", "suspend", "managedBy", "gcsFaultToleranceOptions"}  # fmt: skip
+RAYJOB_SPEC = {
+    "entrypoint",
+    "submissionMode",
+    "shutdownAfterJobFinishes",
+    "ttlSecondsAfterFinished",
+    "activeDeadlineSeconds",
+    "runtimeEnvYAML",
+    "rayClusterSpec",
+    "clusterSelector",
+    "suspend",
+    "entrypointNumCpus",
+    "entrypointNumGpus",
+    "submitterPodTemplate",
+    "submitterConfig",
+    "jobId",
+    "metadata",
+    "entrypointResources",
+    "managedBy",
+    "deletionStrategy",
+    "backoffLimit",
+}
+CLUSTER_SPEC = {
+    "rayVersion",
+    "headGroupSpec",
+    "workerGroupSpecs",
+    "enableInTreeAutoscaling",
+    "autoscalerOptions",
+    "headServiceAnnotations",
+    "suspend",
+    "managedBy",
+    "gcsFaultToleranceOptions",
+}
 HEAD_GROUP = {"rayStartParams", "template", "serviceType", "headService", "enableIngress"}
-WORKER_GROUP = {"groupName", "replicas", "minReplicas", "maxReplicas", "rayStartParams", "template",
-                "numOfHosts", "scaleStrategy", "suspend", "idleTimeoutSeconds"}  # fmt: skip
+WORKER_GROUP = {
+    "groupName",
+    "replicas",
+    "minReplicas",
+    "maxReplicas",
+    "rayStartParams",
+    "template",
+    "numOfHosts",
+    "scaleStrategy",
+    "suspend",
+    "idleTimeoutSeconds",
+}
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +116,10 @@ def test_image_versions_and_command_match_the_repository(job: dict[str, Any]) ->
         assert {m["mountPath"] for m in container["volumeMounts"]} == {"/data"}
     assert len(images) == 1 and "vit-serve-ray" in images.pop()
     workers = job["spec"]["rayClusterSpec"]["workerGroupSpecs"]
-    gpus = sum(g["replicas"] * int(g["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
-               for g in workers)  # fmt: skip
+    gpus = sum(
+        g["replicas"] * int(g["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
+        for g in workers
+    )
     argv = shlex.split(job["spec"]["entrypoint"])
     assert argv[:3] == ["python", "-m", "app.batch"]
     args = parse_args(argv[3:])  # the runner's own parser accepts the command

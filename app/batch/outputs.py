@@ -106,11 +106,16 @@ def arrow_schema(columns: list[str]) -> Any:
     import pyarrow as pa
 
     types = {
-        "path": pa.string(), "label": pa.string(), "probability": pa.float64(), "error": pa.string(),
-        "top_k_labels": pa.list_(pa.string()), "top_k_probabilities": pa.list_(pa.float64()),
-        "probabilities": pa.list_(pa.float64()), "embedding": pa.list_(pa.float64()),
+        "path": pa.string(),
+        "label": pa.string(),
+        "probability": pa.float64(),
+        "error": pa.string(),
+        "top_k_labels": pa.list_(pa.string()),
+        "top_k_probabilities": pa.list_(pa.float64()),
+        "probabilities": pa.list_(pa.float64()),
+        "embedding": pa.list_(pa.float64()),
         "attention": pa.list_(pa.list_(pa.float64())),
-    }  # fmt: skip
+    }
     return pa.schema([(c, types[c]) for c in columns])
 
 

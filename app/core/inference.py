@@ -58,8 +58,9 @@ def batch_sizes(max_batch_size: int) -> list[int]:
 
 def graph_sizes(max_batch_size: int) -> list[int]:
     """The batch sizes captured as CUDA graphs: powers of two up to 32, then every multiple of 32, and the maximum."""
-    return sorted({*(s for s in batch_sizes(max_batch_size) if s <= 32), *range(64, max_batch_size + 1, 32),
-                   max_batch_size})  # fmt: skip
+    return sorted(
+        {*(s for s in batch_sizes(max_batch_size) if s <= 32), *range(64, max_batch_size + 1, 32), max_batch_size}
+    )
 
 
 def inference_dtype(device: torch.device) -> torch.dtype:

@@ -19,13 +19,18 @@ class Metrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
-            "vit_requests", "Requests by protocol (http, grpc), route (or RPC) and status (HTTP status or gRPC code)",
-            ["protocol", "route", "status"], registry=r,
-        )  # fmt: skip
+            "vit_requests",
+            "Requests by protocol (http, grpc), route (or RPC) and status (HTTP status or gRPC code)",
+            ["protocol", "route", "status"],
+            registry=r,
+        )
         self.latency = Histogram(
-            "vit_request_latency_seconds", "Request latency by protocol and route (or RPC)", ["protocol", "route"],
-            buckets=LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
+            "vit_request_latency_seconds",
+            "Request latency by protocol and route (or RPC)",
+            ["protocol", "route"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.batch_size = Histogram(
             "vit_batch_size", "Images per forward pass", ["model"], buckets=BATCH_BUCKETS, registry=r
         )
@@ -35,9 +40,11 @@ class Metrics:
         self.queue = Gauge("vit_queue_depth", "Images waiting for a batch", ["model"], registry=r)
         self.images = Counter("vit_images_processed", "Images computed by the model", ["model"], registry=r)
         self.dropped_images = Counter(
-            "vit_images_dropped", "Images dropped before computing (cancelled: client gone; expired: deadline)",
-            ["model", "reason"], registry=r,
-        )  # fmt: skip
+            "vit_images_dropped",
+            "Images dropped before computing (cancelled: client gone; expired: deadline)",
+            ["model", "reason"],
+            registry=r,
+        )
         self.ready = Gauge("vit_ready", "1 when every model is loaded and warm", registry=r)
         self.models_loaded = Gauge("vit_models_loaded", "Models serving now", registry=r)
         self.model_load_seconds = Histogram(
@@ -47,9 +54,12 @@ class Metrics:
             "vit_model_load_failures", "Model versions that failed to load, by model", ["model"], registry=r
         )
         self.gc_pause = Histogram(
-            "vit_gc_pause_seconds", "Garbage collections (every thread waits meanwhile), by generation",
-            ["generation"], buckets=GC_BUCKETS, registry=r,
-        )  # fmt: skip
+            "vit_gc_pause_seconds",
+            "Garbage collections (every thread waits meanwhile), by generation",
+            ["generation"],
+            buckets=GC_BUCKETS,
+            registry=r,
+        )
         self._gc_started = 0.0
 
     def watch_gc(self) -> None:

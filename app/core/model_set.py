@@ -171,8 +171,12 @@ class ModelSet:
     async def drain(self, model: ServedModel) -> None:
         """Answer what `model` admitted, then stop it (the caller drops it and releases the memory)."""
         if not await model.batcher.drain(self.drain_timeout_s):
-            log.warning("model %s: drain timed out after %.1fs with %d images queued",
-                        model.name, self.drain_timeout_s, model.batcher.queue_depth)  # fmt: skip
+            log.warning(
+                "model %s: drain timed out after %.1fs with %d images queued",
+                model.name,
+                self.drain_timeout_s,
+                model.batcher.queue_depth,
+            )
         await model.batcher.stop()
 
     def start_polling(self, interval_s: float) -> None:

@@ -90,8 +90,13 @@ def exported(
         except OnnxExportError as e:
             log.warning("%s; exporting again", e)
         else:
-            log.info("loaded the%s ONNX graph from the cache (%s) and built an ORT session (%d threads) in %.1fs",
-                     " int8" if int8 else "", cached, threads, time.perf_counter() - started)  # fmt: skip
+            log.info(
+                "loaded the%s ONNX graph from the cache (%s) and built an ORT session (%d threads) in %.1fs",
+                " int8" if int8 else "",
+                cached,
+                threads,
+                time.perf_counter() - started,
+            )
             return forward
     with export_folder() as folder:
         path = folder / "model.onnx"
@@ -101,8 +106,12 @@ def exported(
         forward = OnnxForward(session(path, threads), quantization)
         if cache is not None:
             cache.store(path)
-    log.info("exported the model to ONNX%s and built an ORT session (%d threads) in %.1fs",
-             " (int8)" if int8 else "", threads, time.perf_counter() - started)  # fmt: skip
+    log.info(
+        "exported the model to ONNX%s and built an ORT session (%d threads) in %.1fs",
+        " (int8)" if int8 else "",
+        threads,
+        time.perf_counter() - started,
+    )
     return forward
 
 
@@ -119,9 +128,13 @@ class GraphCache:
         self, folder: Path, content_hash: str, config: dict[str, Any], input_shape: tuple[int, int, int], int8: bool
     ) -> None:
         identity = {
-            "format": self.FORMAT, "checkpoint": content_hash, "config": config, "input": list(input_shape),
-            "int8": int8, "versions": {name: version(name) for name in ("torch", "onnxscript", "onnxruntime")},
-        }  # fmt: skip
+            "format": self.FORMAT,
+            "checkpoint": content_hash,
+            "config": config,
+            "input": list(input_shape),
+            "int8": int8,
+            "versions": {name: version(name) for name in ("torch", "onnxscript", "onnxruntime")},
+        }
         key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
         self.path = folder / f"{'int8' if int8 else 'float32'}-{key}.onnx"
 
@@ -137,8 +150,11 @@ class GraphCache:
             shutil.copyfile(graph, staged)
             staged.replace(self.path)  # a reader never sees half a graph
         except OSError as e:
-            log.warning("could not keep the ONNX graph in the cache %s (%s); the next start exports it again",
-                        self.path.parent, e)  # fmt: skip
+            log.warning(
+                "could not keep the ONNX graph in the cache %s (%s); the next start exports it again",
+                self.path.parent,
+                e,
+            )
             with contextlib.suppress(OSError):
                 staged.unlink(missing_ok=True)
 
@@ -215,8 +231,11 @@ def quantize_static_int8(
             batch = next(self.batches, None)
             return None if batch is None else {INPUT: batch}
 
-    methods = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
-               "percentile": CalibrationMethod.Percentile}  # fmt: skip
+    methods = {
+        "minmax": CalibrationMethod.MinMax,
+        "entropy": CalibrationMethod.Entropy,
+        "percentile": CalibrationMethod.Percentile,
+    }
     with export_folder() as folder:
         path, prepared, quantized = folder / "model.onnx", folder / "prepared.onnx", folder / "int8.onnx"
         export(LogitsAndEmbedding(model), input_shape, path)
@@ -225,10 +244,16 @@ def quantize_static_int8(
                 warnings.simplefilter("ignore")
                 quant_pre_process(str(path), str(prepared))
                 quantize_static(
-                    str(prepared), str(quantized), Batches(), quant_format=QuantFormat.QDQ, per_channel=True,
-                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, op_types_to_quantize=QUANTIZED_OPS,
+                    str(prepared),
+                    str(quantized),
+                    Batches(),
+                    quant_format=QuantFormat.QDQ,
+                    per_channel=True,
+                    activation_type=QuantType.QUInt8,
+                    weight_type=QuantType.QInt8,
+                    op_types_to_quantize=QUANTIZED_OPS,
                     calibrate_method=methods[method],
-                )  # fmt: skip
+                )
         except Exception as e:  # the quantizer raises many types for graphs it cannot handle
             raise OnnxExportError(f"the graph could not be quantized to int8: {type(e).__name__}: {e}") from None
         graph = onnx.load(str(quantized))
@@ -262,9 +287,14 @@ def export(model: nn.Module, input_shape: tuple[int, int, int], path: Path) -> N
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the exporter warns about internals the user cannot act on
             program = torch.onnx.export(
-                model, (example,), input_names=[INPUT], output_names=OUTPUTS,
-                dynamic_shapes=({0: torch.export.Dim.DYNAMIC},), dynamo=True, verbose=False,
-            )  # fmt: skip
+                model,
+                (example,),
+                input_names=[INPUT],
+                output_names=OUTPUTS,
+                dynamic_shapes=({0: torch.export.Dim.DYNAMIC},),
+                dynamo=True,
+                verbose=False,
+            )
     except Exception as e:  # torch.export and the ONNX translation raise many types for unsupported code
         raise OnnxExportError(f"the model could not be exported to ONNX: {type(e).__name__}: {e}") from None
     assert program is not None

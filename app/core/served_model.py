@@ -88,9 +88,15 @@ class ServedModel:
         )
         log.info(
             "model %s: loaded %s (version %s, %d classes) on %s as %s, backend %s, JPEGs decoded on the %s",
-            name, path, checkpoint.version, len(checkpoint.classes), device, predictor.dtype, predictor.backend,
+            name,
+            path,
+            checkpoint.version,
+            len(checkpoint.classes),
+            device,
+            predictor.dtype,
+            predictor.backend,
             predictor.decode,
-        )  # fmt: skip
+        )
         if settings.warmup:
             predictor.warm_up(settings.max_batch_size)
         s = settings

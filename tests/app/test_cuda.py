@@ -65,11 +65,25 @@ async def test_cuda_graphs_answer_as_the_eager_model_at_every_batch_size(make_cl
             served = client.app.state.data_plane.default  # type: ignore[attr-defined]
             assert (served.predictor.graphs is not None) is graphs
             answers[graphs] = [
-                torch.tensor((await client.post(f"/v2/models/{served.name}/infer", json={"inputs": [
-                    {"name": "pixels", "datatype": "FP32", "shape": [n, 1, 64, 64],
-                     "data": pixels[:n].flatten().tolist()}]})).json()["outputs"][0]["data"]).view(n, -1)
+                torch.tensor(
+                    (
+                        await client.post(
+                            f"/v2/models/{served.name}/infer",
+                            json={
+                                "inputs": [
+                                    {
+                                        "name": "pixels",
+                                        "datatype": "FP32",
+                                        "shape": [n, 1, 64, 64],
+                                        "data": pixels[:n].flatten().tolist(),
+                                    }
+                                ]
+                            },
+                        )
+                    ).json()["outputs"][0]["data"]
+                ).view(n, -1)
                 for n in (1, 3, 37)
-            ]  # fmt: skip
+            ]
     for graphed, eager in zip(answers[True], answers[False], strict=True):  # bf16 both; padded batches may
         assert (graphed.argmax(1) == eager.argmax(1)).all()  # pick other matmul kernels, hence a tolerance
         assert (graphed - eager).abs().max() < PROBABILITY_TOLERANCE

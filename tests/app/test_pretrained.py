@@ -45,8 +45,10 @@ async def test_served_probabilities_equal_the_library(
     assert result["top_k"][0]["label"] == info["classes"][int(expected.argmax())]
     assert result["attention"]["grid"] == [14, 14]
     assert info["input_size"] == [224, 224] and info["training"]["converted_from"]["source"] in (
-        "timm", "torchvision", "huggingface",
-    )  # fmt: skip
+        "timm",
+        "torchvision",
+        "huggingface",
+    )
 
 
 @pytest.mark.parametrize("backend", ["torch", "onnxruntime"])

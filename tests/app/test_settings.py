@@ -46,8 +46,16 @@ def test_a_typo_names_the_closest_setting() -> None:
 
 
 def test_compose_and_kubernetes_variables_are_left_alone() -> None:
-    injected = {"VIT_SERVE_SERVICE_HOST", "VIT_SERVE_SERVICE_PORT", "VIT_SERVE_SERVICE_PORT_HTTP", "VIT_SERVE_PORT",
-                "VIT_SERVE_PORT_80_TCP", "VIT_SERVE_PORT_80_TCP_ADDR", "VIT_PORT", "VIT_MODELS_DIR"}  # fmt: skip
+    injected = {
+        "VIT_SERVE_SERVICE_HOST",
+        "VIT_SERVE_SERVICE_PORT",
+        "VIT_SERVE_SERVICE_PORT_HTTP",
+        "VIT_SERVE_PORT",
+        "VIT_SERVE_PORT_80_TCP",
+        "VIT_SERVE_PORT_80_TCP_ADDR",
+        "VIT_PORT",
+        "VIT_MODELS_DIR",
+    }
     assert unknown_variables(injected) == []
 
 

@@ -132,10 +132,22 @@ def test_refusal_through_the_cli_exits_2_with_one_line(tmp_path: Path) -> None:
     m = timm.create_model("deit_tiny_distilled_patch16_224")
     torch.save(m.state_dict(), tmp_path / "distilled.pth")
     r = subprocess.run(
-        [sys.executable, "-m", "model.convert", "timm", "--arch", "deit_tiny_distilled_patch16_224",
-         "--weights", str(tmp_path / "distilled.pth"), "--output", str(tmp_path / "out.safetensors")],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "model.convert",
+            "timm",
+            "--arch",
+            "deit_tiny_distilled_patch16_224",
+            "--weights",
+            str(tmp_path / "distilled.pth"),
+            "--output",
+            str(tmp_path / "out.safetensors"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2
     assert "error: unsupported feature: a distillation token" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "out.safetensors").exists()
@@ -149,8 +161,12 @@ def test_timm_imagenet_heads_get_imagenet_names(pretrained: Callable[[str], Pret
 def test_timm_preprocessing_is_the_data_config(pretrained: Callable[[str], Pretrained]) -> None:
     p = load_checkpoint(pretrained("timm").checkpoint).preprocessing
     assert (p.image_size, p.resize, p.crop_pct, p.interpolation, p.resize_backend) == (
-        224, "center_crop", 0.9, "bicubic", "pil",
-    )  # fmt: skip
+        224,
+        "center_crop",
+        0.9,
+        "bicubic",
+        "pil",
+    )
     assert p.resize_size == 248 and p.mean == (0.5, 0.5, 0.5)
 
 
@@ -177,8 +193,17 @@ def test_weights_of_another_architecture_are_a_clear_error(tmp_path: Path, capsy
     )
     torch.save(m.state_dict(), tmp_path / "w.pth")
     with pytest.raises(SystemExit):
-        convert_main(["torchvision", "--arch", "vit_b_16", "--weights", str(tmp_path / "w.pth"),
-                      "--output", str(tmp_path / "o.safetensors")])  # fmt: skip
+        convert_main(
+            [
+                "torchvision",
+                "--arch",
+                "vit_b_16",
+                "--weights",
+                str(tmp_path / "w.pth"),
+                "--output",
+                str(tmp_path / "o.safetensors"),
+            ]
+        )
     assert "the weights do not fit torchvision's vit_b_16" in capsys.readouterr().err
 
 
@@ -194,8 +219,16 @@ def test_hf_transformers4_directory_with_pytorch_model_bin(tmp_path: Path) -> No
     from transformers import ViTConfig as HFConfig
     from transformers import ViTForImageClassification
 
-    config = HFConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=48,
-                      image_size=32, patch_size=8, num_labels=3, qkv_bias=False)  # fmt: skip
+    config = HFConfig(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=48,
+        image_size=32,
+        patch_size=8,
+        num_labels=3,
+        qkv_bias=False,
+    )
     m = ViTForImageClassification(config).eval()
     torch.nn.init.normal_(m.classifier.weight, std=2.0)
     m.save_pretrained(tmp_path / "d")
@@ -221,13 +254,31 @@ def transformers4_name(key: str) -> str:
 def test_classes_file_overrides_labels(tmp_path: Path, pretrained: Callable[[str], Pretrained]) -> None:
     hf_dir = pretrained("hf").checkpoint.parent / "hf-vit"
     (tmp_path / "labels.txt").write_text("a\nb\nc\nd\ne\n\n")
-    out = convert_main(["hf", "--model-dir", str(hf_dir), "--classes", str(tmp_path / "labels.txt"),
-                        "--output", str(tmp_path / "o.safetensors")])  # fmt: skip
+    out = convert_main(
+        [
+            "hf",
+            "--model-dir",
+            str(hf_dir),
+            "--classes",
+            str(tmp_path / "labels.txt"),
+            "--output",
+            str(tmp_path / "o.safetensors"),
+        ]
+    )
     assert load_checkpoint(out).classes == ["a", "b", "c", "d", "e"]
     (tmp_path / "short.txt").write_text("a\nb\n")
     with pytest.raises(SystemExit) as e:
-        convert_main(["hf", "--model-dir", str(hf_dir), "--classes", str(tmp_path / "short.txt"),
-                      "--output", str(tmp_path / "o2.safetensors")])  # fmt: skip
+        convert_main(
+            [
+                "hf",
+                "--model-dir",
+                str(hf_dir),
+                "--classes",
+                str(tmp_path / "short.txt"),
+                "--output",
+                str(tmp_path / "o2.safetensors"),
+            ]
+        )
     assert e.value.code == 2
 
 
@@ -246,8 +297,17 @@ def test_wrapped_training_checkpoints_are_unwrapped(tmp_path: Path) -> None:
     torch.nn.init.normal_(m.head.weight, std=0.5)
     wrapped = {"state_dict": {f"module.{k}": v for k, v in m.state_dict().items()}, "epoch": 7}
     torch.save(wrapped, tmp_path / "ckpt.pth")
-    out = convert_main(["timm", "--arch", "vit_tiny_patch16_224", "--weights", str(tmp_path / "ckpt.pth"),
-                        "--output", str(tmp_path / "o.safetensors")])  # fmt: skip
+    out = convert_main(
+        [
+            "timm",
+            "--arch",
+            "vit_tiny_patch16_224",
+            "--weights",
+            str(tmp_path / "ckpt.pth"),
+            "--output",
+            str(tmp_path / "o.safetensors"),
+        ]
+    )
     same_logits(out, m)
 
 
@@ -273,8 +333,17 @@ def test_half_precision_weights_convert_to_float32(tmp_path: Path) -> None:
     m = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=4).eval()
     torch.nn.init.normal_(m.head.weight, std=0.5)
     save_file({k: v.half() for k, v in m.state_dict().items()}, str(tmp_path / "half.safetensors"))
-    out = convert_main(["timm", "--arch", "vit_tiny_patch16_224", "--weights", str(tmp_path / "half.safetensors"),
-                        "--output", str(tmp_path / "o.safetensors")])  # fmt: skip
+    out = convert_main(
+        [
+            "timm",
+            "--arch",
+            "vit_tiny_patch16_224",
+            "--weights",
+            str(tmp_path / "half.safetensors"),
+            "--output",
+            str(tmp_path / "o.safetensors"),
+        ]
+    )
     ckpt = load_checkpoint(out)
     assert all(t.dtype == torch.float32 for t in ckpt.model.state_dict().values())
     m.load_state_dict({k: v.half().float() for k, v in m.state_dict().items()})  # the same rounded weights

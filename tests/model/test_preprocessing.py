@@ -46,10 +46,14 @@ def test_old_records_load_with_the_old_behaviour(photo: Image.Image) -> None:
     old = {"image_size": 32, "channels": 3, "mean": [0.5] * 3, "std": [0.25] * 3, "resize": "squash"}
     p = Preprocessing.from_dict(old)
     assert (p.crop_pct, p.interpolation, p.resize_backend) == (1.0, "bilinear", "tensor")
-    before = v2.Compose([
-        v2.ToImage(), v2.Resize((32, 32), antialias=True), v2.ToDtype(torch.float32, scale=True),
-        v2.Normalize([0.5] * 3, [0.25] * 3),
-    ])  # fmt: skip
+    before = v2.Compose(
+        [
+            v2.ToImage(),
+            v2.Resize((32, 32), antialias=True),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize([0.5] * 3, [0.25] * 3),
+        ]
+    )
     torch.testing.assert_close(EvalTransform(p)(photo), before(photo), atol=0, rtol=0)
 
 

@@ -7,8 +7,17 @@ from model.shapes import IMAGE_SIZE, SHAPE_CLASSES, luminance, make_sample, rend
 
 def test_classes_in_order() -> None:
     assert SHAPE_CLASSES == [
-        "circle", "square", "triangle", "pentagon", "hexagon", "star", "cross", "ring", "crescent", "arrow",
-    ]  # fmt: skip
+        "circle",
+        "square",
+        "triangle",
+        "pentagon",
+        "hexagon",
+        "star",
+        "cross",
+        "ring",
+        "crescent",
+        "arrow",
+    ]
 
 
 def test_deterministic_from_seed() -> None:

@@ -107,10 +107,29 @@ def test_torchrun_trains_data_parallel(tmp_path: Path) -> None:
     torchrun = str(Path(sys.executable).with_name("torchrun"))  # installed with torch
     out = tmp_path / "ddp.safetensors"
     r = subprocess.run(
-        [torchrun, "--standalone", "--nproc_per_node", "2", "-m", "model.train", "--dataset", "shapes",
-         "--shapes-train", "32", "--shapes-test", "16", "--epochs", "1", *TINY_ARGS, "--output", str(out)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            torchrun,
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "model.train",
+            "--dataset",
+            "shapes",
+            "--shapes-train",
+            "32",
+            "--shapes-test",
+            "16",
+            "--epochs",
+            "1",
+            *TINY_ARGS,
+            "--output",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "x2" in r.stdout  # two processes trained
     assert load_checkpoint(out).training["dataset"] == "shapes"
@@ -123,11 +142,27 @@ def test_fine_tune_a_converted_model_on_an_image_folder(
     write_imagefolder(tmp_path / "data", per_class=12)
     source = load_checkpoint(pretrained("timm").checkpoint)
     out = tmp_path / "ft" / "vit.safetensors"
-    history = train.main([
-        "--init-from", source.path, "--dataset", "imagefolder", "--data-dir", str(tmp_path / "data"),
-        "--image-size", "64", "--epochs", "4", "--batch-size", "8", "--workers", "0", "--no-progress",
-        "--output", str(out),
-    ])  # fmt: skip
+    history = train.main(
+        [
+            "--init-from",
+            source.path,
+            "--dataset",
+            "imagefolder",
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--image-size",
+            "64",
+            "--epochs",
+            "4",
+            "--batch-size",
+            "8",
+            "--workers",
+            "0",
+            "--no-progress",
+            "--output",
+            str(out),
+        ]
+    )
     losses = [e["train_loss"] for e in history.epochs]
     assert losses[-1] < 0.7 * losses[0], losses
     ckpt = load_checkpoint(out)
@@ -145,11 +180,28 @@ def test_freeze_backbone_trains_the_head_only(tmp_path: Path, tiny_checkpoint: P
     """Linear probing: every backbone tensor is unchanged; the head (same classes: kept, then trained) moves."""
     source = load_checkpoint(tiny_checkpoint)
     out = tmp_path / "probe.safetensors"
-    train.main([
-        "--init-from", str(tiny_checkpoint), "--dataset", "shapes", "--shapes-train", "32", "--shapes-test", "16",
-        "--freeze-backbone", "--epochs", "1", "--batch-size", "8", "--workers", "0", "--no-progress",
-        "--output", str(out),
-    ])  # fmt: skip
+    train.main(
+        [
+            "--init-from",
+            str(tiny_checkpoint),
+            "--dataset",
+            "shapes",
+            "--shapes-train",
+            "32",
+            "--shapes-test",
+            "16",
+            "--freeze-backbone",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "8",
+            "--workers",
+            "0",
+            "--no-progress",
+            "--output",
+            str(out),
+        ]
+    )
     before, after = source.model.state_dict(), load_checkpoint(out).model.state_dict()
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert changed == {"head.weight", "head.bias"}
@@ -157,8 +209,21 @@ def test_freeze_backbone_trains_the_head_only(tmp_path: Path, tiny_checkpoint: P
 
 def test_same_classes_keep_the_head_and_new_classes_replace_it(tmp_path: Path, tiny_checkpoint: Path) -> None:
     source = load_checkpoint(tiny_checkpoint)  # shapes classes
-    args = ["--init-from", str(tiny_checkpoint), "--epochs", "1", "--batch-size", "8", "--workers", "0",
-            "--no-progress", "--lr", "0", "--warmup-epochs", "0"]  # fmt: skip
+    args = [
+        "--init-from",
+        str(tiny_checkpoint),
+        "--epochs",
+        "1",
+        "--batch-size",
+        "8",
+        "--workers",
+        "0",
+        "--no-progress",
+        "--lr",
+        "0",
+        "--warmup-epochs",
+        "0",
+    ]
     shapes = ["--dataset", "shapes", "--shapes-train", "16", "--shapes-test", "8"]
     train.main([*args, *shapes, "--output", str(tmp_path / "same.safetensors")])
     kept = load_checkpoint(tmp_path / "same.safetensors").model.state_dict()["head.weight"]
@@ -191,19 +256,37 @@ def test_layer_decay_scales_learning_rates_by_depth(tiny_checkpoint: Path) -> No
 )
 def test_fine_tuning_errors_are_clear(tiny_checkpoint: Path, extra: list[str], message: str) -> None:
     r = subprocess.run(
-        [sys.executable, "-m", "model.train", "--init-from", str(tiny_checkpoint), "--shapes-train", "8",
-         "--shapes-test", "8", "--epochs", "1", *extra],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "model.train",
+            "--init-from",
+            str(tiny_checkpoint),
+            "--shapes-train",
+            "8",
+            "--shapes-test",
+            "8",
+            "--epochs",
+            "1",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode != 0 and message in r.stderr, r.stderr[-1500:]
     assert "Traceback" not in r.stderr
 
 
 @pytest.mark.parametrize(
     "flags",
-    [["--norm", "post"], ["--head", "mlp", "--head-hidden", "16"], ["--attention-pattern", "axial"],
-     ["--norm", "post", "--head", "mlp", "--attention-pattern", "axial"]],
-)  # fmt: skip
+    [
+        ["--norm", "post"],
+        ["--head", "mlp", "--head-hidden", "16"],
+        ["--attention-pattern", "axial"],
+        ["--norm", "post", "--head", "mlp", "--attention-pattern", "axial"],
+    ],
+)
 def test_variants_train_save_load_and_evaluate(tmp_path: Path, flags: list[str]) -> None:
     _, out = run(
         tmp_path, "--dataset", "shapes", "--shapes-train", "32", "--shapes-test", "16", "--epochs", "1", *flags

@@ -164,8 +164,23 @@ def test_options_keep_fused_and_explicit_attention_equal(options: dict[str, obje
 
 
 def test_old_config_records_load_with_the_original_architecture() -> None:
-    old = {k: v for k, v in TINY.to_dict().items() if k in ("image_size", "patch_size", "in_channels", "num_classes",
-                                                            "dim", "depth", "heads", "mlp_ratio", "dropout", "pos_embed")}  # fmt: skip
+    old = {
+        k: v
+        for k, v in TINY.to_dict().items()
+        if k
+        in (
+            "image_size",
+            "patch_size",
+            "in_channels",
+            "num_classes",
+            "dim",
+            "depth",
+            "heads",
+            "mlp_ratio",
+            "dropout",
+            "pos_embed",
+        )
+    }
     config = ViTConfig.from_dict(old)
     assert (config.norm_eps, config.class_token, config.reg_tokens, config.pool) == (1e-5, True, 0, "cls")
     assert set(ViT(config).state_dict()) == set(tiny_model().state_dict())
@@ -215,8 +230,12 @@ def copy_into_torch_layer(block: torch.nn.Module, layer: torch.nn.TransformerEnc
         layer.self_attn.in_proj_bias.copy_(block.attn.qkv.bias)
         layer.self_attn.out_proj.weight.copy_(block.attn.proj.weight)
         layer.self_attn.out_proj.bias.copy_(block.attn.proj.bias)
-        for ours, theirs in ((block.mlp.fc1, layer.linear1), (block.mlp.fc2, layer.linear2),
-                             (block.ln_1, layer.norm1), (block.ln_2, layer.norm2)):  # fmt: skip
+        for ours, theirs in (
+            (block.mlp.fc1, layer.linear1),
+            (block.mlp.fc2, layer.linear2),
+            (block.ln_1, layer.norm1),
+            (block.ln_2, layer.norm2),
+        ):
             theirs.weight.copy_(ours.weight)
             theirs.bias.copy_(ours.bias)
 
@@ -229,9 +248,14 @@ def test_blocks_equal_torchs_transformer_encoder_layer(norm: str) -> None:
     for p in block.parameters():  # LayerNorms start at exactly 1 and 0: randomise them too
         torch.nn.init.normal_(p, std=0.2) if p.ndim == 1 else None
     layer = torch.nn.TransformerEncoderLayer(
-        TINY.dim, TINY.heads, int(TINY.dim * TINY.mlp_ratio), dropout=0.0, activation="gelu",
-        batch_first=True, norm_first=norm == "pre",
-    ).eval()  # fmt: skip
+        TINY.dim,
+        TINY.heads,
+        int(TINY.dim * TINY.mlp_ratio),
+        dropout=0.0,
+        activation="gelu",
+        batch_first=True,
+        norm_first=norm == "pre",
+    ).eval()
     copy_into_torch_layer(block, layer)
     x = torch.randn(2, 17, TINY.dim)
     with torch.no_grad():
@@ -280,9 +304,13 @@ def test_axial_cls_token_reaches_every_patch_in_one_block() -> None:
 
 @pytest.mark.parametrize(
     ("changes", "message"),
-    [({"norm": "sandwich"}, "norm must be one of"), ({"head": "conv"}, "head must be one of"),
-     ({"attention_pattern": "local"}, "attention_pattern must be one of"), ({"head_hidden": -1}, "head_hidden")],
-)  # fmt: skip
+    [
+        ({"norm": "sandwich"}, "norm must be one of"),
+        ({"head": "conv"}, "head must be one of"),
+        ({"attention_pattern": "local"}, "attention_pattern must be one of"),
+        ({"head_hidden": -1}, "head_hidden"),
+    ],
+)
 def test_variant_config_errors_are_clear(changes: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ViTConfig(**{**TINY.to_dict(), **changes})

@@ -17,8 +17,14 @@ from tests.support.server import ROOT
 @functools.cache
 def api_models() -> dict[str, dict[str, str]]:
     """OpenAPI type name -> {JSON field name: the field's OpenAPI type}, KServe's before Kubernetes'."""
-    done = subprocess.run([sys.executable, "-m", "tests.support.api_models"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, check=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.support.api_models"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
     models: dict[str, dict[str, str]] = json.loads(done.stdout)
     return models
 

@@ -66,8 +66,17 @@ def pretrained_timm(folder: Path) -> Pretrained:
     m = timm.create_model("vit_tiny_patch16_224", pretrained=False).eval()
     sharpen_head(m.head, 0)
     save_file(m.state_dict(), str(folder / "timm.safetensors"))
-    out = convert_main(["timm", "--arch", "vit_tiny_patch16_224", "--weights", str(folder / "timm.safetensors"),
-                        "--output", str(folder / "timm-vit.safetensors")])  # fmt: skip
+    out = convert_main(
+        [
+            "timm",
+            "--arch",
+            "vit_tiny_patch16_224",
+            "--weights",
+            str(folder / "timm.safetensors"),
+            "--output",
+            str(folder / "timm-vit.safetensors"),
+        ]
+    )
     return Pretrained(out, m, create_transform(**resolve_data_config(model=m)), [])
 
 
@@ -78,8 +87,17 @@ def pretrained_torchvision(folder: Path) -> Pretrained:
     m = torchvision.models.vit_b_16(weights=None).eval()
     sharpen_head(m.heads.head, 1)
     torch.save(m.state_dict(), folder / "vit_b_16.pth")
-    out = convert_main(["torchvision", "--arch", "vit_b_16", "--weights", str(folder / "vit_b_16.pth"),
-                        "--output", str(folder / "torchvision-vit.safetensors")])  # fmt: skip
+    out = convert_main(
+        [
+            "torchvision",
+            "--arch",
+            "vit_b_16",
+            "--weights",
+            str(folder / "vit_b_16.pth"),
+            "--output",
+            str(folder / "torchvision-vit.safetensors"),
+        ]
+    )
     weights = torchvision.models.ViT_B_16_Weights.IMAGENET1K_V1
     return Pretrained(out, m, weights.transforms(), list(weights.meta["categories"]))
 
@@ -90,9 +108,16 @@ def pretrained_hf(folder: Path) -> Pretrained:
 
     labels = ["cat", "dog", "fox", "owl", "yak"]
     config = HFConfig(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=224,
-        patch_size=16, num_labels=5, id2label=dict(enumerate(labels)), label2id={c: i for i, c in enumerate(labels)},
-    )  # fmt: skip
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        image_size=224,
+        patch_size=16,
+        num_labels=5,
+        id2label=dict(enumerate(labels)),
+        label2id={c: i for i, c in enumerate(labels)},
+    )
     torch.manual_seed(0)
     m = ViTForImageClassification(config).eval()
     sharpen_head(m.classifier, 2)

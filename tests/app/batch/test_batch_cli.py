@@ -22,8 +22,20 @@ from tests.support.server import ROOT
 
 
 def run(checkpoint: Path, inputs: list[Path], output: Path, *flags: str) -> int:
-    argv = [*map(str, inputs), "--output", str(output), "--checkpoint", str(checkpoint), "--device", "cpu",
-            "--backend", "torch", "--batch-size", "4", *flags]  # fmt: skip
+    argv = [
+        *map(str, inputs),
+        "--output",
+        str(output),
+        "--checkpoint",
+        str(checkpoint),
+        "--device",
+        "cpu",
+        "--backend",
+        "torch",
+        "--batch-size",
+        "4",
+        *flags,
+    ]
     return main(argv)
 
 
@@ -93,8 +105,11 @@ def test_resume_computes_only_what_is_missing(tiny_checkpoint: Path, images: lis
     assert [r["path"] for r in rows] == [str(p) for p in good]
     assert rows[:3] == finished
     assert [r["label"] for r in rows[3:5]] == ["from the journal"] * 2  # not computed twice
-    assert all(r["label"] in {"circle", "square", "triangle", "pentagon", "hexagon", "star", "cross", "ring",
-                              "crescent", "arrow"} for r in rows[5:])  # fmt: skip
+    assert all(
+        r["label"]
+        in {"circle", "square", "triangle", "pentagon", "hexagon", "star", "cross", "ring", "crescent", "arrow"}
+        for r in rows[5:]
+    )
     assert not journal_path(output).exists()
 
 
@@ -125,8 +140,11 @@ def test_bad_arguments_exit_2_with_what_to_fix(
     argv = [a.replace("{images}", str(images[0].parent)) for a in args]
     out = subprocess.run(
         [sys.executable, "-m", "app.batch", *argv, "--checkpoint", str(tiny_checkpoint), "--backend", "torch"],
-        cwd=tmp_path, capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
     assert out.returncode == 2, out.stderr
     assert message in out.stderr
 
@@ -143,8 +161,22 @@ def test_a_killed_run_resumes_where_its_journal_ends(tiny_checkpoint: Path, imag
         if p != fifo:
             p.write_bytes(good[i % 8].read_bytes())
     output = tmp_path / "out.jsonl"
-    argv = [sys.executable, "-m", "app.batch", *map(str, inputs), "--output", str(output), "--checkpoint",
-            str(tiny_checkpoint), "--backend", "torch", "--device", "cpu", "--batch-size", "1"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "app.batch",
+        *map(str, inputs),
+        "--output",
+        str(output),
+        "--checkpoint",
+        str(tiny_checkpoint),
+        "--backend",
+        "torch",
+        "--device",
+        "cpu",
+        "--batch-size",
+        "1",
+    ]
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     journal = journal_path(output)
     deadline = time.monotonic() + 60

@@ -35,8 +35,21 @@ def read_shards(folder: Path) -> list[dict[str, Any]]:
 def test_ray_rows_equal_the_single_process_runner(
     local_ray: None, tiny_checkpoint: Path, images: list[Path], tmp_path: Path, shards: str
 ) -> None:
-    common = ["--checkpoint", str(tiny_checkpoint), "--backend", "torch", "--device", "cpu", "--batch-size", "3",
-              "--embedding", "--attention", "last", "--top-k", "2"]  # fmt: skip
+    common = [
+        "--checkpoint",
+        str(tiny_checkpoint),
+        "--backend",
+        "torch",
+        "--device",
+        "cpu",
+        "--batch-size",
+        "3",
+        "--embedding",
+        "--attention",
+        "last",
+        "--top-k",
+        "2",
+    ]
     inputs = [str(images[0].parent), str(images[-1])]  # the folder, and the text file named explicitly
     assert main([*inputs, "--output", str(tmp_path / "one.jsonl"), *common]) == 1
     assert main([*inputs, "--output", str(tmp_path / shards), "--ray", "--actors", "2", *common]) == 1

@@ -29,8 +29,11 @@ def binary_request(
 def test_binary_bytes_elements_become_encoded_images() -> None:
     header, binary = binary_request([b"one", b"", b"three"], {"attention": "gradient", "target": "star"})
     decoded = decode_request(header, binary, SHAPE, max_images=8)
-    assert decoded.inputs == [EncodedImage("image[0]", b"one"), EncodedImage("image[1]", b""),
-                              EncodedImage("image[2]", b"three")]  # fmt: skip
+    assert decoded.inputs == [
+        EncodedImage("image[0]", b"one"),
+        EncodedImage("image[1]", b""),
+        EncodedImage("image[2]", b"three"),
+    ]
     assert decoded.options.attention == "gradient" and decoded.options.target == "star"
 
 
@@ -74,8 +77,10 @@ async def test_binary_outputs_and_classification(service: Engine) -> None:
     model = service.describe(None)
     probs = torch.softmax(torch.arange(10.0), 0)
     predictions = [Prediction("image[0]", probs, torch.rand(4, 4), None)]
-    wanted = [{"name": "probabilities", "parameters": {"classification": 2}},
-              {"name": "attention", "parameters": {"binary_data": True}}]  # fmt: skip
+    wanted = [
+        {"name": "probabilities", "parameters": {"classification": 2}},
+        {"name": "attention", "parameters": {"binary_data": True}},
+    ]
     header, binary = binary_request([b"x"], {"attention": "rollout"}, wanted)
     decoded = decode_request(header, binary, model.input_shape, 8)
     encoded = encode_response(decoded, predictions, model)
@@ -113,7 +118,12 @@ async def test_the_embedding_output(service: Engine) -> None:
 
 async def test_model_metadata_lists_both_inputs(service: Engine) -> None:
     meta = model_metadata(service.describe(None))
-    assert [(t.name, t.datatype, t.shape) for t in meta.inputs] == [("image", "BYTES", [-1]),
-                                                                    ("pixels", "FP32", [-1, 3, 32, 32])]  # fmt: skip
-    assert [(t.name, t.shape) for t in meta.outputs] == [("probabilities", [-1, 10]), ("attention", [-1, 4, 4]),
-                                                         ("embedding", [-1, 32])]  # fmt: skip
+    assert [(t.name, t.datatype, t.shape) for t in meta.inputs] == [
+        ("image", "BYTES", [-1]),
+        ("pixels", "FP32", [-1, 3, 32, 32]),
+    ]
+    assert [(t.name, t.shape) for t in meta.outputs] == [
+        ("probabilities", [-1, 10]),
+        ("attention", [-1, 4, 4]),
+        ("embedding", [-1, 32]),
+    ]

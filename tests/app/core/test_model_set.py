@@ -40,10 +40,18 @@ ServiceFactory = Callable[..., Any]
 def make_service(repository: Path) -> ServiceFactory:
     @asynccontextmanager
     async def make(**overrides: Any) -> AsyncIterator[Engine]:
-        settings = Settings(**{
-            "model_repository": repository, "model_control": "explicit", "device": "cpu", "backend": "torch",
-            "warmup": False, "max_batch_size": 4, "grpc_port": 0, **overrides,
-        })  # fmt: skip
+        settings = Settings(
+            **{
+                "model_repository": repository,
+                "model_control": "explicit",
+                "device": "cpu",
+                "backend": "torch",
+                "warmup": False,
+                "max_batch_size": 4,
+                "grpc_port": 0,
+                **overrides,
+            }
+        )
         service = await asyncio.to_thread(Engine.load, settings, Metrics())
         service.start()
         try:

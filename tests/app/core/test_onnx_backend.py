@@ -152,8 +152,11 @@ async def test_int8_serves_predict_and_v2_and_says_so(make_client: ClientFactory
                     '{"inputs":[{"name":"image","datatype":"BYTES","shape":[4],'
                     f'"parameters":{{"binary_data_size":{len(raw)}}}}}]}}'
                 ).encode()
-                v2 = await client.post("/v2/models/tiny/infer", content=header + raw,
-                                       headers={"Inference-Header-Content-Length": str(len(header))})  # fmt: skip
+                v2 = await client.post(
+                    "/v2/models/tiny/infer",
+                    content=header + raw,
+                    headers={"Inference-Header-Content-Length": str(len(header))},
+                )
                 assert v2.status_code == 200, v2.text
                 v2_probabilities = torch.tensor(v2.json()["outputs"][0]["data"]).view(4, 10)
             else:

@@ -62,8 +62,9 @@ def test_health_and_metadata(client: triton.InferenceServerClient) -> None:
     model = client.get_model_metadata(MODEL, as_json=True)
     assert model["versions"] == [VERSION] and model["platform"] == "onnxruntime_onnx"
     assert [(t["name"], t["datatype"], t["shape"]) for t in model["inputs"]] == [
-        ("image", "BYTES", ["-1"]), ("pixels", "FP32", ["-1", "1", "64", "64"]),
-    ]  # fmt: skip
+        ("image", "BYTES", ["-1"]),
+        ("pixels", "FP32", ["-1", "1", "64", "64"]),
+    ]
 
 
 def test_the_same_images_give_the_same_answers_on_every_protocol(
@@ -92,10 +93,17 @@ def test_pixels_outputs_classification_and_parameters(client: triton.InferenceSe
     pixels = triton.InferInput("pixels", [2, 1, 64, 64], "FP32")
     pixels.set_data_from_numpy(np.zeros((2, 1, 64, 64), np.float32))
     assert client.infer(MODEL, [pixels]).as_numpy("probabilities").shape == (2, 10)
-    outputs = [triton.InferRequestedOutput("probabilities", class_count=3), triton.InferRequestedOutput("attention"),
-               triton.InferRequestedOutput("embedding")]  # fmt: skip
-    result = client.infer(MODEL, [images(*PNGS[:2])], outputs=outputs,
-                          parameters={"attention": "gradient", "target": "star", "normalize": True, "embedding": True})  # fmt: skip
+    outputs = [
+        triton.InferRequestedOutput("probabilities", class_count=3),
+        triton.InferRequestedOutput("attention"),
+        triton.InferRequestedOutput("embedding"),
+    ]
+    result = client.infer(
+        MODEL,
+        [images(*PNGS[:2])],
+        outputs=outputs,
+        parameters={"attention": "gradient", "target": "star", "normalize": True, "embedding": True},
+    )
     top = result.as_numpy("probabilities")
     assert top.shape == (2, 3) and all(len(x.decode().split(":")) == 3 for x in top.flatten())
     assert result.as_numpy("attention").shape == (2, 8, 8)

@@ -21,8 +21,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     folder = tmp_path_factory.mktemp("models")
     for seed, name in enumerate(["a", "b", "c"]):
         write_tiny_checkpoint(folder / f"{name}.safetensors", seed)
-    s = Server(folder / "a.safetensors", VIT_MODEL_REPOSITORY=str(folder), VIT_MODEL_CONTROL="explicit",
-               VIT_MODELS="a", VIT_API_KEYS="k", VIT_WARMUP="false")  # fmt: skip
+    s = Server(
+        folder / "a.safetensors",
+        VIT_MODEL_REPOSITORY=str(folder),
+        VIT_MODEL_CONTROL="explicit",
+        VIT_MODELS="a",
+        VIT_API_KEYS="k",
+        VIT_WARMUP="false",
+    )
     try:
         s.wait_ready()
         yield s
@@ -38,8 +44,10 @@ def test_over_grpc(server: Server) -> None:
     client = triton_grpc.InferenceServerClient(server.grpc_target)
     try:
         assert states(client.get_model_repository_index(as_json=True)["models"]) == {
-            "a": "READY", "b": "UNAVAILABLE", "c": "UNAVAILABLE",
-        }  # fmt: skip
+            "a": "READY",
+            "b": "UNAVAILABLE",
+            "c": "UNAVAILABLE",
+        }
         with pytest.raises(InferenceServerException, match="UNAUTHENTICATED"):
             client.load_model("b")
         client.load_model("b", headers=KEY)

@@ -32,8 +32,9 @@ async def test_health_and_metadata(edge: Edge) -> None:
     meta = await edge.stub.ModelMetadata(pb.ModelMetadataRequest(name="tiny"))
     assert list(meta.versions) == [model.version] and meta.platform == "pytorch"
     assert [(t.name, t.datatype, list(t.shape)) for t in meta.inputs] == [
-        ("image", "BYTES", [-1]), ("pixels", "FP32", [-1, 3, 32, 32]),
-    ]  # fmt: skip
+        ("image", "BYTES", [-1]),
+        ("pixels", "FP32", [-1, 3, 32, 32]),
+    ]
     await expect(
         edge.stub.ModelMetadata(pb.ModelMetadataRequest(name="nope")),
         grpc.StatusCode.NOT_FOUND,
@@ -69,8 +70,10 @@ async def test_outputs_parameters_and_classification(edge: Edge) -> None:
     request.outputs.add(name="embedding")
     response = await edge.stub.ModelInfer(request)
     assert [(o.name, o.datatype, list(o.shape)) for o in response.outputs] == [
-        ("probabilities", "BYTES", [2, 2]), ("attention", "FP32", [2, 4, 4]), ("embedding", "FP32", [2, 32]),
-    ]  # fmt: skip
+        ("probabilities", "BYTES", [2, 2]),
+        ("attention", "FP32", [2, 4, 4]),
+        ("embedding", "FP32", [2, 32]),
+    ]
     raw = response.raw_output_contents[0]
     first = raw[4 : 4 + int.from_bytes(raw[:4], "little")].decode()
     score, index, label = first.split(":")
@@ -86,8 +89,9 @@ async def test_api_keys_guard_inference_and_model_changes(make_edge: EdgeFactory
         await expect(edge.stub.ModelInfer(image_request(PNGS[0])), grpc.StatusCode.UNAUTHENTICATED, "API key")
         await expect(
             edge.stub.ModelInfer(image_request(PNGS[0]), metadata=(("x-api-key", "wrong"),)),
-            grpc.StatusCode.UNAUTHENTICATED, "API key",
-        )  # fmt: skip
+            grpc.StatusCode.UNAUTHENTICATED,
+            "API key",
+        )
         assert await edge.stub.ModelInfer(image_request(PNGS[0]), metadata=(("x-api-key", "k2"),))
         assert await edge.stub.ModelInfer(image_request(PNGS[0]), metadata=(("authorization", "Bearer k1"),))
         load = pb.RepositoryModelLoadRequest(model_name="tiny")

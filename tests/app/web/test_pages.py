@@ -87,9 +87,19 @@ def browser(request: pytest.FixtureRequest) -> Iterator[webdriver.Chrome]:
     options = Options()
     options.binary_location = CHROMIUM
     profile = tempfile.mkdtemp(prefix="chromium-")
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-default-apps", f"--user-data-dir={profile}", "--window-size=1100,1400"):  # fmt: skip
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-default-apps",
+        f"--user-data-dir={profile}",
+        "--window-size=1100,1400",
+    ):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"performance": "ALL"})
     driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))

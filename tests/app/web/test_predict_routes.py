@@ -242,12 +242,18 @@ async def test_gradient_maps_per_image_and_per_target(client: httpx.AsyncClient)
 @pytest.mark.parametrize(
     ("params", "fragment"),
     [
-        ({"attention": "gradient", "target": "unicorn"}, "target 'unicorn' names no class of model tiny; give a label or an index 0..9: circle, square"),
+        (
+            {"attention": "gradient", "target": "unicorn"},
+            "target 'unicorn' names no class of model tiny; give a label or an index 0..9: circle, square",
+        ),
         ({"attention": "gradient", "target": "10"}, "target '10' names no class"),
-        ({"attention": "rollout", "target": "star"}, "target chooses the class a gradient map explains: also pass attention=gradient"),
+        (
+            {"attention": "rollout", "target": "star"},
+            "target chooses the class a gradient map explains: also pass attention=gradient",
+        ),
         ({"target": "3"}, "also pass attention=gradient"),
     ],
-)  # fmt: skip
+)
 async def test_target_errors_are_422(
     client: httpx.AsyncClient, shape_png: bytes, params: dict[str, str], fragment: str
 ) -> None:
@@ -257,9 +263,13 @@ async def test_target_errors_are_422(
 
 @pytest.mark.parametrize(
     "variant",
-    [{"norm": "post"}, {"head": "mlp"}, {"attention_pattern": "axial"},
-     {"attention_pattern": "axial", "class_token": False, "pool": "avg", "reg_tokens": 1}],
-)  # fmt: skip
+    [
+        {"norm": "post"},
+        {"head": "mlp"},
+        {"attention_pattern": "axial"},
+        {"attention_pattern": "axial", "class_token": False, "pool": "avg", "reg_tokens": 1},
+    ],
+)
 async def test_variants_serve_every_map(
     make_client: ClientFactory, tmp_path: Path, shape_png: bytes, variant: dict[str, object]
 ) -> None:

@@ -87,8 +87,12 @@ async def open_loop(url: str, rate: float, seconds: float) -> list[tuple[int, fl
 def test_overload_at_four_times_capacity(tmp_path: Path) -> None:
     server = Server(
         heavy_checkpoint(tmp_path / "heavy.safetensors"),
-        VIT_THREADS="1", VIT_MAX_BATCH_SIZE="8", VIT_MAX_WAIT_MS="5", VIT_MAX_QUEUE="16", VIT_REQUEST_TIMEOUT_S="10",
-    )  # fmt: skip
+        VIT_THREADS="1",
+        VIT_MAX_BATCH_SIZE="8",
+        VIT_MAX_WAIT_MS="5",
+        VIT_MAX_QUEUE="16",
+        VIT_REQUEST_TIMEOUT_S="10",
+    )
     try:
         server.wait_ready()
         capacity = asyncio.run(closed_loop(server.url, clients=16, seconds=3)) / 3  # requests per second
@@ -115,8 +119,11 @@ def test_overload_at_four_times_capacity(tmp_path: Path) -> None:
 def test_disconnected_clients_are_not_computed(tmp_path: Path) -> None:
     server = Server(
         heavy_checkpoint(tmp_path / "heavy.safetensors"),
-        VIT_THREADS="1", VIT_MAX_BATCH_SIZE="2", VIT_MAX_WAIT_MS="0", VIT_MAX_QUEUE="256",
-    )  # fmt: skip
+        VIT_THREADS="1",
+        VIT_MAX_BATCH_SIZE="2",
+        VIT_MAX_WAIT_MS="0",
+        VIT_MAX_QUEUE="256",
+    )
     try:
         server.wait_ready()
         rss_before = rss_mb(server.proc.pid)

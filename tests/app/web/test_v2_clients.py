@@ -69,18 +69,23 @@ def test_tritonclient_health_and_metadata(client: triton.InferenceServerClient) 
     model = client.get_model_metadata(MODEL)
     assert model["versions"] == [VERSION]
     assert {(t["name"], t["datatype"], tuple(t["shape"])) for t in model["inputs"]} == {
-        ("image", "BYTES", (-1,)), ("pixels", "FP32", (-1, 1, 64, 64)),
-    }  # fmt: skip
+        ("image", "BYTES", (-1,)),
+        ("pixels", "FP32", (-1, 1, 64, 64)),
+    }
     assert {(t["name"], t["datatype"], tuple(t["shape"])) for t in model["outputs"]} == {
-        ("probabilities", "FP32", (-1, 10)), ("attention", "FP32", (-1, 8, 8)), ("embedding", "FP32", (-1, 128)),
-    }  # fmt: skip
+        ("probabilities", "FP32", (-1, 10)),
+        ("attention", "FP32", (-1, 8, 8)),
+        ("embedding", "FP32", (-1, 128)),
+    }
     with pytest.raises(InferenceServerException, match="has no version 'abc'"):
         client.get_model_metadata(MODEL, "abc")
 
 
 def test_tritonclient_binary_images_with_binary_and_json_outputs(client: triton.InferenceServerClient) -> None:
-    outputs = [triton.InferRequestedOutput("probabilities", binary_data=True),
-               triton.InferRequestedOutput("attention", binary_data=False)]  # fmt: skip
+    outputs = [
+        triton.InferRequestedOutput("probabilities", binary_data=True),
+        triton.InferRequestedOutput("attention", binary_data=False),
+    ]
     result = client.infer(
         MODEL, [image_input(held_out("star"), held_out("ring"))], outputs=outputs, parameters={"attention": "rollout"}
     )
@@ -96,8 +101,12 @@ def test_tritonclient_binary_images_with_binary_and_json_outputs(client: triton.
 def test_tritonclient_embedding_output_equals_predict(client: triton.InferenceServerClient, server: Server) -> None:
     """The `embedding` output, binary, normalised on request, equals /predict's embedding of the same files."""
     pngs = [held_out("star"), held_out("ring")]
-    result = client.infer(MODEL, [image_input(*pngs)], outputs=[triton.InferRequestedOutput("embedding", binary_data=True)],
-                          parameters={"normalize": True})  # fmt: skip
+    result = client.infer(
+        MODEL,
+        [image_input(*pngs)],
+        outputs=[triton.InferRequestedOutput("embedding", binary_data=True)],
+        parameters={"normalize": True},
+    )
     embedding = result.as_numpy("embedding")
     assert embedding.shape == (2, 128) and embedding.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(embedding, axis=1), 1.0, atol=1e-5)

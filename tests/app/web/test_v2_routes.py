@@ -66,8 +66,13 @@ async def test_json_request_with_base64_images_and_classification(client: httpx.
     assert r.json()["id"] == "abc" and r.json()["model_name"] == "tiny"
     assert out["probabilities"]["datatype"] == "BYTES" and out["probabilities"]["shape"] == [2, 2]
     score, index, label = out["probabilities"]["data"][0].split(":")
-    assert 0 < float(score) <= 1 and label == ["circle", "square", "triangle", "pentagon", "hexagon", "star", "cross",
-                                               "ring", "crescent", "arrow"][int(index)]  # fmt: skip
+    assert (
+        0 < float(score) <= 1
+        and label
+        == ["circle", "square", "triangle", "pentagon", "hexagon", "star", "cross", "ring", "crescent", "arrow"][
+            int(index)
+        ]
+    )
     assert out["attention"]["shape"] == [2, 4, 4] and len(out["attention"]["data"]) == 32
 
 
@@ -106,25 +111,93 @@ async def test_v2_and_predict_images_share_one_batch(make_client: ClientFactory,
         (b"{not json", 400, "not valid JSON"),
         ({"inputs": "x"}, 400, "invalid inference request: inputs"),
         ({"inputs": []}, 400, "send exactly one input"),
-        ({"inputs": [{"name": "img", "datatype": "BYTES", "shape": [1], "data": ["aGk="]}]}, 400, "unknown input 'img'"),
+        (
+            {"inputs": [{"name": "img", "datatype": "BYTES", "shape": [1], "data": ["aGk="]}]},
+            400,
+            "unknown input 'img'",
+        ),
         ({"inputs": [{"name": "image", "datatype": "FP32", "shape": [1], "data": [1.0]}]}, 400, "must be BYTES"),
-        ({"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1, 2], "data": ["a", "b"]}]}, 400, "shape [N] or [N, 1]"),
-        ({"inputs": [{"name": "image", "datatype": "BYTES", "shape": [2], "data": ["aGk="]}]}, 400, "says 2 images, the data holds 1"),
+        (
+            {"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1, 2], "data": ["a", "b"]}]},
+            400,
+            "shape [N] or [N, 1]",
+        ),
+        (
+            {"inputs": [{"name": "image", "datatype": "BYTES", "shape": [2], "data": ["aGk="]}]},
+            400,
+            "says 2 images, the data holds 1",
+        ),
         ({"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1], "data": ["@@@"]}]}, 400, "is not base64"),
-        ({"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1], "data": ["aGk="]}]}, 400, "image[0]: not a recognised image"),
+        (
+            {"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1], "data": ["aGk="]}]},
+            400,
+            "image[0]: not a recognised image",
+        ),
         ({"inputs": [{"name": "image", "datatype": "BYTES", "shape": [0], "data": []}]}, 400, "has no images"),
         ({"inputs": [{"name": "image", "datatype": "BYTES", "shape": [17], "data": ["aGk="] * 17}]}, 400, "at most 16"),
-        ({"inputs": [{"name": "pixels", "datatype": "FP16", "shape": [1, 3, 32, 32], "data": [0]}]}, 400, "must be FP32"),
-        ({"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 1, 32, 32], "data": [0]}]}, 400, "must have shape [-1, 3, 32, 32]"),
-        ({"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 3, 32, 32], "data": [0.0] * 5}]}, 400, "needs 3072 values, the data holds 5"),
-        ({"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 3, 32, 32], "data": ["x"] * 3072}]}, 400, "data must be numbers"),
-        ({"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 3, 32, 32], "data": [float("nan")] * 3072}]}, 400, "NaN or infinite"),
-        ({"parameters": {"attention": "gradcam"}, "inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 3, 32, 32], "data": [0.0] * 3072}]}, 400, "attention must be one of"),
-        ({"outputs": [{"name": "logits"}], "inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 3, 32, 32], "data": [0.0] * 3072}]}, 400, "unknown output 'logits'"),
-        ({"outputs": [{"name": "attention"}], "inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 3, 32, 32], "data": [0.0] * 3072}]}, 400, "needs the request parameter attention"),
-        ({"outputs": [{"name": "probabilities", "parameters": {"classification": -1}}], "inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 3, 32, 32], "data": [0.0] * 3072}]}, 400, "non-negative integer"),
+        (
+            {"inputs": [{"name": "pixels", "datatype": "FP16", "shape": [1, 3, 32, 32], "data": [0]}]},
+            400,
+            "must be FP32",
+        ),
+        (
+            {"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 1, 32, 32], "data": [0]}]},
+            400,
+            "must have shape [-1, 3, 32, 32]",
+        ),
+        (
+            {"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 3, 32, 32], "data": [0.0] * 5}]},
+            400,
+            "needs 3072 values, the data holds 5",
+        ),
+        (
+            {"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 3, 32, 32], "data": ["x"] * 3072}]},
+            400,
+            "data must be numbers",
+        ),
+        (
+            {
+                "inputs": [
+                    {"name": "pixels", "datatype": "FP32", "shape": [1, 3, 32, 32], "data": [float("nan")] * 3072}
+                ]
+            },
+            400,
+            "NaN or infinite",
+        ),
+        (
+            {
+                "parameters": {"attention": "gradcam"},
+                "inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 3, 32, 32], "data": [0.0] * 3072}],
+            },
+            400,
+            "attention must be one of",
+        ),
+        (
+            {
+                "outputs": [{"name": "logits"}],
+                "inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 3, 32, 32], "data": [0.0] * 3072}],
+            },
+            400,
+            "unknown output 'logits'",
+        ),
+        (
+            {
+                "outputs": [{"name": "attention"}],
+                "inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 3, 32, 32], "data": [0.0] * 3072}],
+            },
+            400,
+            "needs the request parameter attention",
+        ),
+        (
+            {
+                "outputs": [{"name": "probabilities", "parameters": {"classification": -1}}],
+                "inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 3, 32, 32], "data": [0.0] * 3072}],
+            },
+            400,
+            "non-negative integer",
+        ),
     ],
-)  # fmt: skip
+)
 async def test_malformed_requests_are_400_with_what_to_fix(
     client: httpx.AsyncClient, body: Any, status: int, fragment: str
 ) -> None:
@@ -145,8 +218,16 @@ async def test_malformed_requests_are_400_with_what_to_fix(
 async def test_malformed_binary_data_is_400(
     client: httpx.AsyncClient, binary: bytes, size: int | None, header_length: str | None, fragment: str
 ) -> None:
-    header = {"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1],
-                          "parameters": {"binary_data_size": size if size is not None else len(binary)}}]}  # fmt: skip
+    header = {
+        "inputs": [
+            {
+                "name": "image",
+                "datatype": "BYTES",
+                "shape": [1],
+                "parameters": {"binary_data_size": size if size is not None else len(binary)},
+            }
+        ]
+    }
     head = json.dumps(header).encode()
     r = await client.post(
         INFER, content=head + binary, headers={"Inference-Header-Content-Length": header_length or str(len(head))}
@@ -156,8 +237,16 @@ async def test_malformed_binary_data_is_400(
 
 async def test_binary_pixels_must_have_the_right_size(client: httpx.AsyncClient) -> None:
     data = np.zeros((1, 3, 32, 32), "<f4").tobytes()[:-4]
-    header = {"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 3, 32, 32],
-                          "parameters": {"binary_data_size": len(data)}}]}  # fmt: skip
+    header = {
+        "inputs": [
+            {
+                "name": "pixels",
+                "datatype": "FP32",
+                "shape": [1, 3, 32, 32],
+                "parameters": {"binary_data_size": len(data)},
+            }
+        ]
+    }
     assert_v2_error(await infer_binary(client, header, data), 400, "needs 12288 bytes of FP32, got 12284")
 
 
@@ -214,7 +303,14 @@ async def test_body_limit_and_overload(make_client: ClientFactory, shape_png: by
 
 async def test_v2_appears_in_the_openapi_schema(client: httpx.AsyncClient) -> None:
     paths = (await client.get("/openapi.json")).json()["paths"]
-    assert {"/v2", "/v2/health/live", "/v2/health/ready", "/v2/models/{name}", "/v2/models/{name}/ready",
-            "/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer"} <= set(paths)  # fmt: skip
+    assert {
+        "/v2",
+        "/v2/health/live",
+        "/v2/health/ready",
+        "/v2/models/{name}",
+        "/v2/models/{name}/ready",
+        "/v2/models/{name}/infer",
+        "/v2/models/{name}/versions/{version}/infer",
+    } <= set(paths)
     body = paths["/v2/models/{name}/infer"]["post"]["requestBody"]["content"]
     assert {"application/json", "application/octet-stream"} <= set(body)
