@@ -76,7 +76,11 @@ class Settings(BaseSettings):
     max_image_pixels: int = Field(40_000_000, ge=1, description="Largest decoded image (width x height)")
     max_files: int = Field(16, ge=1, description="Most images in one request")
     warmup: bool = Field(True, description="Run each batch size once before reporting ready")
-    drain_timeout_s: float = Field(30.0, ge=0, description="On shutdown, how long accepted requests may finish")
+    drain_timeout_s: float = Field(
+        30.0,
+        ge=0,
+        description="On shutdown, how long HTTP and gRPC (together) and then the engine may answer what they accepted",
+    )
     api_keys: SecretStr | None = Field(
         None, description="Comma-separated keys; when set, inference and model loading need X-API-Key"
     )

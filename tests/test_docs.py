@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Literal, get_origin
 
 import pytest
 
+from app.choices import choices
 from app.core.metrics import Metrics, ModelMetrics
 from app.settings import Settings
 from tests.support.server import ROOT
@@ -52,3 +54,16 @@ def test_relative_links_resolve(page: Path) -> None:
     for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
         if not re.match(r"[a-z]+:", target):
             assert (page.parent / target).exists(), f"{page.name} links to {target}, which does not exist"
+
+
+def test_every_closed_choice_is_documented_with_all_its_values() -> None:
+    """A setting spelled as a Literal (app/choices.py) lists each of its values on the configuration page."""
+    page = (ROOT / "docs" / "configuration.md").read_text()
+    rows = dict(re.findall(r"^\| `(VIT_\w+)` \|[^|]+\|(.+)\|$", page, re.MULTILINE))
+    checked = 0
+    for name, field in Settings.model_fields.items():
+        values = choices(field.annotation) if get_origin(field.annotation) is Literal else ()
+        for value in values:
+            assert value in rows[f"VIT_{name.upper()}"], f"VIT_{name.upper()}: {value} is not documented"
+        checked += bool(values)
+    assert checked >= 4  # backend, decode, model_control, log_level

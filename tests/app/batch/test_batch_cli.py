@@ -177,7 +177,7 @@ def test_a_killed_run_resumes_where_its_journal_ends(tiny_checkpoint: Path, imag
         "--batch-size",
         "1",
     ]
-    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     journal = journal_path(output)
     deadline = time.monotonic() + 60
     while not (journal.exists() and journal.read_text().count("\n") >= 8):
