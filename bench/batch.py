@@ -29,10 +29,11 @@ from PIL import Image
 
 from app.settings import BUNDLED_WEIGHTS
 from bench.limits import forward_throughput
-from bench.load import require_hey, run_hey, start_service
-from bench.run import RESULTS, vit_s16_checkpoint
+from bench.run import RESULTS
+from harness.load import require_hey, run_hey, start_service
+from harness.models import vit_s16_checkpoint
+from harness.server import ROOT
 from model.checkpoint import load_checkpoint
-from tests.support.server import ROOT
 
 
 def photo_jpeg(seed: int) -> bytes:

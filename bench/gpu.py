@@ -39,11 +39,12 @@ import httpx
 import torch
 
 from bench.batch import photo_jpeg
-from bench.load import ServerProcess, run_hey, start_litserve
-from bench.run import RESULTS, VIT_S16, VIT_S16_PREPROCESSING, check_peer, multipart
+from bench.run import RESULTS, check_peer, multipart
+from harness.load import ServerProcess, run_hey, start_litserve
+from harness.models import VIT_S16, VIT_S16_PREPROCESSING
+from harness.server import Server
 from model.checkpoint import save_checkpoint
 from model.vit import ViT, ViTConfig
-from tests.support.server import Server
 
 VIT_B16 = ViTConfig(image_size=224, patch_size=16, dim=768, depth=12, heads=12, num_classes=1000, norm_eps=1e-6)
 MODELS = {"vit-s16": VIT_S16, "vit-b16": VIT_B16}
@@ -562,8 +563,8 @@ def tests(out: Path) -> dict[str, Any]:
 def smoke(folder: Path) -> dict[str, Any]:
     """The service on VIT_DEVICE=auto with the bundled model: what each route answers, verbatim."""
     from app.settings import BUNDLED_WEIGHTS
+    from harness.images import encode
     from model.shapes import make_sample
-    from tests.support.images import encode
 
     pngs = [encode(make_sample(7, i).image) for i in range(2)]
     server = Server(BUNDLED_WEIGHTS, VIT_DEVICE="auto", VIT_GRPC_PORT="0")

@@ -30,7 +30,8 @@ from app.core.onnx_backend import INPUT, OUTPUTS, LogitsAndEmbedding, export, in
 from app.core.preprocess import Preprocessor
 from app.quantize import main as quantize_main
 from bench.batch import photo_jpeg
-from bench.run import RESULTS, vit_s16_checkpoint
+from bench.run import RESULTS
+from harness.models import vit_s16_checkpoint
 from model.checkpoint import load_checkpoint
 
 VARIANTS = ("float32", "float32 fused", "int8 dynamic", "int8 dynamic fused", "int8 static")
@@ -99,7 +100,7 @@ def profile(path: Path, folder: Path, batch: int, runs: int, threads: int) -> di
 
 def preprocessing_ms(repeats: int = 50) -> float:
     """One 500x375 photo-like JPEG decoded and preprocessed for ViT-S/16, as the service does it, in ms."""
-    from bench.run import VIT_S16_PREPROCESSING
+    from harness.models import VIT_S16_PREPROCESSING
 
     pre, data = Preprocessor(VIT_S16_PREPROCESSING), photo_jpeg(0)
     started = time.perf_counter()

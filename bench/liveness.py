@@ -28,9 +28,9 @@ from PIL import Image
 
 from app.settings import BUNDLED_WEIGHTS
 from bench.limits import sample_images
-from bench.load import LoadResult, parse_hey, require_hey, run_hey
 from bench.run import RESULTS, multipart
-from tests.support.server import ROOT, ServerProcess, free_port
+from harness.load import LoadResult, parse_hey, require_hey, run_hey
+from harness.server import ROOT, ServerProcess, free_port
 
 
 def large_photo() -> bytes:

@@ -41,8 +41,8 @@ from app.core.onnx_backend import LogitsAndEmbedding, OnnxForward, export, sessi
 from app.quantize import main as quantize_main
 from app.settings import BUNDLED_WEIGHTS
 from bench.batch import photo_jpeg
-from bench.load import require_hey, run_hey, start_service
 from bench.run import RESULTS
+from harness.load import require_hey, run_hey, start_service
 from model.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from model.data import ShapesDataset
 from model.evaluate import DEFAULT_SHAPES_EVAL_SEED

@@ -26,21 +26,16 @@ from typing import Any
 import httpx
 import torch
 
-from app.core.inference import Backend
+from app.choices import Backend
 from app.settings import BUNDLED_WEIGHTS
 from bench.limits import forward_throughput, preprocessing_cost, sample_images
-from bench.load import LoadResult, ServerProcess, require_hey, run_hey, start_litserve, start_service
-from model.checkpoint import load_checkpoint, save_checkpoint
+from harness.load import LoadResult, ServerProcess, require_hey, run_hey, start_litserve, start_service
+from harness.models import vit_s16_checkpoint
+from model.checkpoint import load_checkpoint
 from model.device import resolve_device
-from model.preprocessing import Preprocessing
-from model.vit import ViT, ViTConfig
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # ViT-S/16 at 224 px as timm builds it (22 M parameters), random weights: compute dominates, as with real models
-VIT_S16 = ViTConfig(image_size=224, patch_size=16, dim=384, depth=12, heads=6, num_classes=1000, norm_eps=1e-6)
-VIT_S16_PREPROCESSING = Preprocessing(
-    224, 3, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), "center_crop", crop_pct=0.9, interpolation="bicubic"
-)
 DEFAULT_IMAGE = {"bundled": "png-small", "vit-s16": "jpeg-medium"}
 
 
@@ -112,18 +107,6 @@ def sweep(
         )
         results.append(r)
     return results
-
-
-def vit_s16_checkpoint(path: Path, seed: int = 0) -> Path:
-    torch.manual_seed(seed)
-    save_checkpoint(
-        path,
-        ViT(VIT_S16).eval(),
-        [f"class_{i}" for i in range(1000)],
-        VIT_S16_PREPROCESSING,
-        {"note": "random weights, for speed measurements only"},
-    )
-    return path
 
 
 def main() -> None:

@@ -18,8 +18,9 @@ import time
 from pathlib import Path
 
 from app.settings import BUNDLED_WEIGHTS
-from bench.run import RESULTS, vit_s16_checkpoint
-from tests.support.server import Server
+from bench.run import RESULTS
+from harness.models import vit_s16_checkpoint
+from harness.server import Server
 
 STARTS = ["cache off", "empty cache", "filled cache"]
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from harness.images import encode
 from model.shapes import make_sample
 from tests.support.checkpoints import (
     Pretrained,
@@ -20,7 +21,6 @@ from tests.support.checkpoints import (
     pretrained_torchvision,
     write_tiny_checkpoint,
 )
-from tests.support.images import encode
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -19,9 +19,9 @@ import pytest
 import yaml
 
 from app.settings import Settings
+from harness.images import encode
+from harness.server import free_port
 from model.shapes import make_sample
-from tests.support.images import encode
-from tests.support.server import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 

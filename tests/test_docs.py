@@ -11,7 +11,7 @@ import pytest
 from app.choices import choices
 from app.core.metrics import Metrics, ModelMetrics
 from app.settings import Settings
-from tests.support.server import ROOT
+from harness.server import ROOT
 
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 

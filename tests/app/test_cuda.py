@@ -18,11 +18,11 @@ import torch
 from app.core.decode import decode_image
 from app.core.preprocess import Preprocessor
 from app.settings import BUNDLED_WEIGHTS
+from harness.images import encode
 from model.checkpoint import load_checkpoint
 from model.rollout import attention_map
 from model.shapes import make_sample
 from tests.support.clients import ClientFactory
-from tests.support.images import encode
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.server import ROOT
+from harness.server import ROOT
 
 WEB_FRAMEWORKS = ("fastapi", "starlette", "uvicorn", "multipart", "python_multipart", "httptools")
 EDGES = ("app.web", "app.grpc", "app.batch", "app.server", "app.main")
@@ -107,3 +107,22 @@ def test_edges_reach_the_core_only_through_the_data_plane(path: Path) -> None:
 
 def test_the_edge_rule_can_fail() -> None:
     assert core_imports(ROOT / "app" / "core" / "engine.py") > EDGE_MAY_IMPORT - {"app.core.metrics"}
+
+
+def imported_packages(folder: Path) -> set[str]:
+    """The top-level packages the Python files under `folder` import."""
+    found = set()
+    for path in folder.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.add(node.module.split(".")[0])
+            elif isinstance(node, ast.Import):
+                found |= {a.name.split(".")[0] for a in node.names}
+    return found
+
+
+def test_bench_and_tests_share_only_the_harness() -> None:
+    assert "bench" not in imported_packages(ROOT / "tests")
+    assert "tests" not in imported_packages(ROOT / "bench")
+    assert {"bench", "tests"}.isdisjoint(imported_packages(ROOT / "harness"))
+    assert "harness" in imported_packages(ROOT / "tests") and "harness" in imported_packages(ROOT / "bench")

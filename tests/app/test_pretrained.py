@@ -14,9 +14,9 @@ import pytest
 import torch
 from PIL import Image
 
+from harness.images import encode
 from tests.support.checkpoints import Pretrained
 from tests.support.clients import ClientFactory
-from tests.support.images import encode
 
 PROBABILITY_ATOL = 1e-4
 EMBEDDING_ATOL = 1e-4  # absolute, per component (fp32; components of order 1)

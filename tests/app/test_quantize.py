@@ -14,12 +14,12 @@ from app.core.onnx_backend import OnnxExportError, int8_graph_path
 from app.core.preprocess import Preprocessor
 from app.quantize import main
 from app.settings import BUNDLED_WEIGHTS
+from harness.images import encode
 from model.checkpoint import load_checkpoint
 from model.evaluate import DEFAULT_SHAPES_EVAL_SEED
 from model.shapes import make_sample
 from tests.support.checkpoints import write_tiny_checkpoint
 from tests.support.clients import ClientFactory
-from tests.support.images import encode
 
 # Static int8 against float32, on the bundled model and held-out images: activations are quantized to
 # ranges fixed by the calibration. (A random-weight model is no test of it: its features barely depend on

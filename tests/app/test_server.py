@@ -15,10 +15,10 @@ import pytest
 from app.codecs.proto import messages_pb2 as pb
 from app.codecs.proto.service_pb2_grpc import GRPCInferenceServiceStub
 from app.settings import BUNDLED_WEIGHTS
+from harness.images import encode
+from harness.server import Server
 from model.shapes import make_sample
 from tests.support.grpc_requests import image_request
-from tests.support.images import encode
-from tests.support.server import Server
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 PNG = encode(make_sample(3, 2).image)

@@ -11,7 +11,7 @@ import json
 import subprocess
 import sys
 
-from tests.support.server import ROOT
+from harness.server import ROOT
 
 
 @functools.cache

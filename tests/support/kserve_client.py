@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from tests.support.server import ROOT
+from harness.server import ROOT
 
 
 def run(protocol: str, url: str, model: str, pixels_shape: list[int], files: list[Path]) -> dict[str, Any]:

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.images import encode
 from model.shapes import make_sample
-from tests.support.images import encode
 
 
 @pytest.fixture

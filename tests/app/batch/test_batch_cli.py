@@ -17,8 +17,8 @@ import torch
 
 from app.batch.__main__ import main
 from app.batch.outputs import atomic_file, journal_path, read_output
+from harness.server import ROOT
 from tests.support.clients import ClientFactory
-from tests.support.server import ROOT
 
 
 def run(checkpoint: Path, inputs: list[Path], output: Path, *flags: str) -> int:

@@ -8,7 +8,7 @@ from PIL import Image
 
 from app.core.decode import decode_image
 from app.core.errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
-from tests.support.images import encode, png_with_header
+from harness.images import encode, png_with_header
 
 LIMIT = 10_000_000
 

@@ -11,8 +11,8 @@ from app.core.data_plane import Inference, InferenceRequest
 from app.core.engine import Engine
 from app.core.errors import InvalidInput, ModelNotFound, NotReady, UnsupportedMediaType
 from app.core.request import EncodedImage, InferOptions
+from harness.images import encode
 from model.shapes import make_sample
-from tests.support.images import encode
 
 
 def images(n: int) -> list[EncodedImage]:

@@ -18,8 +18,8 @@ from app.core.decode import decode_image, open_image
 from app.core.errors import InvalidInput, ServiceError
 from app.core.gpu_decode import GpuJpegDecoder, Jpeg, blank_jpeg, gpu_decodable
 from app.core.preprocess import Preprocessor
+from harness.images import encode
 from model.preprocessing import Preprocessing
-from tests.support.images import encode
 
 CROP = Preprocessing(48, 3, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), "center_crop", 0.875, "bicubic")
 SQUASH_GRAY = Preprocessing(32, 1, (0.5,), (0.25,))

@@ -16,10 +16,10 @@ from app.core.errors import InvalidInput, LoadFailed, ModelNotFound, NotAllowed
 from app.core.metrics import Metrics
 from app.core.request import EncodedImage, InferOptions
 from app.settings import Settings
+from harness.images import encode
 from model.shapes import make_sample
 from tests.support.checkpoints import replace_checkpoint, write_tiny_checkpoint
 from tests.support.clients import slow_forward, until
-from tests.support.images import encode
 
 IMAGE = [EncodedImage("a.png", encode(make_sample(3, 0).image))]
 

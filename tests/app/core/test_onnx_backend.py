@@ -15,12 +15,12 @@ import torch
 from app.core import onnx_backend
 from app.core.onnx_backend import GraphCache, OnnxExportError, exported
 from app.settings import Settings
+from harness.images import encode
 from model.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from model.shapes import SHAPE_CLASSES, make_sample
 from model.vit import ViT, ViTConfig
 from tests.support.checkpoints import TINY, TINY_PREPROCESSING, tiny_model
 from tests.support.clients import ClientFactory
-from tests.support.images import encode
 
 TOLERANCE = 1e-5  # largest difference allowed between ONNX Runtime's and torch's probabilities
 EMBEDDING_TOLERANCE = 1e-4  # absolute, per component of an embedding (values of order 1)

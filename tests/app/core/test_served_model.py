@@ -8,8 +8,8 @@ import torch
 from app.core.engine import Engine
 from app.core.errors import InvalidInput, PayloadTooLarge
 from app.core.request import EncodedImage
+from harness.images import encode
 from model.shapes import SHAPE_CLASSES, make_sample
-from tests.support.images import encode
 
 
 def test_what_a_model_tells_about_itself(service: Engine) -> None:

@@ -13,7 +13,7 @@ from app.codecs.proto.service_pb2_grpc import GRPCInferenceServiceStub
 from app.core.engine import Engine
 from app.grpc.server import GrpcServer
 from app.settings import Settings
-from tests.support.server import free_port
+from harness.server import free_port
 
 
 @dataclass

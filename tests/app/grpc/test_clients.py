@@ -18,12 +18,12 @@ from tritonclient.utils import InferenceServerException
 
 from app.codecs.proto.service_pb2_grpc import GRPCInferenceServiceStub
 from app.settings import BUNDLED_WEIGHTS
+from harness.images import encode
+from harness.server import Server
 from model.checkpoint import load_checkpoint
 from model.shapes import SHAPE_CLASSES, make_sample
 from tests.support.grpc_requests import image_request
-from tests.support.images import encode
 from tests.support.kserve_client import run as kserve_session
-from tests.support.server import Server
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 MODEL = "vit-shapes"

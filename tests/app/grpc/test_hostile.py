@@ -9,10 +9,10 @@ import grpc
 import pytest
 
 from app.codecs.proto import messages_pb2 as pb
+from harness.images import encode
 from model.shapes import make_sample
 from tests.app.grpc.conftest import Edge
 from tests.support.grpc_requests import expect, image_request, length_prefixed
-from tests.support.images import encode
 
 PNG = encode(make_sample(9, 0).image)
 INVALID = grpc.StatusCode.INVALID_ARGUMENT

@@ -10,7 +10,7 @@ from pathlib import Path
 from tritonclient.grpc import service_pb2 as triton
 
 from app.codecs.proto import messages_pb2 as pb
-from tests.support.server import ROOT
+from harness.server import ROOT
 
 GENERATED = ["messages_pb2.py", "messages_pb2.pyi", "service_pb2_grpc.py"]
 

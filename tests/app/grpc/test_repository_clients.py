@@ -9,8 +9,8 @@ import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
+from harness.server import Server
 from tests.support.checkpoints import write_tiny_checkpoint
-from tests.support.server import Server
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 KEY = {"x-api-key": "k"}

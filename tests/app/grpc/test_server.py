@@ -10,11 +10,11 @@ import torch
 
 from app.codecs.proto import messages_pb2 as pb
 from app.core.request import EncodedImage, InferOptions
+from harness.images import encode
 from model.shapes import make_sample
 from tests.app.grpc.conftest import Edge, EdgeFactory
 from tests.support.clients import slow_forward
 from tests.support.grpc_requests import expect, image_request, probabilities
-from tests.support.images import encode
 
 PNGS = [encode(make_sample(5, i).image) for i in range(3)]
 

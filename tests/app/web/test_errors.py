@@ -11,10 +11,10 @@ from PIL import Image
 from app.core.engine import Engine
 from app.settings import Settings
 from app.web.app import create_app
+from harness.images import encode, png_with_header
 from model.shapes import make_sample
 from tests.support.clients import ClientFactory, until
 from tests.support.data_planes import UnreadyDataPlane
-from tests.support.images import encode, png_with_header
 
 
 async def post_file(

@@ -17,9 +17,9 @@ from PIL import Image
 from app.core.engine import Engine
 from app.settings import Settings
 from app.web.app import create_app
+from harness.images import encode
 from model.shapes import make_sample
 from tests.support.checkpoints import write_tiny_checkpoint
-from tests.support.images import encode
 
 pytestmark = pytest.mark.slow
 T = TypeVar("T")

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from bench.reload import load_unload_cycles, reload_under_load
-from bench.run import vit_s16_checkpoint
+from harness.images import encode
+from harness.model_changes import load_unload_cycles, reload_under_load
+from harness.models import vit_s16_checkpoint
 from model.shapes import make_sample
 from tests.support.checkpoints import write_tiny_checkpoint
-from tests.support.images import encode
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 if shutil.which("hey") is None and not os.environ.get("CI"):

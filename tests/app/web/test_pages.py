@@ -28,9 +28,9 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from app.settings import BUNDLED_WEIGHTS
 from app.web.pages import PAGE_DIR
+from harness.images import encode
+from harness.server import Server
 from model.shapes import SHAPE_CLASSES, make_sample
-from tests.support.images import encode
-from tests.support.server import Server
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 URL = re.compile(r"""(?:https?:)?//[A-Za-z0-9.-]+""")

@@ -12,12 +12,12 @@ import pytest
 import torch
 from PIL import Image
 
+from harness.images import encode
 from model.checkpoint import load_checkpoint, save_checkpoint
 from model.shapes import SHAPE_CLASSES, make_sample
 from model.vit import ViTConfig
 from tests.support.checkpoints import TINY, TINY_PREPROCESSING, tiny_model
 from tests.support.clients import ClientFactory
-from tests.support.images import encode
 
 TINY_MODEL = '{model="tiny"}'  # the tiny checkpoint's file stem names its model
 

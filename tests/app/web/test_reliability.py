@@ -12,13 +12,13 @@ import httpx
 import pytest
 import torch
 
+from harness.images import encode
+from harness.server import Server
 from model.checkpoint import save_checkpoint
 from model.preprocessing import Preprocessing
 from model.shapes import SHAPE_CLASSES, make_sample
 from model.vit import ViT, ViTConfig
 from tests.support.clients import ClientFactory
-from tests.support.images import encode
-from tests.support.server import Server
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 PNG = encode(make_sample(8, 0).image)

@@ -9,8 +9,8 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
+from harness.server import Server
 from tests.support.checkpoints import write_tiny_checkpoint
-from tests.support.server import Server
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 

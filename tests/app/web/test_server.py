@@ -10,9 +10,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from harness.images import encode
+from harness.server import Server
 from model.shapes import make_sample
-from tests.support.images import encode
-from tests.support.server import Server
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 

@@ -17,12 +17,12 @@ from tritonclient.utils import InferenceServerException
 
 from app.core.preprocess import Preprocessor
 from app.settings import BUNDLED_WEIGHTS
+from harness.images import encode
+from harness.server import Server
 from model.checkpoint import load_checkpoint
 from model.shapes import SHAPE_CLASSES, make_sample
 from tests.support.checkpoints import write_tiny_checkpoint
-from tests.support.images import encode
 from tests.support.kserve_client import run as kserve_session
-from tests.support.server import Server
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 MODEL = "vit-shapes"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.support.server import Server, ServerProcess, free_port
+from harness.server import Server, ServerProcess, free_port
 
 
 @dataclass
