@@ -24,10 +24,13 @@ from tests.support.checkpoints import (
 
 
 @pytest.fixture(scope="session", autouse=True)
-def onnx_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """One VIT_ONNX_CACHE for the session's apps and servers, not the user's: each run exports afresh, and
-    the servers that start the same checkpoint after the first skip the export, as a restart would."""
-    folder = tmp_path_factory.mktemp("onnx-cache")
+def onnx_cache(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Iterator[Path]:
+    """One VIT_ONNX_CACHE for the run's apps and servers, not the user's, shared by its pytest-xdist workers:
+    each run exports afresh, and the servers that start the same checkpoint after the first skip the export,
+    as a restart would (the cache writes each graph atomically)."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if worker_id != "master" else base) / "onnx-cache"
+    folder.mkdir(exist_ok=True)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("VIT_ONNX_CACHE", str(folder))
         yield folder

@@ -171,6 +171,7 @@ def check_against_models(value: Any, type_name: str, where: str = "") -> None:
         check_against_models(item, fields[key], f"{where}.{key}")
 
 
+@pytest.mark.slow  # kserve's API models, read in a process of their own
 @pytest.mark.parametrize(
     ("name", "type_name"),
     [

@@ -18,6 +18,8 @@ import pytest
 
 from harness.server import ROOT
 
+pytestmark = pytest.mark.slow  # imports every package in fresh interpreters
+
 WEB_FRAMEWORKS = ("fastapi", "starlette", "uvicorn", "multipart", "python_multipart", "httptools")
 EDGES = ("app.web", "app.grpc", "app.batch", "app.server", "app.main")
 # What an edge may import from the core: the data plane and the types that cross it; the engine for

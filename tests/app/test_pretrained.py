@@ -18,6 +18,8 @@ from harness.images import encode
 from tests.support.checkpoints import Pretrained
 from tests.support.clients import ClientFactory
 
+pytestmark = pytest.mark.slow  # serves converted library models
+
 PROBABILITY_ATOL = 1e-4
 EMBEDDING_ATOL = 1e-4  # absolute, per component (fp32; components of order 1)
 

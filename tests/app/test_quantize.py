@@ -21,6 +21,8 @@ from model.shapes import make_sample
 from tests.support.checkpoints import write_tiny_checkpoint
 from tests.support.clients import ClientFactory
 
+pytestmark = pytest.mark.slow  # calibrates and quantizes graphs
+
 # Static int8 against float32, on the bundled model and held-out images: activations are quantized to
 # ranges fixed by the calibration. (A random-weight model is no test of it: its features barely depend on
 # the input, and a fixed int8 range rounds that dependence away.)

@@ -25,6 +25,8 @@ from model.convert.torchvision_vit import matching_recipe, torchvision_preproces
 from model.vit import ViTConfig
 from tests.support.checkpoints import Pretrained
 
+pytestmark = pytest.mark.slow  # converts timm, torchvision and transformers models
+
 ATOL = 1e-4
 
 

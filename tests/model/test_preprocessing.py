@@ -84,6 +84,7 @@ def test_invalid_records_are_refused(changes: dict[str, object], message: str) -
         Preprocessing(**{**base, **changes})  # type: ignore[arg-type]
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_the_contract_imports_no_training_code() -> None:
     code = "import sys, model.preprocessing; print(sorted(m for m in sys.modules if m.startswith('model')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -14,6 +14,8 @@ from model.checkpoint import load_checkpoint
 from tests.support.checkpoints import Pretrained
 from tests.support.datasets import write_cifar10, write_imagefolder, write_mnist
 
+pytestmark = pytest.mark.slow  # trains, and runs the training command
+
 TINY_ARGS = ["--dim", "32", "--depth", "1", "--heads", "2", "--batch-size", "8", "--workers", "0", "--no-progress"]
 
 

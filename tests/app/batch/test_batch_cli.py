@@ -20,6 +20,8 @@ from app.batch.outputs import atomic_file, journal_path, read_output
 from harness.server import ROOT
 from tests.support.clients import ClientFactory
 
+pytestmark = pytest.mark.slow  # runs the batch command in processes of its own
+
 
 def run(checkpoint: Path, inputs: list[Path], output: Path, *flags: str) -> int:
     argv = [

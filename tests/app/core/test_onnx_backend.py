@@ -22,6 +22,8 @@ from model.vit import ViT, ViTConfig
 from tests.support.checkpoints import TINY, TINY_PREPROCESSING, tiny_model
 from tests.support.clients import ClientFactory
 
+pytestmark = pytest.mark.slow  # each test exports a graph to ONNX
+
 TOLERANCE = 1e-5  # largest difference allowed between ONNX Runtime's and torch's probabilities
 EMBEDDING_TOLERANCE = 1e-4  # absolute, per component of an embedding (values of order 1)
 

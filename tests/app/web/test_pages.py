@@ -32,6 +32,8 @@ from harness.images import encode
 from harness.server import Server
 from model.shapes import SHAPE_CLASSES, make_sample
 
+pytestmark = pytest.mark.slow  # starts real servers for a real browser
+
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 URL = re.compile(r"""(?:https?:)?//[A-Za-z0-9.-]+""")
 
