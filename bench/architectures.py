@@ -25,6 +25,7 @@ import torch
 
 from app.core.inference import ImageInput, Predictor
 from app.settings import BUNDLED_WEIGHTS
+from bench.tables import table
 from model import evaluate, train
 from model.checkpoint import load_checkpoint
 from model.vit import PRESETS, ViT, ViTConfig
@@ -176,37 +177,59 @@ def markdown(results: dict[str, Any]) -> str:
         f"## Variants on `shapes` (same budget: {a['train']} samples x {a['epochs']} epochs, batch 64, seed 0, "
         f"micro preset, grayscale 64 px; scored on {a['eval']} fresh held-out images)",
         "",
-        "| variant | flags | parameters | top-1 accuracy | pointing game (rollout) | training time |",
-        "|---|---|---|---|---|---|",
+        *table(
+            ["variant", "flags", "parameters", "top-1 accuracy", "pointing game (rollout)", "training time"],
+            [
+                [
+                    r["variant"],
+                    f"`{r['flags']}`",
+                    f"{r['parameters']:,}",
+                    f"{r['accuracy']:.2%}",
+                    f"{r['pointing_game']:.2%}",
+                    f"{r['train_s']} s",
+                ]
+                for r in results["variants"]
+            ],
+            "llllll",
+        ),
     ]
-    for r in results["variants"]:
-        lines.append(
-            f"| {r['variant']} | `{r['flags']}` | {r['parameters']:,} | {r['accuracy']:.2%} | "
-            f"{r['pointing_game']:.2%} | {r['train_s']} s |"
-        )
     lines += [
         "",
         f"## Forward time, full against axial attention (patch 8, micro widths, batch {a['batch']})",
         "",
-        "| image | patches | full | axial | full / axial |",
-        "|---|---|---|---|---|",
+        *table(
+            ["image", "patches", "full", "axial", "full / axial"],
+            [
+                [
+                    f"{r['image_size']} px",
+                    r["patches"],
+                    f"{r['full_ms']} ms",
+                    f"{r['axial_ms']} ms",
+                    f"{r['axial_speedup']}x",
+                ]
+                for r in results["attention"]
+            ],
+            "lllll",
+        ),
     ]
-    for r in results["attention"]:
-        lines.append(
-            f"| {r['image_size']} px | {r['patches']} | {r['full_ms']} ms | {r['axial_ms']} ms | {r['axial_speedup']}x |"
-        )
     lines += [
         "",
         "## Maps on the bundled checkpoint (service Predictor, CPU)",
         "",
-        "| map | pointing game | batch of 1 | batch of 8 |",
-        "|---|---|---|---|",
+        *table(
+            ["map", "pointing game", "batch of 1", "batch of 8"],
+            [
+                [
+                    r["method"],
+                    f"{r['pointing_game']:.2%}" if "pointing_game" in r else "-",
+                    f"{r['ms_batch_1']} ms",
+                    f"{r['ms_batch_8']} ms" if "ms_batch_8" in r else "-",
+                ]
+                for r in results["maps"]
+            ],
+            "llll",
+        ),
     ]
-    for r in results["maps"]:
-        game = f"{r['pointing_game']:.2%}" if "pointing_game" in r else "-"
-        lines.append(
-            f"| {r['method']} | {game} | {r['ms_batch_1']} ms | {r.get('ms_batch_8', '-')} ms |".replace("- ms", "-")
-        )
     return "\n".join(lines) + "\n"
 
 

@@ -30,6 +30,7 @@ from PIL import Image
 from app.settings import BUNDLED_WEIGHTS
 from bench.limits import forward_throughput
 from bench.run import RESULTS
+from bench.tables import table
 from harness.load import require_hey, run_hey, start_service
 from harness.models import vit_s16_checkpoint
 from harness.server import ROOT
@@ -159,15 +160,32 @@ def markdown(report: dict[str, Any]) -> str:
         "Images/s on distinct 500x375 JPEGs; the runner's own rate excludes loading the model, end-to-end includes "
         "the process start, the model load (and ONNX export) and, for Ray, starting Ray.",
         "",
-        "| model | images | raw forward | runner | runner end-to-end | Ray end-to-end | service (hey) | runner / raw |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        *table(
+            [
+                "model",
+                "images",
+                "raw forward",
+                "runner",
+                "runner end-to-end",
+                "Ray end-to-end",
+                "service (hey)",
+                "runner / raw",
+            ],
+            [
+                [
+                    name,
+                    m["images"],
+                    f"{m['raw_images_per_s']:.1f}",
+                    f"{m['runner']['images_per_s']:.1f}",
+                    f"{m['runner']['end_to_end_images_per_s']:.1f}",
+                    f"{m['ray']['end_to_end_images_per_s']:.1f}",
+                    f"{m['service_images_per_s']:.1f}",
+                    f"{m['runner_vs_raw']:.2f}",
+                ]
+                for name, m in report["models"].items()
+            ],
+        ),
     ]
-    for name, m in report["models"].items():
-        lines.append(
-            f"| {name} | {m['images']} | {m['raw_images_per_s']:.1f} | {m['runner']['images_per_s']:.1f} | "
-            f"{m['runner']['end_to_end_images_per_s']:.1f} | {m['ray']['end_to_end_images_per_s']:.1f} | "
-            f"{m['service_images_per_s']:.1f} | {m['runner_vs_raw']:.2f} |"
-        )
     return "\n".join(lines) + "\n"
 
 

@@ -31,6 +31,7 @@ from app.core.preprocess import Preprocessor
 from app.quantize import main as quantize_main
 from bench.batch import photo_jpeg
 from bench.run import RESULTS
+from bench.tables import table
 from harness.models import vit_s16_checkpoint
 from model.checkpoint import load_checkpoint
 
@@ -119,20 +120,20 @@ def markdown(r: dict[str, Any]) -> str:
         f"Started {r['started']}; ViT-S/16 at 224 px, batch {r['batch']}, {r['threads']} ORT threads, "
         f"{r['runs']} profiled batches; `python -m bench.int8_profile --name {r['name']}`.",
         "",
-        "| ms per image | " + " | ".join(VARIANTS) + " |",
-        "|---|" + "---:|" * len(VARIANTS),
-        "| **whole forward** | " + " | ".join(f"**{variants[v]['ms_per_image']:.1f}**" for v in VARIANTS) + " |",
-        "| logits: largest difference from float32 | "
-        + " | ".join(f"{variants[v]['max_abs_logit_difference']:.1e}" for v in VARIANTS)
-        + " |",
-        "| logits: lowest cosine with float32 | "
-        + " | ".join(f"{variants[v]['logits_cosine_min']:.4f}" for v in VARIANTS)
-        + " |",
+    ]
+    rows = [
+        ["**whole forward**", *(f"**{variants[v]['ms_per_image']:.1f}**" for v in VARIANTS)],
+        [
+            "logits: largest difference from float32",
+            *(f"{variants[v]['max_abs_logit_difference']:.1e}" for v in VARIANTS),
+        ],
+        ["logits: lowest cosine with float32", *(f"{variants[v]['logits_cosine_min']:.4f}" for v in VARIANTS)],
     ]
     for op in ops:
         cells = [variants[v]["ops_ms_per_image"].get(op) for v in VARIANTS]
         if max(c or 0 for c in cells) >= 0.05:
-            lines.append(f"| {op} | " + " | ".join("-" if c is None else f"{c:.2f}" for c in cells) + " |")
+            rows.append([op, *("-" if c is None else f"{c:.2f}" for c in cells)])
+    lines += table(["ms per image", *VARIANTS], rows)
     ms = {v: variants[v]["ms_per_image"] for v in VARIANTS}
     f32, pre = ms["float32"], r["preprocessing_ms"]
     lines += [

@@ -29,6 +29,7 @@ from PIL import Image
 from app.settings import BUNDLED_WEIGHTS
 from bench.limits import sample_images
 from bench.run import RESULTS, multipart
+from bench.tables import table
 from harness.load import LoadResult, parse_hey, require_hey, run_hey
 from harness.server import ROOT, ServerProcess, free_port
 
@@ -150,38 +151,29 @@ def main() -> None:
 def markdown(runs: dict[str, list[dict[str, Any]]], trees: dict[str, Path]) -> str:
     if "health_p99_ms" not in next(iter(runs.values()))[0]:
         rows = [
-            f"| {name} ({trees[name].name}) | {i + 1} | {r['c32_req_s']:.1f} | {r['c32_p99_ms']:.1f} | {r['errors']} |"
+            [f"{name} ({trees[name].name})", i + 1, f"{r['c32_req_s']:.1f}", f"{r['c32_p99_ms']:.1f}", r["errors"]]
             for name, results in runs.items()
             for i, r in enumerate(results)
         ]
         means = [f"{name}: mean {sum(r['c32_req_s'] for r in rs) / len(rs):.1f} req/s" for name, rs in runs.items()]
-        return (
-            "\n".join(
-                [
-                    "| tree | round | c=32 req/s | p99 ms | errors |",
-                    "|---|---:|---:|---:|---:|",
-                    *rows,
-                    "",
-                    "; ".join(means),
-                ]
-            )
-            + "\n"
-        )
+        header = ["tree", "round", "c=32 req/s", "p99 ms", "errors"]
+        return "\n".join([*table(header, rows), "", "; ".join(means)]) + "\n"
     lines = [
         "`GET /health/live` p99 (p50) in ms: idle, beside 4 clients asking for rollout + overlay of a 1600x1200 JPEG, "
         "and beside the same load without overlay; then /predict throughput at concurrency 32 (64 px PNG, multipart).",
         "",
-        "| tree | round | idle | overlay load | rollout load | overlay load req/s | c=32 req/s | c=32 p99 ms |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    rows = []
     for name, results in runs.items():
         for i, r in enumerate(results):
             h, m = r["health_p99_ms"], r["health_p50_ms"]
-            lines.append(
-                f"| {name} ({trees[name].name}) | {i + 1} | {h['idle']:.1f} ({m['idle']:.1f}) | {h['overlay']:.1f} "
-                f"({m['overlay']:.1f}) | {h['rollout']:.1f} ({m['rollout']:.1f}) | {r['load_req_s']['overlay']:.1f} | "
-                f"{r['c32_req_s']:.1f} | {r['c32_p99_ms']:.1f} |"
+            rows.append(
+                [f"{name} ({trees[name].name})", i + 1]
+                + [f"{h[k]:.1f} ({m[k]:.1f})" for k in ("idle", "overlay", "rollout")]
+                + [f"{r['load_req_s']['overlay']:.1f}", f"{r['c32_req_s']:.1f}", f"{r['c32_p99_ms']:.1f}"]
             )
+    header = ["tree", "round", "idle", "overlay load", "rollout load", "overlay load req/s", "c=32 req/s"]
+    lines += table([*header, "c=32 p99 ms"], rows)
     return "\n".join(lines) + "\n"
 
 

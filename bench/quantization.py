@@ -42,6 +42,7 @@ from app.quantize import main as quantize_main
 from app.settings import BUNDLED_WEIGHTS
 from bench.batch import photo_jpeg
 from bench.run import RESULTS
+from bench.tables import table
 from harness.load import require_hey, run_hey, start_service
 from model.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from model.data import ShapesDataset
@@ -244,31 +245,47 @@ def markdown(r: dict[str, Any], samples: int) -> str:
     ph = r["vit_s16_agreement_photos"]
     f = "float32"
 
-    def cells(values: dict[str, float], fmt: str) -> str:
-        return " | ".join(format(values[v], fmt) if v in values else "-" for v in VARIANTS)
+    def row(measure: str, values: dict[str, float], fmt: str) -> list[str]:
+        return [measure, *(format(values[v], fmt) if v in values else "-" for v in VARIANTS)]
 
+    rows = [
+        row(f"bundled model, top-1 on {samples} held-out shapes, %", {k: v * 100 for k, v in s.items()}, ".2f"),
+        *(row(f"ViT-S/16 raw forward, batch {bs}, img/s", {v: raw[v][bs] for v in VARIANTS}, ".1f") for bs in raw[f]),
+        *(
+            row(f"ViT-S/16 raw forward, batch {bs}, x float32", {v: raw[v][bs] / raw[f][bs] for v in VARIANTS}, ".2f")
+            for bs in raw[f]
+        ),
+        row("ViT-S/16 served (hey, c=8, 500x375 JPEG), req/s", {v: x["requests_per_s"] for v, x in srv.items()}, ".1f"),
+        row(
+            "ViT-S/16 served, x float32",
+            {v: x["requests_per_s"] / srv[f]["requests_per_s"] for v, x in srv.items()},
+            ".2f",
+        ),
+        row(
+            f"ViT-S/16 top-1 agreement with float32 on {a['int8 static']['images']} generated images, %",
+            {"float32": 100.0, **{v: x["top1_agreement"] * 100 for v, x in a.items()}},
+            ".1f",
+        ),
+        row(
+            "ViT-S/16 logits cosine with float32, mean",
+            {"float32": 1.0, **{v: x["cosine_mean"] for v, x in a.items()}},
+            ".4f",
+        ),
+        row(
+            f"ViT-S/16 top-1 agreement with float32 on {ph['int8 static']['images']} crops of scikit-image's photos, %",
+            {"float32": 100.0, **{v: x["top1_agreement"] * 100 for v, x in ph.items()}},
+            ".1f",
+        ),
+        row(
+            "the same photos: logits cosine with float32, mean",
+            {"float32": 1.0, **{v: x["cosine_mean"] for v, x in ph.items()}},
+            ".4f",
+        ),
+    ]
     lines = [
         f"Started {r['started']}, {r['threads']} threads; `python -m bench.quantization --name quantization`.",
         "",
-        f"| measure | {' | '.join(VARIANTS)} |",
-        "|---|" + "---:|" * len(VARIANTS),
-        f"| bundled model, top-1 on {samples} held-out shapes, % | {cells({k: v * 100 for k, v in s.items()}, '.2f')} |",
-        *[
-            f"| ViT-S/16 raw forward, batch {bs}, img/s | {cells({v: raw[v][bs] for v in VARIANTS}, '.1f')} |"
-            for bs in raw[f]
-        ],
-        *[
-            f"| ViT-S/16 raw forward, batch {bs}, x float32 | {cells({v: raw[v][bs] / raw[f][bs] for v in VARIANTS}, '.2f')} |"
-            for bs in raw[f]
-        ],
-        f"| ViT-S/16 served (hey, c=8, 500x375 JPEG), req/s | {cells({v: x['requests_per_s'] for v, x in srv.items()}, '.1f')} |",
-        f"| ViT-S/16 served, x float32 | {cells({v: x['requests_per_s'] / srv[f]['requests_per_s'] for v, x in srv.items()}, '.2f')} |",
-        f"| ViT-S/16 top-1 agreement with float32 on {a['int8 static']['images']} generated images, % | "
-        f"{cells({'float32': 100.0, **{v: x['top1_agreement'] * 100 for v, x in a.items()}}, '.1f')} |",
-        f"| ViT-S/16 logits cosine with float32, mean | {cells({'float32': 1.0, **{v: x['cosine_mean'] for v, x in a.items()}}, '.4f')} |",
-        f"| ViT-S/16 top-1 agreement with float32 on {ph['int8 static']['images']} crops of scikit-image's photos, % | "
-        f"{cells({'float32': 100.0, **{v: x['top1_agreement'] * 100 for v, x in ph.items()}}, '.1f')} |",
-        f"| the same photos: logits cosine with float32, mean | {cells({'float32': 1.0, **{v: x['cosine_mean'] for v, x in ph.items()}}, '.4f')} |",
+        *table(["measure", *VARIANTS], rows),
     ]
     return "\n".join(lines) + "\n"
 

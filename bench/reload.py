@@ -22,6 +22,7 @@ from typing import Any
 
 from app.settings import BUNDLED_WEIGHTS
 from bench.run import RESULTS
+from bench.tables import table
 from harness.images import encode
 from harness.model_changes import another_version, load_unload_cycles, reload_under_load
 from harness.models import vit_s16_checkpoint
@@ -29,18 +30,24 @@ from model.shapes import make_sample
 
 
 def report(results: dict[str, dict[str, Any]]) -> str:
-    lines = [
-        "| model | reloads | hey 200 | hey errors | hey req/s | checker answers by version | after the last | switch s (median, max) |",
-        "|---|---:|---:|---:|---:|---|---|---|",
-    ]
+    rows = []
     for key, r in results.items():
         if key.startswith("reload/"):
             switch = sorted(r["switch_s"])
-            lines.append(
-                f"| {key.removeprefix('reload/')} | {r['reloads']} | {r['hey']['ok']} | {r['hey']['errors']} | "
-                f"{r['hey']['requests_per_s']:.1f} | {r['checked']['versions']} | {sorted(set(r['after_last']))} | "
-                f"{switch[len(switch) // 2]:.2f}, {switch[-1]:.2f} |"
+            rows.append(
+                [
+                    key.removeprefix("reload/"),
+                    r["reloads"],
+                    r["hey"]["ok"],
+                    r["hey"]["errors"],
+                    f"{r['hey']['requests_per_s']:.1f}",
+                    r["checked"]["versions"],
+                    sorted(set(r["after_last"])),
+                    f"{switch[len(switch) // 2]:.2f}, {switch[-1]:.2f}",
+                ]
             )
+    header = ["model", "reloads", "hey 200", "hey errors", "hey req/s", "checker answers by version", "after the last"]
+    lines = table([*header, "switch s (median, max)"], rows, "lrrrrlll")
     for key, r in results.items():
         if key.startswith("cycles/"):
             rss = r["rss_mib"]

@@ -29,6 +29,7 @@ import torch
 from app.choices import Backend
 from app.settings import BUNDLED_WEIGHTS
 from bench.limits import forward_throughput, preprocessing_cost, sample_images
+from bench.tables import table
 from harness.load import LoadResult, ServerProcess, require_hey, run_hey, start_litserve, start_service
 from harness.models import vit_s16_checkpoint
 from model.checkpoint import load_checkpoint
@@ -263,31 +264,40 @@ def markdown(report: dict[str, Any]) -> str:
         f"{s['classes']} classes), posting {s['image']}; max batch {s['max_batch_size']}, wait {s['wait_ms']} ms, "
         f"{s['duration_s']} s per level, started {report['started']}",
         "",
-        "| preprocessing (decode + resize + normalise) | ms/image |",
-        "|---|---:|",
-        *[f"| {k} | {v:.3f} |" for k, v in report["preprocess_ms"].items()],
+        *table(
+            ["preprocessing (decode + resize + normalise)", "ms/image"],
+            [[k, f"{v:.3f}"] for k, v in report["preprocess_ms"].items()],
+        ),
     ]
     for backend, result in report["backends"].items():
         lines += [
             "",
             f"### Backend {backend}",
             "",
-            "| batch size | forward img/s | ms/batch |",
-            "|---:|---:|---:|",
-            *[f"| {r['batch_size']} | {r['images_per_s']:.1f} | {r['ms_per_batch']:.2f} |" for r in result["forward"]],
+            *table(
+                ["batch size", "forward img/s", "ms/batch"],
+                [[r["batch_size"], f"{r['images_per_s']:.1f}", f"{r['ms_per_batch']:.2f}"] for r in result["forward"]],
+                "rrr",
+            ),
             "",
-            "| server | concurrency | req/s | p50 ms | p90 ms | p99 ms | errors | mean batch |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
-        for name, runs in result["load"].items():
-            for r in runs:
-                batch = f"{r['mean_batch_size']:.2f}" if r["mean_batch_size"] else "-"
-                lines.append(
-                    f"| {name} | {r['concurrency']} | {r['requests_per_s']:.1f} | {r['p50_ms']:.2f} | "
-                    f"{r['p90_ms']:.2f} | {r['p99_ms']:.2f} | {r['errors']} | {batch} |"
-                )
-        lines += ["", "| target | measured |", "|---|---:|"]
-        lines += [f"| {k} | {v:.3f} |" for k, v in result["targets"].items()]
+        rows = [
+            [
+                name,
+                r["concurrency"],
+                f"{r['requests_per_s']:.1f}",
+                f"{r['p50_ms']:.2f}",
+                f"{r['p90_ms']:.2f}",
+                f"{r['p99_ms']:.2f}",
+                r["errors"],
+                f"{r['mean_batch_size']:.2f}" if r["mean_batch_size"] else "-",
+            ]
+            for name, runs in result["load"].items()
+            for r in runs
+        ]
+        header = ["server", "concurrency", "req/s", "p50 ms", "p90 ms", "p99 ms", "errors", "mean batch"]
+        lines += table(header, rows)
+        lines += ["", *table(["target", "measured"], [[k, f"{v:.3f}"] for k, v in result["targets"].items()])]
     return "\n".join(lines) + "\n"
 
 

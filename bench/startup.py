@@ -16,9 +16,11 @@ import platform
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from app.settings import BUNDLED_WEIGHTS
 from bench.run import RESULTS
+from bench.tables import table
 from harness.models import vit_s16_checkpoint
 from harness.server import Server
 
@@ -53,16 +55,19 @@ def main() -> None:
                 rows.append(row)
     report = {"machine": platform.processor() or platform.machine(), "rows": rows}
     (RESULTS / f"{args.name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (RESULTS / f"{args.name}.md").write_text(markdown(report, args.name))
+
+
+def markdown(report: dict[str, Any], name: str) -> str:
+    rows = [[r["model"], f"`{r['backend']}`", *(f"{r[s]:.1f}" for s in STARTS)] for r in report["rows"]]
     lines = [
         "# Seconds to ready, with and without the ONNX graph cache",
         "",
-        "`python -m bench.startup --name " + args.name + "`",
+        f"`python -m bench.startup --name {name}`",
         "",
-        "| model | backend | " + " | ".join(STARTS) + " |",
-        "|---|---|" + "---:|" * len(STARTS),
+        *table(["model", "backend", *STARTS], rows, "ll" + "r" * len(STARTS)),
     ]
-    lines += [f"| {r['model']} | `{r['backend']}` | " + " | ".join(f"{r[s]:.1f}" for s in STARTS) + " |" for r in rows]
-    (RESULTS / f"{args.name}.md").write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -79,7 +79,8 @@ class ServerProcess:
         raise TimeoutError(f"server did not become ready:\n{self.read_output()[-4000:]}")
 
     def stop(self) -> str:
-        """SIGTERM, then SIGKILL to the whole group (no worker may outlive it); returns everything it wrote."""
+        """SIGTERM, then SIGKILL to the whole group (no worker may outlive it); returns everything it wrote.
+        Stopping again only returns that output."""
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):

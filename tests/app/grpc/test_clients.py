@@ -33,12 +33,8 @@ PNGS = [encode(make_sample(20261123, i).image) for i in range(4)]
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    s = Server(BUNDLED_WEIGHTS, VIT_MAX_FILES="8", VIT_MAX_QUEUE="64")
-    try:
-        s.wait_ready()
+    with Server(BUNDLED_WEIGHTS, VIT_MAX_FILES="8", VIT_MAX_QUEUE="64") as s:
         yield s
-    finally:
-        s.stop()
 
 
 @pytest.fixture(scope="module")
@@ -162,9 +158,7 @@ def test_grpc_requests_are_in_the_metrics(client: triton.InferenceServerClient, 
 
 def test_sigterm_answers_the_calls_under_way() -> None:
     """gRPC calls in flight when SIGTERM arrives are all answered; then the process exits cleanly."""
-    s = Server(BUNDLED_WEIGHTS, VIT_MAX_BATCH_SIZE="4", VIT_MAX_FILES="8", VIT_WARMUP="false")
-    try:
-        s.wait_ready()
+    with Server(BUNDLED_WEIGHTS, VIT_MAX_BATCH_SIZE="4", VIT_MAX_FILES="8", VIT_WARMUP="false") as s:
         request = image_request(*PNGS, *PNGS, model=MODEL)
 
         async def in_flight() -> list[int]:
@@ -177,6 +171,5 @@ def test_sigterm_answers_the_calls_under_way() -> None:
 
         assert asyncio.run(in_flight()) == [1] * 32
         assert s.proc.wait(timeout=30) == 0
-    finally:
-        out = s.stop()
+    out = s.stop()  # everything it wrote
     assert "stopped" in out

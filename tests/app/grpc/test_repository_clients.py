@@ -21,19 +21,15 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     folder = tmp_path_factory.mktemp("models")
     for seed, name in enumerate(["a", "b", "c"]):
         write_tiny_checkpoint(folder / f"{name}.safetensors", seed)
-    s = Server(
+    with Server(
         folder / "a.safetensors",
         VIT_MODEL_REPOSITORY=str(folder),
         VIT_MODEL_CONTROL="explicit",
         VIT_MODELS="a",
         VIT_API_KEYS="k",
         VIT_WARMUP="false",
-    )
-    try:
-        s.wait_ready()
+    ) as s:
         yield s
-    finally:
-        s.stop()
 
 
 def states(index: list[dict[str, str]]) -> dict[str, str]:

@@ -114,12 +114,8 @@ def browser(request: pytest.FixtureRequest) -> Iterator[webdriver.Chrome]:
 
 @pytest.fixture(scope="module")
 def service() -> Iterator[Server]:
-    s = Server(BUNDLED_WEIGHTS)
-    try:
-        s.wait_ready()
+    with Server(BUNDLED_WEIGHTS) as s:
         yield s
-    finally:
-        s.stop()
 
 
 def requested_hosts(driver: webdriver.Chrome) -> set[str]:
@@ -262,9 +258,7 @@ def test_docs_render_offline(browser: webdriver.Chrome, service: Server) -> None
 @pytest.mark.browser
 def test_api_key_and_too_large_image_errors(browser: webdriver.Chrome, tmp_path: Path) -> None:
     """With VIT_API_KEYS set the key field appears on the first 401; the 413 for a large image is shown."""
-    server = Server(BUNDLED_WEIGHTS, VIT_API_KEYS="s3cret", VIT_MAX_IMAGE_PIXELS="1000")
-    try:
-        server.wait_ready()
+    with Server(BUNDLED_WEIGHTS, VIT_API_KEYS="s3cret", VIT_MAX_IMAGE_PIXELS="1000") as server:
         open_page(browser, server)
         browser.execute_script("sessionStorage.clear()")
         assert not browser.find_element(By.ID, "api-key").is_displayed()
@@ -279,17 +273,13 @@ def test_api_key_and_too_large_image_errors(browser: webdriver.Chrome, tmp_path:
         assert result(browser, "again.png").find_element(By.CSS_SELECTOR, ".top-k").is_displayed()
         large = result(browser, "large.png").find_element(By.CSS_SELECTOR, ".error").text
         assert large == "large.png: 64x64 = 4096 pixels is over the limit of 1000; resize it first"
-    finally:
-        server.stop()
 
 
 @pytest.mark.browser
 def test_model_picker_sends_images_to_the_chosen_model(
     browser: webdriver.Chrome, tmp_path: Path, tiny_checkpoint: Path
 ) -> None:
-    server = Server(BUNDLED_WEIGHTS, VIT_MODELS=f"vit-shapes={BUNDLED_WEIGHTS},tiny={tiny_checkpoint}")
-    try:
-        server.wait_ready()
+    with Server(BUNDLED_WEIGHTS, VIT_MODELS=f"vit-shapes={BUNDLED_WEIGHTS},tiny={tiny_checkpoint}") as server:
         open_page(browser, server)
         picker = browser.find_element(By.ID, "model-select")
         assert picker.is_displayed()
@@ -300,8 +290,6 @@ def test_model_picker_sends_images_to_the_chosen_model(
         upload(browser, tmp_path, {"star.png": held_out("star")})
         item = result(browser, "star.png · tiny")
         assert item.find_element(By.CSS_SELECTOR, ".overlay-caption").text == "rollout map · 4 × 4 grid"  # tiny's grid
-    finally:
-        server.stop()
 
 
 @pytest.mark.browser

@@ -85,16 +85,14 @@ async def open_loop(url: str, rate: float, seconds: float) -> list[tuple[int, fl
 
 
 def test_overload_at_four_times_capacity(tmp_path: Path) -> None:
-    server = Server(
+    with Server(
         heavy_checkpoint(tmp_path / "heavy.safetensors"),
         VIT_THREADS="1",
         VIT_MAX_BATCH_SIZE="8",
         VIT_MAX_WAIT_MS="5",
         VIT_MAX_QUEUE="16",
         VIT_REQUEST_TIMEOUT_S="10",
-    )
-    try:
-        server.wait_ready()
+    ) as server:
         capacity = asyncio.run(closed_loop(server.url, clients=16, seconds=3)) / 3  # requests per second
         rss_before = rss_mb(server.proc.pid)
         results = asyncio.run(open_loop(server.url, rate=4 * capacity, seconds=4))
@@ -112,20 +110,16 @@ def test_overload_at_four_times_capacity(tmp_path: Path) -> None:
         assert httpx.get(f"{server.url}/health/ready").status_code == 200
         r = httpx.post(f"{server.url}/predict", files={"file": ("a.png", PNG, "image/png")}, timeout=30)
         assert r.status_code == 200, r.text
-    finally:
-        server.stop()
 
 
 def test_disconnected_clients_are_not_computed(tmp_path: Path) -> None:
-    server = Server(
+    with Server(
         heavy_checkpoint(tmp_path / "heavy.safetensors"),
         VIT_THREADS="1",
         VIT_MAX_BATCH_SIZE="2",
         VIT_MAX_WAIT_MS="0",
         VIT_MAX_QUEUE="256",
-    )
-    try:
-        server.wait_ready()
+    ) as server:
         rss_before = rss_mb(server.proc.pid)
 
         async def impatient(n: int) -> int:
@@ -155,8 +149,6 @@ def test_disconnected_clients_are_not_computed(tmp_path: Path) -> None:
         assert rss_mb(server.proc.pid) - rss_before < 100
         r = httpx.post(f"{server.url}/predict", files={"file": ("a.png", PNG, "image/png")}, timeout=30)
         assert r.status_code == 200
-    finally:
-        server.stop()
 
 
 async def test_out_of_memory_batches_are_retried_in_halves(make_client: ClientFactory) -> None:

@@ -18,12 +18,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 @pytest.fixture(scope="module")
 def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     checkpoint = write_tiny_checkpoint(tmp_path_factory.mktemp("schema") / "tiny.safetensors")
-    server = Server(checkpoint, VIT_MAX_WAIT_MS="0")
-    try:
-        server.wait_ready()
+    with Server(checkpoint, VIT_MAX_WAIT_MS="0") as server:
         yield server.url
-    finally:
-        server.stop()
 
 
 def test_api_conforms_to_its_schema(live_server: str) -> None:

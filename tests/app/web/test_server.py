@@ -19,12 +19,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 @pytest.fixture
 def server(tiny_checkpoint: Path) -> Iterator[Server]:
-    s = Server(tiny_checkpoint, VIT_MAX_BATCH_SIZE="16", VIT_MAX_WAIT_MS="50")
-    try:
-        s.wait_ready()
+    with Server(tiny_checkpoint, VIT_MAX_BATCH_SIZE="16", VIT_MAX_WAIT_MS="50") as s:
         yield s
-    finally:
-        s.stop()
 
 
 def test_predictions_over_the_network(server: Server) -> None:
@@ -64,9 +60,7 @@ def test_concurrent_clients_are_batched(server: Server) -> None:
 
 def test_sigterm_drains_accepted_requests(tiny_checkpoint: Path) -> None:
     """Requests in flight when SIGTERM arrives are all answered; then the process exits cleanly."""
-    s = Server(tiny_checkpoint, VIT_MAX_BATCH_SIZE="4", VIT_MAX_WAIT_MS="20")
-    try:
-        s.wait_ready()
+    with Server(tiny_checkpoint, VIT_MAX_BATCH_SIZE="4", VIT_MAX_WAIT_MS="20") as s:
         png = encode(make_sample(3, 2).image)
 
         async def in_flight() -> list[int]:
@@ -82,8 +76,7 @@ def test_sigterm_drains_accepted_requests(tiny_checkpoint: Path) -> None:
         statuses = asyncio.run(in_flight())
         assert statuses == [200] * 24
         assert s.proc.wait(timeout=30) == 0
-    finally:
-        out = s.stop()
+    out = s.stop()  # everything it wrote
     assert "stopped" in out
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{s.url}/health/live", timeout=2)  # new connections are refused

@@ -32,12 +32,8 @@ VERSION = load_checkpoint(BUNDLED_WEIGHTS).version
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tiny = write_tiny_checkpoint(tmp_path_factory.mktemp("v2") / "tiny.safetensors")
-    s = Server(BUNDLED_WEIGHTS, VIT_MODELS=f"{MODEL}={BUNDLED_WEIGHTS},tiny={tiny}")
-    try:
-        s.wait_ready()
+    with Server(BUNDLED_WEIGHTS, VIT_MODELS=f"{MODEL}={BUNDLED_WEIGHTS},tiny={tiny}") as s:
         yield s
-    finally:
-        s.stop()
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,49 @@
+"""The models, parts and variants of the GPU benchmark, and its timer."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harness.models import VIT_S16
+from model.vit import ViTConfig
+
+VIT_B16 = ViTConfig(image_size=224, patch_size=16, dim=768, depth=12, heads=12, num_classes=1000, norm_eps=1e-6)
+MODELS = {"vit-s16": VIT_S16, "vit-b16": VIT_B16}
+PARTS = ("tests", "smoke", "ceilings", "raw", "decode", "served", "profile")
+BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+# What each served variant sets beyond the common settings (VIT_DEVICE=auto, batch size, wait, queue).
+VARIANTS: dict[str, dict[str, str]] = {
+    "cpu-decode": {"VIT_DECODE": "cpu", "VIT_CUDA_GRAPHS": "false"},  # the GPU path before either change
+    "gpu-decode": {"VIT_DECODE": "auto", "VIT_CUDA_GRAPHS": "false"},
+    "gpu-decode+graphs": {"VIT_DECODE": "auto", "VIT_CUDA_GRAPHS": "true"},  # the defaults
+}
+
+
+def median_ms(fn: Callable[[], object], min_s: float = 0.3, inner: int = 5) -> float:
+    """Median of timed groups of `inner` calls, in ms per call, timed with CUDA events after a warm-up."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times: list[float] = []
+    started = time.perf_counter()
+    while time.perf_counter() - started < min_s or len(times) < 5:
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        for _ in range(inner):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(begin.elapsed_time(end) / inner)
+    return statistics.median(times)
+
+
+def save(out: Path, part: str, result: dict[str, Any]) -> None:
+    """One part's results as DIR/<part>.json, written as soon as the part finishes."""
+    (out / f"{part}.json").write_text(json.dumps(result, indent=2))

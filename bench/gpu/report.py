@@ -1,0 +1,227 @@
+"""bench/results/gpu-*.json and .md from the parts' JSON files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from bench.gpu.common import MODELS
+from bench.run import RESULTS
+from bench.tables import table
+
+
+def summarize_profile(path: Path) -> dict[str, float]:
+    """Share of wall time each thread of the server was sampled in (py-spy raw output, 250 Hz)."""
+    counts: dict[str, int] = {}
+    for line in path.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        thread = (
+            "forward thread"
+            if "Predictor.__call__" in stack
+            else "cpu pool"
+            if "_WorkItem.run" in stack
+            else "event loop"
+        )
+        counts[thread] = counts.get(thread, 0) + int(n)
+    return {k: v / (250 * 8) for k, v in sorted(counts.items())}
+
+
+def report(folders: list[Path], name: str) -> None:
+    data: dict[str, Any] = {}
+    for folder in folders:
+        for part in ("ceilings", "decode", "raw", "served", "tests"):
+            if (folder / f"{part}.json").is_file():
+                data[part] = json.loads((folder / f"{part}.json").read_text())
+        if (folder / "gpu.txt").is_file():
+            data["machine"] = (folder / "gpu.txt").read_text().strip()
+        for kind in ("v2", "predict"):
+            for gil in ("", "-gil"):
+                found = folder / f"profile-{kind}{gil}.txt"
+                if found.is_file():
+                    data.setdefault("profile", {})[f"{kind}{gil}"] = summarize_profile(found)
+    data["targets"] = targets(data)
+    (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2))
+    (RESULTS / f"{name}.md").write_text(markdown(data))
+    print(markdown(data))
+
+
+def models_in(part: dict[str, Any]) -> dict[str, Any]:
+    """A part's per-model entries (not its settings or timing)."""
+    return {k: v for k, v in part.items() if k in MODELS}
+
+
+def best_served(model: dict[str, Any]) -> dict[str, Any]:
+    rows = [
+        r
+        for variant, runs in model.items()
+        if variant != "litserve" and isinstance(runs, dict)
+        for route in ("predict", "v2")
+        for r in runs.get(route, [])
+    ]
+    return max(rows, key=lambda r: r["images_per_s"])
+
+
+def targets(data: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, model in models_in(data.get("served", {})).items():
+        if name not in data.get("raw", {}):
+            continue
+        raw_rates = data["raw"][name]["img_per_s"]
+        compiled_best = max(raw_rates["compiled"].values())
+        served = best_served(model)
+        out[name] = {
+            "served_best_img_per_s": served["images_per_s"],
+            "raw_compiled_best_img_per_s": compiled_best,
+            "served_over_raw": served["images_per_s"] / compiled_best,
+            "p99_ms_there": served["p99_ms"],
+        }
+        if "litserve" in model:  # LitServe decodes with PIL in its one inference worker, on the CPU
+            out[name]["vs_litserve"] = {
+                variant: {
+                    r["concurrency"]: ours["images_per_s"] / r["images_per_s"]
+                    for ours in model[variant]["predict"]
+                    for r in model["litserve"]["predict"]
+                    if r["concurrency"] == ours["concurrency"]
+                }
+                for variant in ("cpu-decode", "gpu-decode+graphs")
+                if variant in model
+            }
+    return out
+
+
+def markdown(d: dict[str, Any]) -> str:
+    c, dec = d["ceilings"], d["decode"]
+    lines = [
+        f"{d.get('machine', '')}",
+        "",
+        "## Ceilings",
+        "",
+        f"bf16 matrix product (8192³): **{c['matmul_bf16_tflops']:.0f} TFLOP/s**; device-to-device copy: "
+        f"**{c['copy_tb_per_s']:.2f} TB/s** (bytes read + written).",
+        "",
+        "## Raw forward, bf16 (img/s; logits and embedding, random input)",
+        "",
+    ]
+    for name, r in models_in(d["raw"]).items():
+        rates = r["img_per_s"]
+        best = max(max(v.values()) for v in rates.values() if v)
+        lines += [
+            f"**{name}**: {r['parameters_m']:.1f} M parameters, {r['gflops_per_image']:.2f} GFLOP/image; best "
+            f"{best:.0f} img/s = {best * r['gflops_per_image'] / 1e3:.0f} TFLOP/s "
+            f"({best * r['gflops_per_image'] / 1e3 / c['matmul_bf16_tflops']:.0%} of the matmul ceiling); "
+            f"relative error against fp32: eager {r['relative_error_vs_fp32']['eager']:.4f}, compiled "
+            f"{r['relative_error_vs_fp32']['compiled']:.4f}",
+            "",
+            *table(
+                ["batch", "eager", "torch.compile", "eager + CUDA graph", "compiled + CUDA graph"],
+                [[bs] + [f"{rates[m][bs]:.0f}" if bs in rates[m] else "" for m in rates] for bs in rates["eager"]],
+                "rrrrr",
+            ),
+            "",
+        ]
+    lines += [
+        "## Preprocessing a 500x375 JPEG (decode, resize to 248, crop 224, normalise)",
+        "",
+        *table(
+            ["where", "img/s"],
+            [
+                *(
+                    [f"PIL on {t} CPU thread{'s' if t != '1' else ''}", f"{v:.0f}"]
+                    for t, v in dec["cpu_img_per_s"].items()
+                ),
+                [f"nvJPEG, batches of {dec['gpu_batch']}: decode only", f"{dec['gpu_decode_img_per_s']:.0f}"],
+                ["nvJPEG + resize on the GPU", f"{dec['gpu_decode_resize_img_per_s']:.0f}"],
+            ],
+        ),
+        "",
+        f"GPU pixels against the CPU path's (normalised units): mean |diff| {dec['mean_abs_diff_vs_cpu']:.4f}, "
+        f"max {dec['max_abs_diff_vs_cpu']:.3f}.",
+        "",
+    ]
+    sv = d["served"]
+    st = sv["settings"]
+    lines += [
+        "## Served (500x375 JPEGs; `hey`; /predict: one image per multipart request; V2: "
+        f"{st['images_per_request']} images per binary request)",
+        "",
+        f"VIT_MAX_BATCH_SIZE={st['max_batch_size']}, VIT_MAX_WAIT_MS={st['wait_ms']}, {st['duration']} s per "
+        "level. *server cores*: CPU seconds the server process used per second; *GPU*: nvidia-smi utilisation.",
+        "",
+    ]
+    rows: list[list[object]] = []
+    for name, model in models_in(sv).items():
+        for variant, runs in model.items():
+            if not isinstance(runs, dict):
+                continue
+            for route in ("predict", "v2"):
+                for r in runs.get(route, []):
+                    batch = f"{r['mean_batch_size']:.0f}" if r["mean_batch_size"] else "-"
+                    rows.append(
+                        [
+                            name,
+                            variant,
+                            route,
+                            r["concurrency"],
+                            f"{r['images_per_s']:.0f}",
+                            f"{r['p50_ms']:.0f}",
+                            f"{r['p99_ms']:.0f}",
+                            batch,
+                            f"{r['gpu_util']:.0f}",
+                            f"{r['server_cores']:.1f}",
+                        ]
+                    )
+        starts = ", ".join(f"{v} {runs['startup_s']:.1f} s" for v, runs in model.items() if "startup_s" in runs)
+        rows.append([name, "startup (process start to ready)", starts, *[""] * 7])
+    header = ["model", "server", "route", "concurrency", "img/s", "p50 ms", "p99 ms", "mean batch", "GPU %"]
+    lines += table([*header, "server cores"], rows, "lllrrrrrrr")
+    lines += [
+        "",
+        "## Targets",
+        "",
+        "LitServe decodes each upload with PIL on the CPU in its one inference worker: the fair ratio is against "
+        "the service's own CPU decoding (*cpu-decode*); the defaults decode JPEGs on the GPU (nvJPEG).",
+        "",
+    ]
+    rows = []
+    for name, t in d["targets"].items():
+        peer = t.get("vs_litserve", {})
+        if peer and not isinstance(next(iter(peer.values())), dict):  # a result file from before the split
+            peer = {"gpu-decode+graphs": peer}
+
+        def ratios(variant: str, peer: dict[str, Any] = peer) -> str:
+            return ", ".join(f"c={k}: {v:.1f}x" for k, v in peer.get(variant, {}).items())
+
+        rows.append(
+            [
+                name,
+                f"{t['served_best_img_per_s']:.0f}",
+                f"{t['raw_compiled_best_img_per_s']:.0f}",
+                f"{t['served_over_raw']:.2f}",
+                f"{t['p99_ms_there']:.0f} ms",
+                ratios("cpu-decode"),
+                ratios("gpu-decode+graphs"),
+            ]
+        )
+    header = ["model", "served best img/s", "raw compiled best", "served / raw", "p99 there"]
+    header += ["/predict vs LitServe, both decoding on the CPU", "/predict vs LitServe, the defaults (GPU decoding)"]
+    lines += table(header, rows, "lrrrrll")
+    if "profile" in d:
+        lines += [
+            "",
+            "## Where the served process spends its time (py-spy, 8 s at 250 Hz, vit-b16 with the defaults)",
+            "",
+            "Share of wall time each thread was sampled running; *holding the GIL*: sampled with `--gil`.",
+            "",
+        ]
+        labels = {"-gil": ", holding the GIL", "predict": "/predict c=256", "v2": "V2 x8 c=64"}
+        rows = []
+        for kind, shares in d["profile"].items():
+            label = kind
+            for was, becomes in labels.items():
+                label = label.replace(was, becomes)
+            rows.append([label, *(f"{shares.get(t, 0):.0%}" for t in ("event loop", "cpu pool", "forward thread"))])
+        lines += table(["load", "event loop", "CPU pool", "forward thread"], rows)
+    if "tests" in d:
+        lines += ["", f"GPU tests (`tests/app/test_cuda.py`): {d['tests']['summary'].strip('= ')}"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,284 @@
+"""The service (and LitServe, the peer) under `hey` on the GPU, per variant, with CPU, GPU and py-spy samples."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+
+from bench.batch import photo_jpeg
+from bench.gpu.common import MODELS, VARIANTS, save
+from bench.run import check_peer, multipart
+from harness.load import ServerProcess, run_hey, start_litserve
+from harness.models import VIT_S16_PREPROCESSING
+from harness.server import Server
+from model.checkpoint import save_checkpoint
+from model.vit import ViT
+
+
+class Sampler:
+    """Mean GPU utilisation (nvidia-smi) and the server's CPU use (cores busy) while load runs."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.samples, self.running = pid, [], True
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def __enter__(self) -> Sampler:
+        self.cpu0, self.t0 = process_cpu_s(self.pid), time.perf_counter()
+        self.thread.start()
+        return self
+
+    def run(self) -> None:
+        while self.running and shutil.which("nvidia-smi"):
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
+                capture_output=True,
+                text=True,
+            ).stdout
+            if out.strip().isdigit():
+                self.samples.append(int(out.strip()))
+            time.sleep(0.25)
+
+    def __exit__(self, *exc: object) -> None:
+        self.running = False
+        self.thread.join()
+        self.cores = (process_cpu_s(self.pid) - self.cpu0) / (time.perf_counter() - self.t0)
+        self.gpu_util = statistics.mean(self.samples) if self.samples else float("nan")
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process and its children, from /proc."""
+    total = 0.0
+    for p in [pid, *children(pid)]:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def children(pid: int) -> list[int]:
+    try:
+        kids = [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+    return kids + [g for k in kids for g in children(k)]
+
+
+def v2_body(files: list[bytes]) -> tuple[bytes, int]:
+    binary = b"".join(len(f).to_bytes(4, "little") + f for f in files)
+    header = {
+        "inputs": [
+            {
+                "name": "image",
+                "datatype": "BYTES",
+                "shape": [len(files)],
+                "parameters": {"binary_data_size": len(binary)},
+            }
+        ],
+        "outputs": [{"name": "probabilities", "parameters": {"binary_data": True}}],
+    }
+    head = json.dumps(header).encode()
+    return head + binary, len(head)
+
+
+def load_levels(
+    server: ServerProcess,
+    route: str,
+    body: Path,
+    ctype: str,
+    levels: list[int],
+    seconds: float,
+    images: int,
+    label: str,
+    headers: dict[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    rows = []
+    for c in levels:
+        with Sampler(server.proc.pid) as sampled:
+            r = run_hey(server.url + route, body, ctype, c, seconds, headers)
+        row = {
+            **r.__dict__,
+            "images_per_s": r.requests_per_s * images,
+            "gpu_util": sampled.gpu_util,
+            "server_cores": sampled.cores,
+        }
+        print(
+            f"  {label:<28} c={c:<4} {row['images_per_s']:8.0f} img/s  p50 {r.p50_ms:7.1f}  p99 {r.p99_ms:7.1f} ms  "
+            f"errors {r.errors}  batch {r.mean_batch_size or float('nan'):6.1f}  gpu {sampled.gpu_util:4.0f} %  "
+            f"server cores {sampled.cores:4.1f}",
+            flush=True,
+        )
+        rows.append(row)
+    return rows
+
+
+def bodies(folder: Path, images: int) -> tuple[str, dict[str, str]]:
+    """folder/form (a multipart /predict body) and folder/v2 (a V2 binary body of `images` JPEGs):
+    the multipart content type and the V2 headers."""
+    files = [photo_jpeg(i) for i in range(images)]
+    form, form_type = multipart(files[0], "photo.jpg", "image/jpeg")
+    (folder / "form").write_bytes(form)
+    v2, header_length = v2_body(files)
+    (folder / "v2").write_bytes(v2)
+    return form_type, {"Inference-Header-Content-Length": str(header_length)}
+
+
+def random_checkpoint(folder: Path, name: str) -> Path:
+    checkpoint = folder / f"{name}.safetensors"
+    torch.manual_seed(0)
+    save_checkpoint(
+        checkpoint,
+        ViT(MODELS[name]).eval(),
+        [f"class_{i}" for i in range(1000)],
+        VIT_S16_PREPROCESSING,
+        {"note": "random weights, for speed measurements only"},
+    )
+    return checkpoint
+
+
+def start_server(args: argparse.Namespace, checkpoint: Path, variant: str) -> Server:
+    return Server(
+        checkpoint,
+        VIT_DEVICE="auto",
+        VIT_MAX_BATCH_SIZE=str(args.max_batch_size),
+        VIT_MAX_WAIT_MS=str(args.wait_ms),
+        VIT_MAX_QUEUE="8192",
+        VIT_MAX_FILES="64",
+        VIT_LOG_LEVEL="warning",
+        VIT_GRPC_PORT="0",
+        **VARIANTS[variant],
+    )
+
+
+def profile(args: argparse.Namespace, folder: Path, seconds: float = 8.0) -> dict[str, Any]:
+    """py-spy samples of the served process at saturation (the last model and variant): every active thread,
+    and only the threads holding the GIL. Collapsed stacks go to DIR/profile-*.txt."""
+    form_type, v2_headers = bodies(folder, args.images_per_request)
+    name = args.models[-1]
+    server = start_server(args, random_checkpoint(folder, name), args.variants[-1])
+    result: dict[str, Any] = {"model": name}
+    try:
+        server.wait_ready(300)
+        loads = {
+            "v2": (f"/v2/models/{name}/infer", folder / "v2", "application/octet-stream", 64, v2_headers),
+            "predict": ("/predict", folder / "form", form_type, 256, None),
+        }
+        for kind, (route, body, ctype, c, headers) in loads.items():
+            for gil in (False, True):
+                target = args.out / f"profile-{kind}{'-gil' if gil else ''}.txt"
+                argv = [
+                    "py-spy",
+                    "record",
+                    "--format",
+                    "raw",
+                    "--rate",
+                    "250",
+                    "--duration",
+                    str(int(seconds)),
+                    "--nonblocking",
+                    "--threads",
+                    "-o",
+                    str(target),
+                    "-p",
+                    str(server.proc.pid),
+                    *(["--gil"] if gil else []),
+                ]
+                spy = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                r = run_hey(server.url + route, body, ctype, c, seconds + 2, headers)
+                spy_out = spy.communicate()[0]
+                result[f"{kind}{'-gil' if gil else ''}"] = {
+                    "requests_per_s": r.requests_per_s,
+                    "py_spy": spy_out[-500:],
+                }
+                print(f"  profiled {kind} c={c} gil={gil}: {r.requests_per_s:.0f} req/s; {spy_out[-200:]}", flush=True)
+    finally:
+        server.stop()
+    return result
+
+
+def served(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
+    form_type, v2_headers = bodies(folder, args.images_per_request)
+    result: dict[str, Any] = {
+        "settings": {
+            k: getattr(args, k)
+            for k in (
+                "max_batch_size",
+                "wait_ms",
+                "images_per_request",
+                "duration",
+                "predict_concurrency",
+                "v2_concurrency",
+            )
+        }
+    }
+    for name in args.models:
+        checkpoint = random_checkpoint(folder, name)
+        result[name] = {}
+        for variant in args.variants:
+            started = time.perf_counter()
+            server = start_server(args, checkpoint, variant)
+            try:
+                server.wait_ready(300)
+                startup = time.perf_counter() - started
+                info = httpx.get(server.url + "/v1/model").json()
+                print(f"== {name} {variant}: ready in {startup:.1f} s on {info['device']} ({info['dtype']})")
+                result[name][variant] = {
+                    "startup_s": startup,
+                    "predict": load_levels(
+                        server,
+                        "/predict",
+                        folder / "form",
+                        form_type,
+                        args.predict_concurrency,
+                        args.duration,
+                        1,
+                        f"{variant} /predict",
+                    ),
+                    "v2": load_levels(
+                        server,
+                        f"/v2/models/{name}/infer",
+                        folder / "v2",
+                        "application/octet-stream",
+                        args.v2_concurrency,
+                        args.duration,
+                        args.images_per_request,
+                        f"{variant} V2 x{args.images_per_request}",
+                        v2_headers,
+                    ),
+                }
+            finally:
+                log = server.stop()
+                with (args.out / "servers.log").open("a") as f:
+                    f.write(f"== {name} {variant}\n{log[-20000:]}\n")
+        if args.peer:
+            server = start_litserve(checkpoint, args.max_batch_size, args.wait_ms, 0, "torch")
+            try:
+                check_peer(server, folder / "form", form_type, 0, "torch")
+                result[name]["litserve"] = {
+                    "predict": load_levels(
+                        server,
+                        "/predict",
+                        folder / "form",
+                        form_type,
+                        args.predict_concurrency,
+                        args.duration,
+                        1,
+                        "litserve /predict",
+                    )
+                }
+            finally:
+                server.stop()
+        save(args.out, "served", result)
+    return result
