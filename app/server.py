@@ -132,10 +132,13 @@ async def serve(host: str, port: int, settings: Settings | None = None) -> int:
     stopped = asyncio.create_task(stop.wait())
     await asyncio.wait([serving, stopped], return_when=asyncio.FIRST_COMPLETED)
     stopped.cancel()
+    failed = serving.done() and not serving.cancelled() and serving.exception() is not None
+    if failed:  # HTTP stopped by itself: log why, then drain gRPC and the engine all the same
+        log.critical("HTTP server failed: %r", serving.exception())
     await drain(engine, http, serving, grpc_server, settings.drain_timeout_s)
     sock.close()
     log.info("stopped")
-    return 0
+    return 1 if failed else 0
 
 
 async def drain(
@@ -147,7 +150,9 @@ async def drain(
     engine.stop_admitting()  # /health/ready, /v2/health/ready and ServerReady answer not-ready from here
     http.should_exit = True
     log.info("draining: HTTP and gRPC answer what they accepted (up to %.0f s)", timeout_s)
-    await asyncio.gather(serving, grpc_server.stop(timeout_s) if grpc_server else asyncio.sleep(0))
+    await asyncio.gather(
+        serving, grpc_server.stop(timeout_s) if grpc_server else asyncio.sleep(0), return_exceptions=True
+    )
     await engine.shutdown(max(0.0, deadline - loop.time()))
 
 
