@@ -48,16 +48,11 @@ def make_service(repository: Path) -> ServiceFactory:
                 "backend": "torch",
                 "warmup": False,
                 "max_batch_size": 4,
-                "grpc_port": 0,
                 **overrides,
             }
         )
-        service = await asyncio.to_thread(Engine.load, settings, Metrics())
-        service.start()
-        try:
+        async with Engine.serving(settings) as service:
             yield service
-        finally:
-            await service.shutdown()
 
     return make
 
