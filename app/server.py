@@ -147,7 +147,7 @@ async def drain(
     """Both protocols not-ready and closed to new work at once, both drained together, then the engine."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    engine.stop_admitting()  # /health/ready, /v2/health/ready and ServerReady answer not-ready from here
+    engine.begin_drain()  # /health/ready, /v2/health/ready and ServerReady answer not-ready from here
     http.should_exit = True
     log.info("draining: HTTP and gRPC answer what they accepted (up to %.0f s)", timeout_s)
     await asyncio.gather(
@@ -200,7 +200,7 @@ class LifespanApp:
         log.info("ready")
         await send({"type": "lifespan.startup.complete"})
         await receive()  # lifespan.shutdown: uvicorn has drained HTTP
-        engine.stop_admitting()
+        engine.begin_drain()
         if grpc_server is not None:
             await grpc_server.stop(settings.drain_timeout_s)
         await engine.shutdown()

@@ -61,11 +61,14 @@ class DataPlane(Protocol):
         ...
 
     def ready(self) -> bool:
-        """True once every model is loaded and warm; False before that and from the start of shutdown."""
+        """What readiness probes are told: True once every model is loaded and warm; False before that and from
+        the start of shutdown."""
         ...
 
-    def check_ready(self) -> None:
-        """NotReady unless `ready()`."""
+    def check_serving(self) -> None:
+        """NotReady unless requests are taken: from startup until the engine stops. While the process drains,
+        `ready()` is False but requests still are: the edges take no new connections or calls then, so what
+        reaches the data plane was accepted before the shutdown began and is answered."""
         ...
 
     def authorize(self, credentials: str | None) -> None:

@@ -23,7 +23,7 @@ import torch
 from app.core.api_keys import ApiKeys
 from app.core.data_plane import Inference, InferenceRequest, Limits
 from app.core.description import ModelDescription, ModelStatus
-from app.core.errors import InvalidInput, ModelNotFound, NotReady
+from app.core.errors import NOT_READY, InvalidInput, ModelNotFound, NotReady
 from app.core.inference import ImageOutput
 from app.core.metrics import Metrics, ModelMetrics
 from app.core.model_set import ModelSet
@@ -47,7 +47,8 @@ class Engine:
         self.model_set = models
         self.limits = Limits(settings.max_upload_bytes, settings.max_files)
         self.api_keys = ApiKeys(settings.api_key_set())
-        self.is_ready = False
+        self.is_ready = False  # what readiness probes are told
+        self.taking_requests = False  # whether requests are taken (also while draining)
         self.started = False
         # decoding, overlays and large responses: CPU work kept off the event loop
         self.cpu_pool = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="cpu")
@@ -123,6 +124,7 @@ class Engine:
             model.batcher.start()
         self.model_set.start_polling(self.settings.repository_poll_s)
         self.started = True
+        self.taking_requests = True
         self.is_ready = True
         self.metrics.ready.set(1)
 
@@ -133,8 +135,8 @@ class Engine:
     def ready(self) -> bool:
         return self.is_ready
 
-    def check_ready(self) -> None:
-        if not self.is_ready:
+    def check_serving(self) -> None:
+        if not self.taking_requests:
             raise NotReady(NOT_READY)
 
     def authorize(self, credentials: str | None) -> None:
@@ -211,15 +213,17 @@ class Engine:
         """`fn(*args)` on the CPU pool, so the event loop only parses, awaits and writes."""
         return await asyncio.get_running_loop().run_in_executor(self.cpu_pool, fn, *args)
 
-    def stop_admitting(self) -> None:
-        """Turn unready: the first step of shutdown, taken for every protocol at once."""
+    def begin_drain(self) -> None:
+        """Turn unready for every protocol at once: the first step of shutdown. Requests the edges accepted
+        are still taken until `shutdown`."""
         self.is_ready = False
         self.metrics.ready.set(0)
 
     async def shutdown(self, timeout_s: float | None = None) -> None:
         """Turn unready, answer every accepted image of every model (within `timeout_s`, default
         VIT_DRAIN_TIMEOUT_S), then stop."""
-        self.stop_admitting()
+        self.begin_drain()
+        self.taking_requests = False
         await self.model_set.close()  # a change under way finishes first
         timeout = self.settings.drain_timeout_s if timeout_s is None else timeout_s
         if not self.started:  # loaded, never served: nothing was admitted
@@ -238,7 +242,6 @@ class Engine:
 
 # Encoding a response costs ~40 us per 1,000 probabilities; a hop to the pool about as much.
 INLINE_ENCODE_MAX_VALUES = 1000
-NOT_READY = "not ready: the models are not loaded yet or the service is draining; retry shortly"
 
 
 def startup_models(settings: Settings, repository: Repository | None, files: dict[str, FileStamp]) -> dict[str, Path]:

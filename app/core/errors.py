@@ -44,6 +44,9 @@ class NotReady(ServiceError):
     """Not loaded yet, or draining for shutdown."""
 
 
+NOT_READY = "not ready: the models are not loaded yet or the service is draining; retry shortly"
+
+
 class RequestTimeout(ServiceError):
     """Not answered within the request's deadline."""
 

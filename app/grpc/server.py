@@ -2,7 +2,7 @@
 
 Each RPC converts its message with `app.codecs.v2_grpc`, calls the same data plane as V2 REST (same
 models, batchers, limits, deadlines, API keys and metrics), and answers the core's errors with the
-status codes of one table. Each RPC declares once whether it needs the service ready and an API key.
+status codes of one table. Each RPC declares once whether it needs the engine serving and an API key.
 Started and drained by the process's owner (`app.server`), beside the HTTP server.
 """
 
@@ -61,12 +61,12 @@ Handler = Callable[["InferenceServicer", bytes, grpc.aio.ServicerContext], Await
 
 
 def rpc(
-    request_type: type[Request], *, ready: bool = False, authorized: bool = False
+    request_type: type[Request], *, serving: bool = False, authorized: bool = False
 ) -> Callable[[Method[Request, Response]], Handler[Response]]:
     """An RPC that parses its own request (bytes that are no such message: INVALID_ARGUMENT, not UNKNOWN) and
-    answers the core's errors with status codes, counted and timed as HTTP requests are. With `ready`, it
-    answers UNAVAILABLE until the models are loaded and from the start of shutdown; with `authorized`, it
-    needs an API key (when VIT_API_KEYS is set)."""
+    answers the core's errors with status codes, counted and timed as HTTP requests are. With `serving`, it
+    answers UNAVAILABLE until the models are loaded and once the engine has stopped (while the server drains
+    it answers the calls it accepted); with `authorized`, it needs an API key (when VIT_API_KEYS is set)."""
 
     def decorate(method: Method[Request, Response]) -> Handler[Response]:
         name = method.__name__
@@ -80,8 +80,8 @@ def rpc(
                     request = request_type.FromString(body)
                 except DecodeError:
                     raise InvalidInput(f"the request is not a valid {request_type.DESCRIPTOR.name} message") from None
-                if ready:
-                    self.plane.check_ready()
+                if serving:
+                    self.plane.check_serving()
                 if authorized:
                     self.plane.authorize(credentials(context))
                 return await method(self, request, context)
@@ -150,13 +150,13 @@ class InferenceServicer:
     ) -> pb.ServerMetadataResponse:
         return v2_grpc.server_metadata(server_metadata())
 
-    @rpc(pb.ModelMetadataRequest, ready=True)
+    @rpc(pb.ModelMetadataRequest, serving=True)
     async def ModelMetadata(
         self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelMetadataResponse:
         return v2_grpc.model_metadata(model_metadata(self.plane.describe(request.name, request.version or None)))
 
-    @rpc(pb.ModelInferRequest, ready=True, authorized=True)
+    @rpc(pb.ModelInferRequest, serving=True, authorized=True)
     async def ModelInfer(
         self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelInferResponse:
@@ -165,13 +165,13 @@ class InferenceServicer:
         asked = InferenceRequest(name, decoded.inputs, decoded.options, version, timeout_s=context.time_remaining())
         return await self.plane.infer(asked, functools.partial(encode, decoded))
 
-    @rpc(pb.RepositoryIndexRequest, ready=True)
+    @rpc(pb.RepositoryIndexRequest, serving=True)
     async def RepositoryIndex(
         self, request: pb.RepositoryIndexRequest, context: grpc.aio.ServicerContext
     ) -> pb.RepositoryIndexResponse:
         return v2_grpc.repository_index(repository_index(await self.plane.repository_index(request.ready)))
 
-    @rpc(pb.RepositoryModelLoadRequest, ready=True, authorized=True)
+    @rpc(pb.RepositoryModelLoadRequest, serving=True, authorized=True)
     async def RepositoryModelLoad(
         self, request: pb.RepositoryModelLoadRequest, context: grpc.aio.ServicerContext
     ) -> pb.RepositoryModelLoadResponse:
@@ -179,7 +179,7 @@ class InferenceServicer:
         await self.plane.load_model(request.model_name)
         return pb.RepositoryModelLoadResponse()
 
-    @rpc(pb.RepositoryModelUnloadRequest, ready=True, authorized=True)
+    @rpc(pb.RepositoryModelUnloadRequest, serving=True, authorized=True)
     async def RepositoryModelUnload(
         self, request: pb.RepositoryModelUnloadRequest, context: grpc.aio.ServicerContext
     ) -> pb.RepositoryModelUnloadResponse:

@@ -8,6 +8,7 @@ from fastapi import Depends, Request
 from starlette.datastructures import Headers
 
 from app.core.data_plane import DataPlane
+from app.core.errors import NOT_READY, NotReady
 
 
 def credentials(headers: Headers) -> str:
@@ -23,17 +24,25 @@ async def data_plane(request: Request) -> DataPlane:
     return plane
 
 
-async def ready_data_plane(plane: Annotated[DataPlane, Depends(data_plane)]) -> DataPlane:
-    """The data plane, once every model is loaded and warm; NotReady before that and while draining."""
-    plane.check_ready()
+async def serving_data_plane(plane: Annotated[DataPlane, Depends(data_plane)]) -> DataPlane:
+    """The data plane, while it takes requests; NotReady before the models are loaded and once it has stopped."""
+    plane.check_serving()
     return plane
 
 
-async def authorize(request: Request, plane: Annotated[DataPlane, Depends(ready_data_plane)]) -> None:
+async def ready_data_plane(plane: Annotated[DataPlane, Depends(data_plane)]) -> DataPlane:
+    """For readiness probes: NotReady before the models are loaded and from the start of shutdown."""
+    if not plane.ready():
+        raise NotReady(NOT_READY)
+    return plane
+
+
+async def authorize(request: Request, plane: Annotated[DataPlane, Depends(serving_data_plane)]) -> None:
     """With VIT_API_KEYS set, inference and model changes need a matching key."""
     plane.authorize(credentials(request.headers))
 
 
 Plane = Annotated[DataPlane, Depends(data_plane)]
+ServingPlane = Annotated[DataPlane, Depends(serving_data_plane)]
 ReadyPlane = Annotated[DataPlane, Depends(ready_data_plane)]
 Authorized = Depends(authorize)

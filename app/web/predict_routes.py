@@ -12,7 +12,7 @@ from app.codecs.predict import ErrorBody, Health, ModelInfo, ModelList, PredictR
 from app.codecs.predict import model_info as describe
 from app.core.data_plane import DataPlane, Inference, InferenceRequest
 from app.core.request import AttentionKind, InferOptions
-from app.web.dependencies import Authorized, Plane, ReadyPlane
+from app.web.dependencies import Authorized, Plane, ReadyPlane, ServingPlane
 from app.web.disconnects import respond_unless_disconnected
 from app.web.errors import PredictRoute
 from app.web.uploads import read_images
@@ -63,7 +63,7 @@ PREDICT_BODY = {
 )
 async def predict(
     request: Request,
-    plane: ReadyPlane,
+    plane: ServingPlane,
     top_k: Annotated[int, Query(ge=1, le=1000, description="How many top classes to list")] = 5,
     attention: Annotated[
         AttentionKind,
@@ -94,13 +94,13 @@ async def answer(plane: DataPlane, asked: InferenceRequest, top_k: int) -> Respo
 
 
 @router.get("/v1/model", response_model=ModelInfo, responses={404: ERRORS[404], 503: ERRORS[503]})
-async def model_info(plane: ReadyPlane) -> ModelInfo:
+async def model_info(plane: ServingPlane) -> ModelInfo:
     """Describe the default model: classes, input, config, training summary."""
     return describe(plane.describe(None))
 
 
 @router.get("/v1/models", response_model=ModelList, responses={503: ERRORS[503]})
-async def list_models(plane: ReadyPlane) -> ModelList:
+async def list_models(plane: ServingPlane) -> ModelList:
     """Every served model, the default first."""
     models = plane.models()
     return ModelList(default=models[0].name if models else None, models=[describe(m) for m in models])

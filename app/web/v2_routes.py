@@ -36,7 +36,7 @@ from app.codecs.v2 import (
 )
 from app.core.data_plane import DataPlane, Inference, InferenceRequest
 from app.core.errors import InvalidInput
-from app.web.dependencies import Authorized, ReadyPlane
+from app.web.dependencies import Authorized, ReadyPlane, ServingPlane
 from app.web.disconnects import respond_unless_disconnected
 from app.web.errors import V2Route
 from app.web.uploads import read_body
@@ -116,7 +116,7 @@ async def server_ready(_: ReadyPlane) -> V2Ready:
 
 @router.get("/models/{name}", response_model=V2ModelMetadata, responses=v2_errors(404, 503))
 @router.get("/models/{name}/versions/{version}", response_model=V2ModelMetadata, responses=v2_errors(404, 503))
-async def model_metadata_route(plane: ReadyPlane, name: str, version: str | None = None) -> V2ModelMetadata:
+async def model_metadata_route(plane: ServingPlane, name: str, version: str | None = None) -> V2ModelMetadata:
     """A model's version, inputs (image or pixels) and outputs."""
     return model_metadata(plane.describe(name, version))
 
@@ -139,7 +139,7 @@ INFER_ROUTE: dict[str, Any] = {
 
 @router.post("/models/{name}/infer", **INFER_ROUTE)
 @router.post("/models/{name}/versions/{version}/infer", **INFER_ROUTE)
-async def infer(request: Request, plane: ReadyPlane, name: str, version: str | None = None) -> Response:
+async def infer(request: Request, plane: ServingPlane, name: str, version: str | None = None) -> Response:
     """Inference: encoded images (BYTES `image`) or preprocessed pixels (FP32 `pixels`) in; probabilities,
     attention maps (request parameter `attention`) and classification strings out."""
     model = plane.describe(name, version)
@@ -172,14 +172,14 @@ async def optional_body(request: Request, model: type[BodyT], limit: int) -> Bod
 
 
 @router.post("/repository/index", response_model=list[V2ModelIndex], responses=v2_errors(400, 503))
-async def repository_index_route(request: Request, plane: ReadyPlane) -> list[V2ModelIndex]:
+async def repository_index_route(request: Request, plane: ServingPlane) -> list[V2ModelIndex]:
     """Every model of the repository (and those served from VIT_MODELS), its version, state and reason."""
     asked = await optional_body(request, V2IndexRequest, REPOSITORY_BODY_LIMIT)
     return repository_index(await plane.repository_index(asked.ready))
 
 
 @router.post("/repository/models/{name}/load", responses=v2_errors(400, 401, 404, 503), dependencies=[Authorized])
-async def load_model(request: Request, plane: ReadyPlane, name: str) -> Response:
+async def load_model(request: Request, plane: ServingPlane, name: str) -> Response:
     """Load the model from the repository (VIT_MODEL_CONTROL=explicit); a loaded one is reloaded beside itself."""
     asked = await optional_body(request, V2RepositoryRequest, REPOSITORY_BODY_LIMIT)
     check_load_parameters(asked.parameters)
@@ -188,7 +188,7 @@ async def load_model(request: Request, plane: ReadyPlane, name: str) -> Response
 
 
 @router.post("/repository/models/{name}/unload", responses=v2_errors(400, 401, 404, 503), dependencies=[Authorized])
-async def unload_model(request: Request, plane: ReadyPlane, name: str) -> Response:
+async def unload_model(request: Request, plane: ServingPlane, name: str) -> Response:
     """Stop admitting requests for the model, answer those admitted, then free it (VIT_MODEL_CONTROL=explicit)."""
     await optional_body(request, V2RepositoryRequest, REPOSITORY_BODY_LIMIT)  # unload_dependents: none here
     await plane.unload_model(name)

@@ -31,8 +31,8 @@ class UnreadyDataPlane:
     def ready(self) -> bool:
         return False
 
-    def check_ready(self) -> None:
-        raise self.refuse("check_ready")
+    def check_serving(self) -> None:
+        raise self.refuse("check_serving")
 
     def authorize(self, credentials: str | None) -> None:
         raise self.refuse("authorize")

@@ -66,11 +66,11 @@ async def test_models_by_name_and_version(service: Engine) -> None:
 
 
 async def test_readiness_follows_start_and_shutdown(service: Engine) -> None:
-    service.check_ready()
+    service.check_serving()
     assert service.metrics.ready._value.get() == 1
     await service.shutdown()
     with pytest.raises(NotReady, match="retry shortly"):
-        service.check_ready()
+        service.check_serving()
     with pytest.raises(NotReady, match="shutting down"):
         await service.run(service.model(None), images(1), InferOptions())
 

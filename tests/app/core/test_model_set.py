@@ -75,7 +75,7 @@ async def test_explicit_mode_loads_what_it_is_told(make_service: ServiceFactory)
 
 async def test_explicit_mode_may_start_with_no_model(make_service: ServiceFactory) -> None:
     async with make_service() as service:
-        service.check_ready()  # every model that should be loaded (none) is
+        service.check_serving()  # every model that should be loaded (none) is
         with pytest.raises(ModelNotFound, match="no model is loaded"):
             service.model(None)
         await service.model_set.load("a")
@@ -132,7 +132,7 @@ async def test_a_file_that_fails_to_load_leaves_the_old_version_serving(
         state, version, reason = index(service)["a"]
         assert (state, version) == ("UNAVAILABLE", old.version) and "goes on serving" in reason
         assert service.metrics.model_load_failures.labels("a")._value.get() == 1
-        service.check_ready()
+        service.check_serving()
         assert len((await service.run(service.model("a"), IMAGE, InferOptions())).predictions) == 1
 
 
