@@ -148,6 +148,6 @@ def run_on_ray(
         written = ray.data.read_json(output, parse_options=only_errors)
     else:
         ds.write_parquet(output)
-        written = ray.data.read_parquet(output, columns=["error"])
+        written = ray.data.read_parquet(output).select_columns(["error"])
     tables: list[pa.Table] = list(written.iter_batches(batch_format="pyarrow"))
     return sum(len(t) for t in tables), sum(len(t) - t.column("error").null_count for t in tables)
