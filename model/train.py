@@ -32,7 +32,7 @@ from torch.utils.data.distributed import DistributedSampler
 from tqdm import tqdm
 
 from model.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
-from model.data import DATASETS, DEFAULT_GEOMETRY, DataBundle, DataOptions, build_data
+from model.data import DATASETS, DEFAULT_GEOMETRY, DataBundle, DataOptions, DatasetNotFoundError, build_data
 from model.device import resolve_device
 from model.preprocessing import Preprocessing
 from model.vit import (
@@ -361,11 +361,14 @@ def load_data(args: argparse.Namespace, ddp: Distributed, source: Checkpoint | N
         seed=args.seed,
         preprocessing=finetune_preprocessing(args, source) if source else None,
     )
-    if ddp.enabled and args.download:  # rank 0 downloads first; the others then read the files
-        if ddp.is_main:
-            build_data(opts)
-        dist.barrier()
-    return build_data(opts)
+    try:
+        if ddp.enabled and args.download:  # rank 0 downloads first; the others then read the files
+            if ddp.is_main:
+                build_data(opts)
+            dist.barrier()
+        return build_data(opts)
+    except DatasetNotFoundError as e:
+        raise SystemExit(str(e)) from None  # where the files should be and how to get them: no traceback
 
 
 def build_model(args: argparse.Namespace, data: DataBundle, source: Checkpoint | None) -> ViT:

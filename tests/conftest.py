@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from filelock import FileLock
 from PIL import Image
 
 from harness.images import encode
@@ -28,9 +29,7 @@ def onnx_cache(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Iter
     """One VIT_ONNX_CACHE for the run's apps and servers, not the user's, shared by its pytest-xdist workers:
     each run exports afresh, and the servers that start the same checkpoint after the first skip the export,
     as a restart would (the cache writes each graph atomically)."""
-    base = tmp_path_factory.getbasetemp()
-    folder = (base.parent if worker_id != "master" else base) / "onnx-cache"
-    folder.mkdir(exist_ok=True)
+    folder = run_folder(tmp_path_factory, worker_id, "onnx-cache")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("VIT_ONNX_CACHE", str(folder))
         yield folder
@@ -56,15 +55,26 @@ def photo() -> Image.Image:
     return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
 
 
+def run_folder(tmp_path_factory: pytest.TempPathFactory, worker_id: str, name: str) -> Path:
+    """A folder this run's pytest-xdist workers share (each worker's own base folder sits inside the run's)."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if worker_id != "master" else base) / name
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
 @pytest.fixture(scope="session")
-def pretrained(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Pretrained]:
-    """`pretrained("timm" | "torchvision" | "hf")`: converted once per test session."""
+def pretrained(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Callable[[str], Pretrained]:
+    """`pretrained("timm" | "torchvision" | "hf")`: converted once per run, whichever worker asks first
+    (the others wait on its lock, then take its file)."""
     made: dict[str, Pretrained] = {}
     builders = {"timm": pretrained_timm, "torchvision": pretrained_torchvision, "hf": pretrained_hf}
 
     def get(source: str) -> Pretrained:
         if source not in made:
-            made[source] = builders[source](tmp_path_factory.mktemp(source))
+            folder = run_folder(tmp_path_factory, worker_id, f"pretrained-{source}")
+            with FileLock(folder / ".lock"):
+                made[source] = builders[source](folder)
         return made[source]
 
     return get

@@ -89,20 +89,27 @@ def test_evaluate_shapes_reports_pointing_game(tmp_path: Path) -> None:
     assert saved["accuracy"] == result.accuracy and saved["dataset"] == "shapes"
 
 
-def test_missing_dataset_is_a_clear_error(tmp_path: Path) -> None:
-    r = subprocess.run(
-        [sys.executable, "-m", "model.train", "--dataset", "cifar10", "--data-dir", str(tmp_path), "--epochs", "1"],
-        capture_output=True,
-        text=True,
-    )
-    assert r.returncode != 0
-    assert "pass --download" in r.stderr and "cifar-10-batches-py" in r.stderr
+def refusal(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """What `python -m model.train ARGV` tells a user it refuses: the exit's message (SystemExit, printed
+    without a traceback) and stderr; the exit status is not 0."""
+    with pytest.raises(SystemExit) as exited:
+        train.main(list(argv))
+    assert exited.value.code not in (0, None)
+    return f"{exited.value.code}\n{capsys.readouterr().err}"
 
 
-def test_help_lists_the_options() -> None:
-    r = subprocess.run([sys.executable, "-m", "model.train", "--help"], capture_output=True, text=True, check=True)
+def test_missing_dataset_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    error = refusal(capsys, "--dataset", "cifar10", "--data-dir", str(tmp_path), "--epochs", "1")
+    assert "pass --download" in error and "cifar-10-batches-py" in error
+
+
+def test_help_lists_the_options(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        train.main(["--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
     for flag in ("--dataset", "--epochs", "--lr", "--warmup-epochs", "--label-smoothing", "--resume", "--preset"):
-        assert flag in r.stdout
+        assert flag in out
 
 
 def test_torchrun_trains_data_parallel(tmp_path: Path) -> None:
@@ -256,28 +263,22 @@ def test_layer_decay_scales_learning_rates_by_depth(tiny_checkpoint: Path) -> No
         (["--image-size", "36"], "cannot fine-tune"),
     ],
 )
-def test_fine_tuning_errors_are_clear(tiny_checkpoint: Path, extra: list[str], message: str) -> None:
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "model.train",
-            "--init-from",
-            str(tiny_checkpoint),
-            "--shapes-train",
-            "8",
-            "--shapes-test",
-            "8",
-            "--epochs",
-            "1",
-            *extra,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
+def test_fine_tuning_errors_are_clear(
+    tiny_checkpoint: Path, extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    error = refusal(
+        capsys,
+        "--init-from",
+        str(tiny_checkpoint),
+        "--shapes-train",
+        "8",
+        "--shapes-test",
+        "8",
+        "--epochs",
+        "1",
+        *extra,
     )
-    assert r.returncode != 0 and message in r.stderr, r.stderr[-1500:]
-    assert "Traceback" not in r.stderr
+    assert message in error, error
 
 
 @pytest.mark.parametrize(

@@ -42,7 +42,10 @@ def replace_checkpoint(path: Path, seed: int) -> str:
 
 @dataclass
 class Pretrained:
-    """A library's model at random init, converted through the CLI, with the library's own eval pipeline."""
+    """A library's model at random init, converted through the CLI, with the library's own eval pipeline.
+
+    The model is seeded, so a process that finds the converted file already written (by another pytest-xdist
+    worker of the same run) builds the same model and skips the conversion."""
 
     checkpoint: Path
     model: Callable[[torch.Tensor], torch.Tensor]  # library model: pixels -> logits
@@ -65,8 +68,11 @@ def pretrained_timm(folder: Path) -> Pretrained:
     torch.manual_seed(0)
     m = timm.create_model("vit_tiny_patch16_224", pretrained=False).eval()
     sharpen_head(m.head, 0)
+    out = folder / "timm-vit.safetensors"
+    if out.exists():  # converted by another worker of this run, from the same seeded model
+        return Pretrained(out, m, create_transform(**resolve_data_config(model=m)), [])
     save_file(m.state_dict(), str(folder / "timm.safetensors"))
-    out = convert_main(
+    convert_main(
         [
             "timm",
             "--arch",
@@ -86,8 +92,12 @@ def pretrained_torchvision(folder: Path) -> Pretrained:
     torch.manual_seed(0)
     m = torchvision.models.vit_b_16(weights=None).eval()
     sharpen_head(m.heads.head, 1)
+    weights = torchvision.models.ViT_B_16_Weights.IMAGENET1K_V1
+    out = folder / "torchvision-vit.safetensors"
+    if out.exists():
+        return Pretrained(out, m, weights.transforms(), list(weights.meta["categories"]))
     torch.save(m.state_dict(), folder / "vit_b_16.pth")
-    out = convert_main(
+    convert_main(
         [
             "torchvision",
             "--arch",
@@ -98,7 +108,6 @@ def pretrained_torchvision(folder: Path) -> Pretrained:
             str(folder / "torchvision-vit.safetensors"),
         ]
     )
-    weights = torchvision.models.ViT_B_16_Weights.IMAGENET1K_V1
     return Pretrained(out, m, weights.transforms(), list(weights.meta["categories"]))
 
 
@@ -121,10 +130,12 @@ def pretrained_hf(folder: Path) -> Pretrained:
     torch.manual_seed(0)
     m = ViTForImageClassification(config).eval()
     sharpen_head(m.classifier, 2)
-    m.save_pretrained(folder / "hf-vit")
     processor = ViTImageProcessor(resample=3)  # bicubic, 224 x 224, mean and std 0.5
-    processor.save_pretrained(folder / "hf-vit")
-    out = convert_main(["hf", "--model-dir", str(folder / "hf-vit"), "--output", str(folder / "hf-vit.safetensors")])
+    out = folder / "hf-vit.safetensors"
+    if not out.exists():
+        m.save_pretrained(folder / "hf-vit")
+        processor.save_pretrained(folder / "hf-vit")
+        convert_main(["hf", "--model-dir", str(folder / "hf-vit"), "--output", str(out)])
 
     def transform(image: Image.Image) -> torch.Tensor:
         pixels: torch.Tensor = processor(images=image, return_tensors="pt")["pixel_values"][0]

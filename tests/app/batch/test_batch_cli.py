@@ -137,18 +137,25 @@ def test_a_failed_write_leaves_the_previous_output_whole(tmp_path: Path) -> None
     ],
 )
 def test_bad_arguments_exit_2_with_what_to_fix(
-    tiny_checkpoint: Path, images: list[Path], tmp_path: Path, args: list[str], message: str
+    tiny_checkpoint: Path,
+    images: list[Path],
+    tmp_path: Path,
+    args: list[str],
+    message: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     argv = [a.replace("{images}", str(images[0].parent)) for a in args]
-    out = subprocess.run(
-        [sys.executable, "-m", "app.batch", *argv, "--checkpoint", str(tiny_checkpoint), "--backend", "torch"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-    )
-    assert out.returncode == 2, out.stderr
-    assert message in out.stderr
+    monkeypatch.chdir(tmp_path)
+    for name in [n for n in os.environ if n.startswith("VIT_")]:
+        monkeypatch.delenv(name)
+    try:
+        status = main([*argv, "--checkpoint", str(tiny_checkpoint), "--backend", "torch"])
+    except SystemExit as exited:  # argparse's refusals
+        status = exited.code
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert message in err
 
 
 def test_a_killed_run_resumes_where_its_journal_ends(tiny_checkpoint: Path, images: list[Path], tmp_path: Path) -> None:
