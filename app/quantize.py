@@ -33,12 +33,14 @@ from model.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from model.shapes import make_sample
 
 MAX_IMAGE_PIXELS: int = Settings.model_fields["max_image_pixels"].default  # the service's own limit
+JPEG_DRAFT: bool = Settings.model_fields["jpeg_draft"].default  # and its own decoding of large JPEGs
 
 
 def calibration_images(source: str, checkpoint: Checkpoint, count: int) -> Iterator[torch.Tensor]:
     """Up to `count` preprocessed images: from a folder (sorted, recursively), or generated `shapes`."""
     preprocess = Preprocessor(checkpoint.preprocessing)
     channels = checkpoint.config.in_channels
+    draft_to = checkpoint.preprocessing.resize_size if JPEG_DRAFT else None
     if source == "shapes":
         seed = int(checkpoint.training.get("seed", 0))  # the training set's own seed
         for i in range(count):
@@ -49,7 +51,7 @@ def calibration_images(source: str, checkpoint: Checkpoint, count: int) -> Itera
         raise SystemExit(f"--calibration {source}: no image files ({', '.join(sorted(IMAGE_SUFFIXES))}) in it")
     for path in files[:count]:
         try:
-            yield preprocess(decode_image(path.read_bytes(), str(path), channels, MAX_IMAGE_PIXELS))
+            yield preprocess(decode_image(path.read_bytes(), str(path), channels, MAX_IMAGE_PIXELS, draft_to))
         except ServiceError as e:
             print(f"skipping {path}: {e.detail}", file=sys.stderr)
 

@@ -63,6 +63,12 @@ class Settings(BaseSettings):
         description="auto: on a GPU, plain JPEGs are decoded and resized there (nvJPEG), a batch at a time; "
         "cpu: every image is decoded on the CPU",
     )
+    jpeg_draft: bool = Field(
+        True,
+        description="On the CPU, a JPEG whose shorter side is at least twice the checkpoint's resize size is "
+        "decoded at 1/2, 1/4 or 1/8 scale by libjpeg (the smallest still at least that size) before the resize; "
+        "false: every image is decoded in full",
+    )
     cuda_graphs: bool = Field(
         True,
         description="On a GPU with the torch backend, replay plain predictions from CUDA graphs captured at startup "

@@ -42,16 +42,19 @@ log = logging.getLogger("app.batch")
 T = TypeVar("T")
 
 
-def decode_batch(batch: dict[str, np.ndarray], preprocessing: dict[str, Any], max_pixels: int) -> dict[str, Any]:
+def decode_batch(
+    batch: dict[str, np.ndarray], preprocessing: dict[str, Any], max_pixels: int, jpeg_draft: bool
+) -> dict[str, Any]:
     """Files (their path, and their bytes where Ray read them) -> preprocessed pixels, or the error for each."""
     p = Preprocessing.from_dict(preprocessing)
     pre = Preprocessor(p)
+    draft_to = p.resize_size if jpeg_draft else None  # as the service decodes on the CPU
     pixels, errors = [], []
     for i, path in enumerate(batch["path"]):
         error, x = "", np.zeros((p.channels, p.image_size, p.image_size), np.float32)
         try:
             data = bytes(batch["bytes"][i]) if "bytes" in batch else Path(path).read_bytes()
-            x = pre(decode_image(data, str(path), p.channels, max_pixels)).numpy()
+            x = pre(decode_image(data, str(path), p.channels, max_pixels, draft_to)).numpy()
         except OSError as e:
             error = f"{path}: cannot read the file ({e.strerror or e})"
         except ServiceError as e:
@@ -130,7 +133,11 @@ def run_on_ray(
     else:
         ds = ray.data.from_items([{"path": p} for p in expand_inputs(inputs)])
     batch_size = settings.max_batch_size
-    decode_kwargs = {"preprocessing": preprocessing, "max_pixels": settings.max_image_pixels}
+    decode_kwargs = {
+        "preprocessing": preprocessing,
+        "max_pixels": settings.max_image_pixels,
+        "jpeg_draft": settings.jpeg_draft,
+    }
     ds = ds.map_batches(decode_batch, fn_kwargs=decode_kwargs, batch_size=batch_size, batch_format="numpy")  # type: ignore[arg-type]
     ds = ds.map_batches(
         Classify,

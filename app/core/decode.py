@@ -2,6 +2,10 @@
 
 The pixel count is checked from the header before any pixel data is decoded, so a decompression
 bomb costs a header parse. The result is an RGB or L image, as the model's channels require.
+
+A JPEG at least twice the size the model resizes to (on its shorter side) can be decoded at 1/2, 1/4 or
+1/8 scale inside libjpeg (DCT-domain scaling, PIL's `draft`): the smallest scale whose shorter side is
+still at least that size. A 12-megapixel phone photo then costs about a quarter of a full decode.
 """
 
 from __future__ import annotations
@@ -27,9 +31,12 @@ SUPPORTED_TYPES = ", ".join(sorted(set(SUPPORTED_FORMATS.values())))
 Image.MAX_IMAGE_PIXELS = None
 
 
-def decode_image(data: bytes, filename: str, channels: int, max_pixels: int) -> Image.Image:
-    """Bytes of a JPEG, PNG, WebP, BMP or GIF (first frame) -> upright RGB (channels=3) or L image."""
-    return load_image(open_image(data, filename, max_pixels), filename, channels)
+def decode_image(
+    data: bytes, filename: str, channels: int, max_pixels: int, draft_to: int | None = None
+) -> Image.Image:
+    """Bytes of a JPEG, PNG, WebP, BMP or GIF (first frame) -> upright RGB (channels=3) or L image; a large
+    JPEG scaled while decoding when `draft_to` (the side the image is resized to next) is given."""
+    return load_image(open_image(data, filename, max_pixels), filename, channels, draft_to)
 
 
 def open_image(data: bytes, filename: str, max_pixels: int) -> Image.Image:
@@ -56,11 +63,15 @@ def open_image(data: bytes, filename: str, max_pixels: int) -> Image.Image:
     return image
 
 
-def load_image(image: Image.Image, filename: str, channels: int) -> Image.Image:
-    """An opened image's pixels (its first frame), upright, as RGB (channels=3) or L."""
+def load_image(image: Image.Image, filename: str, channels: int, draft_to: int | None = None) -> Image.Image:
+    """An opened image's pixels (its first frame), upright, as RGB (channels=3) or L; with `draft_to`, a
+    JPEG whose shorter side is at least twice that is decoded at the smallest scale that keeps it at least
+    `draft_to` (see the module's note)."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # PIL warns on odd EXIF and palette transparency
+            if draft_to is not None and image.format == "JPEG" and min(image.size) >= 2 * draft_to:
+                image.draft(image.mode, (draft_to, draft_to))  # libjpeg keeps both sides >= draft_to
             image.seek(0)  # first frame of an animation
             image.load()
             upright: Image.Image = ImageOps.exif_transpose(image) or image

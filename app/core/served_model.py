@@ -64,6 +64,7 @@ class ServedModel:
     preprocessor: Preprocessor
     batcher: DynamicBatcher[ImageInput, ImageOutput]
     max_image_pixels: int
+    draft_to: int | None = None  # large JPEGs decoded scaled to at least this side on the CPU (VIT_JPEG_DRAFT)
     retired: bool = False  # replaced or unloaded: admits nothing new
     successor: ServedModel | None = None  # the version that replaced it
 
@@ -74,12 +75,13 @@ class ServedModel:
         """Load the checkpoint onto the device and warm it up (blocking; run off the event loop)."""
         checkpoint = load_checkpoint(path, device)
         preprocessor = Preprocessor(checkpoint.preprocessing)
+        draft_to = checkpoint.preprocessing.resize_size if settings.jpeg_draft else None
         jpeg_decoder = None
         if device.type == "cuda" and settings.decode == "auto":
             channels, limit = checkpoint.config.in_channels, settings.max_image_pixels
 
             def on_cpu(jpeg: Jpeg) -> torch.Tensor:  # what nvJPEG rejects: PIL's pixels, or PIL's error
-                return preprocessor(decode_image(jpeg.data, jpeg.filename, channels, limit))
+                return preprocessor(decode_image(jpeg.data, jpeg.filename, channels, limit, draft_to))
 
             jpeg_decoder = GpuJpegDecoder(checkpoint.preprocessing, device, on_cpu)
         graphs = graph_sizes(settings.max_batch_size) if settings.cuda_graphs else None
@@ -101,7 +103,7 @@ class ServedModel:
             predictor.warm_up(settings.max_batch_size)
         s = settings
         batcher = DynamicBatcher(predictor, s.max_batch_size, s.max_wait_ms, s.max_queue, metrics)
-        return cls(name, checkpoint, predictor, preprocessor, batcher, s.max_image_pixels)
+        return cls(name, checkpoint, predictor, preprocessor, batcher, s.max_image_pixels, draft_to)
 
     @staticmethod
     def build_predictor(
@@ -176,7 +178,9 @@ class ServedModel:
         header = open_image(image.data, image.filename, self.max_image_pixels)
         if self.predictor.jpeg_decoder is not None and not keep_image and gpu_decodable(header, image.data):
             return Prepared(image.filename, None, Jpeg(image.data, image.filename))
-        decoded = load_image(header, image.filename, self.checkpoint.config.in_channels)
+        # An overlay is drawn on the image as sent: decoded in full.
+        draft_to = None if keep_image else self.draft_to
+        decoded = load_image(header, image.filename, self.checkpoint.config.in_channels, draft_to)
         return Prepared(image.filename, decoded if keep_image else None, self.preprocessor(decoded))
 
     def target_index(self, target: str | None) -> int | None:

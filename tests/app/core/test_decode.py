@@ -78,3 +78,39 @@ def test_bomb_is_refused_from_the_header() -> None:
 def test_bad_bytes(data: bytes, error: type[Exception]) -> None:
     with pytest.raises(error, match="x.png"):
         decode_image(data, "x.png", 3, LIMIT)
+
+
+def noisy_jpeg(width: int, height: int, **kw: object) -> bytes:
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+    return encode(Image.fromarray(pixels), "JPEG", **kw)
+
+
+@pytest.mark.parametrize(
+    ("size", "draft_to", "decoded"),
+    [
+        ((2048, 1536), 256, (512, 384)),  # 1/4: 1/8 would make the shorter side 192
+        ((4032, 3024), 248, (504, 378)),  # a phone photo for ViT-S/16's 248: 1/8
+        ((600, 400), 200, (300, 200)),  # exactly twice: 1/2
+        ((500, 375), 256, (500, 375)),  # under twice the size: decoded in full
+    ],
+)
+def test_a_large_jpeg_is_scaled_while_decoding_and_stays_at_least_the_resize_size(
+    size: tuple[int, int], draft_to: int, decoded: tuple[int, int]
+) -> None:
+    out = decode_image(noisy_jpeg(*size), "p.jpg", 3, 40_000_000, draft_to)
+    assert out.size == decoded and out.mode == "RGB"
+    assert min(out.size) >= draft_to
+    assert decode_image(noisy_jpeg(*size), "p.jpg", 3, 40_000_000).size == size  # without it: in full
+
+
+def test_only_jpegs_are_scaled_while_decoding() -> None:
+    png = encode(Image.new("RGB", (1024, 768), "green"))
+    assert decode_image(png, "p.png", 3, LIMIT, draft_to=128).size == (1024, 768)
+
+
+def test_a_scaled_jpeg_is_still_turned_upright_and_made_grayscale() -> None:
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90° clockwise to display
+    out = decode_image(noisy_jpeg(1600, 800, exif=exif.tobytes()), "r.jpg", 1, LIMIT, draft_to=200)
+    assert out.size == (200, 400) and out.mode == "L"  # 1/4 of 1600x800, then turned

@@ -302,3 +302,36 @@ async def test_v2_gradient_maps_with_a_target(client: httpx.AsyncClient, shape_p
     body["parameters"] = {"attention": "rollout", "target": "star"}
     r = await client.post("/v2/models/tiny/infer", json=body)
     assert r.status_code == 400 and "also pass attention=gradient" in r.json()["error"]
+
+
+@pytest.mark.parametrize("jpeg_draft", [True, False])
+async def test_a_large_jpeg_is_decoded_as_vit_jpeg_draft_says(
+    make_client: ClientFactory, tiny_checkpoint: Path, jpeg_draft: bool
+) -> None:
+    """The tiny checkpoint resizes to 32 px: a 400x300 JPEG decodes at 1/8 scale (50x38) unless turned off;
+    the answer is the model's on that decode, and an overlay is drawn on the image as sent."""
+    from app.core.decode import decode_image
+    from app.core.preprocess import Preprocessor
+
+    rng = torch.Generator().manual_seed(0)
+    pixels = (torch.rand(300, 400, 3, generator=rng) * 255).to(torch.uint8).numpy()
+    jpeg = encode(Image.fromarray(pixels), "JPEG", quality=90)
+    ckpt = load_checkpoint(tiny_checkpoint)
+    draft_to = 32 if jpeg_draft else None
+    decoded = decode_image(jpeg, "p.jpg", 3, 40_000_000, draft_to)
+    assert decoded.size == ((50, 38) if jpeg_draft else (400, 300))
+    with torch.inference_mode():
+        expected = ckpt.model(Preprocessor(ckpt.preprocessing)(decoded)[None]).softmax(-1)[0]
+    async with make_client(jpeg_draft=jpeg_draft) as client:
+        r = await client.post("/predict", content=jpeg, headers={"content-type": "image/jpeg"})
+        assert r.status_code == 200, r.text
+        assert r.json()["results"][0]["probabilities"] == pytest.approx(expected.tolist(), abs=1e-5)
+        r = await client.post(
+            "/predict",
+            content=jpeg,
+            headers={"content-type": "image/jpeg"},
+            params={"attention": "rollout", "overlay": "true"},
+        )
+        assert r.status_code == 200, r.text
+        png = Image.open(io.BytesIO(base64.b64decode(r.json()["results"][0]["overlay_png"])))
+        assert png.size == (256, 192)  # the 400x300 image at the overlay's 256 px cap, not the 50x38 decode
