@@ -5,7 +5,7 @@ bomb costs a header parse. The result is an RGB or L image, as the model's chann
 
 A JPEG at least twice the size the model resizes to (on its shorter side) can be decoded at 1/2, 1/4 or
 1/8 scale inside libjpeg (DCT-domain scaling, PIL's `draft`): the smallest scale whose shorter side is
-still at least that size. A 12-megapixel phone photo then costs about a quarter of a full decode.
+still at least that size. A 12-megapixel phone photo then costs about a fifth of a full decode.
 """
 
 from __future__ import annotations
