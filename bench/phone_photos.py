@@ -20,6 +20,7 @@ import argparse
 import io
 import json
 import platform
+import signal
 import statistics
 import tempfile
 import time
@@ -156,11 +157,11 @@ def serving(checkpoint: Path, bodies: dict[str, Path], args: argparse.Namespace)
             for image, body in bodies.items():
                 for draft, server in servers.items():
                     other = servers[not draft]
-                    other.proc.send_signal(19)  # SIGSTOP: the idle server takes no CPU from the measured one
+                    other.proc.send_signal(signal.SIGSTOP)  # the idle server takes no CPU from the measured one
                     try:
                         r = run_hey(f"{server.url}/predict", body, "image/jpeg", args.concurrency, args.duration)
                     finally:
-                        other.proc.send_signal(18)  # SIGCONT
+                        other.proc.send_signal(signal.SIGCONT)
                     rows.append({"round": round_, "image": image, "jpeg_draft": draft, **r.__dict__})
                     print(rows[-1], flush=True)
     finally:
