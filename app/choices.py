@@ -21,6 +21,7 @@ DecodedOn = Literal["cpu", "gpu"]  # where a model's plain JPEGs are decoded
 ModelControl = Literal["none", "explicit", "poll"]  # how the model repository may change
 ModelState = Literal["READY", "UNAVAILABLE", "LOADING", "UNLOADING"]  # a model's line in the repository index
 LogLevel = Literal["debug", "info", "warning", "error"]
+LogFormat = Literal["text", "json"]  # VIT_LOG_FORMAT
 
 
 class Datatype(StrEnum):

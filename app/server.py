@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from app.core.engine import Engine
 from app.core.metrics import Metrics
 from app.grpc.server import GrpcServer
+from app.logs import configure_logging, uvicorn_log_config
 from app.settings import Settings, configured_names, unknown_variables
 from app.web.app import create_app
 from model.checkpoint import CheckpointError
@@ -34,17 +35,6 @@ log = logging.getLogger("app")
 
 STARTUP_FAILED_EXIT_CODE = 3
 STARTUP_ERRORS = (ValidationError, CheckpointError, ValueError, OSError)
-
-
-def configure_logging(level: str) -> None:
-    """Log the app's lines to stderr beside uvicorn's, once per process."""
-    logger = logging.getLogger("app")
-    logger.setLevel(level.upper())
-    if not logger.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        logger.addHandler(handler)
-        logger.propagate = False
 
 
 def describe_startup_error(e: Exception) -> str:
@@ -58,14 +48,15 @@ def describe_startup_error(e: Exception) -> str:
 def read_settings() -> Settings:
     """Settings from VIT_* variables (and .env), naming the VIT_ variables that set nothing."""
     settings = Settings()
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     for message in unknown_variables(configured_names()):
         log.warning(message)
     return settings
 
 
 def startup_failed(e: Exception) -> int:
-    configure_logging("info")
+    # The settings may be what failed: the format is read as given, text unless it says json.
+    configure_logging("info", "json" if os.environ.get("VIT_LOG_FORMAT", "").lower() == "json" else "text")
     log.critical("startup failed: %s", describe_startup_error(e))
     return STARTUP_FAILED_EXIT_CODE
 
@@ -99,6 +90,7 @@ def http_server(engine: Engine, settings: Settings) -> HttpServer:
         create_app(engine),
         lifespan="off",
         log_level=settings.log_level,
+        log_config=uvicorn_log_config(settings.log_format) or uvicorn.config.LOGGING_CONFIG,
         timeout_graceful_shutdown=max(1, round(settings.drain_timeout_s)),
     )
     return HttpServer(config)
@@ -112,7 +104,7 @@ async def serve(host: str, port: int, settings: Settings | None = None) -> int:
         loop.add_signal_handler(sig, stop.set)
     try:
         settings = settings or read_settings()
-        configure_logging(settings.log_level)
+        configure_logging(settings.log_level, settings.log_format)
         engine = await asyncio.to_thread(Engine.load, settings, Metrics())
     except STARTUP_ERRORS as e:
         return startup_failed(e)

@@ -12,7 +12,7 @@ from dotenv import dotenv_values
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from app.choices import BackendChoice, DecodeChoice, LogLevel, ModelControl
+from app.choices import BackendChoice, DecodeChoice, LogFormat, LogLevel, ModelControl
 
 BUNDLED_WEIGHTS = Path(__file__).resolve().parent.parent / "weights" / "vit-shapes.safetensors"
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -96,6 +96,11 @@ class Settings(BaseSettings):
     )
     threads: int = Field(0, ge=0, description="torch CPU threads (0: torch's default)")
     log_level: LogLevel = Field("info", description="Log level of the app's loggers")
+    log_format: LogFormat = Field(
+        "text",
+        description="text: one readable line per record; json: one JSON object per line (timestamp, level, "
+        "logger, message, and request_id on a request's lines), uvicorn's lines too",
+    )
 
     @field_validator("device")
     @classmethod

@@ -80,4 +80,12 @@ class RequestTelemetry:
             self.metrics.requests.labels("http", route, str(status)).inc()
             self.metrics.latency.labels("http", route).observe(seconds)
             if route != "/metrics" and "/health/" not in route:
-                log.info("%s %s %d %.1fms id=%s", scope["method"], scope["path"], status, seconds * 1e3, request_id)
+                log.info(
+                    "%s %s %d %.1fms id=%s",
+                    scope["method"],
+                    scope["path"],
+                    status,
+                    seconds * 1e3,
+                    request_id,
+                    extra={"request_id": request_id},
+                )
