@@ -177,8 +177,8 @@ def link_runtime_environment(venv: Path) -> None:
     runtime dependency missing from the lock fails `pip check` here, or the server's imports below."""
     pins = runtime_lock()
     installed = {canonical(d.metadata["Name"]): d for d in importlib.metadata.distributions()}
-    wrong = {name: installed[name].version if name in installed else None for name in pins}
-    wrong = {name: have for name, have in wrong.items() if have != pins[name]}
+    versions = {name: dist.version for name, dist in installed.items()}
+    wrong = {name: versions.get(name) for name, pin in pins.items() if versions.get(name) != pin}
     assert not wrong, f"this environment does not hold the runtime lock (run bin/venv --dev): {wrong}"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     site = Path(sysconfig.get_path("purelib", vars={"base": str(venv)}))

@@ -223,6 +223,13 @@ def served(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
             )
         }
     }
+
+    def predict_levels(server: ServerProcess, label: str) -> list[dict[str, Any]]:
+        """One image a request to /predict, as a multipart form, at each concurrency."""
+        return load_levels(
+            server, "/predict", folder / "form", form_type, args.predict_concurrency, args.duration, 1, label
+        )
+
     for name in args.models:
         checkpoint = random_checkpoint(folder, name)
         result[name] = {}
@@ -236,16 +243,7 @@ def served(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
                 print(f"== {name} {variant}: ready in {startup:.1f} s on {info['device']} ({info['dtype']})")
                 result[name][variant] = {
                     "startup_s": startup,
-                    "predict": load_levels(
-                        server,
-                        "/predict",
-                        folder / "form",
-                        form_type,
-                        args.predict_concurrency,
-                        args.duration,
-                        1,
-                        f"{variant} /predict",
-                    ),
+                    "predict": predict_levels(server, f"{variant} /predict"),
                     "v2": load_levels(
                         server,
                         f"/v2/models/{name}/infer",
@@ -266,18 +264,7 @@ def served(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
             server = start_litserve(checkpoint, args.max_batch_size, args.wait_ms, 0, "torch")
             try:
                 check_peer(server, folder / "form", form_type, 0, "torch")
-                result[name]["litserve"] = {
-                    "predict": load_levels(
-                        server,
-                        "/predict",
-                        folder / "form",
-                        form_type,
-                        args.predict_concurrency,
-                        args.duration,
-                        1,
-                        "litserve /predict",
-                    )
-                }
+                result[name]["litserve"] = {"predict": predict_levels(server, "litserve /predict")}
             finally:
                 server.stop()
         save(args.out, "served", result)
