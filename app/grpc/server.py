@@ -74,7 +74,6 @@ def rpc(
         @functools.wraps(method)
         async def answer(self: InferenceServicer, body: bytes, context: grpc.aio.ServicerContext) -> Response:
             started = time.perf_counter()
-            code = Code.OK
             try:
                 try:
                     request = request_type.FromString(body)
@@ -84,27 +83,27 @@ def rpc(
                     self.plane.check_serving()
                 if authorized:
                     self.plane.authorize(credentials(context))
-                return await method(self, request, context)
+                response = await method(self, request, context)
             except ServiceError as e:
                 code = STATUS.get(type(e), Code.INTERNAL)
                 detail = e.detail
                 if e.retry_after_s is not None:
                     detail += f" (retry after {e.retry_after_s} s)"
                     context.set_trailing_metadata((("retry-after", str(e.retry_after_s)),))
-                await context.abort(code, detail)
             except grpc.aio.AbortError:
                 raise
             except BaseException as e:  # cancelled (client gone, deadline) or a fault: never a crash
                 if not isinstance(e, Exception):
-                    code = Code.CANCELLED
+                    self.count(name, Code.CANCELLED, started)
                     raise
-                code = Code.INTERNAL
+                code, detail = Code.INTERNAL, "internal error; see the server log"
                 log.exception("unhandled error in gRPC %s", name)
-                await context.abort(code, "internal error; see the server log")
-            finally:
-                seconds = time.perf_counter() - started
-                self.plane.metrics.requests.labels("grpc", name, code.name).inc()
-                self.plane.metrics.latency.labels("grpc", name).observe(seconds)
+            else:
+                self.count(name, Code.OK, started)
+                return response
+            # counted before the status goes out: a client that has its answer finds it in /metrics
+            self.count(name, code, started)
+            await context.abort(code, detail)
             raise AssertionError("unreachable: abort raises")
 
         answer.rpc = True  # type: ignore[attr-defined]
@@ -125,6 +124,10 @@ class InferenceServicer:
 
     def __init__(self, plane: DataPlane) -> None:
         self.plane = plane
+
+    def count(self, rpc_name: str, code: Code, started: float) -> None:
+        self.plane.metrics.requests.labels("grpc", rpc_name, code.name).inc()
+        self.plane.metrics.latency.labels("grpc", rpc_name).observe(time.perf_counter() - started)
 
     @rpc(pb.ServerLiveRequest)
     async def ServerLive(
