@@ -23,13 +23,16 @@ from typing import Any
 import uvicorn
 from pydantic import ValidationError
 
+from app.core.data_plane import DataPlane
 from app.core.engine import Engine
 from app.core.metrics import Metrics
+from app.core.remote import RemoteDataPlane
 from app.grpc.server import GrpcServer
 from app.logs import configure_logging, uvicorn_log_config
 from app.settings import Settings, configured_names, unknown_variables
 from app.web.app import create_app
 from model.checkpoint import CheckpointError
+from model.device import resolve_device
 
 log = logging.getLogger("app")
 
@@ -61,11 +64,14 @@ def startup_failed(e: Exception) -> int:
     return STARTUP_FAILED_EXIT_CODE
 
 
-def bind_http(host: str, port: int) -> socket.socket:
-    """The HTTP listening socket, bound now so that a port in use is an error before serving starts."""
+def bind_http(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """The HTTP listening socket, bound now so that a port in use is an error before serving starts; with
+    `reuse_port`, shared with the other serving front-ends (the kernel spreads the connections over them)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as e:
@@ -85,9 +91,9 @@ class HttpServer(uvicorn.Server):
         yield
 
 
-def http_server(engine: Engine, settings: Settings) -> HttpServer:
+def http_server(plane: DataPlane, settings: Settings) -> HttpServer:
     config = uvicorn.Config(
-        create_app(engine),
+        create_app(plane),
         lifespan="off",
         log_level=settings.log_level,
         log_config=uvicorn_log_config(settings.log_format) or uvicorn.config.LOGGING_CONFIG,
@@ -105,6 +111,11 @@ async def serve(host: str, port: int, settings: Settings | None = None) -> int:
     try:
         settings = settings or read_settings()
         configure_logging(settings.log_level, settings.log_format)
+        workers = settings.serving_workers(gpu=await asyncio.to_thread(gpu_serving, settings))
+        if workers > 1:
+            from app.supervisor import Supervisor  # here: its processes import this module
+
+            return await Supervisor(host, port, settings, workers).run(stop)
         engine = await asyncio.to_thread(Engine.load, settings, Metrics())
     except STARTUP_ERRORS as e:
         return startup_failed(e)
@@ -140,12 +151,56 @@ async def drain(
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     engine.begin_drain()  # /health/ready, /v2/health/ready and ServerReady answer not-ready from here
+    await drain_edges(http, serving, grpc_server, timeout_s)
+    await engine.shutdown(max(0.0, deadline - loop.time()))
+
+
+async def drain_edges(
+    http: HttpServer, serving: asyncio.Task[None], grpc_server: GrpcServer | None, timeout_s: float
+) -> None:
+    """HTTP and gRPC closed to new work at once and drained together."""
     http.should_exit = True
     log.info("draining: HTTP and gRPC answer what they accepted (up to %.0f s)", timeout_s)
     await asyncio.gather(
         serving, grpc_server.stop(timeout_s) if grpc_server else asyncio.sleep(0), return_exceptions=True
     )
-    await engine.shutdown(max(0.0, deadline - loop.time()))
+
+
+def gpu_serving(settings: Settings) -> bool:
+    """Whether the models would be served from a GPU (what VIT_WORKERS=auto goes by)."""
+    if settings.workers != "auto" or settings.device == "cpu":
+        return False
+    try:
+        return resolve_device(settings.device).type == "cuda"
+    except ValueError:
+        return False  # the engine says what is wrong with VIT_DEVICE
+
+
+async def serve_front_end(host: str, port: int, settings: Settings, plane: RemoteDataPlane, stop: asyncio.Event) -> int:
+    """One serving front-end (VIT_WORKERS > 1): HTTP and gRPC on ports it shares with the others, over the
+    engine process through `plane`; on `stop`, not ready at once, both protocols drained together."""
+    grpc_server = None
+    try:
+        sock = bind_http(host, port, reuse_port=True)
+        if settings.grpc_port:
+            grpc_server = GrpcServer(plane, settings.grpc_port, settings.grpc_message_limit(), reuse_port=True)
+            await grpc_server.start()
+    except OSError as e:
+        return startup_failed(e)
+    await plane.start()
+    http = http_server(plane, settings)
+    serving = asyncio.create_task(http.serve(sockets=[sock]))
+    stopped = asyncio.create_task(stop.wait())
+    await asyncio.wait([serving, stopped], return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    failed = serving.done() and not serving.cancelled() and serving.exception() is not None
+    if failed:
+        log.critical("HTTP server failed: %r", serving.exception())
+    plane.begin_drain()
+    await drain_edges(http, serving, grpc_server, settings.drain_timeout_s)
+    await plane.close()
+    sock.close()
+    return 1 if failed else 0
 
 
 Scope = MutableMapping[str, Any]

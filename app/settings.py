@@ -23,6 +23,9 @@ def is_model_name(name: str) -> bool:
     return MODEL_NAME.fullmatch(name) is not None and ".." not in name
 
 
+# VIT_WORKERS=auto on a GPU host: front-ends, leaving two cores to the engine process (and fewer where the
+# host has fewer cores). See docs/deployment.md#serving-processes.
+AUTO_WORKERS_ON_GPU = 4
 DEFAULT_ONNX_CACHE = Path("~/.cache/vit-serve/onnx")  # under $XDG_CACHE_HOME when that is set
 
 
@@ -95,12 +98,26 @@ class Settings(BaseSettings):
         None, ge=1, description="Largest gRPC request message (default: VIT_MAX_UPLOAD_BYTES)"
     )
     threads: int = Field(0, ge=0, description="torch CPU threads (0: torch's default)")
+    workers: str = Field(
+        "1",
+        description="Serving processes: 1 serves from this one process; N > 1 runs N front-end processes "
+        "(HTTP and gRPC on the same ports, all per-request work) over one engine process (the models, "
+        "batching and the forward); auto: 1 without a GPU, on a GPU the number in docs/deployment.md",
+    )
     log_level: LogLevel = Field("info", description="Log level of the app's loggers")
     log_format: LogFormat = Field(
         "text",
         description="text: one readable line per record; json: one JSON object per line (timestamp, level, "
         "logger, message, and request_id on a request's lines), uvicorn's lines too",
     )
+
+    @field_validator("workers")
+    @classmethod
+    def check_workers(cls, v: str) -> str:
+        v = v.strip().lower()
+        if v != "auto" and not (v.isdigit() and 1 <= int(v) <= 64):
+            raise ValueError(f"VIT_WORKERS must be auto or a number of processes from 1 to 64, got {v!r}")
+        return v
 
     @field_validator("device")
     @classmethod
@@ -155,6 +172,14 @@ class Settings(BaseSettings):
         if self.model_repository is not None and not self.model_repository.is_dir():
             raise ValueError(f"VIT_MODEL_REPOSITORY {self.model_repository} is not a directory")
         return self
+
+    def serving_workers(self, gpu: bool) -> int:
+        """The front-end processes to run: VIT_WORKERS, with auto resolved for a host with or without a GPU."""
+        if self.workers != "auto":
+            return int(self.workers)
+        if not gpu:
+            return 1
+        return max(2, min(AUTO_WORKERS_ON_GPU, (os.cpu_count() or 1) - 2))
 
     def grpc_message_limit(self) -> int:
         return self.grpc_max_message_bytes or self.max_upload_bytes

@@ -1,12 +1,18 @@
-"""Prometheus metrics of one service instance (its own registry, so several apps can coexist in tests)."""
+"""Prometheus metrics of one service instance (its own registry, so several apps can coexist in tests).
+
+With several serving processes (VIT_WORKERS > 1) every process writes its series to files in
+PROMETHEUS_MULTIPROC_DIR (prometheus_client's multiprocess mode, set up by `python -m app` before it
+starts them), and `/metrics` from any front-end renders the sum over all of them: one view of the service.
+"""
 
 from __future__ import annotations
 
 import gc
+import os
 import time
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
 LOAD_BUCKETS = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
 LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
@@ -37,7 +43,9 @@ class Metrics:
         self.inference = Histogram(
             "vit_inference_seconds", "Time of one batch's forward pass", ["model"], buckets=LATENCY_BUCKETS, registry=r
         )
-        self.queue = Gauge("vit_queue_depth", "Images waiting for a batch", ["model"], registry=r)
+        self.queue = Gauge(
+            "vit_queue_depth", "Images waiting for a batch", ["model"], registry=r, multiprocess_mode="livesum"
+        )
         self.images = Counter("vit_images_processed", "Images computed by the model", ["model"], registry=r)
         self.dropped_images = Counter(
             "vit_images_dropped",
@@ -45,8 +53,10 @@ class Metrics:
             ["model", "reason"],
             registry=r,
         )
-        self.ready = Gauge("vit_ready", "1 when every model is loaded and warm", registry=r)
-        self.models_loaded = Gauge("vit_models_loaded", "Models serving now", registry=r)
+        self.ready = Gauge(
+            "vit_ready", "1 when every model is loaded and warm", registry=r, multiprocess_mode="livemax"
+        )
+        self.models_loaded = Gauge("vit_models_loaded", "Models serving now", registry=r, multiprocess_mode="livemax")
         self.model_load_seconds = Histogram(
             "vit_model_load_seconds", "Time to load and warm one model version", buckets=LOAD_BUCKETS, registry=r
         )
@@ -77,6 +87,10 @@ class Metrics:
             self.gc_pause.labels(str(info["generation"])).observe(time.perf_counter() - self._gc_started)
 
     def render(self) -> bytes:
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # every serving process's series, summed
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)
+            return generate_latest(registry)
         return generate_latest(self.registry)
 
 

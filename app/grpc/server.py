@@ -125,7 +125,7 @@ class InferenceServicer:
     def __init__(self, plane: DataPlane) -> None:
         self.plane = plane
 
-    def count(self, rpc_name: str, code: Code, started: float) -> None:
+    def count(self, rpc_name: str, code: grpc.StatusCode, started: float) -> None:
         self.plane.metrics.requests.labels("grpc", rpc_name, code.name).inc()
         self.plane.metrics.latency.labels("grpc", rpc_name).observe(time.perf_counter() - started)
 
@@ -199,16 +199,18 @@ def serialize(message: Message) -> bytes:
 
 
 class GrpcServer:
-    """grpcio's asyncio server for one data plane, on `port` of every interface."""
+    """grpcio's asyncio server for one data plane, on `port` of every interface (with `reuse_port`, shared
+    with the other serving front-ends: the kernel spreads the connections over them)."""
 
-    def __init__(self, plane: DataPlane, port: int, max_message_bytes: int) -> None:
+    def __init__(self, plane: DataPlane, port: int, max_message_bytes: int, reuse_port: bool = False) -> None:
         self.port = port
         self.address = f"127.0.0.1:{port}"  # where a client on this machine reaches it
         self.server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", max_message_bytes),  # larger: RESOURCE_EXHAUSTED
                 ("grpc.max_send_message_length", -1),
-                ("grpc.so_reuseport", 0),  # a port in use is an error, not a second listener
+                # a port in use is an error, not a second listener; serving front-ends share theirs
+                ("grpc.so_reuseport", int(reuse_port)),
             ]
         )
         servicer = InferenceServicer(plane)

@@ -1,0 +1,210 @@
+"""The messages between serving front-ends and the engine process (VIT_WORKERS > 1), and how outputs travel.
+
+They go as pickles over ZeroMQ (a DEALER socket in each front-end, the engine's ROUTER): small headers only.
+A request's images (or pixels) and its outputs travel through the front-end's shared-memory arena
+(`app.core.shared_memory`): the call names the region, the engine reads the inputs out of it and writes
+the outputs back into it. A request larger than the arena's free room goes inline in the message instead.
+
+Every message to the engine names the engine incarnation it was meant for: one sent to an engine that
+has since died is ignored by its successor, which could otherwise write into a region already reused.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from app.core import errors
+from app.core.description import ModelDescription, ModelStatus
+from app.core.request import InferOptions, Prediction
+from app.core.shared_memory import Arena, aligned, tensor_bytes
+
+HEARTBEAT_S = 0.5  # the engine's state goes to every front-end at least this often
+ENGINE_SILENT_S = 5.0  # where a process cannot be watched through a pidfd: the engine is gone after this silence
+
+
+# Where a value lives: an arena offset with its shape and dtype, or the value itself (inline).
+Stored = tuple[int, tuple[int, ...], str] | torch.Tensor
+StoredBytes = tuple[int, int] | bytes  # (offset, length), or the bytes
+
+
+@dataclass(frozen=True)
+class Hello:
+    """A front-end introducing itself (again, until the engine answers): its pid and arena file."""
+
+    pid: int
+    arena: Path | None
+
+
+@dataclass(frozen=True)
+class State:
+    """What the engine serves, sent to every front-end on each change and as its heartbeat."""
+
+    incarnation: str  # new for every engine process
+    pid: int
+    seq: int  # grows with every change
+    ready: bool
+    taking_requests: bool
+    models: tuple[ModelDescription, ...]  # the default first
+
+
+@dataclass(frozen=True)
+class Ack:
+    """A front-end has applied state `seq`."""
+
+    seq: int
+
+
+@dataclass(frozen=True)
+class InferCall:
+    id: int
+    incarnation: str
+    model: str | None
+    version: str | None
+    options: InferOptions
+    timeout_s: float | None
+    images: list[tuple[str, StoredBytes]] | None  # (filename, bytes), or None for pixels
+    pixels: Stored | None
+    region: tuple[int, int] | None  # (offset, size) in the front-end's arena: inputs in, outputs out
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """The client went away (or its deadline passed): stop computing call `id`. The engine still answers."""
+
+    id: int
+    incarnation: str
+
+
+@dataclass(frozen=True)
+class RepositoryCall:
+    id: int
+    incarnation: str
+    op: str  # index, load or unload
+    name: str = ""
+    ready_only: bool = False
+
+
+@dataclass(frozen=True)
+class StoredPrediction:
+    filename: str
+    probabilities: Stored
+    attention_map: Stored | None
+    overlay_png: StoredBytes | None
+    embedding: Stored | None
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A core error, rebuilt on the other side as the same exception type."""
+
+    kind: str  # the name of an app.core.errors.ServiceError subclass; "" for an internal fault
+    detail: str
+    retry_after_s: int | None = None
+
+    @classmethod
+    def of(cls, e: BaseException) -> Failure:
+        if isinstance(e, errors.ServiceError):
+            return cls(type(e).__name__, e.detail, e.retry_after_s)
+        return cls("", f"{type(e).__name__}: {e}")
+
+    def exception(self) -> Exception:
+        kind = getattr(errors, self.kind, None) if self.kind else None
+        if isinstance(kind, type) and issubclass(kind, errors.ServiceError):
+            return kind(self.detail, self.retry_after_s)
+        return RuntimeError(f"the engine process failed: {self.detail}")
+
+
+@dataclass(frozen=True)
+class Reply:
+    id: int
+    model: ModelDescription | None = None  # infer: the version that computed it
+    predictions: list[StoredPrediction] | None = None
+    index: list[ModelStatus] | None = None  # repository index
+    failure: Failure | None = None
+
+
+def dumps(message: object) -> bytes:
+    return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def loads(data: bytes) -> object:
+    return pickle.loads(data)  # from a socket in a directory only this user can enter (mkdtemp: 0700)
+
+
+def output_bytes(model: ModelDescription, options: InferOptions, images: int) -> int:
+    """The arena room one request's outputs take (overlays aside: their size is known only once drawn)."""
+    per_image = tensor_bytes((len(model.classes),))
+    if options.attention != "none":
+        per_image += tensor_bytes((model.grid_size, model.grid_size))
+    if options.embedding:
+        per_image += tensor_bytes((model.embedding_dim,))
+    return per_image * images
+
+
+def store_outputs(
+    predictions: list[Prediction], arena: Arena | None, region: tuple[int, int] | None
+) -> list[StoredPrediction]:
+    """The predictions written into `region` where they fit, inline where they do not."""
+    offset, end = region if region is not None else (0, 0)
+    end += offset
+
+    def tensor(t: torch.Tensor) -> Stored:
+        nonlocal offset
+        room = tensor_bytes(tuple(t.shape), t.element_size())
+        if arena is None or offset + room > end or t.dtype != torch.float32:
+            return t
+        stored = (offset, tuple(t.shape), "float32")
+        offset = arena.write_tensor(offset, t)
+        return stored
+
+    def data(b: bytes) -> StoredBytes:
+        nonlocal offset
+        if arena is None or offset + aligned(len(b)) > end:
+            return b
+        stored = (offset, len(b))
+        offset = arena.write(offset, b)
+        return stored
+
+    return [
+        StoredPrediction(
+            p.filename,
+            tensor(p.probabilities),
+            None if p.attention_map is None else tensor(p.attention_map),
+            None if p.overlay_png is None else data(p.overlay_png),
+            None if p.embedding is None else tensor(p.embedding),
+        )
+        for p in predictions
+    ]
+
+
+def read_tensor(arena: Arena | None, stored: Stored) -> torch.Tensor:
+    if isinstance(stored, torch.Tensor):
+        return stored
+    assert arena is not None
+    offset, shape, dtype = stored
+    return arena.read_tensor(offset, shape, dtype)
+
+
+def read_bytes(arena: Arena | None, stored: StoredBytes) -> bytes:
+    if isinstance(stored, bytes):
+        return stored
+    assert arena is not None
+    return arena.read(*stored)
+
+
+def load_predictions(stored: list[StoredPrediction], arena: Arena | None) -> list[Prediction]:
+    """The predictions, copied out of the arena."""
+    return [
+        Prediction(
+            s.filename,
+            read_tensor(arena, s.probabilities),
+            None if s.attention_map is None else read_tensor(arena, s.attention_map),
+            None if s.overlay_png is None else read_bytes(arena, s.overlay_png),
+            None if s.embedding is None else read_tensor(arena, s.embedding),
+        )
+        for s in stored
+    ]

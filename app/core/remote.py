@@ -1,0 +1,335 @@
+"""A data plane whose engine runs in another process: what each serving front-end holds (VIT_WORKERS > 1).
+
+The front-end answers health, model descriptions and API keys from what it holds (the engine's last
+`State`, its own settings); `infer` and the repository calls go to the engine (`app.core.engine_host`).
+A request's images go into a region of this process's shared-memory arena and its outputs come back in
+the same region, so the messages carry only offsets.
+
+When the engine process exits (watched through a pidfd, or after ENGINE_SILENT_S without a word from it),
+this front-end is not ready at once and every call waiting on that engine fails with NotReady (503,
+UNAVAILABLE); once a new engine answers its hello, it serves again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TypeVar
+
+import torch
+import zmq
+import zmq.asyncio
+
+from app.core.api_keys import ApiKeys
+from app.core.data_plane import Inference, InferenceRequest, Limits
+from app.core.description import ModelDescription, ModelStatus
+from app.core.engine_link import (
+    ENGINE_SILENT_S,
+    HEARTBEAT_S,
+    Ack,
+    Cancel,
+    Hello,
+    InferCall,
+    Reply,
+    RepositoryCall,
+    State,
+    Stored,
+    StoredBytes,
+    dumps,
+    load_predictions,
+    loads,
+    output_bytes,
+)
+from app.core.errors import NOT_READY, ModelNotFound, NotReady, RequestTimeout
+from app.core.metrics import Metrics
+from app.core.request import EncodedImage
+from app.core.shared_memory import Arena, aligned
+from app.settings import Settings
+
+log = logging.getLogger("app")
+T = TypeVar("T")
+ENGINE_GONE = "not ready: the engine process stopped and is being restarted; retry shortly"
+INLINE_ENCODE_MAX_VALUES = 1000  # as the engine: smaller responses are encoded on the event loop
+
+
+@dataclass(eq=False)
+class Pending:
+    future: asyncio.Future[Reply]
+    region: int | None  # the arena offset held until the engine answers
+    abandoned: bool = False  # the caller stopped waiting (cancelled): free the region on the answer
+
+
+class RemoteDataPlane:
+    """A `DataPlane` over the engine process listening at `address`."""
+
+    def __init__(self, settings: Settings, metrics: Metrics, address: str, arena: Arena | None) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.limits = Limits(settings.max_upload_bytes, settings.max_files)
+        self.api_keys = ApiKeys(settings.api_key_set())
+        self.address = address
+        self.arena = arena
+        self.context = zmq.asyncio.Context()
+        self.socket = self.context.socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.IMMEDIATE, 1)  # nothing queued for an engine not connected
+        self.sender: zmq.Socket[bytes] = zmq.Socket.shadow(
+            self.socket.underlying
+        )  # sends that fail at once (zmq.Again)
+        self.state: State | None = None  # the engine's, while it is up
+        self.heard_at = 0.0
+        self.draining = False
+        self.pending: dict[int, Pending] = {}
+        self.ids = itertools.count()
+        self.engine_pidfd: int | None = None
+        self.tasks: list[asyncio.Task[None]] = []
+        self.cpu_pool = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="encode")
+
+    async def start(self) -> None:
+        self.socket.connect(self.address)
+        self.tasks = [asyncio.create_task(self.receive()), asyncio.create_task(self.keep_in_touch())]
+
+    async def wait_engine(self, timeout_s: float) -> bool:
+        """Whether the engine answered within `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while self.state is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return self.state is not None
+
+    async def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        self.engine_gone("this front-end is stopping")
+        self.socket.close(linger=0)
+        self.context.term()
+        self.cpu_pool.shutdown(wait=False, cancel_futures=True)
+        if self.arena is not None:
+            self.arena.unlink()
+
+    # Keeping track of the engine.
+    async def keep_in_touch(self) -> None:
+        """Say hello until an engine answers (and again after it is gone); notice a silent one."""
+        while True:
+            if self.state is None:
+                self.send(Hello(os.getpid(), self.arena.path if self.arena else None))
+            elif time.monotonic() - self.heard_at > ENGINE_SILENT_S:
+                self.engine_gone(f"no word from the engine for {ENGINE_SILENT_S:.0f} s")
+            await asyncio.sleep(0.1 if self.state is None else HEARTBEAT_S)
+
+    async def receive(self) -> None:
+        while True:
+            message = loads(await self.socket.recv())
+            if isinstance(message, State):
+                self.apply(message)
+            elif isinstance(message, Reply):
+                self.answered(message)
+
+    def send(self, message: object) -> bool:
+        """Whether `message` went to the engine (not when no engine is connected, or its queue is full)."""
+        try:
+            self.sender.send(dumps(message), zmq.NOBLOCK)
+        except zmq.ZMQError:
+            return False
+        return True
+
+    def apply(self, state: State) -> None:
+        if self.state is not None and state.incarnation != self.state.incarnation:
+            self.engine_gone("the engine was replaced")
+        if self.state is None:
+            self.watch_engine(state.pid)
+            log.info("connected to the engine (pid %d)", state.pid)
+        changed = self.state is None or state.seq != self.state.seq
+        self.state = state
+        self.heard_at = time.monotonic()
+        if changed:
+            self.send(Ack(state.seq))
+
+    def watch_engine(self, pid: int) -> None:
+        try:
+            self.engine_pidfd = os.pidfd_open(pid)
+        except (AttributeError, OSError):  # no pidfd (not Linux): the heartbeat's silence tells
+            return
+        asyncio.get_running_loop().add_reader(self.engine_pidfd, self.engine_gone, "the engine process exited")
+
+    def engine_gone(self, why: str) -> None:
+        """Not ready; every call waiting on the engine fails with NotReady."""
+        if self.engine_pidfd is not None:
+            asyncio.get_running_loop().remove_reader(self.engine_pidfd)
+            os.close(self.engine_pidfd)
+            self.engine_pidfd = None
+        if self.state is not None:
+            log.warning("engine unavailable: %s; %d calls failed", why, len(self.pending))
+        self.state = None
+        for call_id, p in list(self.pending.items()):
+            if p.future.done() and not p.abandoned:
+                continue  # answered: its caller reads the outputs, then frees the region
+            del self.pending[call_id]
+            self.release(p)
+            if not p.future.done():
+                p.future.set_exception(NotReady(ENGINE_GONE))
+
+    def answered(self, reply: Reply) -> None:
+        p = self.pending.get(reply.id)
+        if p is None:
+            return
+        if p.abandoned:
+            del self.pending[reply.id]
+            self.release(p)
+        elif not p.future.done():
+            p.future.set_result(reply)
+
+    def release(self, p: Pending) -> None:
+        if p.region is not None and self.arena is not None:
+            self.arena.free(p.region)
+            p.region = None
+
+    # The DataPlane.
+    def live(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        return self.state is not None and self.state.ready and not self.draining
+
+    def begin_drain(self) -> None:
+        self.draining = True
+
+    def check_serving(self) -> None:
+        if self.state is None:
+            raise NotReady(ENGINE_GONE)
+        if not self.state.taking_requests:
+            raise NotReady(NOT_READY)
+
+    def authorize(self, credentials: str | None) -> None:
+        self.api_keys.check(credentials or "")
+
+    def model_ready(self, name: str, version: str | None = None) -> bool:
+        if not self.ready():
+            return False
+        return any(m.name == name and version in (None, "", m.version) for m in self.models())
+
+    def describe(self, name: str | None, version: str | None = None) -> ModelDescription:
+        served = self.models()
+        model = served[0] if name is None and served else next((m for m in served if m.name == name), None)
+        if model is None:
+            asked = "no model is loaded" if name is None else f"no model named {name!r}"
+            raise ModelNotFound(f"{asked}; this service serves: {[m.name for m in served]}")
+        if version is not None and version != model.version:
+            raise ModelNotFound(f"model {name!r} has no version {version!r}; it serves version {model.version}")
+        return model
+
+    def models(self) -> list[ModelDescription]:
+        return list(self.state.models) if self.state is not None else []
+
+    async def infer(self, request: InferenceRequest, encode: Callable[[Inference], T]) -> T:
+        self.check_serving()
+        assert self.state is not None
+        model = self.describe(request.model, request.version)
+        inputs = request.inputs
+        count = inputs.shape[0] if isinstance(inputs, torch.Tensor) else len(inputs)
+        in_bytes = (
+            aligned(inputs.numel() * inputs.element_size())
+            if isinstance(inputs, torch.Tensor)
+            else sum(aligned(len(i.data)) for i in inputs)
+        )
+        size = max(in_bytes, output_bytes(model, request.options, count))
+        region = self.arena.allocate(size) if self.arena is not None else None
+        images, pixels = self.store_inputs(inputs, region)
+        call_id = next(self.ids)
+        call = InferCall(
+            call_id,
+            self.state.incarnation,
+            request.model,
+            request.version,
+            request.options,
+            request.timeout_s,
+            images,
+            pixels,
+            None if region is None else (region, size),
+        )
+        reply = await self.call(call, region, self.settings.request_timeout_s + 5)
+        try:
+            if reply.failure is not None:
+                raise reply.failure.exception()
+            assert reply.model is not None and reply.predictions is not None
+            done = Inference(reply.model, load_predictions(reply.predictions, self.arena))
+        finally:
+            self.release_call(call_id)
+        values = sum(
+            p.probabilities.numel() + (0 if p.embedding is None else p.embedding.numel()) for p in done.predictions
+        )
+        costly = values > INLINE_ENCODE_MAX_VALUES or any(p.attention_map is not None for p in done.predictions)
+        if costly:
+            return await asyncio.get_running_loop().run_in_executor(self.cpu_pool, encode, done)
+        return encode(done)
+
+    def store_inputs(
+        self, inputs: Sequence[EncodedImage] | torch.Tensor, region: int | None
+    ) -> tuple[list[tuple[str, StoredBytes]] | None, Stored | None]:
+        """The inputs written into the arena at `region` (inline without one)."""
+        if isinstance(inputs, torch.Tensor):
+            pixels = inputs.detach().cpu().contiguous()
+            if region is None or self.arena is None or pixels.dtype != torch.float32:
+                return None, pixels
+            self.arena.write_tensor(region, pixels)
+            return None, (region, tuple(pixels.shape), "float32")
+        if region is None or self.arena is None:
+            return [(i.filename, i.data) for i in inputs], None
+        images: list[tuple[str, StoredBytes]] = []
+        offset = region
+        for image in inputs:
+            images.append((image.filename, (offset, len(image.data))))
+            offset = self.arena.write(offset, image.data)
+        return images, None
+
+    async def call(self, message: InferCall | RepositoryCall, region: int | None, timeout_s: float) -> Reply:
+        """Send `message`, wait for the engine's answer. Cancelled (the client went away), the engine is
+        told to stop; the region stays held until the engine has answered."""
+        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        pending = Pending(future, region)
+        self.pending[message.id] = pending
+        try:
+            if not self.send(message):
+                raise NotReady(ENGINE_GONE)
+            return await asyncio.wait_for(asyncio.shield(future), timeout_s)
+        except (asyncio.CancelledError, TimeoutError) as e:
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self.release_call(message.id)
+            elif message.id in self.pending:
+                pending.abandoned = True
+                self.send(Cancel(message.id, message.incarnation))
+            if isinstance(e, TimeoutError):
+                raise RequestTimeout(f"the engine did not answer within {timeout_s:.0f} s") from None
+            raise
+        except BaseException:
+            self.release_call(message.id)
+            raise
+
+    def release_call(self, call_id: int) -> None:
+        p = self.pending.pop(call_id, None)
+        if p is not None:
+            self.release(p)
+
+    async def repository(self, op: str, name: str = "", ready_only: bool = False) -> Reply:
+        self.check_serving()
+        assert self.state is not None
+        call = RepositoryCall(next(self.ids), self.state.incarnation, op, name, ready_only)
+        reply = await self.call(call, None, self.settings.request_timeout_s + 600)  # a load may take minutes
+        self.release_call(call.id)
+        if reply.failure is not None:
+            raise reply.failure.exception()
+        return reply
+
+    async def repository_index(self, ready_only: bool = False) -> list[ModelStatus]:
+        return (await self.repository("index", ready_only=ready_only)).index or []
+
+    async def load_model(self, name: str) -> None:
+        await self.repository("load", name)
+
+    async def unload_model(self, name: str) -> None:
+        await self.repository("unload", name)
