@@ -99,7 +99,7 @@ class Settings(BaseSettings):
     )
     threads: int = Field(0, ge=0, description="torch CPU threads (0: torch's default)")
     workers: str = Field(
-        "1",
+        "auto",
         description="Serving processes: 1 serves from this one process; N > 1 runs N front-end processes "
         "(HTTP and gRPC on the same ports, all per-request work) over one engine process (the models, "
         "batching and the forward); auto: 1 without a GPU, on a GPU the number in docs/deployment.md",
@@ -179,7 +179,7 @@ class Settings(BaseSettings):
             return int(self.workers)
         if not gpu:
             return 1
-        return max(2, min(AUTO_WORKERS_ON_GPU, (os.cpu_count() or 1) - 2))
+        return max(2, min(AUTO_WORKERS_ON_GPU, available_cpus() - 2))
 
     def grpc_message_limit(self) -> int:
         return self.grpc_max_message_bytes or self.max_upload_bytes
@@ -217,6 +217,18 @@ class Settings(BaseSettings):
         if self.api_keys is None:
             return frozenset()
         return frozenset(k.strip() for k in self.api_keys.get_secret_value().split(",") if k.strip())
+
+
+def available_cpus(cgroup: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """The cores this process may use: its affinity, capped by a container's CPU limit (cgroup v2)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        quota, period = cgroup.read_text().split()
+    except (OSError, ValueError):
+        return cpus
+    if quota == "max":
+        return cpus
+    return max(1, min(cpus, -(-int(quota) // int(period))))
 
 
 # Read by docker compose when it starts the container, never by the service.

@@ -121,6 +121,7 @@ class Supervisor:
         self.directory = run_directory()
         self.address = f"ipc://{self.directory / 'engine.sock'}"
         self.engine: Child | None = None
+        self.engine_loaded: ProcessEvent | None = None
         self.front_ends: dict[int, Child] = {}
         self.generation = 0
         self.stopping = False
@@ -169,6 +170,7 @@ class Supervisor:
         )
         process.start()
         self.engine = Child("engine", process, time.monotonic())
+        self.engine_loaded = loaded  # held: the child opens it while it starts
         if not first:
             return True
         deadline = time.monotonic() + ENGINE_START_TIMEOUT_S

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import torch
 import zmq
@@ -79,9 +79,6 @@ class RemoteDataPlane:
         self.socket = self.context.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.IMMEDIATE, 1)  # nothing queued for an engine not connected
-        self.sender: zmq.Socket[bytes] = zmq.Socket.shadow(
-            self.socket.underlying
-        )  # sends that fail at once (zmq.Again)
         self.state: State | None = None  # the engine's, while it is up
         self.heard_at = 0.0
         self.draining = False
@@ -132,10 +129,11 @@ class RemoteDataPlane:
 
     def send(self, message: object) -> bool:
         """Whether `message` went to the engine (not when no engine is connected, or its queue is full)."""
-        try:
-            self.sender.send(dumps(message), zmq.NOBLOCK)
-        except zmq.ZMQError:
-            return False
+        # tried at once: done unless other sends are queued before it
+        sent = cast("asyncio.Future[None]", self.socket.send(dumps(message), zmq.NOBLOCK))
+        if sent.done():
+            return sent.exception() is None
+        sent.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved: never logged
         return True
 
     def apply(self, state: State) -> None:

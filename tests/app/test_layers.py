@@ -21,7 +21,7 @@ from harness.server import ROOT
 pytestmark = pytest.mark.slow  # imports every package in fresh interpreters
 
 WEB_FRAMEWORKS = ("fastapi", "starlette", "uvicorn", "multipart", "python_multipart", "httptools")
-EDGES = ("app.web", "app.grpc", "app.batch", "app.server", "app.main")
+EDGES = ("app.web", "app.grpc", "app.batch", "app.server", "app.supervisor", "app.main")
 # What an edge may import from the core: the data plane and the types that cross it; the engine for
 # the edges that build one (the batch runner and the Ray job); pure image functions for Ray's decode tasks.
 EDGE_MAY_IMPORT = {
@@ -31,7 +31,12 @@ EDGE_MAY_IMPORT = {
     "app.core.request",
     "app.core.metrics",
 }
-BUILDS_ENGINE = {"app.batch.__main__", "app.batch.ray_job", "app.server"}
+BUILDS_ENGINE = {"app.batch.__main__", "app.batch.ray_job", "app.server", "app.supervisor"}
+# What the process owners build for VIT_WORKERS > 1: the engine served to front-ends, a data plane over it.
+SERVING_PROCESSES = {
+    "app.server": {"app.core.remote"},
+    "app.supervisor": {"app.core.engine_host", "app.core.remote", "app.core.shared_memory"},
+}
 RAY_DECODE = {"app.core.decode", "app.core.preprocess"}
 
 
@@ -92,6 +97,7 @@ def core_imports(path: Path) -> set[str]:
 EDGE_FILES = [
     *sorted(path for folder in ("web", "grpc", "batch") for path in (ROOT / "app" / folder).glob("*.py")),
     ROOT / "app" / "server.py",
+    ROOT / "app" / "supervisor.py",
     ROOT / "app" / "main.py",
 ]
 
@@ -104,6 +110,7 @@ def test_edges_reach_the_core_only_through_the_data_plane(path: Path) -> None:
         allowed.add("app.core.engine")
     if module == "app.batch.ray_job":
         allowed |= RAY_DECODE
+    allowed |= SERVING_PROCESSES.get(module, set())
     assert core_imports(path) <= allowed, f"{module} imports {sorted(core_imports(path) - allowed)}"
 
 

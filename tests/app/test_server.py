@@ -40,10 +40,17 @@ async def grpc_ready(stub: GRPCInferenceServiceStub) -> bool:
         return False
 
 
-def test_sigterm_drains_http_and_grpc_together() -> None:
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_sigterm_drains_http_and_grpc_together(workers: str) -> None:
     """With calls of both protocols in flight, SIGTERM turns both not-ready at once, every accepted call is
-    answered, and the process exits 0 within VIT_DRAIN_TIMEOUT_S plus a few seconds."""
-    env = {"VIT_MAX_BATCH_SIZE": "4", "VIT_MAX_FILES": "8", "VIT_DRAIN_TIMEOUT_S": str(DRAIN_S)}
+    answered, and the process exits 0 within VIT_DRAIN_TIMEOUT_S plus a few seconds; with VIT_WORKERS=2,
+    every front-end drains so, then the engine stops."""
+    env = {
+        "VIT_MAX_BATCH_SIZE": "4",
+        "VIT_MAX_FILES": "8",
+        "VIT_DRAIN_TIMEOUT_S": str(DRAIN_S),
+        "VIT_WORKERS": workers,
+    }
     with Server(BUNDLED_WEIGHTS, **env) as s:
 
         async def in_flight() -> tuple[list[int], list[int], dict[str, float], float]:
@@ -83,17 +90,19 @@ def test_sigterm_drains_http_and_grpc_together() -> None:
     assert "draining" in out and "stopped" in out
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_a_port_in_use_exits_3_with_one_line(tiny_checkpoint: Path, protocol: str) -> None:
-    """The models load, then a port cannot be bound: what was loaded is shut down and the process exits 3."""
+def test_a_port_in_use_exits_3_with_one_line(tiny_checkpoint: Path, protocol: str, workers: str) -> None:
+    """A port cannot be bound: whatever was loaded is shut down (one process: the models load first;
+    several: no process starts) and the process exits 3."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         if protocol == "http":
-            s = Server(tiny_checkpoint, port=port, VIT_BACKEND="torch")
+            s = Server(tiny_checkpoint, port=port, VIT_BACKEND="torch", VIT_WORKERS=workers)
         else:
-            s = Server(tiny_checkpoint, VIT_BACKEND="torch", VIT_GRPC_PORT=str(port))
+            s = Server(tiny_checkpoint, VIT_BACKEND="torch", VIT_GRPC_PORT=str(port), VIT_WORKERS=workers)
         code = s.proc.wait(timeout=60)
         out = s.stop()
     assert code == 3, out

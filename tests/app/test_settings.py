@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
 from app.server import read_settings
-from app.settings import Settings, configured_names, unknown_variables
+from app.settings import AUTO_WORKERS_ON_GPU, Settings, available_cpus, configured_names, unknown_variables
 
 
 def test_one_model_is_named_by_its_file() -> None:
@@ -80,3 +81,22 @@ def test_startup_logs_unknown_variables(
     finally:
         logger.removeHandler(caplog.handler)
     assert "VIT_MAX_BATCHSIZE is not a setting and is ignored; did you mean VIT_MAX_BATCH_SIZE?" in caplog.text
+
+
+def test_workers_is_auto_a_number_or_refused() -> None:
+    assert Settings().workers == "auto"
+    assert Settings(workers="3").serving_workers(gpu=False) == 3
+    assert Settings(workers="auto").serving_workers(gpu=False) == 1  # no GPU: one process, as before
+    assert 2 <= Settings(workers="auto").serving_workers(gpu=True) <= AUTO_WORKERS_ON_GPU
+    for bad in ("0", "-1", "two", "65"):
+        with pytest.raises(ValidationError, match="VIT_WORKERS must be auto or a number"):
+            Settings(workers=bad)
+
+
+def test_the_cores_available_follow_a_containers_cpu_limit(tmp_path: Path) -> None:
+    limit = tmp_path / "cpu.max"
+    limit.write_text("250000 100000\n")  # 2.5 cores
+    assert available_cpus(limit) == min(3, len(os.sched_getaffinity(0)))
+    limit.write_text("max 100000\n")
+    assert available_cpus(limit) == len(os.sched_getaffinity(0))
+    assert available_cpus(tmp_path / "none") == len(os.sched_getaffinity(0))

@@ -1,0 +1,198 @@
+"""VIT_WORKERS=2: two front-end processes over one engine process, as `python -m app` runs them.
+
+The same answers as one process, over HTTP and gRPC; one model state (a repository change seen by every
+front-end once it is answered); one /metrics; a front-end or the engine killed with SIGKILL and started
+again while the rest serve or answer 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+
+from app.codecs.proto.service_pb2_grpc import GRPCInferenceServiceStub
+from harness.images import encode
+from harness.server import Server
+from model.shapes import make_sample
+from tests.support.checkpoints import write_tiny_checkpoint
+from tests.support.clients import ClientFactory
+from tests.support.grpc_requests import image_request, probabilities
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+PNGS = [encode(make_sample(i, i % 10).image) for i in range(3)]
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("repository")
+    write_tiny_checkpoint(folder / "tiny.safetensors", seed=0)
+    write_tiny_checkpoint(folder / "other.safetensors", seed=1)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def server(repository: Path) -> Iterator[Server]:
+    env = {
+        "VIT_WORKERS": "2",
+        "VIT_BACKEND": "torch",
+        "VIT_MODEL_REPOSITORY": str(repository),
+        "VIT_MODEL_CONTROL": "explicit",
+        "VIT_MODELS": "tiny",
+    }
+    with Server(repository / "tiny.safetensors", **env) as s:
+        wait_for(lambda: len(front_end_pids(s)) == 2, 60)
+        yield s
+
+
+def wait_for(condition: object, timeout: float) -> float:
+    """Seconds until `condition()` held; fails after `timeout`."""
+    started = time.monotonic()
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() - started < timeout, "condition not reached in time"
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+def front_end_pids(s: Server) -> list[int]:
+    """The front-ends connected to the engine now (the log says when each connects; the dead are skipped)."""
+    pids = [int(p) for p in re.findall(r"engine: front-end pid (\d+) connected", s.read_output())]
+    return [p for p in dict.fromkeys(pids) if alive(p)]
+
+
+def engine_pid(s: Server) -> int:
+    return int(re.findall(r"engine \(pid (\d+)\) serving", s.read_output())[-1])
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/status").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text()
+
+
+def fresh(url: str, path: str, method: str = "GET", **kwargs: object) -> httpx.Response:
+    """One request on a new connection, so the kernel may hand it to either front-end."""
+    with httpx.Client(base_url=url, timeout=30) as client:
+        return client.request(method, path, **kwargs)  # type: ignore[arg-type]
+
+
+def predict_files() -> list[tuple[str, tuple[str, bytes, str]]]:
+    return [("files", (f"{i}.png", png, "image/png")) for i, png in enumerate(PNGS)]
+
+
+async def test_the_answers_are_those_of_one_process(
+    server: Server, make_client: ClientFactory, repository: Path
+) -> None:
+    """Probabilities, attention maps, overlays and embeddings through the engine process equal those of
+    the same checkpoint served in one process; gRPC answers the same probabilities."""
+    query = "?attention=rollout&overlay=true&embedding=true&top_k=10"
+    async with make_client(weights=repository / "tiny.safetensors") as client:
+        expected = (await client.post("/predict" + query, files=predict_files())).json()
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        got = (await http.post("/predict" + query, files=predict_files())).json()
+    assert got["model"] == expected["model"]
+    for g, e in zip(got["results"], expected["results"], strict=True):
+        assert [c["label"] for c in g["top_k"]] == [c["label"] for c in e["top_k"]]
+        np.testing.assert_allclose(
+            [c["probability"] for c in g["top_k"]], [c["probability"] for c in e["top_k"]], atol=1e-6
+        )
+        np.testing.assert_allclose(g["attention"]["map"], e["attention"]["map"], atol=1e-6)
+        np.testing.assert_allclose(g["embedding"], e["embedding"], atol=1e-5)
+        assert g["overlay_png"] and g["overlay_png"] == e["overlay_png"]
+        np.testing.assert_allclose(g["probabilities"], e["probabilities"], atol=1e-6)
+    async with grpc.aio.insecure_channel(server.grpc_target) as channel:
+        response = await GRPCInferenceServiceStub(channel).ModelInfer(image_request(*PNGS, model="tiny"))
+    best = probabilities(response).max(axis=1)
+    np.testing.assert_allclose(best, [r["top_k"][0]["probability"] for r in got["results"]], atol=1e-6)
+
+
+def test_both_front_ends_serve_and_metrics_count_all_of_them(server: Server) -> None:
+    before = predict_count(fresh(server.url, "/metrics").text)
+    statuses = [fresh(server.url, "/predict", "POST", files=predict_files()).status_code for _ in range(20)]
+    assert statuses == [200] * 20
+    # each scrape lands on either front-end; every one sees the requests both served
+    counts = {predict_count(fresh(server.url, "/metrics").text) for _ in range(10)}
+    assert counts == {before + 20}
+    metrics = fresh(server.url, "/metrics").text
+    assert re.search(r'vit_images_processed_total\{model="tiny"\} \d+', metrics)
+
+
+def predict_count(metrics: str) -> int:
+    found = re.search(r'vit_requests_total\{protocol="http",route="/predict",status="200"\} ([\d.]+)', metrics)
+    return int(float(found.group(1))) if found else 0
+
+
+def test_a_repository_change_is_seen_by_every_front_end_once_answered(server: Server) -> None:
+    assert fresh(server.url, "/v2/models/other/ready").status_code == 404
+    assert fresh(server.url, "/v2/repository/models/other/load", "POST").status_code == 200
+    assert [fresh(server.url, "/v2/models/other/ready").status_code for _ in range(10)] == [200] * 10
+    versions = {fresh(server.url, "/v2/models/other").json()["versions"][0] for _ in range(6)}
+    assert len(versions) == 1
+    index = fresh(server.url, "/v2/repository/index", "POST").json()
+    assert {m["name"]: m["state"] for m in index} == {"tiny": "READY", "other": "READY"}
+    assert fresh(server.url, "/v2/repository/models/other/unload", "POST").status_code == 200
+    assert [fresh(server.url, "/v2/models/other/ready").status_code for _ in range(10)] == [404] * 10
+
+
+def test_a_killed_front_end_is_started_again_while_the_other_serves(server: Server) -> None:
+    [victim, survivor] = front_end_pids(server)[:2]
+
+    async def load_while_killing() -> tuple[list[int | str], float]:
+        async def one() -> int | str:
+            try:
+                async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+                    return (await client.post("/predict", files=predict_files())).status_code
+            except httpx.TransportError as e:
+                return type(e).__name__
+
+        results: list[int | str] = []
+        tasks: list[asyncio.Task[int | str]] = []
+        killed_at = 0.0
+        for i in range(60):
+            tasks.append(asyncio.create_task(one()))
+            if i == 20:
+                os.kill(victim, signal.SIGKILL)
+                killed_at = time.monotonic()
+            await asyncio.sleep(0.05)
+        results = list(await asyncio.gather(*tasks))
+        return results, killed_at
+
+    results, killed_at = asyncio.run(load_while_killing())
+    wait_for(lambda: len(front_end_pids(server)) == 2, 10)
+    restarted_after = time.monotonic() - killed_at
+    assert survivor in front_end_pids(server) and victim not in front_end_pids(server)
+    failed = [r for r in results if r != 200]
+    assert len(failed) <= 5, results  # only the requests the killed process held
+    assert results[-10:] == [200] * 10, results
+    assert restarted_after < 10, restarted_after
+    assert re.search(
+        rf"front-end \d \(pid {victim}\) exited with signal SIGKILL: starting it again", server.read_output()
+    )
+
+
+def test_a_killed_engine_turns_every_front_end_unready_then_comes_back(server: Server) -> None:
+    engine = engine_pid(server)
+    os.kill(engine, signal.SIGKILL)
+    killed_at = time.monotonic()
+    wait_for(lambda: all(fresh(server.url, "/health/ready").status_code == 503 for _ in range(6)), 5)
+    unready_after = time.monotonic() - killed_at
+    assert unready_after < 1.5, unready_after
+    r = fresh(server.url, "/predict", "POST", files=predict_files())
+    assert r.status_code == 503 and "engine process stopped" in r.json()["detail"]
+    pids_before = set(front_end_pids(server))
+    wait_for(lambda: fresh(server.url, "/health/ready").status_code == 200, 60)
+    wait_for(lambda: all(fresh(server.url, "/health/ready").status_code == 200 for _ in range(6)), 10)
+    assert engine_pid(server) != engine
+    assert set(front_end_pids(server)) >= pids_before  # the front-ends were not restarted
+    assert fresh(server.url, "/predict", "POST", files=predict_files()).status_code == 200
