@@ -18,13 +18,12 @@ import os
 import signal
 import socket
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from pydantic import ValidationError
 
 from app.core.data_plane import DataPlane
-from app.core.engine import Engine
 from app.core.metrics import Metrics
 from app.core.remote import RemoteDataPlane
 from app.grpc.server import GrpcServer
@@ -33,6 +32,9 @@ from app.settings import Settings, configured_names, unknown_variables
 from app.web.app import create_app
 from model.checkpoint import CheckpointError
 from model.device import resolve_device
+
+if TYPE_CHECKING:  # imported where an engine is built: front-end processes never load its backends
+    from app.core.engine import Engine
 
 log = logging.getLogger("app")
 
@@ -116,6 +118,8 @@ async def serve(host: str, port: int, settings: Settings | None = None) -> int:
             from app.supervisor import Supervisor  # here: its processes import this module
 
             return await Supervisor(host, port, settings, workers).run(stop)
+        from app.core.engine import Engine
+
         engine = await asyncio.to_thread(Engine.load, settings, Metrics())
     except STARTUP_ERRORS as e:
         return startup_failed(e)
@@ -227,6 +231,13 @@ class LifespanApp:
         await receive()  # lifespan.startup
         try:
             settings = read_settings()
+            if settings.workers not in ("1", "auto"):
+                log.warning(
+                    "VIT_WORKERS=%s is for python -m app; uvicorn app.main:app serves from this one process",
+                    settings.workers,
+                )
+            from app.core.engine import Engine
+
             engine = await asyncio.to_thread(Engine.load, settings, Metrics())
         except STARTUP_ERRORS as e:
             code = startup_failed(e)

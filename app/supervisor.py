@@ -40,8 +40,6 @@ from typing import Any
 
 from prometheus_client import multiprocess
 
-from app.core.engine import Engine
-from app.core.engine_host import EngineHost
 from app.core.metrics import Metrics
 from app.core.remote import RemoteDataPlane
 from app.core.shared_memory import Arena
@@ -320,6 +318,10 @@ def engine_main(settings: Settings, address: str, loaded: ProcessEvent) -> None:
 async def serve_engine(settings: Settings, address: str, loaded: ProcessEvent) -> int:
     stop = become_child()
     configure_logging(settings.log_level, settings.log_format)
+    # imported here: the front-end processes, which import this module, never load the engine's backends
+    from app.core.engine import Engine
+    from app.core.engine_host import EngineHost
+
     try:
         engine = await asyncio.to_thread(Engine.load, settings, Metrics())
     except STARTUP_ERRORS as e:
