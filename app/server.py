@@ -30,7 +30,6 @@ from app.grpc.server import GrpcServer
 from app.logs import configure_logging, uvicorn_log_config
 from app.settings import Settings, configured_names, unknown_variables
 from app.web.app import create_app
-from model.checkpoint import CheckpointError
 from model.device import resolve_device
 
 if TYPE_CHECKING:  # imported where an engine is built: front-end processes never load its backends
@@ -39,7 +38,11 @@ if TYPE_CHECKING:  # imported where an engine is built: front-end processes neve
 log = logging.getLogger("app")
 
 STARTUP_FAILED_EXIT_CODE = 3
-STARTUP_ERRORS = (ValidationError, CheckpointError, ValueError, OSError)
+def startup_errors() -> tuple[type[Exception], ...]:
+    """What a bad setting, checkpoint or port raises at startup."""
+    from model.checkpoint import CheckpointError  # here: front-end processes never read a checkpoint
+
+    return (ValidationError, CheckpointError, ValueError, OSError)
 
 
 def describe_startup_error(e: Exception) -> str:
@@ -121,7 +124,7 @@ async def serve(host: str, port: int, settings: Settings | None = None) -> int:
         from app.core.engine import Engine
 
         engine = await asyncio.to_thread(Engine.load, settings, Metrics())
-    except STARTUP_ERRORS as e:
+    except startup_errors() as e:
         return startup_failed(e)
     grpc_server = None
     try:
@@ -239,7 +242,7 @@ class LifespanApp:
             from app.core.engine import Engine
 
             engine = await asyncio.to_thread(Engine.load, settings, Metrics())
-        except STARTUP_ERRORS as e:
+        except startup_errors() as e:
             code = startup_failed(e)
             logging.shutdown()
             os._exit(code)  # nothing is serving yet: no socket is bound before startup

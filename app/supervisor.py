@@ -44,7 +44,7 @@ from app.core.metrics import Metrics
 from app.core.remote import RemoteDataPlane
 from app.core.shared_memory import Arena
 from app.logs import configure_logging
-from app.server import STARTUP_ERRORS, STARTUP_FAILED_EXIT_CODE, serve_front_end, startup_failed
+from app.server import STARTUP_FAILED_EXIT_CODE, serve_front_end, startup_errors, startup_failed
 from app.settings import Settings
 
 log = logging.getLogger("app")
@@ -324,7 +324,7 @@ async def serve_engine(settings: Settings, address: str, loaded: ProcessEvent) -
 
     try:
         engine = await asyncio.to_thread(Engine.load, settings, Metrics())
-    except STARTUP_ERRORS as e:
+    except startup_errors() as e:
         return startup_failed(e)
     engine.start()
     host = EngineHost(engine, address)

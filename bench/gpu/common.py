@@ -20,9 +20,15 @@ PARTS = ("tests", "smoke", "ceilings", "raw", "decode", "served", "profile")
 BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 # What each served variant sets beyond the common settings (VIT_DEVICE=auto, batch size, wait, queue).
 VARIANTS: dict[str, dict[str, str]] = {
-    "cpu-decode": {"VIT_DECODE": "cpu", "VIT_CUDA_GRAPHS": "false"},  # the GPU path before either change
-    "gpu-decode": {"VIT_DECODE": "auto", "VIT_CUDA_GRAPHS": "false"},
-    "gpu-decode+graphs": {"VIT_DECODE": "auto", "VIT_CUDA_GRAPHS": "true"},  # the defaults
+    # one serving process
+    "cpu-decode": {"VIT_DECODE": "cpu", "VIT_CUDA_GRAPHS": "false", "VIT_WORKERS": "1"},  # before either change
+    "gpu-decode": {"VIT_DECODE": "auto", "VIT_CUDA_GRAPHS": "false", "VIT_WORKERS": "1"},
+    "gpu-decode+graphs": {"VIT_DECODE": "auto", "VIT_CUDA_GRAPHS": "true", "VIT_WORKERS": "1"},
+    # front-end processes over one engine process, the rest as the defaults: what VIT_WORKERS=auto should pick
+    "workers-2": {"VIT_DECODE": "auto", "VIT_CUDA_GRAPHS": "true", "VIT_WORKERS": "2"},
+    "workers-4": {"VIT_DECODE": "auto", "VIT_CUDA_GRAPHS": "true", "VIT_WORKERS": "4"},
+    "workers-8": {"VIT_DECODE": "auto", "VIT_CUDA_GRAPHS": "true", "VIT_WORKERS": "8"},
+    "workers-12": {"VIT_DECODE": "auto", "VIT_CUDA_GRAPHS": "true", "VIT_WORKERS": "12"},
 }
 
 
