@@ -147,11 +147,11 @@ class Supervisor:
         for slot in range(self.workers):
             self.start_front_end(slot)
         log.info(
-            "ready: HTTP on %s:%d, gRPC on %s, %d front-end processes over one engine process (pid %s)",
+            "started %d front-end processes (HTTP on %s:%d, gRPC on %s) over the engine process (pid %s)",
+            self.workers,
             self.host,
             self.port,
             self.settings.grpc_port or "off",
-            self.workers,
             self.engine.process.pid if self.engine else "?",
         )
         while not stop.is_set() and self.exit_code == 0:

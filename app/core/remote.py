@@ -102,7 +102,7 @@ class RemoteDataPlane:
     async def close(self) -> None:
         for task in self.tasks:
             task.cancel()
-        self.engine_gone("this front-end is stopping")
+        self.engine_gone("this front-end is stopping", stopping=True)
         self.socket.close(linger=0)
         self.context.term()
         self.cpu_pool.shutdown(wait=False, cancel_futures=True)
@@ -141,7 +141,7 @@ class RemoteDataPlane:
             self.engine_gone("the engine was replaced")
         if self.state is None:
             self.watch_engine(state.pid)
-            log.info("connected to the engine (pid %d)", state.pid)
+            log.info("front-end pid %d: connected to the engine (pid %d)", os.getpid(), state.pid)
         changed = self.state is None or state.seq != self.state.seq
         self.state = state
         self.heard_at = time.monotonic()
@@ -155,13 +155,13 @@ class RemoteDataPlane:
             return
         asyncio.get_running_loop().add_reader(self.engine_pidfd, self.engine_gone, "the engine process exited")
 
-    def engine_gone(self, why: str) -> None:
+    def engine_gone(self, why: str, stopping: bool = False) -> None:
         """Not ready; every call waiting on the engine fails with NotReady."""
         if self.engine_pidfd is not None:
             asyncio.get_running_loop().remove_reader(self.engine_pidfd)
             os.close(self.engine_pidfd)
             self.engine_pidfd = None
-        if self.state is not None:
+        if self.state is not None and (self.pending or not stopping):
             log.warning("engine unavailable: %s; %d calls failed", why, len(self.pending))
         self.state = None
         for call_id, p in list(self.pending.items()):
