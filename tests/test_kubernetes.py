@@ -13,7 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from app.settings import BUNDLED_WEIGHTS, Settings
+from app.settings import AUTO_WORKERS_ON_GPU, BUNDLED_WEIGHTS, Settings
 from app.web.app import create_app
 from tests.support.api_models import api_models
 from tests.support.data_planes import UnreadyDataPlane
@@ -108,11 +108,17 @@ def test_deployment_matches_the_image_and_the_app() -> None:
         "capabilities": {"drop": ["ALL"]},
     }
     assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]
-    assert {v["name"] for v in pod["volumes"]} == {"tmp"}
-    # one GPU per pod, with requests and limits
+    assert {v["name"] for v in pod["volumes"]} == {"tmp", "shm"}
+    # the front-ends' shared-memory arenas (VIT_WORKERS > 1), in memory, where the processes look for them
+    assert {"name": "shm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+    [shm] = [v for v in pod["volumes"] if v["name"] == "shm"]
+    assert shm["emptyDir"]["medium"] == "Memory"
+    # one GPU per pod, with requests and limits; cores for auto's front-ends and the engine's two
     resources = c["resources"]
     assert resources["limits"]["nvidia.com/gpu"] == "1"
     assert {"cpu", "memory"} <= set(resources["requests"]) and {"cpu", "memory"} <= set(resources["limits"])
+    assert env_of(c)["VIT_WORKERS"] == "auto"
+    assert int(resources["requests"]["cpu"]) >= AUTO_WORKERS_ON_GPU + 2
     # every selector finds the pods
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
