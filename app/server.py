@@ -38,6 +38,8 @@ if TYPE_CHECKING:  # imported where an engine is built: front-end processes neve
 log = logging.getLogger("app")
 
 STARTUP_FAILED_EXIT_CODE = 3
+
+
 def startup_errors() -> tuple[type[Exception], ...]:
     """What a bad setting, checkpoint or port raises at startup."""
     from model.checkpoint import CheckpointError  # here: front-end processes never read a checkpoint
