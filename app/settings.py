@@ -85,6 +85,12 @@ class Settings(BaseSettings):
     max_image_pixels: int = Field(40_000_000, ge=1, description="Largest decoded image (width x height)")
     max_files: int = Field(16, ge=1, description="Most images in one request")
     warmup: bool = Field(True, description="Run each batch size once before reporting ready")
+    cache_bytes: int = Field(
+        0,
+        ge=0,
+        description="Response cache: up to this many bytes of predictions, each kept by model version, image "
+        "content and options, least recently used evicted (0: off)",
+    )
     drain_timeout_s: float = Field(
         30.0,
         ge=0,

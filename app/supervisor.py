@@ -142,7 +142,10 @@ class Supervisor:
             shutil.rmtree(self.directory, ignore_errors=True)
 
     async def supervise(self, stop: asyncio.Event) -> int:
-        if not await self.start_engine(first=True):
+        if not await self.start_engine(first=True, stop=stop):
+            if stop.is_set():  # stopped while the models loaded
+                await self.shut_down()
+                return 0
             return STARTUP_FAILED_EXIT_CODE
         for slot in range(self.workers):
             self.start_front_end(slot)
@@ -160,8 +163,9 @@ class Supervisor:
         await self.shut_down()
         return self.exit_code
 
-    async def start_engine(self, first: bool = False) -> bool:
-        """The engine process started; on the first start, True once it is serving, False if it failed."""
+    async def start_engine(self, first: bool = False, stop: asyncio.Event | None = None) -> bool:
+        """The engine process started; on the first start, True once it is serving, False if it failed
+        (or `stop` was set first)."""
         loaded = self.spawn.Event()
         process = self.spawn.Process(
             target=engine_main, args=(self.settings, self.address, loaded), name="vit-engine", daemon=False
@@ -173,6 +177,8 @@ class Supervisor:
             return True
         deadline = time.monotonic() + ENGINE_START_TIMEOUT_S
         while not loaded.is_set():
+            if stop is not None and stop.is_set():
+                return False
             if not process.is_alive() or time.monotonic() > deadline:
                 process.join(1)
                 if process.is_alive():

@@ -8,6 +8,7 @@ through the `DataPlane` members; the rest (`model`, `served`, `model_set`) is th
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import logging
 import os
@@ -21,9 +22,10 @@ from typing import TypeVar
 import torch
 
 from app.core.api_keys import ApiKeys
+from app.core.cache import PredictionCache, digest_images, digest_pixels
 from app.core.data_plane import Inference, InferenceRequest, Limits
 from app.core.description import ModelDescription, ModelStatus
-from app.core.errors import NOT_READY, InvalidInput, ModelNotFound, NotReady
+from app.core.errors import NOT_READY, InvalidInput, ModelNotFound, NotReady, RequestTimeout
 from app.core.inference import ImageOutput
 from app.core.metrics import Metrics, ModelMetrics
 from app.core.model_set import ModelSet
@@ -47,6 +49,7 @@ class Engine:
         self.model_set = models
         self.limits = Limits(settings.max_upload_bytes, settings.max_files)
         self.api_keys = ApiKeys(settings.api_key_set())
+        self.cache = PredictionCache(settings.cache_bytes, metrics) if settings.cache_bytes else None
         self.is_ready = False  # what readiness probes are told
         self.taking_requests = False  # whether requests are taken (also while draining)
         self.started = False
@@ -178,11 +181,88 @@ class Engine:
         options: InferOptions,
         timeout_s: float | None = None,
     ) -> Inference:
-        """Predictions for encoded image files, or for preprocessed pixels (N, C, H, W), in input order.
+        """Predictions for encoded image files, or for preprocessed pixels (N, C, H, W), in input order;
+        from the response cache where it holds them (VIT_CACHE_BYTES).
 
         A model replaced since it was looked up answers with its new version; one unloaded since, not at
         all. `timeout_s` shortens VIT_REQUEST_TIMEOUT_S (a gRPC client's deadline).
         """
+        if self.cache is None or len(inputs) == 0:
+            return await self.compute(model, inputs, options, timeout_s)
+        return await self.cached(self.cache, model, inputs, options, timeout_s)
+
+    async def cached(
+        self,
+        cache: PredictionCache,
+        model: ServedModel,
+        inputs: Sequence[EncodedImage] | torch.Tensor,
+        options: InferOptions,
+        timeout_s: float | None,
+    ) -> Inference:
+        """`compute` for the images the cache lacks; the others from it, under this request's file names."""
+        if isinstance(inputs, torch.Tensor):
+            digests = digest_pixels(inputs)
+            names = [f"pixels[{i}]" for i in range(len(inputs))]
+        else:
+            size = sum(len(i.data) for i in inputs)
+            digests = (
+                await self.run_in_pool(digest_images, list(inputs)) if size > 1 << 18 else digest_images(list(inputs))
+            )
+            names = [i.filename for i in inputs]
+        model = self.model_set.current(model)
+        target = model.target_index(options.target)
+        keys = [cache.key(model.name, model.version, options, target, d) for d in digests]
+        claims = cache.claim(model.name, keys)
+        mine = [i for i, c in enumerate(claims) if c.mine]
+        found: dict[int, Prediction] = {i: c.hit for i, c in enumerate(claims) if c.hit is not None}
+        try:
+            if mine:
+                done = await self.compute(model, pick(inputs, mine), options, timeout_s)
+                if done.model.version != model.version:  # replaced meanwhile: nothing of the old version is kept
+                    raise VersionChanged
+                for i, p in zip(mine, done.predictions, strict=True):
+                    cache.fulfil(keys[i], p)
+                    found[i] = p
+        except VersionChanged:
+            for i in mine:
+                cache.abandon(keys[i])
+            return await self.compute(model, inputs, options, timeout_s)
+        except BaseException:
+            for i in mine:
+                cache.abandon(keys[i])
+            raise
+        waits = {i: c.wait for i, c in enumerate(claims) if c.wait is not None}
+        if waits:  # computed by other requests under way
+            limit = (
+                self.settings.request_timeout_s
+                if timeout_s is None
+                else min(timeout_s, self.settings.request_timeout_s)
+            )
+            try:
+                results = await asyncio.wait_for(
+                    asyncio.gather(*(asyncio.shield(f) for f in waits.values()), return_exceptions=True), limit
+                )
+            except TimeoutError:
+                raise RequestTimeout(
+                    "the request was not answered within VIT_REQUEST_TIMEOUT_S; retry or send fewer images"
+                ) from None
+            answered = dict(zip(waits, results, strict=True))
+            found |= {i: r for i, r in answered.items() if isinstance(r, Prediction)}
+            if again := [i for i, r in answered.items() if not isinstance(r, Prediction)]:
+                # the request computing them failed or left: computed here (its error, if any, is this one's too)
+                done = await self.compute(model, pick(inputs, again), options, timeout_s)
+                found |= dict(zip(again, done.predictions, strict=True))
+        predictions = [dataclasses.replace(found[i], filename=name) for i, name in enumerate(names)]
+        return Inference(model.description, predictions)
+
+    async def compute(
+        self,
+        model: ServedModel,
+        inputs: Sequence[EncodedImage] | torch.Tensor,
+        options: InferOptions,
+        timeout_s: float | None = None,
+    ) -> Inference:
+        """`run` without the cache."""
         model = self.model_set.current(model)  # no await from here until the batcher has admitted the request
         wanted = Wanted(options.attention, model.target_index(options.target), options.embedding)
         timeout = self.settings.request_timeout_s
@@ -262,6 +342,16 @@ def startup_models(settings: Settings, repository: Repository | None, files: dic
     if not names and settings.model_control == "none":
         raise ValueError(f"VIT_MODEL_REPOSITORY {repository.root} holds no model file (NAME.safetensors) to serve")
     return {name: repository.path(name) for name in names}
+
+
+class VersionChanged(Exception):
+    """The model was replaced while a request's images were computed."""
+
+
+def pick(inputs: Sequence[EncodedImage] | torch.Tensor, indices: list[int]) -> list[EncodedImage] | torch.Tensor:
+    if isinstance(inputs, torch.Tensor):
+        return inputs[indices]
+    return [inputs[i] for i in indices]
 
 
 def prediction(filename: str, output: ImageOutput, overlay: bytes | None, normalize: bool) -> Prediction:

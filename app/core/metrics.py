@@ -63,6 +63,16 @@ class Metrics:
         self.model_load_failures = Counter(
             "vit_model_load_failures", "Model versions that failed to load, by model", ["model"], registry=r
         )
+        self.cache_hits = Counter(
+            "vit_cache_hits",
+            "Images answered from the response cache (or its computation under way)",
+            ["model"],
+            registry=r,
+        )
+        self.cache_misses = Counter("vit_cache_misses", "Images the response cache did not hold", ["model"], registry=r)
+        self.cache_bytes = Gauge(
+            "vit_cache_bytes", "Bytes the response cache holds", registry=r, multiprocess_mode="livesum"
+        )
         self.gc_pause = Histogram(
             "vit_gc_pause_seconds",
             "Garbage collections (every thread waits meanwhile), by generation",
@@ -100,7 +110,7 @@ class ModelMetrics:
     def __init__(self, metrics: Metrics, model: str) -> None:
         self.metrics = metrics
         self.model = model
-        for series in (metrics.batch_size, metrics.inference, metrics.images):
+        for series in (metrics.batch_size, metrics.inference, metrics.images, metrics.cache_hits, metrics.cache_misses):
             series.labels(model)  # every series exists from the start, at zero
         metrics.queue.labels(model).set(0)
 

@@ -314,3 +314,23 @@ async def test_v2_appears_in_the_openapi_schema(client: httpx.AsyncClient) -> No
     } <= set(paths)
     body = paths["/v2/models/{name}/infer"]["post"]["requestBody"]["content"]
     assert {"application/json", "application/octet-stream"} <= set(body)
+
+
+async def test_predict_and_v2_share_the_response_cache(make_client: ClientFactory, shape_png: bytes) -> None:
+    """VIT_CACHE_BYTES: the same image through /predict, then V2 with other outputs asked for, is one miss
+    and one hit; each answer keeps its own request's shape."""
+    async with make_client(cache_bytes=1 << 20) as client:
+        r = await client.post("/predict?top_k=2", files={"file": ("first.png", shape_png, "image/png")})
+        assert r.status_code == 200 and len(r.json()["results"][0]["top_k"]) == 2
+        header, binary = image_request(
+            shape_png, outputs=[{"name": "probabilities", "parameters": {"classification": 3}}]
+        )
+        v2 = await infer_binary(client, header, binary)
+        assert v2.status_code == 200, v2.text
+        [out] = v2.json()["outputs"]
+        assert out["shape"] == [1, 3]
+        assert out["data"][0].split(":")[2] == r.json()["results"][0]["top_k"][0]["label"]
+        metrics = (await client.get("/metrics")).text
+        assert 'vit_cache_hits_total{model="tiny"} 1.0' in metrics
+        assert 'vit_cache_misses_total{model="tiny"} 1.0' in metrics
+        assert 'vit_images_processed_total{model="tiny"} 1.0' in metrics

@@ -1,0 +1,149 @@
+"""The response cache (VIT_CACHE_BYTES): served rate on a workload that repeats its images, on and off.
+
+    python -m bench.cache --rounds 2 --seconds 10 --name cache-cpu
+
+`python -m app` with the bundled model on the CPU. The load cycles over 16 distinct 500x375 JPEGs at
+concurrency 32: 16 `hey` processes, each posting its own image to `/predict` (multipart) from 2
+workers. Rounds alternate between VIT_CACHE_BYTES=0 (off) and 64 MiB; each round also measures
+`GET /health/live` at concurrency 32, what a request costs that does no inference at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from app.settings import BUNDLED_WEIGHTS
+from bench.run import RESULTS, multipart
+from bench.tables import table
+from harness.load import require_hey
+from harness.server import Server
+from model.shapes import make_sample
+
+IMAGES = 16
+CACHE_BYTES = 64 * 2**20
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.cache", description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--name", default="cache-cpu")
+    return p.parse_args()
+
+
+def photos() -> list[bytes]:
+    out = []
+    for i in range(IMAGES):
+        buf = io.BytesIO()
+        make_sample(9000 + i, i % 10).image.resize((500, 375)).save(buf, format="JPEG", quality=90)
+        out.append(buf.getvalue())
+    return out
+
+
+def hey(
+    url: str, seconds: float, concurrency: int, body: Path | None = None, content_type: str = ""
+) -> subprocess.Popen[str]:
+    argv = [require_hey(), "-z", f"{seconds}s", "-c", str(concurrency)]
+    if body is not None:
+        argv += ["-m", "POST", "-T", content_type, "-D", str(body)]
+    return subprocess.Popen([*argv, url], stdout=subprocess.PIPE, text=True)
+
+
+def rate(out: str) -> tuple[float, int]:
+    """Requests/s and non-200 answers from one hey report."""
+    found = re.search(r"Requests/sec:\s+(\S+)", out)
+    statuses = {int(c): int(n) for c, n in re.findall(r"\[(\d+)\]\s+(\d+) responses", out)}
+    return (float(found.group(1)) if found else 0.0), sum(n for c, n in statuses.items() if c != 200)
+
+
+def measure(cache_bytes: int, bodies: list[tuple[Path, str]], seconds: float) -> dict[str, Any]:
+    with Server(BUNDLED_WEIGHTS, VIT_CACHE_BYTES=str(cache_bytes), VIT_LOG_LEVEL="warning") as server:
+        url = server.url + "/predict"
+        for proc in [hey(url, 2, 2, body, ct) for body, ct in bodies]:  # warm (and fill the cache)
+            proc.communicate()
+        procs = [hey(url, seconds, 2, body, ct) for body, ct in bodies]
+        results = [rate(p.communicate()[0]) for p in procs]
+        health = rate(hey(server.url + "/health/live", seconds, 32).communicate()[0])
+        metrics = httpx.get(server.url + "/metrics").text
+    hits = sum(float(v) for v in re.findall(r"^vit_cache_hits_total\{[^}]*\} (\S+)", metrics, re.MULTILINE))
+    misses = sum(float(v) for v in re.findall(r"^vit_cache_misses_total\{[^}]*\} (\S+)", metrics, re.MULTILINE))
+    return {
+        "cache_bytes": cache_bytes,
+        "predict_per_s": round(sum(r for r, _ in results), 1),
+        "errors": sum(e for _, e in results),
+        "health_per_s": round(health[0], 1),
+        "hits": int(hits),
+        "misses": int(misses),
+    }
+
+
+def main() -> None:
+    args = parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        bodies = []
+        for i, jpeg in enumerate(photos()):
+            data, content_type = multipart(jpeg, f"photo{i}.jpg", "image/jpeg")
+            path = Path(folder) / f"{i}.body"
+            path.write_bytes(data)
+            bodies.append((path, content_type))
+        runs = []
+        for _ in range(args.rounds):
+            for cache_bytes in (0, CACHE_BYTES):
+                run = measure(cache_bytes, bodies, args.seconds)
+                print(run, flush=True)
+                runs.append(run)
+    report = {"cpu_count": os.cpu_count(), "images": IMAGES, "concurrency": 32, "seconds": args.seconds, "runs": runs}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (RESULTS / f"{args.name}.md").write_text(markdown(report))
+    print(markdown(report))
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [
+        f"# Response cache on the CPU ({report['cpu_count']} cores)",
+        "",
+        f"`python -m bench.cache`: the bundled model, `/predict` cycling over {report['images']} distinct 500x375 "
+        f"JPEGs at concurrency {report['concurrency']}, {report['seconds']:.0f} s per run, rounds alternating; "
+        "`GET /health/live` at concurrency 32 in the same server after each run.",
+        "",
+        *table(
+            [
+                "VIT_CACHE_BYTES",
+                "/predict req/s",
+                "errors",
+                "hits",
+                "misses",
+                "/health/live req/s",
+                "/predict : /health",
+            ],
+            [
+                [
+                    r["cache_bytes"],
+                    f"{r['predict_per_s']:.1f}",
+                    r["errors"],
+                    r["hits"],
+                    r["misses"],
+                    f"{r['health_per_s']:.1f}",
+                    f"{r['predict_per_s'] / r['health_per_s']:.2f}",
+                ]
+                for r in report["runs"]
+            ],
+        ),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
