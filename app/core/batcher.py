@@ -32,7 +32,7 @@ Out = TypeVar("Out")
 
 
 class BatchObserver(Protocol):
-    def batch_done(self, size: int, seconds: float) -> None: ...
+    def batch_done(self, size: int, seconds: float, outputs: Sequence[object]) -> None: ...
     def dropped(self, reason: str, count: int) -> None: ...
     def queue_depth(self, depth: int) -> None: ...
 
@@ -235,7 +235,7 @@ class DynamicBatcher(Generic[In, Out]):
         seconds = time.perf_counter() - started
         self._last_batch_s = seconds
         if self.observer is not None:
-            self.observer.batch_done(len(batch), seconds)
+            self.observer.batch_done(len(batch), seconds, outputs)
         for item, output in zip(batch, outputs, strict=True):
             if not item.future.done():
                 item.future.set_result(output)

@@ -19,6 +19,7 @@ import torch
 from app.core.description import ModelDescription, ModelStatus
 from app.core.metrics import Metrics
 from app.core.request import EncodedImage, InferOptions, Prediction
+from app.core.statistics import ModelStatistics
 
 T = TypeVar("T")
 
@@ -93,6 +94,11 @@ class DataPlane(Protocol):
 
     async def repository_index(self, ready_only: bool = False) -> list[ModelStatus]:
         """Every model known here or held by the repository, by name."""
+        ...
+
+    async def statistics(self, name: str | None = None, version: str | None = None) -> list[ModelStatistics]:
+        """Triton's statistics (app.core.statistics) of every model version that has served (no name), of one
+        model's versions, or of one version; ModelNotFound when none has served under that name (and version)."""
         ...
 
     async def load_model(self, name: str) -> None:

@@ -33,6 +33,7 @@ from app.core.overlay import overlay_png
 from app.core.repository import FileStamp, Repository
 from app.core.request import EncodedImage, InferOptions, Prediction
 from app.core.served_model import Prepared, ServedModel, Wanted
+from app.core.statistics import ModelStatistics, RequestTiming, StatisticsBook
 from app.settings import Settings
 from model.device import cuda_unavailable_reason, resolve_device
 
@@ -43,9 +44,12 @@ T = TypeVar("T")
 class Engine:
     """A `DataPlane` in this process."""
 
-    def __init__(self, settings: Settings, metrics: Metrics, models: ModelSet) -> None:
+    def __init__(
+        self, settings: Settings, metrics: Metrics, models: ModelSet, statistics: StatisticsBook | None = None
+    ) -> None:
         self.settings = settings
         self.metrics = metrics
+        self.book = statistics or StatisticsBook()
         self.model_set = models
         self.limits = Limits(settings.max_upload_bytes, settings.max_files)
         self.api_keys = ApiKeys(settings.api_key_set())
@@ -60,6 +64,7 @@ class Engine:
     def load(cls, settings: Settings, metrics: Metrics | None = None) -> Engine:
         """Load and warm up every model (blocking; run off the event loop)."""
         metrics = metrics or Metrics()
+        statistics = StatisticsBook()
         if settings.threads:
             torch.set_num_threads(settings.threads)
         try:
@@ -70,7 +75,7 @@ class Engine:
             log.warning("serving on the CPU: %s", reason)
 
         def build(name: str, path: Path) -> ServedModel:
-            return ServedModel.load(name, path, settings, device, ModelMetrics(metrics, name))
+            return ServedModel.load(name, path, settings, device, ModelMetrics(metrics, name, statistics))
 
         repository = Repository(settings.model_repository) if settings.model_repository else None
         files = repository.scan() if repository else {}
@@ -81,7 +86,7 @@ class Engine:
             metrics.model_load_seconds.observe(time.perf_counter() - started)
         s = settings
         models = ModelSet(served, build, repository, s.model_control, metrics, s.drain_timeout_s, files)
-        return cls(s, metrics, models)
+        return cls(s, metrics, models, statistics)
 
     @classmethod
     @asynccontextmanager
@@ -167,6 +172,13 @@ class Engine:
     async def repository_index(self, ready_only: bool = False) -> list[ModelStatus]:
         return await self.run_in_pool(self.model_set.index, ready_only)
 
+    async def statistics(self, name: str | None = None, version: str | None = None) -> list[ModelStatistics]:
+        found = self.book.select(name, version)
+        if name is not None and not found:
+            asked = f"model {name!r}" + (f" version {version!r}" if version is not None else "")
+            raise ModelNotFound(f"{asked} has no statistics: it has never served here; known: {self.model_set.names()}")
+        return found
+
     async def load_model(self, name: str) -> None:
         await self.model_set.load(name)
 
@@ -200,6 +212,7 @@ class Engine:
         timeout_s: float | None,
     ) -> Inference:
         """`compute` for the images the cache lacks; the others from it, under this request's file names."""
+        started = time.monotonic()
         if isinstance(inputs, torch.Tensor):
             digests = digest_pixels(inputs)
             names = [f"pixels[{i}]" for i in range(len(inputs))]
@@ -213,6 +226,7 @@ class Engine:
         target = model.target_index(options.target)
         keys = [cache.key(model.name, model.version, options, target, d) for d in digests]
         claims = cache.claim(model.name, keys)
+        looked_up = time.monotonic() - started
         mine = [i for i, c in enumerate(claims) if c.mine]
         found: dict[int, Prediction] = {i: c.hit for i, c in enumerate(claims) if c.hit is not None}
         try:
@@ -232,6 +246,7 @@ class Engine:
                 cache.abandon(keys[i])
             raise
         waits = {i: c.wait for i, c in enumerate(claims) if c.wait is not None}
+        again: list[int] = []  # waited for, then computed here: their computation was abandoned
         if waits:  # computed by other requests under way
             limit = (
                 self.settings.request_timeout_s
@@ -248,11 +263,21 @@ class Engine:
                 ) from None
             answered = dict(zip(waits, results, strict=True))
             found |= {i: r for i, r in answered.items() if isinstance(r, Prediction)}
-            if again := [i for i, r in answered.items() if not isinstance(r, Prediction)]:
+            again = [i for i, r in answered.items() if not isinstance(r, Prediction)]
+            if again:
                 # the request computing them failed or left: computed here (its error, if any, is this one's too)
                 done = await self.compute(model, pick(inputs, again), options, timeout_s)
                 found |= dict(zip(again, done.predictions, strict=True))
         predictions = [dataclasses.replace(found[i], filename=name) for i, name in enumerate(names)]
+        stats = self.book.of(model.name, model.version)
+        hits = len(keys) - len(mine)
+        per_image = looked_up / len(keys)
+        stats.cache_hit.add(per_image * hits, count=hits)
+        stats.cache_miss.add(per_image * len(mine), count=len(mine))
+        if mine or again:
+            stats.inference_count += hits - len(again)  # the computed ones are counted by `compute`
+        else:  # answered from the cache alone: a request of its own
+            stats.answered(len(keys), time.monotonic() - started)
         return Inference(model.description, predictions)
 
     async def compute(
@@ -262,8 +287,30 @@ class Engine:
         options: InferOptions,
         timeout_s: float | None = None,
     ) -> Inference:
-        """`run` without the cache."""
+        """`run` without the cache, counted in the model version's statistics."""
         model = self.model_set.current(model)  # no await from here until the batcher has admitted the request
+        stats = self.book.of(model.name, model.version)
+        started = time.monotonic()
+        try:
+            done, timing = await self.computed(model, inputs, options, timeout_s, started)
+        except Exception:
+            stats.fail.add(time.monotonic() - started)
+            raise
+        stats.answered(len(done.predictions), time.monotonic() - started)
+        stats.queue.add(timing.queue)
+        stats.compute_input.add(timing.compute_input)
+        stats.compute_infer.add(timing.compute_infer)
+        stats.compute_output.add(timing.compute_output)
+        return done
+
+    async def computed(
+        self,
+        model: ServedModel,
+        inputs: Sequence[EncodedImage] | torch.Tensor,
+        options: InferOptions,
+        timeout_s: float | None,
+        started: float,
+    ) -> tuple[Inference, RequestTiming]:
         wanted = Wanted(options.attention, model.target_index(options.target), options.embedding)
         timeout = self.settings.request_timeout_s
         deadline = time.monotonic() + (timeout if timeout_s is None else min(timeout_s, timeout))
@@ -275,19 +322,24 @@ class Engine:
                     f"model {model.name} (version {model.version}) takes pixels of shape "
                     f"[-1, {', '.join(map(str, model.input_shape))}], got {list(inputs.shape)}"
                 )
+            submitted = time.monotonic()
             outputs = await model.run_pixels(inputs, wanted, deadline)
+            received = time.monotonic()
             names = [f"pixels[{i}]" for i in range(len(outputs))]
             predictions = [prediction(n, o, None, options.normalize) for n, o in zip(names, outputs, strict=True)]
-            return Inference(model.description, predictions)
-        prepared, outputs = await model.run_images(inputs, wanted, options.overlay, self.cpu_pool, deadline)
-        if options.overlay:  # PNG encoding of every map: milliseconds each, on the pool
-            return Inference(
-                model.description, await self.run_in_pool(with_overlays, prepared, outputs, options.normalize)
+        else:
+            prepared, outputs, submitted = await model.run_images(
+                inputs, wanted, options.overlay, self.cpu_pool, deadline
             )
-        predictions = [
-            prediction(p.filename, o, None, options.normalize) for p, o in zip(prepared, outputs, strict=True)
-        ]
-        return Inference(model.description, predictions)
+            received = time.monotonic()
+            if options.overlay:  # PNG encoding of every map: milliseconds each, on the pool
+                predictions = await self.run_in_pool(with_overlays, prepared, outputs, options.normalize)
+            else:
+                predictions = [
+                    prediction(p.filename, o, None, options.normalize) for p, o in zip(prepared, outputs, strict=True)
+                ]
+        timing = request_timing(started, submitted, received, time.monotonic(), outputs)
+        return Inference(model.description, predictions), timing
 
     async def run_in_pool(self, fn: Callable[..., T], *args: object) -> T:
         """`fn(*args)` on the CPU pool, so the event loop only parses, awaits and writes."""
@@ -342,6 +394,21 @@ def startup_models(settings: Settings, repository: Repository | None, files: dic
     if not names and settings.model_control == "none":
         raise ValueError(f"VIT_MODEL_REPOSITORY {repository.root} holds no model file (NAME.safetensors) to serve")
     return {name: repository.path(name) for name in names}
+
+
+def request_timing(
+    started: float, submitted: float, received: float, done: float, outputs: list[ImageOutput]
+) -> RequestTiming:
+    """Where a request's time went (app.core.statistics): it waits for the slowest of its batches."""
+    batches = [o.batch for o in outputs if o.batch is not None]
+    if not batches:
+        return RequestTiming(0.0, submitted - started, received - submitted, done - received)
+    return RequestTiming(
+        queue=max(0.0, max(b.started for b in batches) - submitted),
+        compute_input=(submitted - started) + max(b.input_s for b in batches),
+        compute_infer=max(b.infer_s for b in batches),
+        compute_output=max(b.output_s for b in batches) + (done - received),
+    )
 
 
 class VersionChanged(Exception):

@@ -220,7 +220,10 @@ class EngineHost:
         try:
             if call.op == "index":
                 reply = Reply(call.id, index=await self.engine.repository_index(call.ready_only))
+            elif call.op == "statistics":
+                reply = Reply(call.id, statistics=await self.engine.statistics(call.name, call.version))
             else:
+                assert call.name is not None
                 await (self.engine.load_model if call.op == "load" else self.engine.unload_model)(call.name)
                 await self.applied_everywhere(await self.broadcast())
                 reply = Reply(call.id)

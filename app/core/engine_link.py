@@ -21,6 +21,7 @@ from app.core import errors
 from app.core.description import ModelDescription, ModelStatus
 from app.core.request import InferOptions, Prediction
 from app.core.shared_memory import Arena, aligned, tensor_bytes
+from app.core.statistics import ModelStatistics
 
 HEARTBEAT_S = 0.5  # the engine's state goes to every front-end at least this often
 ENGINE_SILENT_S = 5.0  # where a process cannot be watched through a pidfd: the engine is gone after this silence
@@ -83,9 +84,10 @@ class Cancel:
 class RepositoryCall:
     id: int
     incarnation: str
-    op: str  # index, load or unload
-    name: str = ""
+    op: str  # index, load, unload or statistics
+    name: str | None = None
     ready_only: bool = False
+    version: str | None = None  # statistics of one version
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,7 @@ class Reply:
     model: ModelDescription | None = None  # infer: the version that computed it
     predictions: list[StoredPrediction] | None = None
     index: list[ModelStatus] | None = None  # repository index
+    statistics: list[ModelStatistics] | None = None
     failure: Failure | None = None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from app.choices import ONNX_BACKENDS, Backend, BackendChoice, DecodedOn, Precis
 from app.core.gpu_decode import GpuJpegDecoder, Jpeg, blank_jpeg
 from app.core.onnx_backend import GraphCache, OnnxForward, exported, int8_graph_path, stored_int8
 from app.core.request import AttentionKind
+from app.core.statistics import BatchTiming
 from model.checkpoint import Checkpoint
 from model.rollout import GRADIENT, Readout, attention_map, gradient_attention_map
 from model.vit import ViT
@@ -40,6 +42,7 @@ class ImageOutput:
     probabilities: Tensor  # (num_classes,) float32 on the CPU
     attention_map: Tensor | None  # (grid, grid) in [0, 1], when asked for
     embedding: Tensor | None = None  # (dim,) float32 on the CPU, when asked for
+    batch: BatchTiming | None = None  # the forward pass that computed it
 
 
 def resolve_backend(asked: BackendChoice, device: torch.device) -> Backend:
@@ -147,7 +150,9 @@ class Predictor:
             raise
 
     def forward(self, batch: list[ImageInput]) -> list[ImageOutput]:
+        started = time.monotonic()
         x = self.inputs(batch)  # (B, C, S, S) on the device
+        inputs_done = time.monotonic()
         by_gradient = [i for i, item in enumerate(batch) if item.attention == GRADIENT]
         others = [i for i in range(len(batch)) if batch[i].attention != GRADIENT]
         outputs: dict[int, ImageOutput] = {}
@@ -162,7 +167,11 @@ class Predictor:
             embeddings = embeddings_asked(recording.embedding, [batch[i] for i in by_gradient])
             for j, i in enumerate(by_gradient):
                 outputs[i] = ImageOutput(probabilities[j], maps[j].float().cpu(), embeddings.get(j))
-        return [outputs[i] for i in range(len(batch))]
+        inferred = time.monotonic()
+        ordered = [outputs[i] for i in range(len(batch))]
+        done = time.monotonic()
+        timing = BatchTiming(len(batch), started, inputs_done - started, inferred - inputs_done, done - inferred)
+        return [dataclasses.replace(o, batch=timing) for o in ordered]
 
     def inputs(self, batch: list[ImageInput]) -> Tensor:
         """The batch as one tensor on the device: CPU pixels copied over, JPEGs decoded there."""

@@ -10,9 +10,12 @@ from __future__ import annotations
 import gc
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
+
+from app.core.statistics import BatchTiming, ModelStatistics, StatisticsBook
 
 LOAD_BUCKETS = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
 LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
@@ -105,21 +108,33 @@ class Metrics:
 
 
 class ModelMetrics:
-    """One model's view of the metrics: its batcher's observer, every series labelled with its name."""
+    """One model's view of the metrics: its batcher's observer, every series labelled with its name, and
+    the statistics of its version (bound once the checkpoint is read)."""
 
-    def __init__(self, metrics: Metrics, model: str) -> None:
+    def __init__(self, metrics: Metrics, model: str, book: StatisticsBook | None = None) -> None:
         self.metrics = metrics
         self.model = model
+        self.book = book
+        self.statistics: ModelStatistics | None = None
         for series in (metrics.batch_size, metrics.inference, metrics.images, metrics.cache_hits, metrics.cache_misses):
             series.labels(model)  # every series exists from the start, at zero
         metrics.queue.labels(model).set(0)
 
+    def bind_version(self, version: str) -> None:
+        if self.book is not None:
+            self.statistics = self.book.of(self.model, version)
+
     # BatchObserver
-    def batch_done(self, size: int, seconds: float) -> None:
+    def batch_done(self, size: int, seconds: float, outputs: Sequence[object] = ()) -> None:
         m = self.metrics
         m.batch_size.labels(self.model).observe(size)
         m.inference.labels(self.model).observe(seconds)
         m.images.labels(self.model).inc(size)
+        timing = getattr(outputs[0], "batch", None) if outputs else None
+        if self.statistics is not None and isinstance(timing, BatchTiming):
+            self.statistics.batch_done(size, timing.input_s, timing.infer_s, timing.output_s)
+        elif self.statistics is not None:  # outputs that carry no timing (a stand-in predictor)
+            self.statistics.batch_done(size, 0.0, seconds, 0.0)
 
     def dropped(self, reason: str, count: int) -> None:
         self.metrics.dropped_images.labels(self.model, reason).inc(count)

@@ -50,6 +50,7 @@ from app.core.errors import NOT_READY, ModelNotFound, NotReady, RequestTimeout
 from app.core.metrics import Metrics
 from app.core.request import EncodedImage
 from app.core.shared_memory import Arena, aligned
+from app.core.statistics import ModelStatistics
 from app.settings import Settings
 
 log = logging.getLogger("app")
@@ -313,10 +314,12 @@ class RemoteDataPlane:
         if p is not None:
             self.release(p)
 
-    async def repository(self, op: str, name: str = "", ready_only: bool = False) -> Reply:
+    async def repository(
+        self, op: str, name: str | None = None, ready_only: bool = False, version: str | None = None
+    ) -> Reply:
         self.check_serving()
         assert self.state is not None
-        call = RepositoryCall(next(self.ids), self.state.incarnation, op, name, ready_only)
+        call = RepositoryCall(next(self.ids), self.state.incarnation, op, name, ready_only, version)
         reply = await self.call(call, None, self.settings.request_timeout_s + 600)  # a load may take minutes
         self.release_call(call.id)
         if reply.failure is not None:
@@ -325,6 +328,9 @@ class RemoteDataPlane:
 
     async def repository_index(self, ready_only: bool = False) -> list[ModelStatus]:
         return (await self.repository("index", ready_only=ready_only)).index or []
+
+    async def statistics(self, name: str | None = None, version: str | None = None) -> list[ModelStatistics]:
+        return (await self.repository("statistics", name, version=version)).statistics or []
 
     async def load_model(self, name: str) -> None:
         await self.repository("load", name)

@@ -102,6 +102,7 @@ class ServedModel:
         if settings.warmup:
             predictor.warm_up(settings.max_batch_size)
         s = settings
+        metrics.bind_version(checkpoint.version)  # loaded and warm: from now on its statistics count
         batcher = DynamicBatcher(predictor, s.max_batch_size, s.max_wait_ms, s.max_queue, metrics)
         return cls(name, checkpoint, predictor, preprocessor, batcher, s.max_image_pixels, draft_to)
 
@@ -189,13 +190,15 @@ class ServedModel:
 
     async def run_images(
         self, images: Sequence[EncodedImage], wanted: Wanted, keep_images: bool, pool: Executor, deadline: float
-    ) -> tuple[list[Prepared], list[ImageOutput]]:
-        """All of one request's files: decoded first, so a bad one fails the request before any compute."""
+    ) -> tuple[list[Prepared], list[ImageOutput], float]:
+        """All of one request's files: decoded first, so a bad one fails the request before any compute.
+        Also when they entered the batcher (time.monotonic())."""
         loop = asyncio.get_running_loop()
         with self.batcher.admit(len(images)) as admission:  # refused here, before any CPU is spent on decoding
             prepared = await asyncio.gather(*(loop.run_in_executor(pool, self.prepare, i, keep_images) for i in images))
             futures = admission.submit([wanted.input(p.pixels) for p in prepared], deadline)
-        return list(prepared), await wait_for_outputs(futures, deadline)
+            submitted = time.monotonic()
+        return list(prepared), await wait_for_outputs(futures, deadline), submitted
 
     async def run_pixels(self, pixels: torch.Tensor, wanted: Wanted, deadline: float) -> list[ImageOutput]:
         """Already preprocessed images (N, C, H, W) through the same batcher."""

@@ -9,6 +9,7 @@ from app.core.data_plane import Inference, InferenceRequest, Limits
 from app.core.description import ModelDescription, ModelStatus
 from app.core.errors import NotReady
 from app.core.metrics import Metrics
+from app.core.statistics import ModelStatistics
 
 T = TypeVar("T")
 
@@ -52,6 +53,9 @@ class UnreadyDataPlane:
 
     async def repository_index(self, ready_only: bool = False) -> list[ModelStatus]:
         raise self.refuse("repository_index")
+
+    async def statistics(self, name: str | None = None, version: str | None = None) -> list[ModelStatistics]:
+        raise self.refuse("statistics")
 
     async def load_model(self, name: str) -> None:
         raise self.refuse("load_model")
