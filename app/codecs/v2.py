@@ -31,13 +31,14 @@ from app.choices import BACKENDS, Datatype, ModelState, Precision, Quantization,
 from app.core.description import ModelDescription, ModelStatus
 from app.core.errors import InvalidInput
 from app.core.request import ATTENTION_KINDS, AttentionKind, EncodedImage, InferOptions, Prediction
+from app.core.statistics import Duration, ModelStatistics
 
 HEADER_LENGTH = "inference-header-content-length"
 IMAGE, PIXELS = "image", "pixels"
 PROBABILITIES, ATTENTION, EMBEDDING = "probabilities", "attention", "embedding"
 OUTPUT_NAMES = (PROBABILITIES, ATTENTION, EMBEDDING)
 SERVER_NAME = "vit-serve"
-EXTENSIONS = ["binary_tensor_data", "classification", "model_repository"]
+EXTENSIONS = ["binary_tensor_data", "classification", "model_repository", "statistics"]
 
 
 class V2Error(BaseModel):
@@ -102,6 +103,82 @@ class V2ModelIndex(BaseModel):
     version: str = Field(description="The version serving, loading or last served ('' when never loaded)")
     state: ModelState = Field(description=f"{', '.join(choices(ModelState))}", examples=["READY"])
     reason: str = Field(description="Why it is UNAVAILABLE", examples=[""])
+
+
+class V2Duration(BaseModel):
+    count: int = Field(description="How many")
+    ns: int = Field(description="Their total time, in nanoseconds")
+
+
+class V2InferenceStats(BaseModel):
+    success: V2Duration = Field(description="Requests answered, and their time in the core")
+    fail: V2Duration = Field(description="Requests failed after their model was found")
+    queue: V2Duration = Field(description="Waiting for a batch: from entering the batcher to the batch's start")
+    compute_input: V2Duration = Field(description="Decoding and preprocessing, then the batch's copy or GPU decode")
+    compute_infer: V2Duration = Field(description="The batch's forward pass, outputs copied back to the CPU")
+    compute_output: V2Duration = Field(description="Outputs made into predictions: embeddings, overlays")
+    cache_hit: V2Duration = Field(description="Images found in the response cache, and the lookup time")
+    cache_miss: V2Duration = Field(description="Images not found there, and the lookup time")
+
+
+class V2BatchStats(BaseModel):
+    batch_size: int
+    compute_input: V2Duration
+    compute_infer: V2Duration
+    compute_output: V2Duration
+
+
+class V2ModelStat(BaseModel):
+    name: str = Field(examples=["vit-shapes"])
+    version: str = Field(examples=["1191dfd418c5"])
+    last_inference: int = Field(description="Milliseconds since the epoch of the last request answered (0: none)")
+    inference_count: int = Field(description="Images answered, computed or from the response cache")
+    execution_count: int = Field(description="Forward passes")
+    inference_stats: V2InferenceStats
+    batch_stats: list[V2BatchStats] = Field(description="Per batch size, smallest first")
+
+
+class V2Statistics(BaseModel):
+    model_stats: list[V2ModelStat]
+
+
+def statistics_response(stats: list[ModelStatistics]) -> V2Statistics:
+    """Triton's statistics extension's JSON, as tritonclient's get_inference_statistics reads it."""
+
+    def duration(d: Duration) -> V2Duration:
+        return V2Duration(count=d.count, ns=d.ns)
+
+    return V2Statistics(
+        model_stats=[
+            V2ModelStat(
+                name=s.name,
+                version=s.version,
+                last_inference=s.last_inference_ms,
+                inference_count=s.inference_count,
+                execution_count=s.execution_count,
+                inference_stats=V2InferenceStats(
+                    success=duration(s.success),
+                    fail=duration(s.fail),
+                    queue=duration(s.queue),
+                    compute_input=duration(s.compute_input),
+                    compute_infer=duration(s.compute_infer),
+                    compute_output=duration(s.compute_output),
+                    cache_hit=duration(s.cache_hit),
+                    cache_miss=duration(s.cache_miss),
+                ),
+                batch_stats=[
+                    V2BatchStats(
+                        batch_size=b.batch_size,
+                        compute_input=duration(b.compute_input),
+                        compute_infer=duration(b.compute_infer),
+                        compute_output=duration(b.compute_output),
+                    )
+                    for _, b in sorted(s.batches.items())
+                ],
+            )
+            for s in stats
+        ]
+    )
 
 
 class V2IndexRequest(BaseModel):

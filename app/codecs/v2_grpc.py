@@ -22,9 +22,12 @@ from app.codecs.v2 import (
     OutputWanted,
     TensorData,
     TensorIn,
+    V2Duration,
+    V2InferenceStats,
     V2ModelIndex,
     V2ModelMetadata,
     V2ServerMetadata,
+    V2Statistics,
     decode_infer,
     output_tensors,
 )
@@ -127,5 +130,38 @@ def repository_index(models: list[V2ModelIndex]) -> pb.RepositoryIndexResponse:
         models=[
             pb.RepositoryIndexResponse.ModelIndex(name=m.name, version=m.version, state=m.state, reason=m.reason)
             for m in models
+        ]
+    )
+
+
+def statistics_response(stats: V2Statistics) -> pb.ModelStatisticsResponse:
+    """The statistics extension's JSON (`v2.statistics_response`) as its protobuf message."""
+
+    def duration(d: V2Duration) -> pb.StatisticDuration:
+        return pb.StatisticDuration(count=d.count, ns=d.ns)
+
+    def inference(i: V2InferenceStats) -> pb.InferStatistics:
+        return pb.InferStatistics(**{name: duration(getattr(i, name)) for name in V2InferenceStats.model_fields})
+
+    return pb.ModelStatisticsResponse(
+        model_stats=[
+            pb.ModelStatistics(
+                name=m.name,
+                version=m.version,
+                last_inference=m.last_inference,
+                inference_count=m.inference_count,
+                execution_count=m.execution_count,
+                inference_stats=inference(m.inference_stats),
+                batch_stats=[
+                    pb.InferBatchStatistics(
+                        batch_size=b.batch_size,
+                        compute_input=duration(b.compute_input),
+                        compute_infer=duration(b.compute_infer),
+                        compute_output=duration(b.compute_output),
+                    )
+                    for b in m.batch_stats
+                ],
+            )
+            for m in stats.model_stats
         ]
     )

@@ -19,7 +19,14 @@ from google.protobuf.message import DecodeError, Message
 
 from app.codecs import v2_grpc
 from app.codecs.proto import messages_pb2 as pb
-from app.codecs.v2 import Decoded, check_load_parameters, model_metadata, repository_index, server_metadata
+from app.codecs.v2 import (
+    Decoded,
+    check_load_parameters,
+    model_metadata,
+    repository_index,
+    server_metadata,
+    statistics_response,
+)
 from app.core.data_plane import DataPlane, Inference, InferenceRequest
 from app.core.errors import (
     InferenceFailed,
@@ -167,6 +174,13 @@ class InferenceServicer:
         decoded = v2_grpc.decode(request, self.plane.describe(name, version).input_shape, self.plane.limits.max_files)
         asked = InferenceRequest(name, decoded.inputs, decoded.options, version, timeout_s=context.time_remaining())
         return await self.plane.infer(asked, functools.partial(encode, decoded))
+
+    @rpc(pb.ModelStatisticsRequest, serving=True)
+    async def ModelStatistics(
+        self, request: pb.ModelStatisticsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelStatisticsResponse:
+        stats = await self.plane.statistics(request.name or None, request.version or None)
+        return v2_grpc.statistics_response(statistics_response(stats))
 
     @rpc(pb.RepositoryIndexRequest, serving=True)
     async def RepositoryIndex(

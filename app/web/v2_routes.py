@@ -26,6 +26,7 @@ from app.codecs.v2 import (
     V2Ready,
     V2RepositoryRequest,
     V2ServerMetadata,
+    V2Statistics,
     check_load_parameters,
     decode_request,
     encode_response,
@@ -33,6 +34,7 @@ from app.codecs.v2 import (
     repository_index,
     server_metadata,
     split_body,
+    statistics_response,
 )
 from app.core.data_plane import DataPlane, Inference, InferenceRequest
 from app.core.errors import InvalidInput
@@ -112,6 +114,15 @@ async def server_live() -> V2Live:
 async def server_ready(_: ReadyPlane) -> V2Ready:
     """200 once every model is loaded and warm; 503 before that and while draining."""
     return V2Ready(ready=True)
+
+
+@router.get("/models/stats", response_model=V2Statistics, responses=v2_errors(503))
+@router.get("/models/{name}/stats", response_model=V2Statistics, responses=v2_errors(404, 503))
+@router.get("/models/{name}/versions/{version}/stats", response_model=V2Statistics, responses=v2_errors(404, 503))
+async def model_statistics(plane: ServingPlane, name: str | None = None, version: str | None = None) -> V2Statistics:
+    """Triton's statistics extension: requests, queue and compute times, cache hits and batch sizes of every
+    model version that has served (of one model, or one version); tritonclient's get_inference_statistics."""
+    return statistics_response(await plane.statistics(name, version))
 
 
 @router.get("/models/{name}", response_model=V2ModelMetadata, responses=v2_errors(404, 503))

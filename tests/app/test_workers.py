@@ -126,6 +126,11 @@ def test_both_front_ends_serve_and_metrics_count_all_of_them(server: Server) -> 
     assert counts == {before + 20}
     metrics = fresh(server.url, "/metrics").text
     assert re.search(r'vit_images_processed_total\{model="tiny"\} \d+', metrics)
+    # the statistics extension too: the engine keeps them, so every front-end answers the same
+    answered = {
+        fresh(server.url, "/v2/models/tiny/stats").json()["model_stats"][0]["inference_count"] for _ in range(6)
+    }
+    assert len(answered) == 1 and answered.pop() >= 20 * len(PNGS)
 
 
 def predict_count(metrics: str) -> int:

@@ -64,6 +64,11 @@ class GRPCInferenceServiceStub:
                 request_serializer=app_dot_codecs_dot_proto_dot_messages__pb2.ModelInferRequest.SerializeToString,
                 response_deserializer=app_dot_codecs_dot_proto_dot_messages__pb2.ModelInferResponse.FromString,
                 _registered_method=True)
+        self.ModelStatistics = channel.unary_unary(
+                '/inference.GRPCInferenceService/ModelStatistics',
+                request_serializer=app_dot_codecs_dot_proto_dot_messages__pb2.ModelStatisticsRequest.SerializeToString,
+                response_deserializer=app_dot_codecs_dot_proto_dot_messages__pb2.ModelStatisticsResponse.FromString,
+                _registered_method=True)
         self.RepositoryIndex = channel.unary_unary(
                 '/inference.GRPCInferenceService/RepositoryIndex',
                 request_serializer=app_dot_codecs_dot_proto_dot_messages__pb2.RepositoryIndexRequest.SerializeToString,
@@ -120,6 +125,12 @@ class GRPCInferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ModelStatistics(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def RepositoryIndex(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -170,6 +181,11 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
                     servicer.ModelInfer,
                     request_deserializer=app_dot_codecs_dot_proto_dot_messages__pb2.ModelInferRequest.FromString,
                     response_serializer=app_dot_codecs_dot_proto_dot_messages__pb2.ModelInferResponse.SerializeToString,
+            ),
+            'ModelStatistics': grpc.unary_unary_rpc_method_handler(
+                    servicer.ModelStatistics,
+                    request_deserializer=app_dot_codecs_dot_proto_dot_messages__pb2.ModelStatisticsRequest.FromString,
+                    response_serializer=app_dot_codecs_dot_proto_dot_messages__pb2.ModelStatisticsResponse.SerializeToString,
             ),
             'RepositoryIndex': grpc.unary_unary_rpc_method_handler(
                     servicer.RepositoryIndex,
@@ -349,6 +365,33 @@ class GRPCInferenceService:
             '/inference.GRPCInferenceService/ModelInfer',
             app_dot_codecs_dot_proto_dot_messages__pb2.ModelInferRequest.SerializeToString,
             app_dot_codecs_dot_proto_dot_messages__pb2.ModelInferResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ModelStatistics(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/ModelStatistics',
+            app_dot_codecs_dot_proto_dot_messages__pb2.ModelStatisticsRequest.SerializeToString,
+            app_dot_codecs_dot_proto_dot_messages__pb2.ModelStatisticsResponse.FromString,
             options,
             channel_credentials,
             insecure,

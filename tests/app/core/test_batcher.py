@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Sequence
 
 import pytest
 
@@ -34,7 +35,7 @@ class Observer:
         self.sizes: list[int] = []
         self.drops: dict[str, int] = {}
 
-    def batch_done(self, size: int, seconds: float) -> None:
+    def batch_done(self, size: int, seconds: float, outputs: Sequence[object]) -> None:
         self.sizes.append(size)
 
     def dropped(self, reason: str, count: int) -> None:

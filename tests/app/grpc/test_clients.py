@@ -173,3 +173,18 @@ def test_sigterm_answers_the_calls_under_way() -> None:
         assert s.proc.wait(timeout=30) == 0
     out = s.stop()  # everything it wrote
     assert "stopped" in out
+
+
+def test_statistics_over_grpc_are_those_over_http(client: triton.InferenceServerClient, server: Server) -> None:
+    client.infer(MODEL, [images(*PNGS[:2])])
+    over_grpc = client.get_inference_statistics(MODEL, as_json=True)
+    over_http = httpx.get(f"{server.url}/v2/models/{MODEL}/stats").json()
+    [g], [h] = over_grpc["model_stats"], over_http["model_stats"]
+    assert (g["name"], g["version"]) == (h["name"], h["version"]) == (MODEL, VERSION)
+    assert int(g["inference_count"]) == h["inference_count"] >= 2  # protobuf's JSON writes uint64 as strings
+    assert int(g["inference_stats"]["success"]["count"]) == h["inference_stats"]["success"]["count"]
+    assert int(g["inference_stats"]["queue"]["ns"]) == h["inference_stats"]["queue"]["ns"]
+    assert [int(b["batch_size"]) for b in g["batch_stats"]] == [b["batch_size"] for b in h["batch_stats"]]
+    with pytest.raises(InferenceServerException, match="has no statistics") as raised:
+        client.get_inference_statistics("nope")
+    assert raised.value.status() == "StatusCode.NOT_FOUND"

@@ -40,3 +40,23 @@ def test_messages_are_tritons_on_the_wire() -> None:
         models=[pb.RepositoryIndexResponse.ModelIndex(name="a", state="READY", reason="")]
     )
     assert triton.RepositoryIndexResponse.FromString(index.SerializeToString()).models[0].state == "READY"
+
+
+def test_statistics_are_tritons_on_the_wire() -> None:
+    duration = pb.StatisticDuration(count=3, ns=2**40)
+    ours = pb.ModelStatisticsResponse(
+        model_stats=[
+            pb.ModelStatistics(
+                name="m",
+                version="v",
+                last_inference=1,
+                inference_count=6,
+                execution_count=2,
+                inference_stats=pb.InferStatistics(success=duration, queue=duration, cache_miss=duration),
+                batch_stats=[pb.InferBatchStatistics(batch_size=4, compute_infer=duration)],
+            )
+        ]
+    )
+    [theirs] = triton.ModelStatisticsResponse.FromString(ours.SerializeToString()).model_stats
+    assert (theirs.name, theirs.inference_count, theirs.execution_count) == ("m", 6, 2)
+    assert theirs.inference_stats.cache_miss.ns == 2**40 and theirs.batch_stats[0].compute_infer.count == 3

@@ -175,3 +175,40 @@ def test_v2_and_predict_share_the_batcher_and_metrics(server: Server, client: tr
 
     assert processed(after) - processed(before) == 3
     assert 'vit_requests_total{protocol="http",route="/v2/models/{name}/infer",status="200"}' in after
+
+
+def test_tritonclient_statistics_agree_with_the_metrics(client: triton.InferenceServerClient, server: Server) -> None:
+    """Triton's statistics extension as tritonclient reads it: per model version, counted as /metrics counts."""
+    before = client.get_inference_statistics(MODEL)["model_stats"]
+    for _ in range(3):
+        client.infer(MODEL, [image_input(held_out("star"), held_out("circle"))])
+    [stats] = client.get_inference_statistics(MODEL)["model_stats"]
+    metrics = httpx.get(server.url + "/metrics").text
+    [old] = before
+    assert (stats["name"], stats["version"]) == (MODEL, VERSION)
+    inference = stats["inference_stats"]
+    assert inference["success"]["count"] - old["inference_stats"]["success"]["count"] == 3
+    assert stats["inference_count"] - old["inference_count"] == 6
+    for part in ("queue", "compute_input", "compute_infer", "compute_output"):
+        assert inference[part]["count"] == inference["success"]["count"], part
+    assert inference["compute_infer"]["ns"] > 0 and inference["success"]["ns"] >= inference["compute_infer"]["ns"]
+    assert stats["last_inference"] > old["last_inference"]
+    # the same counts as /metrics: images computed, forward passes, and the batch sizes they had
+    assert stats["inference_count"] == metric(metrics, f'vit_images_processed_total{{model="{MODEL}"}}')
+    assert stats["execution_count"] == metric(metrics, f'vit_batch_size_count{{model="{MODEL}"}}')
+    sizes = sum(b["batch_size"] * b["compute_infer"]["count"] for b in stats["batch_stats"])
+    assert sizes == metric(metrics, f'vit_batch_size_sum{{model="{MODEL}"}}')
+    assert sum(b["compute_infer"]["count"] for b in stats["batch_stats"]) == stats["execution_count"]
+    # every model version, one model's versions, one version; unknown ones are not found
+    assert {s["name"] for s in client.get_inference_statistics()["model_stats"]} == {MODEL, "tiny"}
+    [one] = client.get_inference_statistics(MODEL, VERSION)["model_stats"]
+    assert one["version"] == VERSION
+    for name, version in (("nope", ""), (MODEL, "0")):
+        with pytest.raises(InferenceServerException, match="has no statistics"):
+            client.get_inference_statistics(name, version)
+    assert "statistics" in client.get_server_metadata()["extensions"]
+
+
+def metric(text: str, series: str) -> float:
+    [value] = [line.split()[-1] for line in text.splitlines() if line.startswith(series + " ")]
+    return float(value)
