@@ -124,27 +124,28 @@ class EngineHost:
         while True:
             identity, data = await self.socket.recv_multipart()
             try:
-                message = loads(data)
-            except Exception:
-                log.exception("engine: an undecodable message")
-                continue
-            if isinstance(message, Hello):
-                await self.hello(identity, message)
-                continue
-            peer = self.peers.get(identity)
-            if peer is None:
-                continue  # from a front-end this engine has not met: it says hello again first
-            if isinstance(message, Ack):
-                peer.acked = max(peer.acked, message.seq)
-                async with self.acked:
-                    self.acked.notify_all()
-            elif isinstance(message, InferCall) and message.incarnation == self.incarnation:
-                peer.calls[message.id] = self.spawn(self.infer(peer, message))
-            elif isinstance(message, Cancel) and message.incarnation == self.incarnation:
-                if (task := peer.calls.get(message.id)) is not None:
-                    task.cancel()
-            elif isinstance(message, RepositoryCall) and message.incarnation == self.incarnation:
-                self.spawn(self.repository(peer, message))
+                await self.handle(identity, loads(data))
+            except Exception:  # one bad message (or a front-end's arena gone) never stops the engine answering
+                log.exception("engine: a message from a front-end could not be handled")
+
+    async def handle(self, identity: bytes, message: object) -> None:
+        if isinstance(message, Hello):
+            await self.hello(identity, message)
+            return
+        peer = self.peers.get(identity)
+        if peer is None:
+            return  # from a front-end this engine has not met: it says hello again first
+        if isinstance(message, Ack):
+            peer.acked = max(peer.acked, message.seq)
+            async with self.acked:
+                self.acked.notify_all()
+        elif isinstance(message, InferCall) and message.incarnation == self.incarnation:
+            peer.calls[message.id] = self.spawn(self.infer(peer, message))
+        elif isinstance(message, Cancel) and message.incarnation == self.incarnation:
+            if (task := peer.calls.get(message.id)) is not None:
+                task.cancel()
+        elif isinstance(message, RepositoryCall) and message.incarnation == self.incarnation:
+            self.spawn(self.repository(peer, message))
 
     def spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(coroutine)

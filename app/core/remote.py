@@ -122,11 +122,15 @@ class RemoteDataPlane:
 
     async def receive(self) -> None:
         while True:
-            message = loads(await self.socket.recv())
-            if isinstance(message, State):
-                self.apply(message)
-            elif isinstance(message, Reply):
-                self.answered(message)
+            data = await self.socket.recv()
+            try:
+                message = loads(data)
+                if isinstance(message, State):
+                    self.apply(message)
+                elif isinstance(message, Reply):
+                    self.answered(message)
+            except Exception:  # one bad message never leaves this front-end deaf
+                log.exception("front-end: a message from the engine could not be handled")
 
     def send(self, message: object) -> bool:
         """Whether `message` went to the engine (not when no engine is connected, or its queue is full)."""
