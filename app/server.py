@@ -29,6 +29,7 @@ from app.core.remote import RemoteDataPlane
 from app.grpc.server import GrpcServer
 from app.logs import configure_logging, uvicorn_log_config
 from app.settings import Settings, configured_names, unknown_variables
+from app.tracing import configure_tracing, shutdown_tracing
 from app.web.app import create_app
 from model.device import resolve_device
 
@@ -125,6 +126,7 @@ async def serve(host: str, port: int, settings: Settings | None = None) -> int:
             return await Supervisor(host, port, settings, workers).run(stop)
         from app.core.engine import Engine
 
+        configure_tracing()  # with OTEL_EXPORTER_OTLP_ENDPOINT set
         engine = await asyncio.to_thread(Engine.load, settings, Metrics())
     except startup_errors() as e:
         return startup_failed(e)
@@ -149,6 +151,7 @@ async def serve(host: str, port: int, settings: Settings | None = None) -> int:
         log.critical("HTTP server failed: %r", serving.exception())
     await drain(engine, http, serving, grpc_server, settings.drain_timeout_s)
     sock.close()
+    shutdown_tracing()  # the spans still buffered
     log.info("stopped")
     return 1 if failed else 0
 
@@ -209,6 +212,7 @@ async def serve_front_end(host: str, port: int, settings: Settings, plane: Remot
     await drain_edges(http, serving, grpc_server, settings.drain_timeout_s)
     await plane.close()
     sock.close()
+    shutdown_tracing()
     return 1 if failed else 0
 
 
@@ -243,6 +247,7 @@ class LifespanApp:
                 )
             from app.core.engine import Engine
 
+            configure_tracing()
             engine = await asyncio.to_thread(Engine.load, settings, Metrics())
         except startup_errors() as e:
             code = startup_failed(e)
@@ -267,5 +272,6 @@ class LifespanApp:
         if grpc_server is not None:
             await grpc_server.stop(settings.drain_timeout_s)
         await engine.shutdown()
+        shutdown_tracing()
         log.info("stopped")
         await send({"type": "lifespan.shutdown.complete"})

@@ -46,6 +46,7 @@ from app.core.shared_memory import Arena
 from app.logs import configure_logging
 from app.server import STARTUP_FAILED_EXIT_CODE, serve_front_end, startup_errors, startup_failed
 from app.settings import Settings
+from app.tracing import configure_tracing, shutdown_tracing
 
 log = logging.getLogger("app")
 RESTART_BACKOFF_S = 1.0  # a process that dies within this of its start waits this long to start again
@@ -329,6 +330,7 @@ async def serve_engine(settings: Settings, address: str, loaded: ProcessEvent) -
     from app.core.engine_host import EngineHost
 
     try:
+        configure_tracing()  # with OTEL_EXPORTER_OTLP_ENDPOINT set: the engine's spans
         engine = await asyncio.to_thread(Engine.load, settings, Metrics())
     except startup_errors() as e:
         return startup_failed(e)
@@ -341,6 +343,7 @@ async def serve_engine(settings: Settings, address: str, loaded: ProcessEvent) -
     await serving
     await engine.shutdown()
     host.close()
+    shutdown_tracing()
     return 0
 
 
@@ -358,5 +361,9 @@ async def serve_through_engine(
     except OSError as e:
         log.warning("%s: images go to the engine inside its messages instead", e)
         arena = None
+    try:
+        configure_tracing()
+    except ValueError as e:
+        return startup_failed(e)
     plane = RemoteDataPlane(settings, Metrics(), address, arena)
     return await serve_front_end(host, port, settings, plane, stop)

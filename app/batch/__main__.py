@@ -25,6 +25,7 @@ import logging
 import sys
 from pathlib import Path
 
+from opentelemetry import trace
 from tqdm import tqdm
 
 from app.batch.inputs import InputError, expand_inputs
@@ -44,6 +45,7 @@ from app.core.engine import Engine
 from app.core.errors import ServiceError
 from app.core.request import ATTENTION_KINDS, InferOptions
 from app.settings import BUNDLED_WEIGHTS, Settings
+from app.tracing import configure_tracing, shutdown_tracing
 from model.checkpoint import CheckpointError
 
 USAGE_ERROR, SOME_FAILED, INTERRUPTED = 2, 1, 130
@@ -172,7 +174,20 @@ def previous_rows(output: Path, resume: bool) -> dict[str, Row]:
 async def run(
     settings: Settings, paths: list[str], infer: InferOptions, options: RowOptions, output: Path, kept: list[Row]
 ) -> Counts:
-    """The engine on this event loop, every path through it, the rows into the journal after those `kept`."""
+    """The engine on this event loop, every path through it, the rows into the journal after those `kept`;
+    with OTEL_EXPORTER_OTLP_ENDPOINT set, one trace for the run (its forward passes link to it)."""
+    traced = configure_tracing()
+    try:
+        with trace.get_tracer("vit-serve").start_as_current_span("batch run", attributes={"vit.files": len(paths)}):
+            return await classify(settings, paths, infer, options, output, kept)
+    finally:
+        if traced:
+            shutdown_tracing()
+
+
+async def classify(
+    settings: Settings, paths: list[str], infer: InferOptions, options: RowOptions, output: Path, kept: list[Row]
+) -> Counts:
     async with Engine.serving(settings) as plane:
         model = plane.describe(None)
         model.class_index(infer.target)  # a bad --target fails before any image

@@ -23,7 +23,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
+from opentelemetry.trace import SpanContext, StatusCode
+from opentelemetry.util.types import AttributeValue
+
 from app.core.errors import InferenceFailed, NotReady, Overloaded, RequestTimeout, ServiceError
+from app.core.tracing import ROOT, batch_links, current_span_context, tracer
 
 log = logging.getLogger("app.batcher")
 
@@ -43,6 +47,7 @@ class Pending(Generic[In, Out]):
     deadline: float  # time.monotonic() after which the result is no longer wanted
     future: asyncio.Future[Out]
     enqueued: float = field(default_factory=time.monotonic)
+    span: SpanContext | None = None  # the request's span, which its batch's span links to
 
 
 class Admission(Generic[In, Out]):
@@ -68,6 +73,7 @@ class DynamicBatcher(Generic[In, Out]):
         max_wait_ms: float,
         max_queue: int,
         observer: BatchObserver | None = None,
+        span_attributes: dict[str, str] | None = None,
     ) -> None:
         if not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ValueError(f"max_batch_size must be an integer >= 1, got {max_batch_size!r}")
@@ -80,6 +86,7 @@ class DynamicBatcher(Generic[In, Out]):
         self.max_wait_s = max_wait_ms / 1000.0
         self.max_queue = max_queue
         self.observer = observer
+        self.span_attributes = span_attributes or {}  # on each batch's span: the model, version, device
         self._queue: deque[Pending[In, Out]] = deque()
         self._arrived = asyncio.Event()
         self._idle = asyncio.Event()
@@ -129,9 +136,10 @@ class DynamicBatcher(Generic[In, Out]):
     def _enqueue(self, payloads: Sequence[In], deadline: float) -> list[asyncio.Future[Out]]:
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[Out]] = []
+        span = current_span_context()
         for payload in payloads:
             future: asyncio.Future[Out] = loop.create_future()
-            self._queue.append(Pending(payload, deadline, future))
+            self._queue.append(Pending(payload, deadline, future, span=span))
             futures.append(future)
         self._arrived.set()
         self._report_depth()
@@ -213,11 +221,18 @@ class DynamicBatcher(Generic[In, Out]):
     async def _run(self, batch: list[Pending[In, Out]]) -> None:
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
+        links = batch_links([i.span for i in batch])
+        attributes: dict[str, AttributeValue] = {**self.span_attributes, "vit.batch_size": len(batch)}
+        span = tracer.start_span("batch", context=ROOT, links=links, attributes=attributes) if links else None
         try:
             outputs = await loop.run_in_executor(self._executor, self.run_batch, [i.payload for i in batch])
             if len(outputs) != len(batch):
                 raise RuntimeError(f"run_batch returned {len(outputs)} outputs for {len(batch)} inputs")
         except Exception as e:
+            if span is not None:
+                span.record_exception(e)
+                span.set_status(StatusCode.ERROR, str(e))
+                span.end()
             if len(batch) > 1:  # retry in halves: a poisoned image or a too-large batch fails alone
                 log.warning("batch of %d failed (%s); retrying in halves", len(batch), e)
                 half = len(batch) // 2
@@ -232,6 +247,8 @@ class DynamicBatcher(Generic[In, Out]):
             if not batch[0].future.done():
                 batch[0].future.set_exception(InferenceFailed("inference failed for this image; see the server log"))
             return
+        if span is not None:
+            span.end()
         seconds = time.perf_counter() - started
         self._last_batch_s = seconds
         if self.observer is not None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import torch
+from opentelemetry.util.types import AttributeValue
 
 from app.core.api_keys import ApiKeys
 from app.core.cache import PredictionCache, digest_images, digest_pixels
@@ -34,6 +35,7 @@ from app.core.repository import FileStamp, Repository
 from app.core.request import EncodedImage, InferOptions, Prediction
 from app.core.served_model import Prepared, ServedModel, Wanted
 from app.core.statistics import ModelStatistics, RequestTiming, StatisticsBook
+from app.core.tracing import record_span, tracer
 from app.settings import Settings
 from model.device import cuda_unavailable_reason, resolve_device
 
@@ -167,7 +169,8 @@ class Engine:
             p.probabilities.numel() + (0 if p.embedding is None else p.embedding.numel()) for p in done.predictions
         )
         costly = values > INLINE_ENCODE_MAX_VALUES or any(p.attention_map is not None for p in done.predictions)
-        return await self.run_in_pool(encode, done) if costly else encode(done)
+        with tracer.start_as_current_span("encode"):
+            return await self.run_in_pool(encode, done) if costly else encode(done)
 
     async def repository_index(self, ready_only: bool = False) -> list[ModelStatus]:
         return await self.run_in_pool(self.model_set.index, ready_only)
@@ -292,8 +295,16 @@ class Engine:
         model = self.model_set.current(model)  # no await from here until the batcher has admitted the request
         stats = self.book.of(model.name, model.version)
         started = time.monotonic()
+        attributes: dict[str, AttributeValue] = {
+            "vit.model.name": model.name,
+            "vit.model.version": model.version,
+            "vit.backend": model.description.backend,
+            "vit.device": model.description.device,
+            "vit.images": len(inputs),
+        }
         try:
-            done, timing = await self.computed(model, inputs, options, timeout_s, started)
+            with tracer.start_as_current_span("infer", attributes=attributes):
+                done, timing = await self.computed(model, inputs, options, timeout_s, started)
         except Exception:
             stats.fail.add(time.monotonic() - started)
             raise
@@ -326,6 +337,7 @@ class Engine:
             submitted = time.monotonic()
             outputs = await model.run_pixels(inputs, wanted, deadline)
             received = time.monotonic()
+            record_span("queue", submitted, max((o.batch.started for o in outputs if o.batch), default=submitted))
             names = [f"pixels[{i}]" for i in range(len(outputs))]
             predictions = [prediction(n, o, None, options.normalize) for n, o in zip(names, outputs, strict=True)]
         else:
@@ -333,6 +345,7 @@ class Engine:
                 inputs, wanted, options.overlay, self.cpu_pool, deadline
             )
             received = time.monotonic()
+            record_span("queue", submitted, max((o.batch.started for o in outputs if o.batch), default=submitted))
             if options.overlay:  # PNG encoding of every map: milliseconds each, on the pool
                 predictions = await self.run_in_pool(with_overlays, prepared, outputs, options.normalize)
             else:

@@ -43,6 +43,7 @@ from app.core.engine_link import (
 from app.core.errors import ServiceError
 from app.core.request import EncodedImage
 from app.core.shared_memory import Arena
+from app.core.tracing import attach, detach
 
 log = logging.getLogger("app")
 ACK_TIMEOUT_S = 2.0  # how long a repository change waits for every front-end to apply it
@@ -189,6 +190,7 @@ class EngineHost:
                 arena.close()
 
     async def infer(self, peer: Peer, call: InferCall) -> None:
+        token = attach(call.trace)  # the engine's spans go under the front-end's request span
         try:
             reply = await self.compute(peer, call)
         except asyncio.CancelledError:
@@ -200,6 +202,7 @@ class EngineHost:
             reply = Reply(call.id, failure=Failure.of(e))
         finally:
             peer.calls.pop(call.id, None)
+            detach(token)
         if self.peers.get(peer.identity) is peer:
             await self.send(peer, reply)
 

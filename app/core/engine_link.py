@@ -70,6 +70,7 @@ class InferCall:
     images: list[tuple[str, StoredBytes]] | None  # (filename, bytes), or None for pixels
     pixels: Stored | None
     region: tuple[int, int] | None  # (offset, size) in the front-end's arena: inputs in, outputs out
+    trace: dict[str, str] | None = None  # the request's trace context (W3C headers), when traced
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ from app.core.metrics import Metrics
 from app.core.request import EncodedImage
 from app.core.shared_memory import Arena, aligned
 from app.core.statistics import ModelStatistics
+from app.core.tracing import carrier, tracer
 from app.settings import Settings
 
 log = logging.getLogger("app")
@@ -254,6 +255,7 @@ class RemoteDataPlane:
             images,
             pixels,
             None if region is None else (region, size),
+            carrier(),
         )
         reply = await self.call(call, region, self.settings.request_timeout_s + 5)
         try:
@@ -267,9 +269,10 @@ class RemoteDataPlane:
             p.probabilities.numel() + (0 if p.embedding is None else p.embedding.numel()) for p in done.predictions
         )
         costly = values > INLINE_ENCODE_MAX_VALUES or any(p.attention_map is not None for p in done.predictions)
-        if costly:
-            return await asyncio.get_running_loop().run_in_executor(self.cpu_pool, encode, done)
-        return encode(done)
+        with tracer.start_as_current_span("encode"):
+            if costly:
+                return await asyncio.get_running_loop().run_in_executor(self.cpu_pool, encode, done)
+            return encode(done)
 
     def store_inputs(
         self, inputs: Sequence[EncodedImage] | torch.Tensor, region: int | None

@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from opentelemetry import context as otel_context
+from opentelemetry.util.types import AttributeValue
 from PIL import Image
 
 from app.choices import BackendChoice
@@ -31,6 +33,7 @@ from app.core.metrics import ModelMetrics
 from app.core.onnx_backend import ForeignGraph, OnnxExportError
 from app.core.preprocess import Preprocessor
 from app.core.request import AttentionKind, EncodedImage
+from app.core.tracing import record_span, tracer
 from app.settings import Settings
 from model.checkpoint import Checkpoint, load_checkpoint
 
@@ -103,7 +106,13 @@ class ServedModel:
             predictor.warm_up(settings.max_batch_size)
         s = settings
         metrics.bind_version(checkpoint.version)  # loaded and warm: from now on its statistics count
-        batcher = DynamicBatcher(predictor, s.max_batch_size, s.max_wait_ms, s.max_queue, metrics)
+        traced = {
+            "vit.model.name": name,
+            "vit.model.version": checkpoint.version,
+            "vit.backend": predictor.backend,
+            "vit.device": str(device),
+        }
+        batcher = DynamicBatcher(predictor, s.max_batch_size, s.max_wait_ms, s.max_queue, metrics, traced)
         return cls(name, checkpoint, predictor, preprocessor, batcher, s.max_image_pixels, draft_to)
 
     @staticmethod
@@ -184,6 +193,15 @@ class ServedModel:
         decoded = load_image(header, image.filename, self.checkpoint.config.in_channels, draft_to)
         return Prepared(image.filename, decoded if keep_image else None, self.preprocessor(decoded))
 
+    def prepare_traced(self, context: otel_context.Context, image: EncodedImage, keep_image: bool) -> Prepared:
+        """`prepare` in a `decode` span under `context` (it runs on a pool thread, outside the request's)."""
+        attributes: dict[str, AttributeValue] = {
+            "vit.image.filename": image.filename,
+            "vit.image.bytes": len(image.data),
+        }
+        with tracer.start_as_current_span("decode", context=context, attributes=attributes):
+            return self.prepare(image, keep_image)
+
     def target_index(self, target: str | None) -> int | None:
         """A class label, or its index, as the class index a gradient map explains."""
         return self.description.class_index(target)
@@ -194,8 +212,13 @@ class ServedModel:
         """All of one request's files: decoded first, so a bad one fails the request before any compute.
         Also when they entered the batcher (time.monotonic())."""
         loop = asyncio.get_running_loop()
+        asked = time.monotonic()
         with self.batcher.admit(len(images)) as admission:  # refused here, before any CPU is spent on decoding
-            prepared = await asyncio.gather(*(loop.run_in_executor(pool, self.prepare, i, keep_images) for i in images))
+            record_span("admission", asked, time.monotonic(), {"vit.images": len(images)})
+            context = otel_context.get_current()  # each image's decode span goes under this request's
+            prepared = await asyncio.gather(
+                *(loop.run_in_executor(pool, self.prepare_traced, context, i, keep_images) for i in images)
+            )
             futures = admission.submit([wanted.input(p.pixels) for p in prepared], deadline)
             submitted = time.monotonic()
         return list(prepared), await wait_for_outputs(futures, deadline), submitted

@@ -42,6 +42,7 @@ from app.core.errors import (
     Unauthorized,
     UnsupportedMediaType,
 )
+from app.tracing import grpc_interceptors
 
 log = logging.getLogger("app")
 SERVICE = "inference.GRPCInferenceService"  # the RPCs' names on the wire: /inference.GRPCInferenceService/ModelInfer
@@ -220,12 +221,13 @@ class GrpcServer:
         self.port = port
         self.address = f"127.0.0.1:{port}"  # where a client on this machine reaches it
         self.server = grpc.aio.server(
+            interceptors=grpc_interceptors(),  # a span per call when tracing is configured
             options=[
                 ("grpc.max_receive_message_length", max_message_bytes),  # larger: RESOURCE_EXHAUSTED
                 ("grpc.max_send_message_length", -1),
                 # a port in use is an error, not a second listener; serving front-ends share theirs
                 ("grpc.so_reuseport", int(reuse_port)),
-            ]
+            ],
         )
         servicer = InferenceServicer(plane)
         rpcs = {

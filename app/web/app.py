@@ -6,6 +6,7 @@ from fastapi import FastAPI
 
 from app import __version__
 from app.core.data_plane import DataPlane
+from app.tracing import instrument_http, tracing_configured
 from app.web.errors import install_error_handlers
 from app.web.pages import install_pages
 from app.web.predict_routes import router
@@ -39,4 +40,6 @@ def create_app(data_plane: DataPlane) -> FastAPI:
     app.include_router(v2_router)  # the Open Inference Protocol (KServe V2) over the same models
     install_pages(app)  # the try-it page at /, and /docs and /redoc with local assets
     app.add_middleware(RequestTelemetry, metrics=data_plane.metrics)
+    if tracing_configured():  # a span per request, outermost (OTEL_EXPORTER_OTLP_ENDPOINT; app.tracing)
+        instrument_http(app)
     return app

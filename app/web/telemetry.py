@@ -7,6 +7,7 @@ import re
 import time
 import uuid
 
+from opentelemetry import trace
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core.metrics import Metrics
@@ -27,12 +28,13 @@ ROUTES = frozenset(
         "/v2/health/live",
         "/v2/health/ready",
         "/v2/repository/index",
+        "/v2/models/stats",
     }
 )
 VALID_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
-V2_MODEL_PATH = re.compile(r"^/v2/models/[^/]+(?:/versions/[^/]+)?(/ready|/infer)?$")
+V2_MODEL_PATH = re.compile(r"^/v2/models/[^/]+(?:/versions/[^/]+)?(/ready|/infer|/stats)?$")
 V2_REPOSITORY_PATH = re.compile(r"^/v2/repository/models/[^/]+/(load|unload)$")
 
 
@@ -80,12 +82,19 @@ class RequestTelemetry:
             self.metrics.requests.labels("http", route, str(status)).inc()
             self.metrics.latency.labels("http", route).observe(seconds)
             if route != "/metrics" and "/health/" not in route:
+                extra = {"request_id": request_id}
+                traced = ""
+                span = trace.get_current_span().get_span_context()
+                if span.is_valid:  # tracing is on: the line names its trace and span
+                    extra |= {"trace_id": f"{span.trace_id:032x}", "span_id": f"{span.span_id:016x}"}
+                    traced = f" trace_id={extra['trace_id']} span_id={extra['span_id']}"
                 log.info(
-                    "%s %s %d %.1fms id=%s",
+                    "%s %s %d %.1fms id=%s%s",
                     scope["method"],
                     scope["path"],
                     status,
                     seconds * 1e3,
                     request_id,
-                    extra={"request_id": request_id},
+                    traced,
+                    extra=extra,
                 )

@@ -1,0 +1,85 @@
+"""A local OTLP trace receiver (gRPC), for the tests and the benchmark: it keeps (or only counts) the spans
+a server exports to it, as a collector would receive them."""
+
+from __future__ import annotations
+
+import threading
+from concurrent import futures
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+from harness.server import free_port
+
+
+@dataclass
+class ReceivedSpan:
+    name: str
+    trace_id: str
+    span_id: str
+    parent_span_id: str
+    links: list[tuple[str, str]]  # (trace_id, span_id) of each link
+    attributes: dict[str, Any]
+    service: str
+    status_code: int
+
+
+@dataclass
+class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
+    """`with Receiver() as r:` listens on `r.endpoint` (for OTEL_EXPORTER_OTLP_ENDPOINT, protocol grpc)."""
+
+    keep: bool = True  # False: count the spans only
+    spans: list[ReceivedSpan] = field(default_factory=list)
+    count: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self, self.server)
+        self.server.add_insecure_port(f"127.0.0.1:{self.port}")
+
+    def __enter__(self) -> Receiver:
+        self.server.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.stop(0)
+
+    def Export(self, request: Any, context: Any) -> Any:
+        received = []
+        for resource_spans in request.resource_spans:
+            service = next(
+                (a.value.string_value for a in resource_spans.resource.attributes if a.key == "service.name"), ""
+            )
+            for scope_spans in resource_spans.scope_spans:
+                for s in scope_spans.spans:
+                    received.append(
+                        ReceivedSpan(
+                            name=s.name,
+                            trace_id=s.trace_id.hex(),
+                            span_id=s.span_id.hex(),
+                            parent_span_id=s.parent_span_id.hex(),
+                            links=[(link.trace_id.hex(), link.span_id.hex()) for link in s.links],
+                            attributes={a.key: value(a.value) for a in s.attributes},
+                            service=service,
+                            status_code=s.status.code,
+                        )
+                    )
+        with self.lock:
+            self.count += len(received)
+            if self.keep:
+                self.spans += received
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+    def named(self, name: str) -> list[ReceivedSpan]:
+        with self.lock:
+            return [s for s in self.spans if s.name == name]
+
+
+def value(v: Any) -> Any:
+    kind = v.WhichOneof("value")
+    return getattr(v, kind) if kind else None

@@ -1,0 +1,143 @@
+"""OpenTelemetry traces from real servers to a local OTLP receiver: configured by OpenTelemetry's own
+variables, one span per HTTP and gRPC request continuing the caller's traceparent, the core's spans under
+it (also from the engine process of VIT_WORKERS=2), each forward pass a span linked to its requests, the
+trace IDs on the access lines, and one trace per batch-runner run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+
+from app.codecs.proto.service_pb2_grpc import GRPCInferenceServiceStub
+from app.settings import BUNDLED_WEIGHTS
+from app.tracing import tracing_configured
+from harness.images import encode
+from harness.otlp import ReceivedSpan, Receiver
+from harness.server import ROOT, Server
+from model.checkpoint import load_checkpoint
+from model.shapes import make_sample
+from tests.support.grpc_requests import image_request
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+PNG = encode(make_sample(3, 2).image)
+TRACE = "0af7651916cd43dd8448eb211c80319c"
+PARENT = "b7ad6b7169203331"
+VERSION = load_checkpoint(BUNDLED_WEIGHTS).version
+
+
+def otel_env(receiver: Receiver) -> dict[str, str]:
+    return {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",  # export every 100 ms
+        "OTEL_SERVICE_NAME": "vit-test",
+    }
+
+
+def test_tracing_is_on_only_with_an_otlp_endpoint() -> None:
+    assert not tracing_configured({})
+    assert tracing_configured({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"})
+    assert tracing_configured({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://collector:4318/v1/traces"})
+    assert not tracing_configured({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_SDK_DISABLED": "true"})
+    assert not tracing_configured({"OTEL_EXPORTER_OTLP_ENDPOINT": " "})
+
+
+def wait_for(receiver: Receiver, condition: object, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, [(s.name, s.trace_id) for s in receiver.spans]
+        time.sleep(0.05)
+
+
+def one(spans: list[ReceivedSpan]) -> ReceivedSpan:
+    assert len(spans) == 1, spans
+    return spans[0]
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_request_continues_its_trace_with_the_cores_spans(workers: str) -> None:
+    with Receiver() as receiver:
+        env = {**otel_env(receiver), "VIT_LOG_FORMAT": "json", "VIT_WORKERS": workers}
+        with Server(BUNDLED_WEIGHTS, **env) as server:
+            files = [("files", (f"{i}.png", PNG, "image/png")) for i in range(2)]
+            headers = {"traceparent": f"00-{TRACE}-{PARENT}-01"}
+            assert httpx.post(server.url + "/predict", files=files, headers=headers).status_code == 200
+            assert httpx.get(server.url + "/health/ready").status_code == 200  # probes: no trace
+
+            def traced(name: str) -> list[ReceivedSpan]:
+                return [s for s in receiver.named(name) if s.trace_id == TRACE]
+
+            wait_for(receiver, lambda: traced("encode") and traced("infer") and receiver.named("batch"))
+            request = one([s for s in receiver.spans if s.trace_id == TRACE and s.parent_span_id == PARENT])
+            assert request.name == "POST /predict" and request.attributes["http.status_code"] == 200
+            assert request.service == "vit-test"
+            infer = one(traced("infer"))
+            assert infer.parent_span_id == request.span_id  # across the processes with VIT_WORKERS=2
+            assert infer.attributes == {
+                "vit.model.name": "vit-shapes",
+                "vit.model.version": VERSION,
+                "vit.backend": "onnxruntime",
+                "vit.device": "cpu",
+                "vit.images": 2,
+            }
+            decodes = traced("decode")
+            assert sorted(s.attributes["vit.image.filename"] for s in decodes) == ["0.png", "1.png"]
+            for name in ("admission", "queue"):
+                assert one(traced(name)).parent_span_id == infer.span_id
+            assert all(s.parent_span_id == infer.span_id for s in decodes)
+            assert one(traced("encode")).parent_span_id == request.span_id
+            [batch] = [b for b in receiver.named("batch") if (TRACE, infer.span_id) in b.links]
+            assert batch.trace_id != TRACE and batch.parent_span_id == ""  # a trace of its own, linked
+            assert batch.attributes["vit.batch_size"] == 2 and batch.attributes["vit.model.version"] == VERSION
+            assert not [s for s in receiver.spans if "health" in s.name or s.name.endswith((" receive", " send"))]
+            out = server.stop()
+    [access] = [json.loads(line) for line in out.splitlines() if '"app.access"' in line and "/predict" in line]
+    assert access["trace_id"] == TRACE and access["span_id"] == request.span_id
+
+
+def test_a_grpc_call_continues_its_trace() -> None:
+    with Receiver() as receiver, Server(BUNDLED_WEIGHTS, **otel_env(receiver)) as server:
+        with grpc.insecure_channel(server.grpc_target) as channel:
+            stub = GRPCInferenceServiceStub(channel)
+            metadata = (("traceparent", f"00-{TRACE}-{PARENT}-01"),)
+            stub.ModelInfer(image_request(PNG, model="vit-shapes"), metadata=metadata)
+        wait_for(receiver, lambda: [s for s in receiver.named("infer") if s.trace_id == TRACE])
+        call = one([s for s in receiver.spans if s.trace_id == TRACE and s.parent_span_id == PARENT])
+        assert call.name == "/inference.GRPCInferenceService/ModelInfer"
+        assert call.attributes["rpc.grpc.status_code"] == 0
+        assert one([s for s in receiver.named("infer") if s.trace_id == TRACE]).parent_span_id == call.span_id
+
+
+def test_the_batch_runner_traces_one_run(tmp_path: Path) -> None:
+    images = tmp_path / "images"
+    images.mkdir()
+    for i in range(3):
+        (images / f"{i}.png").write_bytes(encode(make_sample(40, i).image))
+    with Receiver() as receiver:
+        argv = [
+            sys.executable,
+            "-m",
+            "app.batch",
+            str(images),
+            "--output",
+            str(tmp_path / "rows.jsonl"),
+            "--device",
+            "cpu",
+        ]
+        env = {**os.environ, **otel_env(receiver)}
+        done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+        assert done.returncode == 0, done.stderr
+        run = one(receiver.named("batch run"))
+        assert run.parent_span_id == "" and run.attributes["vit.files"] == 3
+        infers = [s for s in receiver.named("infer") if s.trace_id == run.trace_id]
+        assert len(infers) == 3 and all(s.parent_span_id == run.span_id for s in infers)
+        linked = {span for b in receiver.named("batch") for trace, span in b.links if trace == run.trace_id}
+        assert linked == {s.span_id for s in infers}  # every image's request rode in a linked batch
