@@ -117,11 +117,16 @@ async def server_ready(_: ReadyPlane) -> V2Ready:
 
 
 @router.get("/models/stats", response_model=V2Statistics, responses=v2_errors(503))
+async def all_statistics(plane: ServingPlane) -> V2Statistics:
+    """Triton's statistics extension: requests, queue and compute times, cache hits and batch sizes of every
+    model version that has served; tritonclient's get_inference_statistics."""
+    return statistics_response(await plane.statistics())
+
+
 @router.get("/models/{name}/stats", response_model=V2Statistics, responses=v2_errors(404, 503))
 @router.get("/models/{name}/versions/{version}/stats", response_model=V2Statistics, responses=v2_errors(404, 503))
-async def model_statistics(plane: ServingPlane, name: str | None = None, version: str | None = None) -> V2Statistics:
-    """Triton's statistics extension: requests, queue and compute times, cache hits and batch sizes of every
-    model version that has served (of one model, or one version); tritonclient's get_inference_statistics."""
+async def model_statistics(plane: ServingPlane, name: str, version: str | None = None) -> V2Statistics:
+    """The statistics of one model's versions, or of one version."""
     return statistics_response(await plane.statistics(name, version))
 
 

@@ -94,23 +94,16 @@ def predict_files() -> list[tuple[str, tuple[str, bytes, str]]]:
 async def test_the_answers_are_those_of_one_process(
     server: Server, make_client: ClientFactory, repository: Path
 ) -> None:
-    """Probabilities, attention maps, overlays and embeddings through the engine process equal those of
-    the same checkpoint served in one process; gRPC answers the same probabilities."""
+    """Probabilities, attention maps, overlays and embeddings through the engine process are exactly those
+    of the same checkpoint served in one process; gRPC answers the same probabilities."""
     query = "?attention=rollout&overlay=true&embedding=true&top_k=10"
     async with make_client(weights=repository / "tiny.safetensors") as client:
         expected = (await client.post("/predict" + query, files=predict_files())).json()
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
         got = (await http.post("/predict" + query, files=predict_files())).json()
     assert got["model"] == expected["model"]
-    for g, e in zip(got["results"], expected["results"], strict=True):
-        assert [c["label"] for c in g["top_k"]] == [c["label"] for c in e["top_k"]]
-        np.testing.assert_allclose(
-            [c["probability"] for c in g["top_k"]], [c["probability"] for c in e["top_k"]], atol=1e-6
-        )
-        np.testing.assert_allclose(g["attention"]["map"], e["attention"]["map"], atol=1e-6)
-        np.testing.assert_allclose(g["embedding"], e["embedding"], atol=1e-5)
-        assert g["overlay_png"] and g["overlay_png"] == e["overlay_png"]
-        np.testing.assert_allclose(g["probabilities"], e["probabilities"], atol=1e-6)
+    assert all(r["overlay_png"] and r["attention"] and r["embedding"] for r in got["results"])
+    assert got["results"] == expected["results"]  # the same bytes: through shared memory, nothing is lost
     async with grpc.aio.insecure_channel(server.grpc_target) as channel:
         response = await GRPCInferenceServiceStub(channel).ModelInfer(image_request(*PNGS, model="tiny"))
     best = probabilities(response).max(axis=1)

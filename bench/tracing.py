@@ -1,0 +1,133 @@
+"""What tracing costs: this tree with tracing off against a tree without the tracing code, and with it on.
+
+    python -m bench.tracing --other /tmp/before --rounds 3 --seconds 10 --name tracing-cpu
+
+`--other` is a checkout of the commit before the tracing code (`git worktree add /tmp/before COMMIT`),
+run with this environment's packages. Every server is `python -m app` with the bundled model on the CPU,
+loaded with `hey` posting one 64 px PNG to `/predict` (multipart) at concurrency 32. Rounds alternate:
+the other tree, this tree with tracing off (no OTEL_ variables), this tree with tracing on (OTLP over
+gRPC to a local receiver that counts the spans, every request sampled).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from app.settings import BUNDLED_WEIGHTS
+from bench.limits import sample_images
+from bench.run import RESULTS, multipart
+from bench.tables import table
+from harness.load import run_hey
+from harness.otlp import Receiver
+from harness.server import ROOT, ServerProcess, free_port
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.tracing", description=__doc__.split("\n\n")[0])
+    p.add_argument("--other", type=Path, required=True, help="a checkout without the tracing code")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--name", default="tracing-cpu")
+    return p.parse_args()
+
+
+def start(tree: Path, env: dict[str, str]) -> ServerProcess:
+    port = free_port()
+    argv = [sys.executable, "-m", "app", "--host", "127.0.0.1", "--port", str(port)]
+    base = {
+        "VIT_WEIGHTS": str(BUNDLED_WEIGHTS),
+        "VIT_DEVICE": "cpu",
+        "VIT_GRPC_PORT": "0",
+        "VIT_LOG_LEVEL": "warning",
+        "PYTHONPATH": str(tree),
+    }
+    server = ServerProcess(argv, {**base, **env}, port, cwd=tree)
+    server.wait_ready(180)
+    return server
+
+
+def commit(tree: Path) -> str:
+    return subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def main() -> None:
+    args = parse_args()
+    data, content_type = multipart(sample_images()["png-small"], "shape.png", "image/png")
+    runs: dict[str, list[float]] = {"no tracing code": [], "tracing off": [], "tracing on": []}
+    spans = 0
+    with tempfile.NamedTemporaryFile(suffix=".body") as f, Receiver(keep=False) as receiver:
+        f.write(data)
+        f.flush()
+        body = Path(f.name)
+        on = {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+            "OTEL_TRACES_SAMPLER": "always_on",
+        }
+        for _ in range(args.rounds):
+            for label, tree, env in (
+                ("no tracing code", args.other, {}),
+                ("tracing off", ROOT, {}),
+                ("tracing on", ROOT, on),
+            ):
+                server = start(tree, env)
+                try:
+                    run_hey(server.url + "/predict", body, content_type, args.concurrency, 2)  # warm
+                    r = run_hey(server.url + "/predict", body, content_type, args.concurrency, args.seconds)
+                finally:
+                    server.stop()
+                runs[label].append(r.requests_per_s)
+                print(f"{label}: {r.requests_per_s:.1f} req/s, errors {r.errors}", flush=True)
+        spans = receiver.count
+    report = {
+        "cpu_count": os.cpu_count(),
+        "this": commit(ROOT),
+        "other": commit(args.other),
+        "concurrency": args.concurrency,
+        "seconds": args.seconds,
+        "runs": runs,
+        "spans_received": spans,
+    }
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (RESULTS / f"{args.name}.md").write_text(markdown(report))
+    print(markdown(report))
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def markdown(report: dict[str, Any]) -> str:
+    base = mean(report["runs"]["no tracing code"])
+    rows = [
+        [label, ", ".join(f"{v:.1f}" for v in values), f"{mean(values):.1f}", f"{mean(values) / base:.3f}"]
+        for label, values in report["runs"].items()
+    ]
+    return "\n".join(
+        [
+            f"# Tracing cost on the CPU ({report['cpu_count']} cores)",
+            "",
+            f"`python -m bench.tracing`: `/predict` with one 64 px PNG at concurrency {report['concurrency']}, "
+            f"{report['seconds']:.0f} s per run, rounds alternating; this tree {report['this']}, the tree without "
+            f"the tracing code {report['other']}. Tracing on exports every request's spans over OTLP/gRPC to a "
+            f"local receiver ({report['spans_received']:,} spans received in all).",
+            "",
+            *table(["server", "req/s (each round)", "mean", "of no tracing code"], rows),
+            "",
+        ]
+    )
+
+
+if __name__ == "__main__":
+    main()
