@@ -123,7 +123,6 @@ class Supervisor:
         self.engine_loaded: ProcessEvent | None = None
         self.front_ends: dict[int, Child] = {}
         self.generation = 0
-        self.stopping = False
         self.exit_code = 0
 
     async def run(self, stop: asyncio.Event) -> int:
