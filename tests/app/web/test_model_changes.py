@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import statistics
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,9 @@ def test_loading_and_unloading_a_vit_s16_twenty_times_keeps_no_memory(tmp_path: 
         serving, cycled, image, cycles=20, concurrency=4, VIT_BACKEND="torch", VIT_WARMUP="false"
     )
     assert result.hey["errors"] == 0 and result.hey["ok"] > 0 and "checker_errors" not in result.hey, result.hey
-    growth = result.rss_mib[-1] - result.rss_mib[0]
+    # medians of the first and last five samples: a version never freed adds its 84 MiB at every cycle,
+    # while one sample taken before the allocator handed a model's pages back (seen once, +76 MiB on the
+    # 20th of 20 samples, all others within 4 MiB) is not a leak
+    growth = statistics.median(result.rss_mib[-5:]) - statistics.median(result.rss_mib[:5])
     print(f"resident memory after each unload (MiB): {[round(x) for x in result.rss_mib]}; growth {growth:+.1f} MiB")
     assert growth < RSS_GROWTH_BOUND_MIB, result.rss_mib
