@@ -15,7 +15,6 @@ import io
 import json
 import os
 import re
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ import httpx
 from app.settings import BUNDLED_WEIGHTS
 from bench.run import RESULTS, multipart
 from bench.tables import table
-from harness.load import require_hey
+from harness.load import start_hey
 from harness.server import Server
 from model.shapes import make_sample
 
@@ -50,15 +49,6 @@ def photos() -> list[bytes]:
     return out
 
 
-def hey(
-    url: str, seconds: float, concurrency: int, body: Path | None = None, content_type: str = ""
-) -> subprocess.Popen[str]:
-    argv = [require_hey(), "-z", f"{seconds}s", "-c", str(concurrency)]
-    if body is not None:
-        argv += ["-m", "POST", "-T", content_type, "-D", str(body)]
-    return subprocess.Popen([*argv, url], stdout=subprocess.PIPE, text=True)
-
-
 def rate(out: str) -> tuple[float, int]:
     """Requests/s and non-200 answers from one hey report."""
     found = re.search(r"Requests/sec:\s+(\S+)", out)
@@ -69,11 +59,11 @@ def rate(out: str) -> tuple[float, int]:
 def measure(cache_bytes: int, bodies: list[tuple[Path, str]], seconds: float) -> dict[str, Any]:
     with Server(BUNDLED_WEIGHTS, VIT_CACHE_BYTES=str(cache_bytes), VIT_LOG_LEVEL="warning") as server:
         url = server.url + "/predict"
-        for proc in [hey(url, 2, 2, body, ct) for body, ct in bodies]:  # warm (and fill the cache)
+        for proc in [start_hey(url, 2, 2, body, ct) for body, ct in bodies]:  # warm (and fill the cache)
             proc.communicate()
-        procs = [hey(url, seconds, 2, body, ct) for body, ct in bodies]
+        procs = [start_hey(url, seconds, 2, body, ct) for body, ct in bodies]
         results = [rate(p.communicate()[0]) for p in procs]
-        health = rate(hey(server.url + "/health/live", seconds, 32).communicate()[0])
+        health = rate(start_hey(server.url + "/health/live", seconds, 32).communicate()[0])
         metrics = httpx.get(server.url + "/metrics").text
     hits = sum(float(v) for v in re.findall(r"^vit_cache_hits_total\{[^}]*\} (\S+)", metrics, re.MULTILINE))
     misses = sum(float(v) for v in re.findall(r"^vit_cache_misses_total\{[^}]*\} (\S+)", metrics, re.MULTILINE))

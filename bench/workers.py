@@ -20,7 +20,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import tempfile
 import threading
 import time
@@ -33,7 +32,7 @@ from app.settings import BUNDLED_WEIGHTS
 from bench.limits import sample_images
 from bench.run import RESULTS, multipart
 from bench.tables import table
-from harness.load import LoadResult, parse_hey, require_hey, run_hey
+from harness.load import LoadResult, parse_hey, run_hey, start_hey
 from harness.server import Server
 
 
@@ -76,24 +75,7 @@ def engine(server: Server) -> int:
 
 def load_in_background(url: str, body: Path, content_type: str, concurrency: int, seconds: float) -> Any:
     """hey started now; `.result()` waits for it and parses its report."""
-    proc = subprocess.Popen(
-        [
-            require_hey(),
-            "-z",
-            f"{seconds}s",
-            "-c",
-            str(concurrency),
-            "-m",
-            "POST",
-            "-T",
-            content_type,
-            "-D",
-            str(body),
-            url,
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_hey(url, seconds, concurrency, body, content_type)
 
     class Running:
         @staticmethod

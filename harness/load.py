@@ -84,6 +84,23 @@ def batch_counters(url: str) -> tuple[float, float] | None:
     return (sum(map(float, images)), sum(map(float, batches))) if images and batches else None
 
 
+def start_hey(
+    url: str,
+    seconds: float,
+    concurrency: int,
+    body: Path | None = None,
+    content_type: str = "",
+    headers: dict[str, str] | None = None,
+) -> subprocess.Popen[str]:
+    """`hey` started now for `seconds` from `concurrency` workers: POSTing `body` when given, else GETs;
+    its report comes on stdout."""
+    argv = [require_hey(), "-z", f"{seconds}s", "-c", str(concurrency)]
+    argv += [arg for name, value in (headers or {}).items() for arg in ("-H", f"{name}: {value}")]
+    if body is not None:
+        argv += ["-m", "POST", "-T", content_type, "-D", str(body)]
+    return subprocess.Popen([*argv, url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
 def run_hey(
     url: str, body: Path, content_type: str, concurrency: int, seconds: float, headers: dict[str, str] | None = None
 ) -> LoadResult:
@@ -91,27 +108,10 @@ def run_hey(
     parsed = httpx.URL(url)
     base = f"{parsed.scheme}://{parsed.netloc.decode()}"
     before = batch_counters(base)
-    extra = [arg for name, value in (headers or {}).items() for arg in ("-H", f"{name}: {value}")]
-    out = subprocess.run(
-        [
-            require_hey(),
-            "-z",
-            f"{seconds}s",
-            "-c",
-            str(concurrency),
-            "-m",
-            "POST",
-            "-T",
-            content_type,
-            *extra,
-            "-D",
-            str(body),
-            url,
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    proc = start_hey(url, seconds, concurrency, body, content_type, headers)
+    out, err = proc.communicate()
+    if proc.returncode != 0:
+        raise subprocess.CalledProcessError(proc.returncode, proc.args, out, err)
     after = batch_counters(base)
     mean_batch = None
     if before and after and after[1] > before[1]:

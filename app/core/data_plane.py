@@ -43,6 +43,18 @@ class Inference:
     predictions: list[Prediction]
 
 
+# Encoding a response costs ~40 us per 1,000 probabilities; a hop to a thread pool about as much.
+INLINE_ENCODE_MAX_VALUES = 1000
+
+
+def costly_to_encode(done: Inference) -> bool:
+    """Whether an edge's encoding of `done` is worth a hop off the event loop: many values, or attention maps."""
+    values = sum(
+        p.probabilities.numel() + (0 if p.embedding is None else p.embedding.numel()) for p in done.predictions
+    )
+    return values > INLINE_ENCODE_MAX_VALUES or any(p.attention_map is not None for p in done.predictions)
+
+
 @dataclass(frozen=True)
 class Limits:
     """What an edge checks before handing a request over."""

@@ -24,7 +24,7 @@ from opentelemetry.util.types import AttributeValue
 
 from app.core.api_keys import ApiKeys
 from app.core.cache import PredictionCache, digest_images, digest_pixels
-from app.core.data_plane import Inference, InferenceRequest, Limits
+from app.core.data_plane import Inference, InferenceRequest, Limits, costly_to_encode
 from app.core.description import ModelDescription, ModelStatus
 from app.core.errors import NOT_READY, InvalidInput, ModelNotFound, NotReady, RequestTimeout
 from app.core.inference import ImageOutput
@@ -165,12 +165,8 @@ class Engine:
     async def infer(self, request: InferenceRequest, encode: Callable[[Inference], T]) -> T:
         model = self.model(request.model, request.version)
         done = await self.run(model, request.inputs, request.options, request.timeout_s)
-        values = sum(
-            p.probabilities.numel() + (0 if p.embedding is None else p.embedding.numel()) for p in done.predictions
-        )
-        costly = values > INLINE_ENCODE_MAX_VALUES or any(p.attention_map is not None for p in done.predictions)
         with tracer.start_as_current_span("encode"):
-            return await self.run_in_pool(encode, done) if costly else encode(done)
+            return await self.run_in_pool(encode, done) if costly_to_encode(done) else encode(done)
 
     async def repository_index(self, ready_only: bool = False) -> list[ModelStatus]:
         return await self.run_in_pool(self.model_set.index, ready_only)
@@ -384,10 +380,6 @@ class Engine:
         if self.started:
             self.metrics.unwatch_gc()
             gc.unfreeze()  # in-process apps (tests) give their objects back to the collector
-
-
-# Encoding a response costs ~40 us per 1,000 probabilities; a hop to the pool about as much.
-INLINE_ENCODE_MAX_VALUES = 1000
 
 
 def startup_models(settings: Settings, repository: Repository | None, files: dict[str, FileStamp]) -> dict[str, Path]:

@@ -27,7 +27,7 @@ import zmq
 import zmq.asyncio
 
 from app.core.api_keys import ApiKeys
-from app.core.data_plane import Inference, InferenceRequest, Limits
+from app.core.data_plane import Inference, InferenceRequest, Limits, costly_to_encode
 from app.core.description import ModelDescription, ModelStatus
 from app.core.engine_link import (
     ENGINE_SILENT_S,
@@ -57,7 +57,6 @@ from app.settings import Settings
 log = logging.getLogger("app")
 T = TypeVar("T")
 ENGINE_GONE = "not ready: the engine process stopped and is being restarted; retry shortly"
-INLINE_ENCODE_MAX_VALUES = 1000  # as the engine: smaller responses are encoded on the event loop
 
 
 @dataclass(eq=False)
@@ -265,12 +264,8 @@ class RemoteDataPlane:
             done = Inference(reply.model, load_predictions(reply.predictions, self.arena))
         finally:
             self.release_call(call_id)
-        values = sum(
-            p.probabilities.numel() + (0 if p.embedding is None else p.embedding.numel()) for p in done.predictions
-        )
-        costly = values > INLINE_ENCODE_MAX_VALUES or any(p.attention_map is not None for p in done.predictions)
         with tracer.start_as_current_span("encode"):
-            if costly:
+            if costly_to_encode(done):
                 return await asyncio.get_running_loop().run_in_executor(self.cpu_pool, encode, done)
             return encode(done)
 
