@@ -138,7 +138,7 @@ def run_on_ray(
         "max_pixels": settings.max_image_pixels,
         "jpeg_draft": settings.jpeg_draft,
     }
-    ds = ds.map_batches(decode_batch, fn_kwargs=decode_kwargs, batch_size=batch_size, batch_format="numpy")  # type: ignore[arg-type]
+    ds = ds.map_batches(decode_batch, fn_kwargs=decode_kwargs, batch_size=batch_size, batch_format="numpy")
     ds = ds.map_batches(
         Classify,
         fn_constructor_args=(settings, infer, options),
