@@ -13,13 +13,15 @@ import pytest
 from harness.images import encode
 from harness.server import Server
 from model.shapes import make_sample
+from tests.support.checkpoints import write_tiny_checkpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 
-@pytest.fixture
-def server(tiny_checkpoint: Path) -> Iterator[Server]:
-    with Server(tiny_checkpoint, VIT_MAX_BATCH_SIZE="16", VIT_MAX_WAIT_MS="50") as s:
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    checkpoint = write_tiny_checkpoint(tmp_path_factory.mktemp("server") / "tiny.safetensors")
+    with Server(checkpoint, VIT_MAX_BATCH_SIZE="16", VIT_MAX_WAIT_MS="50") as s:
         yield s
 
 
@@ -51,10 +53,16 @@ def test_concurrent_clients_are_batched(server: Server) -> None:
             )
             return [r.status_code for r in rs]
 
+    def batches() -> tuple[float, float]:
+        """The server's batch count and image total so far."""
+        lines = httpx.get(f"{server.url}/metrics").text.splitlines()
+        count = sum(float(line.split()[-1]) for line in lines if line.startswith("vit_batch_size_count"))
+        total = sum(float(line.split()[-1]) for line in lines if line.startswith("vit_batch_size_sum"))
+        return count, total
+
+    count_before, total_before = batches()
     assert asyncio.run(burst()) == [200] * 48
-    text = httpx.get(f"{server.url}/metrics").text
-    count = next(float(line.split()[-1]) for line in text.splitlines() if line.startswith("vit_batch_size_count"))
-    total = next(float(line.split()[-1]) for line in text.splitlines() if line.startswith("vit_batch_size_sum"))
+    count, total = (after - before for after, before in zip(batches(), (count_before, total_before), strict=True))
     assert total == 48 and count < 48, (count, total)
 
 
