@@ -191,6 +191,13 @@ def gpu_serving(settings: Settings) -> bool:
 async def serve_front_end(host: str, port: int, settings: Settings, plane: RemoteDataPlane, stop: asyncio.Event) -> int:
     """One serving front-end (VIT_WORKERS > 1): HTTP and gRPC on ports it shares with the others, over the
     engine process through `plane`; on `stop`, not ready at once, both protocols drained together."""
+    # Listen only once the engine has answered: a front-end listening before would take its share of the
+    # connections on the shared ports and answer not-ready while the others answer ready.
+    await plane.start()
+    while not await plane.wait_engine(0.5):
+        if stop.is_set():
+            await plane.close()
+            return 0
     grpc_server = None
     try:
         sock = bind_http(host, port, reuse_port=True)
@@ -198,8 +205,8 @@ async def serve_front_end(host: str, port: int, settings: Settings, plane: Remot
             grpc_server = GrpcServer(plane, settings.grpc_port, settings.grpc_message_limit(), reuse_port=True)
             await grpc_server.start()
     except OSError as e:
+        await plane.close()
         return startup_failed(e)
-    await plane.start()
     http = http_server(plane, settings)
     serving = asyncio.create_task(http.serve(sockets=[sock]))
     stopped = asyncio.create_task(stop.wait())

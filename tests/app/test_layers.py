@@ -1,4 +1,4 @@
-"""The import rules between the layers, each checked on every module of a package in a fresh interpreter.
+"""The import rules between the layers, each checked on every module of a package in a fresh child process.
 
 - the core imports no codec, edge, grpcio or web framework;
 - the codecs import no edge;
@@ -40,47 +40,79 @@ SERVING_PROCESSES = {
 RAY_DECODE = {"app.core.decode", "app.core.preprocess"}
 
 
-def loaded_modules(package: str) -> list[str]:
-    """Every module in sys.modules after importing each module of `package` in a fresh interpreter."""
-    code = (
-        "import importlib, json, pkgutil, sys\n"
-        f"p = importlib.import_module({package!r})\n"
-        "for m in pkgutil.walk_packages(getattr(p, '__path__', []), p.__name__ + '.'):\n"
-        "    importlib.import_module(m.name)\n"
-        "print(json.dumps(sorted(sys.modules)))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    loaded: list[str] = json.loads(out.stdout)
-    return loaded
+PROBED = ("app.core", "app.codecs", "app.batch", "model", "app.web.app")
+# Every layer imports these; the probe loads them once, before it forks a fresh child per package.
+SHARED_BY_ALL = ("numpy", "PIL.Image", "safetensors.torch", "torch")
+PROBE = """
+import importlib, json, os, pkgutil, sys, traceback
+for name in {shared!r}:
+    importlib.import_module(name)
+before = set(sys.modules)
+found = {{}}
+for package in {packages!r}:
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: import every module of the package, send what sys.modules then holds
+        os.close(read)
+        try:
+            p = importlib.import_module(package)
+            for m in pkgutil.walk_packages(getattr(p, "__path__", []), p.__name__ + "."):
+                importlib.import_module(m.name)
+            os.write(write, json.dumps(sorted(sys.modules)).encode())
+            os._exit(0)
+        except BaseException:
+            traceback.print_exc()
+            os._exit(1)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        sent = pipe.read()
+    assert os.waitpid(pid, 0)[1] == 0, package
+    found[package] = json.loads(sent)
+assert set(sys.modules) == before, "the probe itself imported more than the shared modules"
+print(json.dumps(found))
+"""
+
+
+@pytest.fixture(scope="module")
+def loaded() -> dict[str, list[str]]:
+    """For each probed package: every module in sys.modules after importing each module of the package in a
+    fresh child of one interpreter that has loaded only Python itself and SHARED_BY_ALL (none of which is a layer,
+    a codec, grpcio or a web framework)."""
+    code = PROBE.format(shared=SHARED_BY_ALL, packages=PROBED)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    found: dict[str, list[str]] = json.loads(out.stdout)
+    return found
 
 
 def under(modules: list[str], *prefixes: str) -> list[str]:
     return [m for m in modules if any(m == p or m.startswith(p + ".") for p in prefixes)]
 
 
-def test_the_core_imports_no_codec_edge_grpc_or_web_framework() -> None:
-    loaded = loaded_modules("app.core")
-    assert under(loaded, "app.core.engine", "app.core.data_plane"), "the probe imported the core"
-    assert under(loaded, "app.codecs", *EDGES, "grpc", *WEB_FRAMEWORKS) == []
+def test_the_core_imports_no_codec_edge_grpc_or_web_framework(loaded: dict[str, list[str]]) -> None:
+    core = loaded["app.core"]
+    assert under(core, "app.core.engine", "app.core.data_plane"), "the probe imported the core"
+    assert under(core, "app.codecs", *EDGES, "grpc", *WEB_FRAMEWORKS) == []
 
 
-def test_codecs_import_no_edge_and_no_web_framework() -> None:
-    loaded = loaded_modules("app.codecs")
-    assert under(loaded, "app.codecs.v2_grpc", "app.codecs.proto.messages_pb2")
-    assert under(loaded, *EDGES, *WEB_FRAMEWORKS) == []
+def test_codecs_import_no_edge_and_no_web_framework(loaded: dict[str, list[str]]) -> None:
+    codecs = loaded["app.codecs"]
+    assert under(codecs, "app.codecs.v2_grpc", "app.codecs.proto.messages_pb2")
+    assert under(codecs, *EDGES, *WEB_FRAMEWORKS) == []
 
 
-def test_the_batch_edge_imports_no_web_framework() -> None:
-    assert under(loaded_modules("app.batch"), *WEB_FRAMEWORKS, "app.web", "app.grpc") == []
+def test_the_batch_edge_imports_no_web_framework(loaded: dict[str, list[str]]) -> None:
+    assert under(loaded["app.batch"], *WEB_FRAMEWORKS, "app.web", "app.grpc") == []
 
 
-def test_model_imports_nothing_from_app() -> None:
-    assert under(loaded_modules("model"), "app") == []
+def test_model_imports_nothing_from_app(loaded: dict[str, list[str]]) -> None:
+    assert under(loaded["model"], "app") == []
 
 
-def test_the_probe_can_fail() -> None:
-    """The same probe sees FastAPI when the web edge is imported."""
-    assert "fastapi" in loaded_modules("app.web.app")
+def test_the_probe_can_fail(loaded: dict[str, list[str]]) -> None:
+    """The same probe sees FastAPI when the web edge is imported, and each package in a child of its own."""
+    assert "fastapi" in loaded["app.web.app"]
+    assert under(loaded["model"], "app") == [] and under(loaded["app.core"], "app.core")
 
 
 def core_imports(path: Path) -> set[str]:
