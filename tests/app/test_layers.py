@@ -18,7 +18,7 @@ import pytest
 
 from harness.server import ROOT
 
-pytestmark = pytest.mark.slow  # imports every package in fresh interpreters
+pytestmark = pytest.mark.slow  # imports every package in a fresh child process
 
 WEB_FRAMEWORKS = ("fastapi", "starlette", "uvicorn", "multipart", "python_multipart", "httptools")
 EDGES = ("app.web", "app.grpc", "app.batch", "app.server", "app.supervisor", "app.main")
@@ -58,7 +58,8 @@ for package in {packages!r}:
             p = importlib.import_module(package)
             for m in pkgutil.walk_packages(getattr(p, "__path__", []), p.__name__ + "."):
                 importlib.import_module(m.name)
-            os.write(write, json.dumps(sorted(sys.modules)).encode())
+            with os.fdopen(write, "wb") as pipe:
+                pipe.write(json.dumps(sorted(sys.modules)).encode())
             os._exit(0)
         except BaseException:
             traceback.print_exc()
