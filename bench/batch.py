@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import re
 import subprocess
 import sys
@@ -29,7 +28,7 @@ from PIL import Image
 
 from app.settings import BUNDLED_WEIGHTS
 from bench.limits import forward_throughput
-from bench.run import RESULTS
+from bench.run import write_results
 from bench.tables import table
 from harness.load import require_hey, run_hey, start_service
 from harness.models import vit_s16_checkpoint
@@ -148,10 +147,7 @@ def main() -> None:
                 (folder / f"{i:05d}.jpg").write_bytes(photo_jpeg(i))
             checkpoint = BUNDLED_WEIGHTS if name == "bundled" else vit_s16_checkpoint(Path(tmp) / "vit-s16.safetensors")
             report["models"][name] = measure(name, checkpoint, folder, n, args.batch_size, args.threads, args.duration)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(report, indent=2))
-    (RESULTS / f"{args.name}.md").write_text(markdown(report))
-    print(markdown(report))
+    write_results(args.name, report, markdown(report))
 
 
 def markdown(report: dict[str, Any]) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import re
 import tempfile
@@ -22,7 +21,7 @@ from typing import Any
 import httpx
 
 from app.settings import BUNDLED_WEIGHTS
-from bench.run import RESULTS, multipart
+from bench.run import multipart, write_results
 from bench.tables import table
 from harness.load import start_hey
 from harness.server import Server
@@ -93,10 +92,7 @@ def main() -> None:
                 print(run, flush=True)
                 runs.append(run)
     report = {"cpu_count": os.cpu_count(), "images": IMAGES, "concurrency": 32, "seconds": args.seconds, "runs": runs}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(report, indent=2) + "\n")
-    (RESULTS / f"{args.name}.md").write_text(markdown(report))
-    print(markdown(report))
+    write_results(args.name, report, markdown(report))
 
 
 def markdown(report: dict[str, Any]) -> str:

@@ -30,7 +30,7 @@ from app.core.onnx_backend import INPUT, OUTPUTS, LogitsAndEmbedding, export, in
 from app.core.preprocess import Preprocessor
 from app.quantize import main as quantize_main
 from bench.batch import photo_jpeg
-from bench.run import RESULTS
+from bench.run import write_results
 from bench.tables import table
 from harness.models import vit_s16_checkpoint
 from model.checkpoint import load_checkpoint
@@ -173,10 +173,7 @@ def main() -> None:
         result["max_abs_logit_difference"] = float((logits - reference).abs().max())
         result["logits_cosine_min"] = float(torch.nn.functional.cosine_similarity(logits, reference).min())
     report["preprocessing_ms"] = preprocessing_ms()
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(report, indent=2))
-    (RESULTS / f"{args.name}.md").write_text(markdown(report))
-    print(markdown(report))
+    write_results(args.name, report, markdown(report))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import platform
 import signal
 import statistics
@@ -35,7 +34,7 @@ from app.core.decode import decode_image
 from app.core.preprocess import Preprocessor
 from app.settings import BUNDLED_WEIGHTS
 from bench.batch import photo_jpeg
-from bench.run import RESULTS
+from bench.run import write_results
 from bench.tables import table
 from harness.load import require_hey, run_hey
 from harness.models import VIT_S16_PREPROCESSING, vit_s16_checkpoint
@@ -262,10 +261,7 @@ def main() -> None:
         bodies["4032x3024"].write_bytes(jpegs["astronaut"])
         bodies["500x375"].write_bytes(photo_jpeg(0))
         report["serving"] = serving(vit_s16_checkpoint(folder / "vit-s16.safetensors"), bodies, args)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(report, indent=2) + "\n")
-    (RESULTS / f"{args.name}.md").write_text(markdown(report))
-    print(markdown(report))
+    write_results(args.name, report, markdown(report))
 
 
 if __name__ == "__main__":

@@ -40,6 +40,14 @@ RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_IMAGE = {"bundled": "png-small", "vit-s16": "jpeg-medium"}
 
 
+def write_results(name: str, report: dict[str, Any], text: str) -> None:
+    """bench/results/<name>.json (the figures) and <name>.md (`text`, their tables); the tables printed too."""
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (RESULTS / f"{name}.md").write_text(text)
+    print(text)
+
+
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
     p.add_argument(
@@ -154,10 +162,8 @@ def main() -> None:
         for backend in backends:
             preprocess_ms = report["preprocess_ms"][image_name]
             report["backends"][backend] = run_backend(args, weights, device, backend, image_name, preprocess_ms)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(report, indent=2))
-    (RESULTS / f"{args.name}.md").write_text(markdown(report))
+    write_results(args.name, report, markdown(report))
     plot(report, RESULTS / f"{args.name}.png")
-    print(markdown(report))
 
 
 def run_backend(

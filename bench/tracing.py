@@ -14,7 +14,6 @@ that it takes next to no CPU from the server), every request traced, and one req
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from typing import Any
 
 from app.settings import BUNDLED_WEIGHTS
 from bench.limits import sample_images
-from bench.run import RESULTS, multipart
+from bench.run import multipart, write_results
 from bench.tables import table
 from harness.load import run_hey
 from harness.otlp import Receiver
@@ -110,10 +109,7 @@ def main() -> None:
         "runs": runs,
         "exports_received": exports,
     }
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(report, indent=2) + "\n")
-    (RESULTS / f"{args.name}.md").write_text(markdown(report))
-    print(markdown(report))
+    write_results(args.name, report, markdown(report))
 
 
 def mean(values: list[float]) -> float:

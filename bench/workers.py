@@ -16,7 +16,6 @@ to `/predict` (multipart) with `hey`:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import signal
@@ -30,7 +29,7 @@ import httpx
 
 from app.settings import BUNDLED_WEIGHTS
 from bench.limits import sample_images
-from bench.run import RESULTS, multipart
+from bench.run import multipart, write_results
 from bench.tables import table
 from harness.load import LoadResult, parse_hey, run_hey, start_hey
 from harness.server import Server
@@ -154,10 +153,7 @@ def main() -> None:
         "throughput": runs,
         "faults": faults,
     }
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(report, indent=2) + "\n")
-    (RESULTS / f"{args.name}.md").write_text(markdown(report))
-    print(markdown(report))
+    write_results(args.name, report, markdown(report))
 
 
 def markdown(report: dict[str, Any]) -> str:
