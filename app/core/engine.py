@@ -333,7 +333,6 @@ class Engine:
             submitted = time.monotonic()
             outputs = await model.run_pixels(inputs, wanted, deadline)
             received = time.monotonic()
-            record_span("queue", submitted, max((o.batch.started for o in outputs if o.batch), default=submitted))
             names = [f"pixels[{i}]" for i in range(len(outputs))]
             predictions = [prediction(n, o, None, options.normalize) for n, o in zip(names, outputs, strict=True)]
         else:
@@ -341,13 +340,13 @@ class Engine:
                 inputs, wanted, options.overlay, self.cpu_pool, deadline
             )
             received = time.monotonic()
-            record_span("queue", submitted, max((o.batch.started for o in outputs if o.batch), default=submitted))
             if options.overlay:  # PNG encoding of every map: milliseconds each, on the pool
                 predictions = await self.run_in_pool(with_overlays, prepared, outputs, options.normalize)
             else:
                 predictions = [
                     prediction(p.filename, o, None, options.normalize) for p, o in zip(prepared, outputs, strict=True)
                 ]
+        record_span("queue", submitted, max((o.batch.started for o in outputs if o.batch), default=submitted))
         timing = request_timing(started, submitted, received, time.monotonic(), outputs)
         return Inference(model.description, predictions), timing
 
