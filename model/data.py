@@ -16,9 +16,9 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset, Subset
 from torchvision import datasets
-from torchvision.transforms import v2
+from torchvision.transforms import InterpolationMode, v2
 
-from model.preprocessing import INTERPOLATION_MODES, EvalTransform, Preprocessing
+from model.preprocessing import EvalTransform, Preprocessing
 from model.shapes import IMAGE_SIZE as SHAPES_SIZE
 from model.shapes import SHAPE_CLASSES, render_dataset
 
@@ -81,7 +81,7 @@ def channel_steps(p: Preprocessing) -> list[Any]:
 
 def resize_steps(p: Preprocessing) -> list[Any]:
     """The evaluation resize for training images (always on tensors; augmentation follows it)."""
-    mode = INTERPOLATION_MODES[p.interpolation]
+    mode = InterpolationMode(p.interpolation)
     if p.resize == "center_crop":
         return [v2.Resize(p.resize_size, interpolation=mode, antialias=True), v2.CenterCrop(p.image_size)]
     steps: list[Any] = [v2.Resize((p.resize_size, p.resize_size), interpolation=mode, antialias=True)]

@@ -12,6 +12,7 @@ on the CPU as before, and a JPEG that nvJPEG rejects is decoded again by PIL, wh
 
 from __future__ import annotations
 
+import functools
 import io
 import warnings
 from collections import defaultdict
@@ -21,10 +22,8 @@ from dataclasses import dataclass
 import torch
 from PIL import Image
 from torch import Tensor
-from torchvision.io import ImageReadMode, decode_jpeg
-from torchvision.transforms.v2 import functional as TF
 
-from model.preprocessing import Preprocessing, resize_and_crop
+from model.preprocessing import Preprocessing, luminance, normalize, resize_and_crop, to_float
 
 EXIF_ORIENTATION = 0x0112
 JPEG_END = b"\xff\xd9"
@@ -64,6 +63,9 @@ class GpuJpegDecoder:
     """
 
     def __init__(self, p: Preprocessing, device: torch.device, fallback: Callable[[Jpeg], Tensor]) -> None:
+        from torchvision.io import ImageReadMode, decode_jpeg  # here: only a GPU host decodes with nvJPEG
+
+        self.decode_jpeg = functools.partial(decode_jpeg, mode=ImageReadMode.RGB, device=device)
         self.preprocessing = p
         self.device = device
         self.fallback = fallback
@@ -89,13 +91,13 @@ class GpuJpegDecoder:
             # torchvision 0.29 announces that its image codecs will move to TorchCodec; they still work
             warnings.filterwarnings("ignore", category=DeprecationWarning, module="torchvision")
             try:
-                return list(decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device))
+                return list(self.decode_jpeg(data))
             except Exception:  # one bad file fails the batched call: decode each alone to find it
                 return [self.decode_one(d) for d in data]
 
     def decode_one(self, data: Tensor) -> Tensor | None:
         try:
-            return decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)
+            return self.decode_jpeg(data)
         except Exception:  # nvJPEG's verdict on this file; PIL's decides
             return None
 
@@ -103,6 +105,5 @@ class GpuJpegDecoder:
         """(n, 3, H, W) uint8 RGB -> (n, C, S, S) float32: channels, resize and crop, scale to [0, 1], normalise."""
         p = self.preprocessing
         if p.channels == 1:  # luminance rounded to uint8, as PIL's RGB -> L
-            images = TF.rgb_to_grayscale(images.float()).round_().to(torch.uint8)
-        x = TF.to_dtype(resize_and_crop(images, p), torch.float32, scale=True)
-        return TF.normalize(x, list(p.mean), list(p.std))
+            images = luminance(images.float()).round_().to(torch.uint8)
+        return normalize(to_float(resize_and_crop(images, p)), p.mean, p.std)

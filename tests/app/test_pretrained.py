@@ -137,7 +137,8 @@ async def main():
             assert r.status_code == 200, r.text
 
 asyncio.run(main())
-banned = ("timm", "transformers", "huggingface_hub", "model.data", "model.train", "model.shapes", "model.convert")
+banned = ("timm", "transformers", "huggingface_hub", "torchvision", "model.data", "model.train", "model.shapes",
+          "model.convert")
 print(sorted(m for m in sys.modules if m.startswith(banned)))
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

@@ -9,10 +9,13 @@ from collections.abc import Callable
 import pytest
 import torch
 from PIL import Image
-from torchvision.transforms import v2
+from torchvision.transforms import InterpolationMode, v2
+from torchvision.transforms.v2 import functional as TF
+from torchvision.transforms.v2.functional import _geometry as tv_geometry
 
+from model import preprocessing
 from model.checkpoint import load_checkpoint
-from model.preprocessing import EvalTransform, Preprocessing
+from model.preprocessing import EvalTransform, Preprocessing, luminance, resize_and_crop
 from tests.support.checkpoints import Pretrained
 
 PIXEL_ATOL = 1e-5  # the pipelines agree up to float rounding (measured: 1.2e-07 to 7.2e-07)
@@ -55,6 +58,74 @@ def test_old_records_load_with_the_old_behaviour(photo: Image.Image) -> None:
         ]
     )
     torch.testing.assert_close(EvalTransform(p)(photo), before(photo), atol=0, rtol=0)
+
+
+def torchvision_eval_transform(p: Preprocessing, image: Image.Image | torch.Tensor) -> torch.Tensor:
+    """What `EvalTransform` computes, written with torchvision's functional ops."""
+    mode = InterpolationMode(p.interpolation)
+    if p.resize_backend == "pil" and isinstance(image, torch.Tensor):
+        image = TF.to_pil_image(image)
+    elif p.resize_backend == "tensor" and isinstance(image, Image.Image):
+        image = TF.pil_to_tensor(image)
+    channels = len(image.getbands()) if isinstance(image, Image.Image) else image.shape[-3]
+    if p.channels == 1 and channels == 3:
+        image = TF.rgb_to_grayscale(image, num_output_channels=1)
+    elif p.channels == 3 and channels == 1:
+        image = TF.grayscale_to_rgb(image)
+    size = p.resize_size
+    image = TF.resize(image, [size, size] if p.resize == "squash" else size, interpolation=mode, antialias=True)
+    if size != p.image_size or p.resize == "center_crop":
+        image = TF.center_crop(image, [p.image_size, p.image_size])
+    x = TF.to_dtype(TF.pil_to_tensor(image) if isinstance(image, Image.Image) else image, torch.float32, scale=True)
+    return TF.normalize(x, list(p.mean), list(p.std))
+
+
+@pytest.mark.parametrize("resize_backend", ["tensor", "pil"])
+@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
+@pytest.mark.parametrize("resize", ["squash", "center_crop"])
+def test_eval_transform_computes_what_torchvisions_ops_compute(
+    photo: Image.Image, resize: str, interpolation: str, resize_backend: str
+) -> None:
+    """Bit for bit, over upscaling and downscaling, odd sizes, crops, grayscale and RGB, PIL and tensor input."""
+    images: list[Image.Image | torch.Tensor] = [
+        photo,  # 317 x 203
+        photo.resize((31, 47)),
+        photo.convert("L"),
+        photo.crop((0, 0, 200, 200)),
+        TF.pil_to_tensor(photo.resize((64, 41))),  # a decoded tensor: channels last in memory
+        TF.pil_to_tensor(photo.resize((50, 90))).contiguous(),
+        TF.pil_to_tensor(photo.convert("L").resize((90, 50))),
+    ]
+    for image_size, crop_pct in [(32, 1.0), (24, 0.875), (224, 0.9), (57, 0.95)]:
+        for channels in (1, 3):
+            mean, std = (0.5,) * channels, (0.25,) * channels
+            p = Preprocessing(image_size, channels, mean, std, resize, crop_pct, interpolation, resize_backend)  # type: ignore[arg-type]
+            for image in images:
+                expected = torchvision_eval_transform(p, image)
+                got = EvalTransform(p)(image)
+                assert got.shape == expected.shape == (channels, image_size, image_size)
+                torch.testing.assert_close(got, expected, atol=0, rtol=0, msg=f"{p} on {type(image).__name__}")
+
+
+@pytest.mark.parametrize("native_uint8", [True, False])
+@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
+def test_a_batch_resizes_as_torchvision_resizes_it(
+    photo: Image.Image, interpolation: str, native_uint8: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GPU decoder's path: a stack of uint8 images, resized natively or through float32 (on a GPU, and on
+    CPUs without a uint8 kernel), and luminance in float rounded back to uint8."""
+    if not native_uint8:
+        monkeypatch.setattr(preprocessing, "native_uint8_resize", lambda interpolation: False)
+        monkeypatch.setattr(tv_geometry, "_do_native_uint8_resize_on_cpu", lambda interpolation: False)
+    batch = torch.stack([TF.pil_to_tensor(photo), TF.pil_to_tensor(photo.rotate(180))])
+    p = Preprocessing(48, 3, (0.5,) * 3, (0.25,) * 3, "center_crop", 0.875, interpolation)  # type: ignore[arg-type]
+    mode = InterpolationMode(interpolation)
+    expected = TF.center_crop(TF.resize(batch, p.resize_size, interpolation=mode, antialias=True), [48, 48])
+    torch.testing.assert_close(resize_and_crop(batch, p), expected, atol=0, rtol=0)
+    as_float = batch.float()
+    expected = TF.center_crop(TF.resize(as_float, p.resize_size, interpolation=mode, antialias=True), [48, 48])
+    torch.testing.assert_close(resize_and_crop(as_float, p), expected, atol=0, rtol=0)
+    torch.testing.assert_close(luminance(as_float), TF.rgb_to_grayscale(as_float), atol=0, rtol=0)
 
 
 def test_resize_size_keeps_exact_ratios() -> None:
