@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from importlib.metadata import version
 from pathlib import Path
@@ -13,12 +13,20 @@ import pytest
 import torch
 
 from app.core import onnx_backend
-from app.core.onnx_backend import GraphCache, OnnxExportError, exported
+from app.core.onnx_backend import (
+    GraphCache,
+    LogitsAndEmbedding,
+    OnnxExportError,
+    OnnxForward,
+    export,
+    quantize_int8,
+    session,
+)
 from app.settings import Settings
 from harness.images import encode
 from model.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from model.shapes import SHAPE_CLASSES, make_sample
-from model.vit import ViT, ViTConfig
+from model.vit import ViT
 from tests.support.checkpoints import TINY, TINY_PREPROCESSING, tiny_model
 from tests.support.clients import ClientFactory
 
@@ -38,10 +46,31 @@ VARIANTS = {
 }
 
 
-@pytest.mark.parametrize("config", VARIANTS.values(), ids=VARIANTS.keys())
-def test_exported_graph_gives_torchs_probabilities_and_embeddings(config: ViTConfig) -> None:
+@pytest.fixture(scope="module")
+def float_graph(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """`float_graph(variant)`: the float32 graph of `tiny_model(VARIANTS[variant], seed=1)`, exported once for
+    the float32 and the int8 tests of that variant (as `exported` does: `export`, then `quantize_int8`)."""
+    graphs: dict[str, Path] = {}
+
+    def get(variant: str) -> Path:
+        if variant not in graphs:
+            config = VARIANTS[variant]
+            path = tmp_path_factory.mktemp("graph") / "model.onnx"
+            shape = (config.in_channels, config.image_size, config.image_size)
+            export(LogitsAndEmbedding(tiny_model(config, seed=1)), shape, path)
+            graphs[variant] = path
+        return graphs[variant]
+
+    return get
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_exported_graph_gives_torchs_probabilities_and_embeddings(
+    variant: str, float_graph: Callable[[str], Path]
+) -> None:
+    config = VARIANTS[variant]
     model = tiny_model(config, seed=1)
-    graph = exported(model, (config.in_channels, config.image_size, config.image_size), threads=1)
+    graph = OnnxForward(session(float_graph(variant), threads=1), quantization=None)
     torch.manual_seed(2)
     for batch in (1, 3, 8):  # the batch dimension is dynamic
         x = torch.randn(batch, config.in_channels, config.image_size, config.image_size)
@@ -116,10 +145,11 @@ INT8_PROBABILITY_TOLERANCE = 0.01  # absolute, per class
 INT8_MIN_COSINE = 0.99  # of each image's logits, and of its embedding, with float32 torch's
 
 
-@pytest.mark.parametrize("config", VARIANTS.values(), ids=VARIANTS.keys())
-def test_int8_graph_stays_close_to_float32(config: ViTConfig) -> None:
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_int8_graph_stays_close_to_float32(variant: str, float_graph: Callable[[str], Path]) -> None:
+    config = VARIANTS[variant]
     model = tiny_model(config, seed=1)
-    graph = exported(model, (config.in_channels, config.image_size, config.image_size), threads=1, int8=True)
+    graph = OnnxForward(session(quantize_int8(float_graph(variant)), threads=1), quantization="dynamic")
     torch.manual_seed(2)
     x = torch.randn(16, config.in_channels, config.image_size, config.image_size)
     with torch.inference_mode():
