@@ -6,7 +6,9 @@ import argparse
 import asyncio
 import sys
 
-from app.server import serve
+from pydantic import ValidationError
+
+from app.startup import read_settings, startup_failed
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -19,13 +21,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
+        settings = read_settings()
+    except ValidationError as e:  # said before the serving stack is imported
+        return startup_failed(e)
+    from app.server import serve
+
+    try:
         import uvloop
 
         loop_factory = uvloop.new_event_loop
     except ImportError:  # uvloop is Linux and macOS only
         loop_factory = None
     with asyncio.Runner(loop_factory=loop_factory) as runner:
-        return runner.run(serve(args.host, args.port))
+        return runner.run(serve(args.host, args.port, settings))
 
 
 if __name__ == "__main__":

@@ -21,14 +21,14 @@ from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
-from pydantic import ValidationError
 
 from app.core.data_plane import DataPlane
 from app.core.metrics import Metrics
 from app.core.remote import RemoteDataPlane
 from app.grpc.server import GrpcServer
 from app.logs import configure_logging, uvicorn_log_config
-from app.settings import Settings, configured_names, unknown_variables
+from app.settings import Settings
+from app.startup import read_settings, startup_errors, startup_failed
 from app.tracing import configure_tracing, shutdown_tracing
 from app.web.app import create_app
 from model.device import resolve_device
@@ -37,39 +37,6 @@ if TYPE_CHECKING:  # imported where an engine is built: front-end processes neve
     from app.core.engine import Engine
 
 log = logging.getLogger("app")
-
-STARTUP_FAILED_EXIT_CODE = 3
-
-
-def startup_errors() -> tuple[type[Exception], ...]:
-    """What a bad setting, checkpoint or port raises at startup."""
-    from model.checkpoint import CheckpointError  # here: front-end processes never read a checkpoint
-
-    return (ValidationError, CheckpointError, ValueError, OSError)
-
-
-def describe_startup_error(e: Exception) -> str:
-    """One line that says what to fix."""
-    if isinstance(e, ValidationError):
-        problems = [f"VIT_{'.'.join(map(str, err['loc'])).upper()}: {err['msg']}" for err in e.errors()]
-        return "invalid settings: " + "; ".join(problems)
-    return str(e)
-
-
-def read_settings() -> Settings:
-    """Settings from VIT_* variables (and .env), naming the VIT_ variables that set nothing."""
-    settings = Settings()
-    configure_logging(settings.log_level, settings.log_format)
-    for message in unknown_variables(configured_names()):
-        log.warning(message)
-    return settings
-
-
-def startup_failed(e: Exception) -> int:
-    # The settings may be what failed: the format is read as given, text unless it says json.
-    configure_logging("info", "json" if os.environ.get("VIT_LOG_FORMAT", "").lower() == "json" else "text")
-    log.critical("startup failed: %s", describe_startup_error(e))
-    return STARTUP_FAILED_EXIT_CODE
 
 
 def bind_http(host: str, port: int, reuse_port: bool = False) -> socket.socket:

@@ -44,8 +44,9 @@ from app.core.metrics import Metrics
 from app.core.remote import RemoteDataPlane
 from app.core.shared_memory import Arena
 from app.logs import configure_logging
-from app.server import STARTUP_FAILED_EXIT_CODE, serve_front_end, startup_errors, startup_failed
+from app.server import serve_front_end
 from app.settings import Settings
+from app.startup import STARTUP_FAILED_EXIT_CODE, startup_errors, startup_failed
 from app.tracing import configure_tracing, shutdown_tracing
 
 log = logging.getLogger("app")

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from app.server import read_settings
 from app.settings import AUTO_WORKERS_ON_GPU, Settings, available_cpus, configured_names, unknown_variables
+from app.startup import read_settings
 
 
 def test_one_model_is_named_by_its_file() -> None:
