@@ -3,8 +3,10 @@ output kept in a file, ready when an endpoint answers 200, stopped with the whol
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -112,3 +114,23 @@ class Server(ServerProcess):
     def __enter__(self) -> Server:
         super().__enter__()
         return self
+
+    def accepted(self, protocol: str, route: str) -> float:
+        """Requests of `protocol` ("http" or "grpc") to `route` (a path, or an RPC) that the server has taken:
+        answered or in flight, from /metrics (summed over every serving process)."""
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        wanted = (f'protocol="{protocol}"', f'route="{route}"')
+        return sum(
+            float(value)
+            for labels, value in re.findall(r"^vit_requests(?:_total|_in_flight)\{([^}]*)\} (\S+)$", text, re.MULTILINE)
+            if all(label in labels for label in wanted)
+        )
+
+    async def until_accepted(self, protocol: str, route: str, count: float, timeout: float = 60) -> None:
+        """Wait (without blocking the event loop that sends them) until the server has taken `count` requests
+        of `protocol` to `route`."""
+        deadline = time.monotonic() + timeout
+        while (taken := await asyncio.to_thread(self.accepted, protocol, route)) < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the server took {taken:.0f} of {count:.0f} {protocol} requests to {route}")
+            await asyncio.sleep(0.02)

@@ -33,6 +33,13 @@ class Metrics:
             ["protocol", "route", "status"],
             registry=r,
         )
+        self.in_flight = Gauge(
+            "vit_requests_in_flight",
+            "Requests accepted and not yet answered, by protocol and route (or RPC)",
+            ["protocol", "route"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
         self.latency = Histogram(
             "vit_request_latency_seconds",
             "Request latency by protocol and route (or RPC)",

@@ -79,8 +79,7 @@ def rpc(
     def decorate(method: Method[Request, Response]) -> Handler[Response]:
         name = method.__name__
 
-        @functools.wraps(method)
-        async def answer(self: InferenceServicer, body: bytes, context: grpc.aio.ServicerContext) -> Response:
+        async def handle(self: InferenceServicer, body: bytes, context: grpc.aio.ServicerContext) -> Response:
             started = time.perf_counter()
             try:
                 try:
@@ -113,6 +112,15 @@ def rpc(
             self.count(name, code, started)
             await context.abort(code, detail)
             raise AssertionError("unreachable: abort raises")
+
+        @functools.wraps(method)
+        async def answer(self: InferenceServicer, body: bytes, context: grpc.aio.ServicerContext) -> Response:
+            in_flight = self.plane.metrics.in_flight.labels("grpc", name)
+            in_flight.inc()
+            try:
+                return await handle(self, body, context)
+            finally:  # before the answer or the status goes out
+                in_flight.dec()
 
         answer.rpc = True  # type: ignore[attr-defined]
         return answer

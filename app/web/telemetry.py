@@ -75,10 +75,13 @@ class RequestTelemetry:
                 message["headers"] = [*message["headers"], (b"x-request-id", request_id.encode())]
             await send(message)
 
+        in_flight = self.metrics.in_flight.labels("http", route)
+        in_flight.inc()
         try:
             await self.app(scope, receive, send_with_id)
         finally:
             seconds = time.perf_counter() - started
+            in_flight.dec()
             self.metrics.requests.labels("http", route, str(status)).inc()
             self.metrics.latency.labels("http", route).observe(seconds)
             if route != "/metrics" and "/health/" not in route:

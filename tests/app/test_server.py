@@ -66,7 +66,8 @@ def test_sigterm_drains_http_and_grpc_together(workers: str) -> None:
                     asyncio.ensure_future(stub.ModelInfer(image_request(*[PNG] * 8, model="vit-shapes")))
                     for _ in range(16)
                 ]
-                await asyncio.sleep(0.3)  # sent and accepted
+                await s.until_accepted("http", "/predict", 16)  # every call taken (in flight or answered)
+                await s.until_accepted("grpc", "ModelInfer", 16)
                 signalled = time.monotonic()
                 s.proc.send_signal(signal.SIGTERM)
                 not_ready: dict[str, float] = {}

@@ -165,7 +165,7 @@ def test_sigterm_answers_the_calls_under_way() -> None:
             async with grpc.aio.insecure_channel(s.grpc_target) as channel:
                 stub = GRPCInferenceServiceStub(channel)
                 calls = [asyncio.ensure_future(stub.ModelInfer(request, timeout=60)) for _ in range(32)]
-                await asyncio.sleep(0.3)  # sent and accepted
+                await s.until_accepted("grpc", "ModelInfer", 32)  # every call taken (in flight or answered)
                 s.proc.send_signal(signal.SIGTERM)
                 return [len(r.outputs) for r in await asyncio.gather(*calls)]
 

@@ -142,6 +142,7 @@ async def test_requests_are_counted_with_their_protocol(edge: Edge) -> None:
     assert 'vit_requests_total{protocol="grpc",route="ModelInfer",status="OK"} 1.0' in text
     assert 'vit_requests_total{protocol="grpc",route="ModelInfer",status="NOT_FOUND"} 1.0' in text
     assert 'vit_request_latency_seconds_count{protocol="grpc",route="ModelInfer"} 2.0' in text
+    assert 'vit_requests_in_flight{protocol="grpc",route="ModelInfer"} 0.0' in text  # both answered
 
 
 async def test_stopping_answers_the_calls_under_way(edge: Edge) -> None:

@@ -170,6 +170,8 @@ async def test_health_and_metrics(client: httpx.AsyncClient, shape_png: bytes) -
     r = await client.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     assert metric(r.text, "vit_requests_total", '{protocol="http",route="/predict",status="200"}') == 1
+    assert metric(r.text, "vit_requests_in_flight", '{protocol="http",route="/predict"}') == 0  # answered
+    assert metric(r.text, "vit_requests_in_flight", '{protocol="http",route="/metrics"}') == 1  # this one
     for name in (
         "vit_request_latency_seconds_bucket",
         "vit_inference_seconds_count",

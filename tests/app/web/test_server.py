@@ -77,7 +77,7 @@ def test_sigterm_drains_accepted_requests(tiny_checkpoint: Path) -> None:
                     asyncio.create_task(client.post("/predict", files=[("files", (f"{i}.png", png, "image/png"))] * 4))
                     for i in range(24)
                 ]
-                await asyncio.sleep(0.3)  # let them connect and be accepted
+                await s.until_accepted("http", "/predict", 24)  # every request taken (in flight or answered)
                 s.proc.send_signal(signal.SIGTERM)
                 return [r.status_code for r in await asyncio.gather(*tasks)]
 
