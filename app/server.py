@@ -106,7 +106,7 @@ async def serve(host: str, port: int, settings: Settings | None = None) -> int:
     except OSError as e:
         await engine.shutdown(0)
         return startup_failed(e)
-    engine.start()
+    engine.start(freeze_heap=True)
     http = http_server(engine, settings)
     serving = asyncio.create_task(http.serve(sockets=[sock]))
     log.info("ready: HTTP on %s:%d", host, port)
@@ -237,7 +237,7 @@ class LifespanApp:
             code = startup_failed(e)
             logging.shutdown()
             os._exit(code)
-        engine.start()
+        engine.start(freeze_heap=True)
         self.app = create_app(engine)
         log.info("ready")
         await send({"type": "lifespan.startup.complete"})

@@ -334,7 +334,7 @@ async def serve_engine(settings: Settings, address: str, loaded: ProcessEvent) -
         engine = await asyncio.to_thread(Engine.load, settings, Metrics())
     except startup_errors() as e:
         return startup_failed(e)
-    engine.start()
+    engine.start(freeze_heap=True)
     host = EngineHost(engine, address)
     serving = asyncio.create_task(host.serve(stop))
     await asyncio.sleep(0)  # bound before the supervisor hears it is up

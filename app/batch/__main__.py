@@ -188,7 +188,7 @@ async def run(
 async def classify(
     settings: Settings, paths: list[str], infer: InferOptions, options: RowOptions, output: Path, kept: list[Row]
 ) -> Counts:
-    async with Engine.serving(settings) as plane:
+    async with Engine.serving(settings, freeze_heap=True) as plane:
         model = plane.describe(None)
         model.class_index(infer.target)  # a bad --target fails before any image
         journal = Journal(journal_path(output), kept)

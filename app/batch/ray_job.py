@@ -100,7 +100,7 @@ class Classify:
 
 async def start_engine(settings: Settings) -> Engine:
     engine = await asyncio.to_thread(Engine.load, settings)
-    engine.start()
+    engine.start(freeze_heap=True)  # an actor's process is its own
     return engine
 
 

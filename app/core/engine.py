@@ -59,6 +59,7 @@ class Engine:
         self.is_ready = False  # what readiness probes are told
         self.taking_requests = False  # whether requests are taken (also while draining)
         self.started = False
+        self.froze_heap = False  # by `start`, for its owner
         # decoding, overlays and large responses: CPU work kept off the event loop
         self.cpu_pool = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="cpu")
 
@@ -92,10 +93,13 @@ class Engine:
 
     @classmethod
     @asynccontextmanager
-    async def serving(cls, settings: Settings, metrics: Metrics | None = None) -> AsyncIterator[Engine]:
-        """Loaded (on a thread), started on this event loop, and shut down after the block."""
+    async def serving(
+        cls, settings: Settings, metrics: Metrics | None = None, freeze_heap: bool = False
+    ) -> AsyncIterator[Engine]:
+        """Loaded (on a thread), started on this event loop (see `start` for `freeze_heap`), and shut down
+        after the block."""
         engine = await asyncio.to_thread(cls.load, settings, metrics)
-        engine.start()
+        engine.start(freeze_heap)
         try:
             yield engine
         finally:
@@ -122,13 +126,18 @@ class Engine:
             raise ModelNotFound(f"model {name!r} has no version {version!r}; it serves version {model.version}")
         return model
 
-    def start(self) -> None:
-        """Start every model's batcher; ready once all are loaded, warm and running."""
-        # Everything alive now (torch, the models) lives until shutdown. Frozen, it is no longer
-        # walked by each full collection: under load those stopped every thread for ~200 ms and
-        # made the p99 (see vit_gc_pause_seconds).
-        gc.collect()
-        gc.freeze()
+    def start(self, freeze_heap: bool = False) -> None:
+        """Start every model's batcher; ready once all are loaded, warm and running.
+
+        With `freeze_heap`, asked by the process's owner (`python -m app`, the engine process, the batch
+        runner), everything alive now (torch, the models) is collected once and frozen until shutdown: no
+        longer walked by each full collection, which under load stopped every thread for ~200 ms and made
+        the p99 (see vit_gc_pause_seconds). An engine inside another program (an in-process app, a test)
+        leaves that program's collector alone."""
+        if freeze_heap:
+            gc.collect()
+            gc.freeze()
+        self.froze_heap = freeze_heap
         self.metrics.watch_gc()
         for model in self.served.values():
             model.batcher.start()
@@ -378,7 +387,8 @@ class Engine:
         self.cpu_pool.shutdown(wait=False, cancel_futures=True)
         if self.started:
             self.metrics.unwatch_gc()
-            gc.unfreeze()  # in-process apps (tests) give their objects back to the collector
+        if self.froze_heap:
+            gc.unfreeze()  # back to the collector: the program may go on (the batch runner's caller, a test)
 
 
 def startup_models(settings: Settings, repository: Repository | None, files: dict[str, FileStamp]) -> dict[str, Path]:
