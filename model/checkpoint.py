@@ -134,8 +134,7 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Che
     digest = content_hash(tensors)
     if digest != metadata.get("content_hash"):
         raise CheckpointError(path, "content hash mismatch: the tensors were modified or corrupted")
-    with torch.device("meta"):  # nothing allocated or randomly initialised: every weight comes from the file
-        model = ViT(config)
+    model = ViT(config)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
@@ -148,9 +147,6 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Che
             raise CheckpointError(
                 path, f"tensor {name} has shape {tuple(t.shape)}, config expects {tuple(expected[name].shape)}"
             )
-    # Copies, not the file's memory map: a file rewritten in place must not pull pages from under the model.
-    owned = {name: t.to(expected[name].dtype, copy=True) for name, t in tensors.items()}
-    model.load_state_dict(owned, assign=True)
-    model.build_fixed_buffers()
+    model.load_state_dict(tensors)
     model.to(device).eval()
     return Checkpoint(model, config, classes, preprocessing, training, digest, str(path))

@@ -423,16 +423,6 @@ class ViT(nn.Module):
         """How attention maps are read out of this model: the way it pools for its prediction."""
         return Readout(self.config.num_prefix_tokens, self.config.pool, self.config.attention_pattern == "axial")
 
-    def build_fixed_buffers(self) -> None:
-        """Compute again what the config alone decides and no checkpoint holds: a fixed position table
-        and the axial masks (for a model built on the meta device, then given its weights)."""
-        c = self.config
-        if not isinstance(self.pos_embed, nn.Parameter):
-            self.pos_embed = build_pos_embed(c.pos_embed, c.grid_size, c.dim, c.num_embedded_prefix_tokens)
-        for m in self.modules():
-            if isinstance(m, AxialAttention):
-                m.mask = axial_mask(m.grid, m.prefix, m.axis)
-
     def _init_weights(self) -> None:
         if isinstance(self.pos_embed, nn.Parameter):
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
