@@ -124,7 +124,10 @@ def test_disconnected_clients_are_not_computed(tmp_path: Path) -> None:
 
         async def impatient(n: int) -> int:
             gave_up = 0
-            async with httpx.AsyncClient(base_url=server.url, timeout=0.3) as client:
+            # Long enough for the server to queue the images even on a busy machine (with 0.3 s a client
+            # could give up before its request was read: nothing queued, so nothing to drop), and shorter
+            # than the seconds one thread takes for the 120 images.
+            async with httpx.AsyncClient(base_url=server.url, timeout=1.0) as client:
 
                 async def one() -> None:
                     nonlocal gave_up
