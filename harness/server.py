@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -16,6 +15,7 @@ import time
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -119,11 +119,14 @@ class Server(ServerProcess):
         """Requests of `protocol` ("http" or "grpc") to `route` (a path, or an RPC) that the server has taken:
         answered or in flight, from /metrics (summed over every serving process)."""
         text = httpx.get(self.url + "/metrics", timeout=10).text
-        wanted = (f'protocol="{protocol}"', f'route="{route}"')
         return sum(
-            float(value)
-            for labels, value in re.findall(r"^vit_requests(?:_total|_in_flight)\{([^}]*)\} (\S+)$", text, re.MULTILINE)
-            if all(label in labels for label in wanted)
+            sample.value
+            for family in text_string_to_metric_families(text)
+            if family.name in ("vit_requests", "vit_requests_in_flight")
+            for sample in family.samples
+            if sample.name in ("vit_requests_total", "vit_requests_in_flight")
+            and sample.labels.get("protocol") == protocol
+            and sample.labels.get("route") == route
         )
 
     async def until_accepted(self, protocol: str, route: str, count: float, timeout: float = 60) -> None:

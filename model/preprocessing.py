@@ -18,6 +18,7 @@ with torchvision's own), so that serving imports neither torchvision nor the tor
 
 from __future__ import annotations
 
+import functools
 import math
 import platform
 from dataclasses import dataclass
@@ -173,6 +174,7 @@ def resize(image: Any, size: int | tuple[int, int], interpolation: Interpolation
     return x.reshape(*shape[:-3], channels, height, width)
 
 
+@functools.cache  # the CPU does not change: decided once per interpolation, not per image
 def native_uint8_resize(interpolation: Interpolation) -> bool:
     if interpolation == "bilinear":
         return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") or platform.machine() in (
