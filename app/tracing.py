@@ -6,9 +6,9 @@
 `OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG`, `OTEL_BSP_*` for the batching of exports.
 
 With none of them set nothing here is imported beyond the API, whose tracer is a no-op: the core's spans
-(`app.core.tracing`) cost a function call. When on, the HTTP edge (FastAPI's instrumentation) and the
-gRPC edge (grpcio's server interceptor) start one span per request, continuing an incoming W3C
-`traceparent`; the core adds its spans under it.
+(`app.core.tracing`) cost a function call. When on, the HTTP edge (FastAPI's native instrumentation,
+`app.web.telemetry.http_telemetry`) and the gRPC edge (grpcio's server interceptor) start one span per
+request, continuing an incoming W3C `traceparent`; the core adds its spans under it.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from opentelemetry import trace
 
 log = logging.getLogger("app")
 DEFAULT_SERVICE_NAME = "vit-serve"
-EXCLUDED_URLS = "health/live,health/ready,metrics"  # probes and scrapes: no trace each
 
 
 def tracing_configured(env: Mapping[str, str] = os.environ) -> bool:
@@ -73,14 +72,6 @@ def shutdown_tracing() -> None:
     shutdown = getattr(provider, "shutdown", None)
     if shutdown is not None:
         shutdown()
-
-
-def instrument_http(app: Any) -> None:
-    """A server span per HTTP request (FastAPI's instrumentation), when tracing is configured."""
-    from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
-
-    # no span per body chunk read or written: the request's span and the core's say where the time went
-    FastAPIInstrumentor.instrument_app(app, excluded_urls=EXCLUDED_URLS, exclude_spans=["receive", "send"])
 
 
 def grpc_interceptors() -> list[Any]:

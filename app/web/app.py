@@ -6,11 +6,11 @@ from fastapi import FastAPI
 
 from app import __version__
 from app.core.data_plane import DataPlane
-from app.tracing import instrument_http, tracing_configured
+from app.tracing import tracing_configured
 from app.web.errors import install_error_handlers
 from app.web.pages import install_pages
 from app.web.predict_routes import router
-from app.web.telemetry import RequestTelemetry
+from app.web.telemetry import RequestTelemetry, http_telemetry
 from app.web.v2_routes import router as v2_router
 
 DESCRIPTION = """
@@ -33,6 +33,7 @@ def create_app(data_plane: DataPlane) -> FastAPI:
         description=DESCRIPTION,
         docs_url=None,
         redoc_url=None,
+        telemetry=http_telemetry(tracing_configured()),  # a span per request when OTLP is configured
     )
     app.state.data_plane = data_plane
     install_error_handlers(app)
@@ -40,6 +41,4 @@ def create_app(data_plane: DataPlane) -> FastAPI:
     app.include_router(v2_router)  # the Open Inference Protocol (KServe V2) over the same models
     install_pages(app)  # the try-it page at /, and /docs and /redoc with local assets
     app.add_middleware(RequestTelemetry, metrics=data_plane.metrics)
-    if tracing_configured():  # a span per request, outermost (OTEL_EXPORTER_OTLP_ENDPOINT; app.tracing)
-        instrument_http(app)
     return app

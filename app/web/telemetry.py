@@ -1,4 +1,5 @@
-"""ASGI middleware: a request ID on every request and response, one access log line, HTTP metrics."""
+"""ASGI middleware: a request ID on every request and response, one access log line, HTTP metrics; and
+the settings of FastAPI's own OpenTelemetry instrumentation, which opens each request's server span."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import re
 import time
 import uuid
 
+from fastapi.telemetry import TelemetryConfig
 from opentelemetry import trace
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -36,6 +38,30 @@ VALID_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 V2_MODEL_PATH = re.compile(r"^/v2/models/[^/]+(?:/versions/[^/]+)?(/ready|/infer|/stats)?$")
 V2_REPOSITORY_PATH = re.compile(r"^/v2/repository/models/[^/]+/(load|unload)$")
+
+
+UNTRACED = frozenset({"/metrics", "/health/live", "/health/ready", "/v2/health/live", "/v2/health/ready"})
+
+
+def untraced(scope: Scope) -> bool:
+    """Probes and scrapes: no span, no access line."""
+    return scope["path"] in UNTRACED
+
+
+def http_telemetry(traced: bool) -> TelemetryConfig:
+    """FastAPI's native OpenTelemetry instrumentation, as this service uses it: with `traced` (an OTLP
+    endpoint configured, app.tracing), a server span per request but the probes and scrapes, continuing an
+    incoming W3C `traceparent` and named `{method} {route}` after the route's template. Its metrics and logs
+    stay off (the service has its own, below), and so do its spans per dependency, endpoint and
+    serialization: the core's spans say where a request's time went."""
+    return {
+        "tracing": traced,
+        "metrics": False,
+        "logs": False,
+        "operation_spans": False,
+        "auto_configure": False,  # the provider and its exporter are app.tracing's
+        "exclude": untraced,
+    }
 
 
 def route_label(path: str) -> str:
@@ -84,7 +110,7 @@ class RequestTelemetry:
             in_flight.dec()
             self.metrics.requests.labels("http", route, str(status)).inc()
             self.metrics.latency.labels("http", route).observe(seconds)
-            if route != "/metrics" and "/health/" not in route:
+            if not untraced(scope):
                 extra = {"request_id": request_id}
                 traced = ""
                 span = trace.get_current_span().get_span_context()

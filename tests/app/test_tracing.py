@@ -77,7 +77,10 @@ def test_a_request_continues_its_trace_with_the_cores_spans(workers: str) -> Non
 
             wait_for(receiver, lambda: traced("encode") and traced("infer") and receiver.named("batch"))
             request = one([s for s in receiver.spans if s.trace_id == TRACE and s.parent_span_id == PARENT])
-            assert request.name == "POST /predict" and request.attributes["http.status_code"] == 200
+            assert request.name == "POST /predict" and request.attributes["http.response.status_code"] == 200
+            assert request.attributes["http.route"] == "/predict"
+            names = {s.name for s in receiver.spans if s.trace_id == TRACE}  # one span per request: no more
+            assert names == {"POST /predict", "infer", "admission", "decode", "queue", "encode"}, names
             assert request.service == "vit-test"
             infer = one(traced("infer"))
             assert infer.parent_span_id == request.span_id  # across the processes with VIT_WORKERS=2
