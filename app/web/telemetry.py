@@ -105,6 +105,10 @@ class RequestTelemetry:
         in_flight.inc()
         try:
             await self.app(scope, receive, send_with_id)
+        except Exception:  # Starlette's outermost middleware answers it with a 500
+            if status == 499:
+                status = 500
+            raise
         finally:
             seconds = time.perf_counter() - started
             in_flight.dec()

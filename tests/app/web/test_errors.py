@@ -7,6 +7,7 @@ from pathlib import Path
 import httpx
 import pytest
 from PIL import Image
+from prometheus_client.parser import text_string_to_metric_families
 
 from app.core.engine import Engine
 from app.settings import Settings
@@ -224,3 +225,31 @@ def test_bad_settings_are_clear() -> None:
         Settings(max_queue=2, max_files=4)
     with pytest.raises(ValidationError):
         Settings(max_batch_size=0)
+
+
+async def test_an_unexpected_error_is_a_500_and_counted_as_one(make_client: ClientFactory) -> None:
+    async with make_client() as served:
+        app = served.app  # type: ignore[attr-defined]
+
+        async def broken(request: object, encode: object) -> bytes:
+            raise RuntimeError("a bug (simulated)")
+
+        app.state.data_plane.infer = broken
+        # Starlette's outermost middleware answers the 500, then re-raises for the server to log
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            png = encode(make_sample(1, 0).image)
+            r = await client.post(
+                "/predict", files={"file": ("x.png", png, "image/png")}, headers={"x-request-id": "r1"}
+            )
+            assert_error(r, 500, "internal error; quote request id r1")
+            assert "a bug" not in r.text and "Traceback" not in r.text
+            metrics = (await client.get("/metrics")).text
+    counted = {
+        sample.labels["status"]: sample.value
+        for family in text_string_to_metric_families(metrics)
+        if family.name == "vit_requests"
+        for sample in family.samples
+        if sample.name == "vit_requests_total" and sample.labels["route"] == "/predict"
+    }
+    assert counted == {"500": 1.0}  # as answered, not as a client that left (499)
