@@ -5,7 +5,9 @@
 `python -m app` with the bundled model on the CPU. The load cycles over 16 distinct 500x375 JPEGs at
 concurrency 32: 16 `hey` processes, each posting its own image to `/predict` (multipart) from 2
 workers. Rounds alternate between VIT_CACHE_BYTES=0 (off) and 64 MiB; each round also measures
-`GET /health/live` at concurrency 32, what a request costs that does no inference at all.
+`GET /health/live` at concurrency 32, what a request costs that does no inference at all. What a request
+costs is the server's CPU time (user + system, from /proc) over the requests answered: on 2 cores the
+`hey` processes take their share of the CPU too, and more of it to upload images than to ask for /health.
 """
 
 from __future__ import annotations
@@ -48,11 +50,12 @@ def photos() -> list[bytes]:
     return out
 
 
-def rate(out: str) -> tuple[float, int]:
-    """Requests/s and non-200 answers from one hey report."""
+def rate(out: str) -> tuple[float, int, int]:
+    """Requests/s, non-200 answers and answers in all from one hey report."""
     found = re.search(r"Requests/sec:\s+(\S+)", out)
     statuses = {int(c): int(n) for c, n in re.findall(r"\[(\d+)\]\s+(\d+) responses", out)}
-    return (float(found.group(1)) if found else 0.0), sum(n for c, n in statuses.items() if c != 200)
+    errors = sum(n for c, n in statuses.items() if c != 200)
+    return (float(found.group(1)) if found else 0.0), errors, sum(statuses.values())
 
 
 def measure(cache_bytes: int, bodies: list[tuple[Path, str]], seconds: float) -> dict[str, Any]:
@@ -60,17 +63,22 @@ def measure(cache_bytes: int, bodies: list[tuple[Path, str]], seconds: float) ->
         url = server.url + "/predict"
         for proc in [start_hey(url, 2, 2, body, ct) for body, ct in bodies]:  # warm (and fill the cache)
             proc.communicate()
+        cpu = server.cpu_seconds()
         procs = [start_hey(url, seconds, 2, body, ct) for body, ct in bodies]
         results = [rate(p.communicate()[0]) for p in procs]
+        predict_cpu, cpu = server.cpu_seconds() - cpu, server.cpu_seconds()
         health = rate(start_hey(server.url + "/health/live", seconds, 32).communicate()[0])
+        health_cpu = server.cpu_seconds() - cpu
         metrics = httpx.get(server.url + "/metrics").text
     hits = sum(float(v) for v in re.findall(r"^vit_cache_hits_total\{[^}]*\} (\S+)", metrics, re.MULTILINE))
     misses = sum(float(v) for v in re.findall(r"^vit_cache_misses_total\{[^}]*\} (\S+)", metrics, re.MULTILINE))
     return {
         "cache_bytes": cache_bytes,
-        "predict_per_s": round(sum(r for r, _ in results), 1),
-        "errors": sum(e for _, e in results),
+        "predict_per_s": round(sum(r for r, _, _ in results), 1),
+        "errors": sum(e for _, e, _ in results),
         "health_per_s": round(health[0], 1),
+        "predict_cpu_us": round(predict_cpu / sum(n for _, _, n in results) * 1e6),
+        "health_cpu_us": round(health_cpu / health[2] * 1e6),
         "hits": int(hits),
         "misses": int(misses),
     }
@@ -101,7 +109,8 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"`python -m bench.cache`: the bundled model, `/predict` cycling over {report['images']} distinct 500x375 "
         f"JPEGs at concurrency {report['concurrency']}, {report['seconds']:.0f} s per run, rounds alternating; "
-        "`GET /health/live` at concurrency 32 in the same server after each run.",
+        "`GET /health/live` at concurrency 32 in the same server after each run. A request's cost is the "
+        "server's CPU time (user + system) over the requests it answered.",
         "",
         *table(
             [
@@ -112,6 +121,9 @@ def markdown(report: dict[str, Any]) -> str:
                 "misses",
                 "/health/live req/s",
                 "/predict : /health",
+                "server CPU per /predict",
+                "per /health/live",
+                "CPU ratio",
             ],
             [
                 [
@@ -122,6 +134,9 @@ def markdown(report: dict[str, Any]) -> str:
                     r["misses"],
                     f"{r['health_per_s']:.1f}",
                     f"{r['predict_per_s'] / r['health_per_s']:.2f}",
+                    f"{r['predict_cpu_us']} µs",
+                    f"{r['health_cpu_us']} µs",
+                    f"{r['predict_cpu_us'] / r['health_cpu_us']:.1f}",
                 ]
                 for r in report["runs"]
             ],

@@ -79,6 +79,7 @@ def main() -> None:
     args = parse_args()
     data, content_type = multipart(sample_images()["png-small"], "shape.png", "image/png")
     runs: dict[str, list[float]] = {label: [] for label in args.configs}
+    cpu_us: dict[str, list[float]] = {label: [] for label in args.configs}
     exports = 0
     with tempfile.NamedTemporaryFile(suffix=".body") as f, Receiver(keep=False) as receiver:
         f.write(data)
@@ -103,11 +104,17 @@ def main() -> None:
                 server = start(tree, env)
                 try:
                     run_hey(server.url + "/predict", body, content_type, args.concurrency, 2)  # warm
+                    cpu = server.cpu_seconds()
                     r = run_hey(server.url + "/predict", body, content_type, args.concurrency, args.seconds)
+                    cpu = server.cpu_seconds() - cpu
                 finally:
                     server.stop()
                 runs[label].append(r.requests_per_s)
-                print(f"{label}: {r.requests_per_s:.1f} req/s, errors {r.errors}", flush=True)
+                cpu_us[label].append(cpu / (r.ok + r.errors) * 1e6)
+                print(
+                    f"{label}: {r.requests_per_s:.1f} req/s, {cpu_us[label][-1]:.0f} µs CPU, {r.errors} errors",
+                    flush=True,
+                )
         exports = receiver.count
     report = {
         "cpu_count": os.cpu_count(),
@@ -117,6 +124,7 @@ def main() -> None:
         "concurrency": args.concurrency,
         "seconds": args.seconds,
         "runs": runs,
+        "server_cpu_us": cpu_us,
         "exports_received": exports,
     }
     write_results(args.name, report, markdown(report))
@@ -128,15 +136,25 @@ def mean(values: list[float]) -> float:
 
 def markdown(report: dict[str, Any]) -> str:
     base = mean(report["runs"]["no tracing code"])
+    base_cpu = mean(report["server_cpu_us"]["no tracing code"])
     official = (
         f", the tree whose HTTP spans come from OpenTelemetry's FastAPI instrumentation {report['official']}"
         if report.get("official")
         else ""
     )
-    rows = [
-        [label, ", ".join(f"{v:.1f}" for v in values), f"{mean(values):.1f}", f"{mean(values) / base:.3f}"]
-        for label, values in report["runs"].items()
-    ]
+    rows = []
+    for label, values in report["runs"].items():
+        cpu = report["server_cpu_us"][label]
+        rows.append(
+            [
+                label,
+                ", ".join(f"{v:.1f}" for v in values),
+                f"{mean(values):.1f}",
+                f"{mean(values) / base:.3f}",
+                ", ".join(f"{v:.0f}" for v in cpu),
+                f"{mean(cpu) - base_cpu:+.0f} µs",
+            ]
+        )
     return "\n".join(
         [
             f"# Tracing cost on the CPU ({report['cpu_count']} cores)",
@@ -144,9 +162,21 @@ def markdown(report: dict[str, Any]) -> str:
             f"`python -m bench.tracing`: `/predict` with one 64 px PNG at concurrency {report['concurrency']}, "
             f"{report['seconds']:.0f} s per run, rounds alternating; this tree {report['this']}, the tree without "
             f"the tracing code {report['other']}{official}. Tracing on exports the spans over OTLP/gRPC to a local "
-            f"receiver that counts the exports without parsing them ({report['exports_received']:,} in all).",
+            f"receiver that counts the exports without parsing them ({report['exports_received']:,} in all). "
+            "The server's CPU time (user + system, from /proc) over the requests it answered is what a request "
+            "costs it, a figure less shaken than the rate by what else the 2 cores run.",
             "",
-            *table(["server", "req/s (each round)", "mean", "of no tracing code"], rows),
+            *table(
+                [
+                    "server",
+                    "req/s (each round)",
+                    "mean",
+                    "of no tracing code",
+                    "server CPU µs per request (each round)",
+                    "CPU per request beside no tracing code",
+                ],
+                rows,
+            ),
             "",
         ]
     )

@@ -27,6 +27,26 @@ def free_port() -> int:
         return port
 
 
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process and its children, from /proc."""
+    total = 0.0
+    for p in [pid, *children(pid)]:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def children(pid: int) -> list[int]:
+    try:
+        kids = [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+    return kids + [g for k in kids for g in children(k)]
+
+
 class ServerProcess:
     """`argv` started from `cwd` with `env` over this process's environment, listening on `port`."""
 
@@ -60,6 +80,10 @@ class ServerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    def cpu_seconds(self) -> float:
+        """The CPU time (user + system) the server's processes have used so far."""
+        return process_cpu_s(self.proc.pid)
 
     def read_output(self) -> str:
         if self.output.closed:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -21,7 +20,7 @@ from bench.gpu.common import MODELS, VARIANTS, save
 from bench.run import check_peer, multipart
 from harness.load import ServerProcess, run_hey, start_litserve
 from harness.models import VIT_S16_PREPROCESSING
-from harness.server import Server
+from harness.server import Server, process_cpu_s
 from model.checkpoint import save_checkpoint
 from model.vit import ViT
 
@@ -54,26 +53,6 @@ class Sampler:
         self.thread.join()
         self.cores = (process_cpu_s(self.pid) - self.cpu0) / (time.perf_counter() - self.t0)
         self.gpu_util = statistics.mean(self.samples) if self.samples else float("nan")
-
-
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process and its children, from /proc."""
-    total = 0.0
-    for p in [pid, *children(pid)]:
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
-
-
-def children(pid: int) -> list[int]:
-    try:
-        kids = [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-    return kids + [g for k in kids for g in children(k)]
 
 
 def v2_body(files: list[bytes]) -> tuple[bytes, int]:
