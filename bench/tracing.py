@@ -1,11 +1,11 @@
 """What tracing costs: this tree with tracing off against a tree without the tracing code, and with it on.
 
-    python -m bench.tracing --other /tmp/before --official /tmp/official --rounds 3 --seconds 10
+    python -m bench.tracing --other /tmp/before --contrib /tmp/contrib --rounds 3 --seconds 10
 
 `--other` is a checkout of the commit before the tracing code (`git worktree add /tmp/before 62326be`),
-run with this environment's packages. `--official` (optional) is a checkout whose HTTP spans come from
-OpenTelemetry's FastAPI instrumentation (`git worktree add /tmp/official fdf5efb`): the same spans, to
-weigh the server span this tree opens itself. Every server is `python -m app` with the bundled model on the CPU,
+run with this environment's packages. `--contrib` (optional) is a checkout whose HTTP spans come from
+OpenTelemetry's contrib package opentelemetry-instrumentation-fastapi (`git worktree add /tmp/contrib
+fdf5efb`, run with that package installed), where this tree has FastAPI's native instrumentation. Every server is `python -m app` with the bundled model on the CPU,
 loaded with `hey` posting one 64 px PNG to `/predict` (multipart) at concurrency 32. Rounds alternate:
 the other tree, this tree with tracing off (no OTEL_ variables), this tree with tracing on (OTLP over
 gRPC to a local receiver in the benchmark's process that counts the exports without parsing them, so
@@ -31,13 +31,13 @@ from harness.load import run_hey
 from harness.otlp import Receiver
 from harness.server import ROOT, ServerProcess, free_port
 
-OFFICIAL = "tracing on, FastAPI instrumentation"
+CONTRIB = "tracing on, opentelemetry-instrumentation-fastapi"
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.tracing", description=__doc__.split("\n\n")[0])
     p.add_argument("--other", type=Path, required=True, help="a checkout without the tracing code")
-    p.add_argument("--official", type=Path, help="a checkout tracing HTTP with the FastAPI instrumentation")
+    p.add_argument("--contrib", type=Path, help="a checkout tracing HTTP with opentelemetry-instrumentation-fastapi")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--concurrency", type=int, default=32)
@@ -49,8 +49,8 @@ def parse_args() -> argparse.Namespace:
         help="which servers, in each round's order",
     )
     args = p.parse_args()
-    if args.official is not None and OFFICIAL not in args.configs:
-        args.configs.insert(args.configs.index("tracing on") + 1, OFFICIAL)
+    if args.contrib is not None and CONTRIB not in args.configs:
+        args.configs.insert(args.configs.index("tracing on") + 1, CONTRIB)
     return args
 
 
@@ -95,7 +95,7 @@ def main() -> None:
             "no tracing code": (args.other, {}),
             "tracing off": (ROOT, {}),
             "tracing on": (ROOT, on),
-            OFFICIAL: (args.official, on),
+            CONTRIB: (args.contrib, on),
             "tracing on, 10% sampled": (ROOT, sampled),
         }
         for _ in range(args.rounds):
@@ -120,7 +120,7 @@ def main() -> None:
         "cpu_count": os.cpu_count(),
         "this": commit(ROOT),
         "other": commit(args.other),
-        "official": commit(args.official) if args.official is not None else None,
+        "contrib": commit(args.contrib) if args.contrib is not None else None,
         "concurrency": args.concurrency,
         "seconds": args.seconds,
         "runs": runs,
@@ -137,9 +137,9 @@ def mean(values: list[float]) -> float:
 def markdown(report: dict[str, Any]) -> str:
     base = mean(report["runs"]["no tracing code"])
     base_cpu = mean(report["server_cpu_us"]["no tracing code"])
-    official = (
-        f", the tree whose HTTP spans come from OpenTelemetry's FastAPI instrumentation {report['official']}"
-        if report.get("official")
+    contrib = (
+        f", the tree whose HTTP spans come from opentelemetry-instrumentation-fastapi {report['contrib']}"
+        if report.get("contrib")
         else ""
     )
     rows = []
@@ -161,7 +161,7 @@ def markdown(report: dict[str, Any]) -> str:
             "",
             f"`python -m bench.tracing`: `/predict` with one 64 px PNG at concurrency {report['concurrency']}, "
             f"{report['seconds']:.0f} s per run, rounds alternating; this tree {report['this']}, the tree without "
-            f"the tracing code {report['other']}{official}. Tracing on exports the spans over OTLP/gRPC to a local "
+            f"the tracing code {report['other']}{contrib}. Tracing on exports the spans over OTLP/gRPC to a local "
             f"receiver that counts the exports without parsing them ({report['exports_received']:,} in all). "
             "The server's CPU time (user + system, from /proc) over the requests it answered is what a request "
             "costs it, a figure less shaken than the rate by what else the 2 cores run.",
