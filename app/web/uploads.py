@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import codecs
+from dataclasses import dataclass, field
+
 from fastapi import Request
-from starlette.datastructures import UploadFile
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from python_multipart import MultipartParser
+from python_multipart.exceptions import FormParserError
+from python_multipart.multipart import parse_options_header
 
 from app.core.errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
 from app.core.request import EncodedImage
 
 FILE_FIELDS = ("file", "files")
+MAX_FIELD_BYTES = 1024 * 1024  # a part that is not a file (Starlette's limit)
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -27,38 +32,144 @@ async def read_body(request: Request, limit: int) -> bytes:
             raise PayloadTooLarge(f"request body is over the limit of {limit} bytes")
         chunks.append(chunk)
     body = b"".join(chunks)
-    request._body = body  # let request.form() parse the bytes already read
+    request._body = body  # request.body() answers the bytes already read
     return body
 
 
 async def read_images(request: Request, max_bytes: int, max_files: int) -> list[EncodedImage]:
     """The image files of one request, in order; errors say what to send instead."""
-    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if content_type.startswith("image/"):
+    content_type = request.headers.get("content-type", "")
+    media_type = content_type.split(";")[0].strip().lower()
+    if media_type.startswith("image/"):
         body = await read_body(request, max_bytes)
         return [EncodedImage(request.query_params.get("filename") or "body", body)]
-    if content_type != "multipart/form-data":
+    if media_type != "multipart/form-data":
         raise UnsupportedMediaType(
-            f"unsupported Content-Type {content_type or '(none)'!r}: send multipart/form-data with field 'file' "
+            f"unsupported Content-Type {media_type or '(none)'!r}: send multipart/form-data with field 'file' "
             "(or repeated 'files'), or the raw image bytes with an image/* Content-Type"
         )
-    await read_body(request, max_bytes)
+    body = await read_body(request, max_bytes)
     try:
-        form = await request.form(max_files=max_files, max_fields=max_files + 16)
-    except StarletteHTTPException as e:  # malformed multipart, or too many parts
-        raise InvalidInput(f"could not parse the multipart body: {e.detail}") from None
+        parts = parse_multipart(body, content_type, max_files=max_files, max_fields=max_files + 16)
+    except MultipartError as e:  # malformed multipart, or too many parts
+        raise InvalidInput(f"could not parse the multipart body: {e}") from None
     uploads: list[EncodedImage] = []
-    try:
-        for name, value in form.multi_items():
-            if not isinstance(value, UploadFile):
-                continue
-            if name not in FILE_FIELDS:
-                raise InvalidInput(f"unexpected file field {name!r}; send images as 'file' or repeated 'files'")
-            uploads.append(EncodedImage(value.filename or f"{name}[{len(uploads)}]", await value.read()))
-    finally:
-        await form.close()  # the parts' temporary files
+    for part in parts:
+        if part.filename is None:
+            continue  # a form field, not a file
+        if part.name not in FILE_FIELDS:
+            raise InvalidInput(f"unexpected file field {part.name!r}; send images as 'file' or repeated 'files'")
+        uploads.append(EncodedImage(part.filename or f"{part.name}[{len(uploads)}]", part.data))
     if not uploads:
         raise InvalidInput("no image in the request; send multipart field 'file' or repeated 'files'")
     if len(uploads) > max_files:
         raise InvalidInput(f"{len(uploads)} images in one request; at most {max_files} are accepted")
     return uploads
+
+
+class MultipartError(Exception):
+    """A multipart body that cannot be parsed, or has too many parts."""
+
+
+@dataclass
+class Part:
+    """One part of a multipart body: its field name, its file name (None for a field that is not a file)."""
+
+    name: str = ""
+    filename: str | None = None
+    chunks: list[bytes] = field(default_factory=list)
+    size: int = 0
+    disposition: bytes = b""
+
+    @property
+    def data(self) -> bytes:
+        return b"".join(self.chunks)  # the one chunk itself when the body came in one piece
+
+
+def parse_multipart(body: bytes, content_type: str, max_files: int, max_fields: int) -> list[Part]:
+    """The parts of a multipart/form-data body already in memory, in order.
+
+    python-multipart parses it, as it does for Starlette's `Request.form()`, and the parts are read as
+    Starlette reads them (the same limits, file names decoded in the body's charset, the same messages),
+    straight into bytes: not through a spooled temporary file and an UploadFile per part, which cost
+    a /predict request about twice the parse itself (tests/app/web/test_uploads.py checks the two agree).
+    """
+    _, params = parse_options_header(content_type)
+    charset = params.get(b"charset", b"utf-8").decode("latin-1")
+    try:
+        charset = codecs.lookup(charset).name
+    except LookupError:
+        charset = "latin-1"
+    if b"boundary" not in params:
+        raise MultipartError("Missing boundary in multipart.")
+    parts: list[Part] = []  # those that ended: a part cut off by the end of the body is not one
+    part = Part()
+    files = fields = 0
+    header_name = header_value = b""
+
+    def on_part_begin() -> None:
+        nonlocal part
+        part = Part()
+
+    def on_part_end() -> None:
+        parts.append(part)
+
+    def on_part_data(data: bytes, start: int, end: int) -> None:
+        part.size += end - start
+        if part.filename is None and part.size > MAX_FIELD_BYTES:
+            raise MultipartError(f"Part exceeded maximum size of {MAX_FIELD_BYTES // 1024}KB.")
+        part.chunks.append(data[start:end])
+
+    def on_header_field(data: bytes, start: int, end: int) -> None:
+        nonlocal header_name
+        header_name += data[start:end]
+
+    def on_header_value(data: bytes, start: int, end: int) -> None:
+        nonlocal header_value
+        header_value += data[start:end]
+
+    def on_header_end() -> None:
+        nonlocal header_name, header_value
+        if header_name.lower() == b"content-disposition":
+            part.disposition = header_value
+        header_name = header_value = b""
+
+    def on_headers_finished() -> None:
+        nonlocal files, fields
+        _, options = parse_options_header(part.disposition)
+        if b"name" not in options:
+            raise MultipartError('The Content-Disposition header field "name" must be provided.')
+        part.name = decode(options[b"name"], charset)
+        if b"filename" in options:
+            files += 1
+            if files > max_files:
+                raise MultipartError(f"Too many files. Maximum number of files is {max_files}.")
+            part.filename = decode(options[b"filename"], charset)
+        else:
+            fields += 1
+            if fields > max_fields:
+                raise MultipartError(f"Too many fields. Maximum number of fields is {max_fields}.")
+
+    callbacks = {
+        "on_part_begin": on_part_begin,
+        "on_part_data": on_part_data,
+        "on_part_end": on_part_end,
+        "on_header_field": on_header_field,
+        "on_header_value": on_header_value,
+        "on_header_end": on_header_end,
+        "on_headers_finished": on_headers_finished,
+    }
+    try:
+        parser = MultipartParser(params[b"boundary"], callbacks)  # type: ignore[arg-type]
+        parser.write(body)
+        parser.finalize()
+    except FormParserError:
+        raise MultipartError("Invalid multipart data.") from None
+    return parts
+
+
+def decode(raw: bytes, charset: str) -> str:
+    try:
+        return raw.decode(charset)
+    except (UnicodeDecodeError, LookupError):
+        return raw.decode("latin-1")
