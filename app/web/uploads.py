@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import codecs
 from dataclasses import dataclass, field
 
@@ -15,6 +16,7 @@ from app.core.request import EncodedImage
 
 FILE_FIELDS = ("file", "files")
 MAX_FIELD_BYTES = 1024 * 1024  # a part that is not a file (Starlette's limit)
+PARSE_ON_THE_LOOP_BYTES = 1024 * 1024  # about 1 ms of parsing here (20 MiB: 18 ms); larger: in a thread
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -49,8 +51,12 @@ async def read_images(request: Request, max_bytes: int, max_files: int) -> list[
             "(or repeated 'files'), or the raw image bytes with an image/* Content-Type"
         )
     body = await read_body(request, max_bytes)
+    limits = {"max_files": max_files, "max_fields": max_files + 16}
     try:
-        parts = parse_multipart(body, content_type, max_files=max_files, max_fields=max_files + 16)
+        if len(body) > PARSE_ON_THE_LOOP_BYTES:
+            parts = await asyncio.to_thread(parse_multipart, body, content_type, **limits)
+        else:
+            parts = parse_multipart(body, content_type, **limits)
     except MultipartError as e:  # malformed multipart, or too many parts
         raise InvalidInput(f"could not parse the multipart body: {e}") from None
     uploads: list[EncodedImage] = []

@@ -14,6 +14,7 @@ from PIL import Image
 
 from app.core.engine import Engine
 from app.settings import Settings
+from app.web import uploads
 from app.web.app import create_app
 from harness.images import encode
 from model.checkpoint import load_checkpoint, save_checkpoint
@@ -74,6 +75,29 @@ async def test_several_images_as_files_keep_their_order(client: httpx.AsyncClien
     assert all(len(x["top_k"]) == 2 for x in results)
     single = await client.post("/predict", files={"file": ("img1.png", encode(images[1]), "image/png")})
     assert single.json()["results"][0]["probabilities"] == pytest.approx(results[1]["probabilities"], abs=1e-5)
+
+
+async def test_a_large_multipart_body_is_parsed_off_the_event_loop(
+    client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parsed_on: list[bool] = []
+    parse = uploads.parse_multipart
+
+    def watched(*args: object, **kwargs: int) -> list[uploads.Part]:
+        parsed_on.append(threading.current_thread() is threading.main_thread())
+        return parse(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(uploads, "parse_multipart", watched)
+    small = encode(make_sample(3, 0).image)
+    large = encode(Image.effect_noise((720, 720), 80).convert("RGB"))  # a PNG of noise: over 1 MiB
+    assert len(small) < uploads.PARSE_ON_THE_LOOP_BYTES < len(large)
+    files = [("files", ("small.png", small, "image/png")), ("files", ("large.png", large, "image/png"))]
+    r = await client.post("/predict", files=files)
+    assert r.status_code == 200, r.text
+    assert [x["filename"] for x in r.json()["results"]] == ["small.png", "large.png"]
+    r = await client.post("/predict", files={"file": ("small.png", small, "image/png")})
+    assert r.status_code == 200, r.text
+    assert parsed_on == [False, True]  # the large body in a worker thread, the small one on the loop
 
 
 async def test_raw_body_with_image_content_type(client: httpx.AsyncClient) -> None:
