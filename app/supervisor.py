@@ -38,6 +38,7 @@ from multiprocessing.synchronize import Event as ProcessEvent
 from pathlib import Path
 from typing import Any
 
+import torch
 from prometheus_client import multiprocess
 
 from app.core.metrics import Metrics
@@ -356,6 +357,9 @@ async def serve_through_engine(
 ) -> int:
     stop = become_child()
     configure_logging(settings.log_level, settings.log_format)
+    # Each image is preprocessed on one core: a front-end's requests run side by side on its pool, and
+    # N front-ends side by side, where torch's default would start a thread per core inside each resize.
+    torch.set_num_threads(1)
     try:
         arena: Arena | None = Arena.create(arena_path, arena_size)
     except OSError as e:

@@ -5,7 +5,9 @@
 Every server is `python -m app` with the bundled model on this machine's device, posting a 500x375 JPEG
 to `/predict` (multipart) with `hey`:
 
-- throughput: VIT_WORKERS=1 and VIT_WORKERS=N (--workers), in alternating rounds;
+- throughput: VIT_WORKERS=1 and VIT_WORKERS=N (--workers), in alternating rounds, with the CPU time each
+  role used per request (the engine, the front-ends together, the supervisor). `--other TREE` adds
+  VIT_WORKERS=N served from another checkout (`git worktree add /tmp/before COMMIT`), to weigh a change;
 - a front-end killed: VIT_WORKERS=N under the same load, one front-end process sent SIGKILL a third of
   the way in. Counted: the requests that failed (non-200 answers and broken connections) and how long
   until the supervisor had a new front-end connected;
@@ -19,6 +21,8 @@ import argparse
 import os
 import re
 import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -32,7 +36,7 @@ from bench.limits import sample_images
 from bench.run import multipart, write_results
 from bench.tables import table
 from harness.load import LoadResult, parse_hey, run_hey, start_hey
-from harness.server import Server
+from harness.server import ROOT, Server, ServerProcess, free_port, process_cpu_s
 
 
 def parse_args() -> argparse.Namespace:
@@ -42,16 +46,48 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=10.0, help="seconds per load run")
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--other", type=Path, help="a checkout to serve VIT_WORKERS=N from as well")
     p.add_argument("--name", default="workers-cpu", help="results file name")
     return p.parse_args()
 
 
-def start(workers: int, device: str) -> Server:
-    server = Server(BUNDLED_WEIGHTS, VIT_WORKERS=str(workers), VIT_DEVICE=device, VIT_LOG_LEVEL="info")
+def start(workers: int, device: str, tree: Path = ROOT) -> ServerProcess:
+    env = {"VIT_WORKERS": str(workers), "VIT_DEVICE": device, "VIT_LOG_LEVEL": "info"}
+    if tree == ROOT:
+        server: ServerProcess = Server(BUNDLED_WEIGHTS, None, **env)
+    else:
+        port = free_port()
+        argv = [sys.executable, "-m", "app", "--host", "127.0.0.1", "--port", str(port)]
+        base = {"VIT_WEIGHTS": str(BUNDLED_WEIGHTS), "VIT_GRPC_PORT": str(free_port()), "PYTHONPATH": str(tree)}
+        server = ServerProcess(argv, {**base, **env}, port, cwd=tree)
     server.wait_ready(300)
     if workers > 1:
         until(lambda: len(front_ends(server)) == workers, 60)
     return server
+
+
+def cpu_by_role(server: ServerProcess, workers: int) -> dict[str, float]:
+    """CPU seconds used so far: all of the server's processes, and with workers the engine and the front-ends."""
+    used = {"all": process_cpu_s(server.proc.pid)}
+    if workers > 1:
+        used["engine"] = process_cpu_s(engine(server))
+        used["front-ends"] = sum(process_cpu_s(p) for p in front_ends(server))
+    return used
+
+
+def measure(
+    server: ServerProcess, workers: int, body: Path, content_type: str, args: argparse.Namespace
+) -> dict[str, Any]:
+    """One measured run after a warm-up: the rate, and each role's CPU milliseconds per request."""
+    url = server.url + "/predict"
+    run_hey(url, body, content_type, args.concurrency, 2)  # warm
+    before = cpu_by_role(server, workers)
+    r = run_hey(url, body, content_type, args.concurrency, args.seconds)
+    after = cpu_by_role(server, workers)
+    answered = max(r.ok, 1)
+    cpu = {role: round((after[role] - before[role]) / answered * 1e3, 2) for role in after}
+    print(f"VIT_WORKERS={workers}: {r.requests_per_s:.1f} req/s, errors {r.errors}, CPU ms/request {cpu}", flush=True)
+    return {"requests_per_s": r.requests_per_s, "errors": r.errors, "cpu_ms_per_request": cpu}
 
 
 def until(condition: Any, timeout: float) -> float:
@@ -63,12 +99,12 @@ def until(condition: Any, timeout: float) -> float:
     return time.monotonic() - started
 
 
-def front_ends(server: Server) -> list[int]:
+def front_ends(server: ServerProcess) -> list[int]:
     pids = dict.fromkeys(int(p) for p in re.findall(r"front-end pid (\d+) connected", server.read_output()))
     return [p for p in pids if Path(f"/proc/{p}").exists() and "zombie" not in Path(f"/proc/{p}/status").read_text()]
 
 
-def engine(server: Server) -> int:
+def engine(server: ServerProcess) -> int:
     return int(re.findall(r"engine \(pid (\d+)\) serving", server.read_output())[-1])
 
 
@@ -133,18 +169,19 @@ def main() -> None:
         f.write(data)
         f.flush()
         body = Path(f.name)
-        runs: dict[str, list[float]] = {"1": [], str(args.workers): []}
+        servers = {"1": (1, ROOT), str(args.workers): (args.workers, ROOT)}
+        if args.other is not None:
+            servers[f"{args.workers}, {commit(args.other)}"] = (args.workers, args.other)
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in servers}
         for _ in range(args.rounds):
-            for workers in (1, args.workers):
-                with start(workers, args.device) as server:
-                    run_hey(server.url + "/predict", body, content_type, args.concurrency, 2)  # warm
-                    r = run_hey(server.url + "/predict", body, content_type, args.concurrency, args.seconds)
-                    runs[str(workers)].append(r.requests_per_s)
-                    print(f"VIT_WORKERS={workers}: {r.requests_per_s:.1f} req/s, errors {r.errors}", flush=True)
+            for name, (workers, tree) in servers.items():
+                with start(workers, args.device, tree) as server:
+                    runs[name].append(measure(server, workers, body, content_type, args))
         faults = [fault(kind, args, body, content_type) for kind in ("front-end", "engine")]
         for f_ in faults:
             print(f_, flush=True)
     report = {
+        "commit": commit(ROOT),
         "cpu_count": os.cpu_count(),
         "device": args.device,
         "image": "jpeg-medium (500x375)",
@@ -156,19 +193,38 @@ def main() -> None:
     write_results(args.name, report, markdown(report))
 
 
+def commit(tree: Path) -> str:
+    return subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True
+    ).stdout.strip()
+
+
 def markdown(report: dict[str, Any]) -> str:
     n = next(k for k in report["throughput"] if k != "1")
+
+    def cpu(runs: list[dict[str, Any]], role: str) -> str:
+        values = [r["cpu_ms_per_request"][role] for r in runs if role in r["cpu_ms_per_request"]]
+        return ", ".join(f"{v:.2f}" for v in values) or "-"
+
     lines = [
         f"# Serving processes on {report['device']} ({report['cpu_count']} cores)",
         "",
-        f"`python -m bench.workers`: `/predict` with one {report['image']} JPEG, concurrency "
-        f"{report['concurrency']}, {report['seconds']:.0f} s per run, rounds alternating.",
+        f"`python -m bench.workers` at {report['commit']}: `/predict` with one {report['image']} JPEG, concurrency "
+        f"{report['concurrency']}, {report['seconds']:.0f} s per run, rounds alternating. CPU: milliseconds "
+        "of CPU time per request answered, each round.",
         "",
         *table(
-            ["VIT_WORKERS", "req/s (each round)", "mean"],
+            ["VIT_WORKERS", "req/s (each round)", "mean", "CPU, all", "CPU, engine", "CPU, front-ends"],
             [
-                [w, ", ".join(f"{v:.1f}" for v in rates), f"{sum(rates) / len(rates):.1f}"]
-                for w, rates in report["throughput"].items()
+                [
+                    w,
+                    ", ".join(f"{r['requests_per_s']:.1f}" for r in runs),
+                    f"{sum(r['requests_per_s'] for r in runs) / len(runs):.1f}",
+                    cpu(runs, "all"),
+                    cpu(runs, "engine"),
+                    cpu(runs, "front-ends"),
+                ]
+                for w, runs in report["throughput"].items()
             ],
         ),
         "",

@@ -24,6 +24,8 @@ class ReceivedSpan:
     attributes: dict[str, Any]
     service: str
     status_code: int
+    start_ns: int  # since the epoch
+    end_ns: int
 
 
 @dataclass
@@ -78,6 +80,8 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
                             attributes={a.key: value(a.value) for a in s.attributes},
                             service=service,
                             status_code=s.status.code,
+                            start_ns=s.start_time_unix_nano,
+                            end_ns=s.end_time_unix_nano,
                         )
                     )
         with self.lock:

@@ -17,17 +17,18 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from app.core.metrics import Metrics
-from app.core.request import EncodedImage, InferOptions, Prediction
+from app.core.request import DecodedImage, EncodedImage, InferOptions, Prediction
 
 ENTRY_OVERHEAD_BYTES = 400  # the key, the Prediction object and its tensors' headers, the dict slot
 
 
-def digest_images(images: list[EncodedImage]) -> list[bytes]:
+def digest_images(images: Sequence[EncodedImage | DecodedImage]) -> list[bytes]:
     return [hashlib.sha256(image.data).digest() for image in images]
 
 

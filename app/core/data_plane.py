@@ -18,7 +18,7 @@ import torch
 
 from app.core.description import ModelDescription, ModelStatus
 from app.core.metrics import Metrics
-from app.core.request import EncodedImage, InferOptions, Prediction
+from app.core.request import DecodedImage, EncodedImage, InferOptions, Prediction
 from app.core.statistics import ModelStatistics
 
 T = TypeVar("T")
@@ -26,10 +26,11 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class InferenceRequest:
-    """One request for the core: which model, the images (encoded files) or pixels (N, C, H, W), the options."""
+    """One request for the core: which model, the images (files as sent, or decoded by a front-end) or pixels
+    (N, C, H, W), the options."""
 
     model: str | None  # None: the default model (the first one loaded)
-    inputs: Sequence[EncodedImage] | torch.Tensor
+    inputs: Sequence[EncodedImage | DecodedImage] | torch.Tensor
     options: InferOptions
     version: str | None = None  # None: whichever version serves
     timeout_s: float | None = None  # shortens VIT_REQUEST_TIMEOUT_S (a gRPC client's deadline)

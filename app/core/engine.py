@@ -31,9 +31,10 @@ from app.core.inference import ImageOutput
 from app.core.metrics import Metrics, ModelMetrics
 from app.core.model_set import ModelSet
 from app.core.overlay import overlay_png
+from app.core.prepare import Prepared
 from app.core.repository import FileStamp, Repository
-from app.core.request import EncodedImage, InferOptions, Prediction
-from app.core.served_model import Prepared, ServedModel, Wanted
+from app.core.request import DecodedImage, EncodedImage, InferOptions, Prediction
+from app.core.served_model import ServedModel, Wanted
 from app.core.statistics import ModelStatistics, RequestTiming, StatisticsBook
 from app.core.tracing import record_span, tracer
 from app.settings import Settings
@@ -197,12 +198,12 @@ class Engine:
     async def run(
         self,
         model: ServedModel,
-        inputs: Sequence[EncodedImage] | torch.Tensor,
+        inputs: Sequence[EncodedImage | DecodedImage] | torch.Tensor,
         options: InferOptions,
         timeout_s: float | None = None,
     ) -> Inference:
-        """Predictions for encoded image files, or for preprocessed pixels (N, C, H, W), in input order;
-        from the response cache where it holds them (VIT_CACHE_BYTES).
+        """Predictions for image files (as sent, or decoded by a front-end), or for preprocessed pixels
+        (N, C, H, W), in input order; from the response cache where it holds them (VIT_CACHE_BYTES).
 
         A model replaced since it was looked up answers with its new version; one unloaded since, not at
         all. `timeout_s` shortens VIT_REQUEST_TIMEOUT_S (a gRPC client's deadline).
@@ -215,7 +216,7 @@ class Engine:
         self,
         cache: PredictionCache,
         model: ServedModel,
-        inputs: Sequence[EncodedImage] | torch.Tensor,
+        inputs: Sequence[EncodedImage | DecodedImage] | torch.Tensor,
         options: InferOptions,
         timeout_s: float | None,
     ) -> Inference:
@@ -292,14 +293,14 @@ class Engine:
     async def compute(
         self,
         model: ServedModel,
-        inputs: Sequence[EncodedImage] | torch.Tensor,
+        inputs: Sequence[EncodedImage | DecodedImage] | torch.Tensor,
         options: InferOptions,
         timeout_s: float | None = None,
     ) -> Inference:
         """`run` without the cache, counted in the model version's statistics."""
         model = self.model_set.current(model)  # no await from here until the batcher has admitted the request
         stats = self.book.of(model.name, model.version)
-        started = time.monotonic()
+        started = time.monotonic() - decoded_before(inputs)
         attributes: dict[str, AttributeValue] = {
             "vit.model.name": model.name,
             "vit.model.version": model.version,
@@ -323,7 +324,7 @@ class Engine:
     async def computed(
         self,
         model: ServedModel,
-        inputs: Sequence[EncodedImage] | torch.Tensor,
+        inputs: Sequence[EncodedImage | DecodedImage] | torch.Tensor,
         options: InferOptions,
         timeout_s: float | None,
         started: float,
@@ -426,11 +427,21 @@ def request_timing(
     )
 
 
+def decoded_before(inputs: Sequence[EncodedImage | DecodedImage] | torch.Tensor) -> float:
+    """The time a front-end spent decoding a request's images before it reached the engine (they decode
+    together: the longest)."""
+    if isinstance(inputs, torch.Tensor):
+        return 0.0
+    return max((i.decode_s for i in inputs if isinstance(i, DecodedImage)), default=0.0)
+
+
 class VersionChanged(Exception):
     """The model was replaced while a request's images were computed."""
 
 
-def pick(inputs: Sequence[EncodedImage] | torch.Tensor, indices: list[int]) -> list[EncodedImage] | torch.Tensor:
+def pick(
+    inputs: Sequence[EncodedImage | DecodedImage] | torch.Tensor, indices: list[int]
+) -> list[EncodedImage | DecodedImage] | torch.Tensor:
     if isinstance(inputs, torch.Tensor):
         return inputs[indices]
     return [inputs[i] for i in indices]

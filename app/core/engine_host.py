@@ -32,16 +32,17 @@ from app.core.engine_link import (
     Failure,
     Hello,
     InferCall,
+    Refused,
     Reply,
     RepositoryCall,
     State,
     dumps,
+    load_images,
     loads,
-    read_bytes,
     store_outputs,
 )
 from app.core.errors import ServiceError
-from app.core.request import EncodedImage
+from app.core.request import DecodedImage, EncodedImage
 from app.core.shared_memory import Arena
 from app.core.tracing import attach, detach
 
@@ -147,6 +148,8 @@ class EngineHost:
                 task.cancel()
         elif isinstance(message, RepositoryCall) and message.incarnation == self.incarnation:
             self.spawn(self.repository(peer, message))
+        elif isinstance(message, Refused) and message.incarnation == self.incarnation:
+            self.engine.book.of(message.model, message.version).fail.add(message.seconds)
 
     def spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(coroutine)
@@ -208,9 +211,9 @@ class EngineHost:
 
     async def compute(self, peer: Peer, call: InferCall) -> Reply:
         arena = peer.arena
-        inputs: list[EncodedImage] | torch.Tensor
+        inputs: list[EncodedImage | DecodedImage] | torch.Tensor
         if call.images is not None:
-            inputs = [EncodedImage(name, read_bytes(arena, data)) for name, data in call.images]
+            inputs = load_images(call.images, arena)
         else:
             assert call.pixels is not None
             inputs = (

@@ -12,6 +12,7 @@ has since died is ignored by its successor, which could otherwise write into a r
 from __future__ import annotations
 
 import pickle
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import torch
 
 from app.core import errors
 from app.core.description import ModelDescription, ModelStatus
-from app.core.request import InferOptions, Prediction
+from app.core.request import DecodedImage, EncodedImage, InferOptions, Prediction
 from app.core.shared_memory import Arena, aligned, tensor_bytes
 from app.core.statistics import ModelStatistics
 
@@ -60,6 +61,17 @@ class Ack:
 
 
 @dataclass(frozen=True)
+class StoredImage:
+    """One image file of a call, and its pixels when the front-end prepared it (a `DecodedImage`)."""
+
+    filename: str
+    data: StoredBytes
+    version: str | None = None  # the model version it was prepared for; None: the engine decodes it
+    pixels: Stored | None = None  # None with a version: a checked JPEG the GPU decodes
+    decode_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class InferCall:
     id: int
     incarnation: str
@@ -67,7 +79,7 @@ class InferCall:
     version: str | None
     options: InferOptions
     timeout_s: float | None
-    images: list[tuple[str, StoredBytes]] | None  # (filename, bytes), or None for pixels
+    images: list[StoredImage] | None  # None for pixels
     pixels: Stored | None
     region: tuple[int, int] | None  # (offset, size) in the front-end's arena: inputs in, outputs out
     trace: dict[str, str] | None = None  # the request's trace context (W3C headers), when traced
@@ -79,6 +91,17 @@ class Cancel:
 
     id: int
     incarnation: str
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A request to `model` whose images the front-end refused while decoding them (a broken file, say),
+    never sent: the engine counts it in the version's `fail` statistics, as it counts those it refuses."""
+
+    incarnation: str
+    model: str
+    version: str
+    seconds: float
 
 
 @dataclass(frozen=True)
@@ -198,6 +221,64 @@ def read_bytes(arena: Arena | None, stored: StoredBytes) -> bytes:
         return stored
     assert arena is not None
     return arena.read(*stored)
+
+
+def store_images(
+    images: Sequence[EncodedImage | DecodedImage], arena: Arena | None, region: int | None
+) -> list[StoredImage]:
+    """The files (and the pixels of those decoded) written into the arena from `region` on; inline without one."""
+    offset = region
+
+    def data(b: bytes) -> StoredBytes:
+        nonlocal offset
+        if arena is None or offset is None:
+            return b
+        stored = (offset, len(b))
+        offset = arena.write(offset, b)
+        return stored
+
+    def tensor(t: torch.Tensor) -> Stored:
+        nonlocal offset
+        if arena is None or offset is None or t.dtype != torch.float32:
+            return t
+        stored = (offset, tuple(t.shape), "float32")
+        offset = arena.write_tensor(offset, t)
+        return stored
+
+    return [
+        StoredImage(i.filename, data(i.data))
+        if isinstance(i, EncodedImage)
+        else StoredImage(
+            i.filename, data(i.data), i.version, None if i.pixels is None else tensor(i.pixels), i.decode_s
+        )
+        for i in images
+    ]
+
+
+def input_bytes(images: Sequence[EncodedImage | DecodedImage]) -> int:
+    """The arena room `store_images` takes."""
+    room = 0
+    for i in images:
+        room += aligned(len(i.data))
+        if isinstance(i, DecodedImage) and i.pixels is not None:
+            room += tensor_bytes(tuple(i.pixels.shape), i.pixels.element_size())
+    return room
+
+
+def load_images(stored: list[StoredImage], arena: Arena | None) -> list[EncodedImage | DecodedImage]:
+    """The files of a call, and the pixels the front-end decoded, copied out of the arena."""
+    return [
+        EncodedImage(s.filename, read_bytes(arena, s.data))
+        if s.version is None
+        else DecodedImage(
+            s.filename,
+            read_bytes(arena, s.data),
+            s.version,
+            None if s.pixels is None else read_tensor(arena, s.pixels),
+            s.decode_s,
+        )
+        for s in stored
+    ]
 
 
 def load_predictions(stored: list[StoredPrediction], arena: Arena | None) -> list[Prediction]:

@@ -13,6 +13,7 @@ UNAVAILABLE); once a new engine answers its hello, it serves again.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import os
@@ -25,6 +26,8 @@ from typing import TypeVar, cast
 import torch
 import zmq
 import zmq.asyncio
+from opentelemetry import context as otel_context
+from PIL import Image
 
 from app.core.api_keys import ApiKeys
 from app.core.data_plane import Inference, InferenceRequest, Limits, costly_to_encode
@@ -36,23 +39,30 @@ from app.core.engine_link import (
     Cancel,
     Hello,
     InferCall,
+    Refused,
     Reply,
     RepositoryCall,
     State,
     Stored,
-    StoredBytes,
+    StoredImage,
     dumps,
+    input_bytes,
     load_predictions,
     loads,
     output_bytes,
+    store_images,
 )
 from app.core.errors import NOT_READY, ModelNotFound, NotReady, RequestTimeout
+from app.core.gpu_decode import Jpeg
 from app.core.metrics import Metrics
-from app.core.request import EncodedImage
+from app.core.overlay import overlay_png
+from app.core.prepare import ImagePreparer
+from app.core.request import DecodedImage, EncodedImage, Prediction
 from app.core.shared_memory import Arena, aligned
 from app.core.statistics import ModelStatistics
 from app.core.tracing import carrier, tracer
 from app.settings import Settings
+from model.preprocessing import Preprocessing
 
 log = logging.getLogger("app")
 T = TypeVar("T")
@@ -87,7 +97,11 @@ class RemoteDataPlane:
         self.ids = itertools.count()
         self.engine_pidfd: int | None = None
         self.tasks: list[asyncio.Task[None]] = []
-        self.cpu_pool = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="encode")
+        # decoding, overlays and large responses, off the event loop
+        self.cpu_pool = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="cpu")
+        # With the response cache on, the engine decodes: a hit then costs no decoding anywhere.
+        self.decodes = settings.cache_bytes == 0
+        self.preparers: dict[tuple[str, str], ImagePreparer] = {}  # by model name and version
 
     async def start(self) -> None:
         self.socket.connect(self.address)
@@ -151,6 +165,8 @@ class RemoteDataPlane:
         self.state = state
         self.heard_at = time.monotonic()
         if changed:
+            serving = {(m.name, m.version) for m in state.models}
+            self.preparers = {k: v for k, v in self.preparers.items() if k in serving}
             self.send(Ack(state.seq))
 
     def watch_engine(self, pid: int) -> None:
@@ -231,21 +247,40 @@ class RemoteDataPlane:
 
     async def infer(self, request: InferenceRequest, encode: Callable[[Inference], T]) -> T:
         self.check_serving()
-        assert self.state is not None
         model = self.describe(request.model, request.version)
+        images: list[Image.Image | None] = []  # for the overlays drawn here
+        if self.decodes and not isinstance(request.inputs, torch.Tensor):
+            started = time.monotonic()
+            decoded, images = await self.decode(model, request.inputs, request.options.overlay, started)
+            limit = self.settings.request_timeout_s
+            timeout_s = (limit if request.timeout_s is None else min(request.timeout_s, limit)) - (
+                time.monotonic() - started
+            )
+            if timeout_s <= 0:
+                raise RequestTimeout(
+                    "the request was not answered within VIT_REQUEST_TIMEOUT_S; retry or send fewer images"
+                )
+            options = dataclasses.replace(request.options, overlay=False)  # drawn here
+            request = dataclasses.replace(request, inputs=decoded, options=options, timeout_s=timeout_s)
+        done = await self.computed(model, request)
+        if any(image is not None for image in images):  # PNG encoding of every map: milliseconds each
+            done = Inference(done.model, await self.run_in_pool(with_overlays, done.predictions, images))
+        with tracer.start_as_current_span("encode"):
+            return await self.run_in_pool(encode, done) if costly_to_encode(done) else encode(done)
+
+    async def computed(self, model: ModelDescription, request: InferenceRequest) -> Inference:
+        """`request` computed by the engine: its inputs in, its outputs back, through a region of the arena."""
+        assert self.state is not None
         inputs = request.inputs
         count = inputs.shape[0] if isinstance(inputs, torch.Tensor) else len(inputs)
         in_bytes = (
-            aligned(inputs.numel() * inputs.element_size())
-            if isinstance(inputs, torch.Tensor)
-            else sum(aligned(len(i.data)) for i in inputs)
+            aligned(inputs.numel() * inputs.element_size()) if isinstance(inputs, torch.Tensor) else input_bytes(inputs)
         )
         size = max(in_bytes, output_bytes(model, request.options, count))
         region = self.arena.allocate(size) if self.arena is not None else None
         images, pixels = self.store_inputs(inputs, region)
-        call_id = next(self.ids)
         call = InferCall(
-            call_id,
+            next(self.ids),
             self.state.incarnation,
             request.model,
             request.version,
@@ -261,17 +296,48 @@ class RemoteDataPlane:
             if reply.failure is not None:
                 raise reply.failure.exception()
             assert reply.model is not None and reply.predictions is not None
-            done = Inference(reply.model, load_predictions(reply.predictions, self.arena))
+            return Inference(reply.model, load_predictions(reply.predictions, self.arena))
         finally:
-            self.release_call(call_id)
-        with tracer.start_as_current_span("encode"):
-            if costly_to_encode(done):
-                return await asyncio.get_running_loop().run_in_executor(self.cpu_pool, encode, done)
-            return encode(done)
+            self.release_call(call.id)
+
+    async def decode(
+        self, model: ModelDescription, files: Sequence[EncodedImage | DecodedImage], keep_images: bool, started: float
+    ) -> tuple[list[DecodedImage], list[Image.Image | None]]:
+        """Each file decoded, checked and preprocessed for `model` on this process's pool, all at once; and
+        the images themselves when overlays are drawn. A file refused is counted as the model's failure."""
+        preparer = self.preparer(model)
+        loop = asyncio.get_running_loop()
+        context = otel_context.get_current()  # each image's decode span goes under this request's
+        try:
+            prepared = await asyncio.gather(
+                *(loop.run_in_executor(self.cpu_pool, preparer.prepare_traced, context, f, keep_images) for f in files)
+            )
+        except Exception:
+            if self.state is not None:
+                self.send(Refused(self.state.incarnation, model.name, model.version, time.monotonic() - started))
+            raise
+        took = time.monotonic() - started
+        decoded = [
+            DecodedImage(f.filename, f.data, model.version, None if isinstance(p.pixels, Jpeg) else p.pixels, took)
+            for f, p in zip(files, prepared, strict=True)
+        ]
+        return decoded, [p.image for p in prepared]
+
+    def preparer(self, model: ModelDescription) -> ImagePreparer:
+        """How `model` (this version) prepares a file, as the engine would."""
+        key = (model.name, model.version)
+        if (preparer := self.preparers.get(key)) is None:
+            s = self.settings
+            p = Preprocessing(**model.preprocessing)
+            preparer = self.preparers[key] = ImagePreparer(p, s.max_image_pixels, s.jpeg_draft, model.decode == "gpu")
+        return preparer
+
+    async def run_in_pool(self, fn: Callable[..., T], *args: object) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self.cpu_pool, fn, *args)
 
     def store_inputs(
-        self, inputs: Sequence[EncodedImage] | torch.Tensor, region: int | None
-    ) -> tuple[list[tuple[str, StoredBytes]] | None, Stored | None]:
+        self, inputs: Sequence[EncodedImage | DecodedImage] | torch.Tensor, region: int | None
+    ) -> tuple[list[StoredImage] | None, Stored | None]:
         """The inputs written into the arena at `region` (inline without one)."""
         if isinstance(inputs, torch.Tensor):
             pixels = inputs.detach().cpu().contiguous()
@@ -279,14 +345,7 @@ class RemoteDataPlane:
                 return None, pixels
             self.arena.write_tensor(region, pixels)
             return None, (region, tuple(pixels.shape), "float32")
-        if region is None or self.arena is None:
-            return [(i.filename, i.data) for i in inputs], None
-        images: list[tuple[str, StoredBytes]] = []
-        offset = region
-        for image in inputs:
-            images.append((image.filename, (offset, len(image.data))))
-            offset = self.arena.write(offset, image.data)
-        return images, None
+        return store_images(inputs, self.arena, region), None
 
     async def call(self, message: InferCall | RepositoryCall, region: int | None, timeout_s: float) -> Reply:
         """Send `message`, wait for the engine's answer. Cancelled (the client went away), the engine is
@@ -339,3 +398,13 @@ class RemoteDataPlane:
 
     async def unload_model(self, name: str) -> None:
         await self.repository("unload", name)
+
+
+def with_overlays(predictions: list[Prediction], images: list[Image.Image | None]) -> list[Prediction]:
+    """Each prediction with its map drawn over its image."""
+    return [
+        p
+        if image is None or p.attention_map is None
+        else dataclasses.replace(p, overlay_png=overlay_png(image, p.attention_map))
+        for p, image in zip(predictions, images, strict=True)
+    ]

@@ -23,6 +23,19 @@ class EncodedImage:
 
 
 @dataclass(frozen=True)
+class DecodedImage:
+    """An image file already decoded and preprocessed for one model version where it arrived (a serving
+    front-end, VIT_WORKERS > 1). The engine batches `pixels` as they are while that version serves; after a
+    reload it decodes `data` again for the version then serving."""
+
+    filename: str
+    data: bytes  # the file as sent
+    version: str  # the model version it was prepared for
+    pixels: Tensor | None  # (C, H, W) float32; None: a plain JPEG, checked, that the GPU decodes with its batch
+    decode_s: float  # the time it took, counted in the model's compute_input statistics
+
+
+@dataclass(frozen=True)
 class InferOptions:
     """What to compute for every image of a request; checked when built, so no edge repeats the rules."""
 

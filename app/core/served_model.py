@@ -19,21 +19,19 @@ from pathlib import Path
 
 import torch
 from opentelemetry import context as otel_context
-from opentelemetry.util.types import AttributeValue
-from PIL import Image
 
 from app.choices import BackendChoice
 from app.core.batcher import DynamicBatcher
-from app.core.decode import decode_image, load_image, open_image
+from app.core.decode import decode_image
 from app.core.description import ModelDescription
 from app.core.errors import RequestTimeout
-from app.core.gpu_decode import GpuJpegDecoder, Jpeg, gpu_decodable
+from app.core.gpu_decode import GpuJpegDecoder, Jpeg
 from app.core.inference import ImageInput, ImageOutput, Predictor, graph_sizes, resolve_backend
 from app.core.metrics import ModelMetrics
 from app.core.onnx_backend import ForeignGraph, OnnxExportError
-from app.core.preprocess import Preprocessor
-from app.core.request import AttentionKind, EncodedImage
-from app.core.tracing import record_span, tracer
+from app.core.prepare import ImagePreparer, Prepared
+from app.core.request import AttentionKind, DecodedImage, EncodedImage
+from app.core.tracing import record_span
 from app.settings import Settings
 from model.checkpoint import Checkpoint, load_checkpoint
 
@@ -52,22 +50,13 @@ class Wanted:
         return ImageInput(pixels, self.attention, self.target, self.embedding)
 
 
-@dataclass(frozen=True)
-class Prepared:
-    filename: str
-    image: Image.Image | None  # kept only when an overlay is drawn
-    pixels: torch.Tensor | Jpeg  # a plain JPEG stays encoded when the GPU decodes it
-
-
 @dataclass
 class ServedModel:
     name: str
     checkpoint: Checkpoint
     predictor: Predictor
-    preprocessor: Preprocessor
+    preparer: ImagePreparer
     batcher: DynamicBatcher[ImageInput, ImageOutput]
-    max_image_pixels: int
-    draft_to: int | None = None  # large JPEGs decoded scaled to at least this side on the CPU (VIT_JPEG_DRAFT)
     retired: bool = False  # replaced or unloaded: admits nothing new
     successor: ServedModel | None = None  # the version that replaced it
 
@@ -77,16 +66,17 @@ class ServedModel:
     ) -> ServedModel:
         """Load the checkpoint onto the device and warm it up (blocking; run off the event loop)."""
         checkpoint = load_checkpoint(path, device)
-        preprocessor = Preprocessor(checkpoint.preprocessing)
-        draft_to = checkpoint.preprocessing.resize_size if settings.jpeg_draft else None
+        p = checkpoint.preprocessing
+        gpu_jpegs = device.type == "cuda" and settings.decode == "auto"
+        preparer = ImagePreparer(p, settings.max_image_pixels, settings.jpeg_draft, gpu_jpegs)
         jpeg_decoder = None
-        if device.type == "cuda" and settings.decode == "auto":
-            channels, limit = checkpoint.config.in_channels, settings.max_image_pixels
+        if gpu_jpegs:
+            channels, limit, draft_to = p.channels, settings.max_image_pixels, preparer.draft_to
 
             def on_cpu(jpeg: Jpeg) -> torch.Tensor:  # what nvJPEG rejects: PIL's pixels, or PIL's error
-                return preprocessor(decode_image(jpeg.data, jpeg.filename, channels, limit, draft_to))
+                return preparer.preprocessor(decode_image(jpeg.data, jpeg.filename, channels, limit, draft_to))
 
-            jpeg_decoder = GpuJpegDecoder(checkpoint.preprocessing, device, on_cpu)
+            jpeg_decoder = GpuJpegDecoder(p, device, on_cpu)
         graphs = graph_sizes(settings.max_batch_size) if settings.cuda_graphs else None
         predictor = cls.build_predictor(
             name, checkpoint, device, settings.backend, jpeg_decoder, graphs, settings.onnx_cache
@@ -113,7 +103,7 @@ class ServedModel:
             "vit.device": str(device),
         }
         batcher = DynamicBatcher(predictor, s.max_batch_size, s.max_wait_ms, s.max_queue, metrics, traced)
-        return cls(name, checkpoint, predictor, preprocessor, batcher, s.max_image_pixels, draft_to)
+        return cls(name, checkpoint, predictor, preparer, batcher)
 
     @staticmethod
     def build_predictor(
@@ -182,46 +172,59 @@ class ServedModel:
         """Rows (and columns) of the patch grid, the size of an attention map."""
         return self.checkpoint.config.grid_size
 
-    def prepare(self, image: EncodedImage, keep_image: bool) -> Prepared:
-        """Decode, validate and preprocess one image file (runs on the CPU pool); a plain JPEG only has its
-        header checked here when the GPU decodes it."""
-        header = open_image(image.data, image.filename, self.max_image_pixels)
-        if self.predictor.jpeg_decoder is not None and not keep_image and gpu_decodable(header, image.data):
-            return Prepared(image.filename, None, Jpeg(image.data, image.filename))
-        # An overlay is drawn on the image as sent: decoded in full.
-        draft_to = None if keep_image else self.draft_to
-        decoded = load_image(header, image.filename, self.checkpoint.config.in_channels, draft_to)
-        return Prepared(image.filename, decoded if keep_image else None, self.preprocessor(decoded))
+    def prepare(self, image: EncodedImage | DecodedImage, keep_image: bool) -> Prepared:
+        """Decode, validate and preprocess one image file (CPU work: runs on the pool); see `ImagePreparer`."""
+        return self.preparer.prepare(image, keep_image)
 
-    def prepare_traced(self, context: otel_context.Context, image: EncodedImage, keep_image: bool) -> Prepared:
-        """`prepare` in a `decode` span under `context` (it runs on a pool thread, outside the request's)."""
-        attributes: dict[str, AttributeValue] = {
-            "vit.image.filename": image.filename,
-            "vit.image.bytes": len(image.data),
-        }
-        with tracer.start_as_current_span("decode", context=context, attributes=attributes):
-            return self.prepare(image, keep_image)
+    def prepared_already(self, image: EncodedImage | DecodedImage, keep_image: bool) -> Prepared | None:
+        """A front-end's `DecodedImage` as this version's input, when it was prepared for this version."""
+        if not isinstance(image, DecodedImage) or image.version != self.version or keep_image:
+            return None
+        if image.pixels is not None:
+            return Prepared(image.filename, None, image.pixels)
+        if self.predictor.jpeg_decoder is not None:
+            return Prepared(image.filename, None, Jpeg(image.data, image.filename))
+        return None
 
     def target_index(self, target: str | None) -> int | None:
         """A class label, or its index, as the class index a gradient map explains."""
         return self.description.class_index(target)
 
     async def run_images(
-        self, images: Sequence[EncodedImage], wanted: Wanted, keep_images: bool, pool: Executor, deadline: float
+        self,
+        images: Sequence[EncodedImage | DecodedImage],
+        wanted: Wanted,
+        keep_images: bool,
+        pool: Executor,
+        deadline: float,
     ) -> tuple[list[Prepared], list[ImageOutput], float]:
         """All of one request's files: decoded first, so a bad one fails the request before any compute.
         Also when they entered the batcher (time.monotonic())."""
-        loop = asyncio.get_running_loop()
         asked = time.monotonic()
         with self.batcher.admit(len(images)) as admission:  # refused here, before any CPU is spent on decoding
             record_span("admission", asked, time.monotonic(), {"vit.images": len(images)})
-            context = otel_context.get_current()  # each image's decode span goes under this request's
-            prepared = await asyncio.gather(
-                *(loop.run_in_executor(pool, self.prepare_traced, context, i, keep_images) for i in images)
-            )
+            prepared = await self.prepare_all(images, keep_images, pool)
             futures = admission.submit([wanted.input(p.pixels) for p in prepared], deadline)
             submitted = time.monotonic()
-        return list(prepared), await wait_for_outputs(futures, deadline), submitted
+        return prepared, await wait_for_outputs(futures, deadline), submitted
+
+    async def prepare_all(
+        self, images: Sequence[EncodedImage | DecodedImage], keep_images: bool, pool: Executor
+    ) -> list[Prepared]:
+        """Every file prepared: on the pool, all at once, except those a front-end prepared for this version."""
+        prepared = [self.prepared_already(i, keep_images) for i in images]
+        if todo := [k for k, p in enumerate(prepared) if p is None]:
+            loop = asyncio.get_running_loop()
+            context = otel_context.get_current()  # each image's decode span goes under this request's
+            done = await asyncio.gather(
+                *(
+                    loop.run_in_executor(pool, self.preparer.prepare_traced, context, images[k], keep_images)
+                    for k in todo
+                )
+            )
+            for k, p in zip(todo, done, strict=True):
+                prepared[k] = p
+        return [p for p in prepared if p is not None]
 
     async def run_pixels(self, pixels: torch.Tensor, wanted: Wanted, deadline: float) -> list[ImageOutput]:
         """Already preprocessed images (N, C, H, W) through the same batcher."""

@@ -10,7 +10,7 @@ import torch
 from app.core.data_plane import Inference, InferenceRequest
 from app.core.engine import Engine
 from app.core.errors import InvalidInput, ModelNotFound, NotReady, UnsupportedMediaType
-from app.core.request import EncodedImage, InferOptions
+from app.core.request import DecodedImage, EncodedImage, InferOptions
 from harness.images import encode
 from model.shapes import make_sample
 
@@ -31,6 +31,27 @@ async def test_images_and_their_pixels_give_the_same_predictions(service: Engine
         torch.testing.assert_close(a.probabilities, b.probabilities)
         torch.testing.assert_close(a.attention_map, b.attention_map)
         assert a.overlay_png is None
+
+
+async def test_images_a_front_end_decoded_are_batched_as_they_are_for_their_version(service: Engine) -> None:
+    """A front-end's pixels go to the batch untouched while the version they were made for serves; made for
+    another version (a reload came between), the engine decodes the file again for the one serving."""
+    model = service.model(None)
+    files = images(2)
+    from_files = (await service.run(model, files, InferOptions())).predictions
+    blank = torch.zeros(model.input_shape)
+    [from_blank] = (await service.run(model, blank[None], InferOptions())).predictions
+    decoded = [DecodedImage(f.filename, f.data, model.version, blank, 0.05) for f in files]
+    stats = service.book.of(model.name, model.version)
+    input_ns = stats.compute_input.ns
+    for p in (await service.run(model, decoded, InferOptions())).predictions:
+        torch.testing.assert_close(p.probabilities, from_blank.probabilities)  # these pixels, not the file's
+    assert stats.compute_input.ns - input_ns >= 50_000_000  # the front-end's decoding counts as input time
+    stale = [DecodedImage(f.filename, f.data, "an-old-version", blank, 0.05) for f in files]
+    again = (await service.run(model, stale, InferOptions())).predictions
+    assert [p.filename for p in again] == ["0.png", "1.png"]
+    for a, b in zip(again, from_files, strict=True):
+        torch.testing.assert_close(a.probabilities, b.probabilities)
 
 
 async def test_overlays_are_drawn_for_files_only(service: Engine) -> None:

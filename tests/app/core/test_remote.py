@@ -18,7 +18,7 @@ from app.core import remote
 from app.core.data_plane import Inference, InferenceRequest
 from app.core.engine import Engine
 from app.core.engine_host import EngineHost
-from app.core.errors import ModelNotFound, NotReady, Overloaded, UnsupportedMediaType
+from app.core.errors import ModelNotFound, NotReady, Overloaded, PayloadTooLarge, UnsupportedMediaType
 from app.core.metrics import Metrics
 from app.core.remote import RemoteDataPlane
 from app.core.request import EncodedImage, InferOptions
@@ -93,6 +93,23 @@ async def test_the_answers_are_the_engines(make_linked: Callable[..., Awaitable[
     assert linked.arena.in_use == 0  # every region given back
 
 
+async def test_the_front_end_decodes_and_the_engine_only_batches(make_linked: Callable[..., Awaitable[Linked]]) -> None:
+    """The engine's own preparer refusing every image shows who decodes: the front-end's pixels are served;
+    with the response cache on (the front-end then sends the files), the engine decodes and refuses them."""
+    linked: Linked = await make_linked()
+    expected = await linked.engine.infer(InferenceRequest(None, FILES, InferOptions("last")), identity)
+    linked.engine.model(None).preparer.max_pixels = 1
+    got = await linked.plane.infer(InferenceRequest(None, FILES, InferOptions("last")), identity)
+    for g, e in zip(got.predictions, expected.predictions, strict=True):
+        assert g.filename == e.filename
+        torch.testing.assert_close(g.probabilities, e.probabilities)
+        torch.testing.assert_close(g.attention_map, e.attention_map)
+    linked.plane.decodes = False
+    with pytest.raises(PayloadTooLarge, match=r"0\.png: .* over the limit of 1"):
+        await linked.plane.infer(InferenceRequest(None, FILES, InferOptions()), identity)
+    assert linked.arena.in_use == 0
+
+
 async def test_pixels_travel_too(make_linked: Callable[..., Awaitable[Linked]]) -> None:
     linked: Linked = await make_linked()
     model = linked.engine.model(None)
@@ -135,6 +152,8 @@ async def test_core_errors_come_back_as_themselves(make_linked: Callable[..., Aw
     bad = [EncodedImage("x.png", b"not an image")]
     with pytest.raises(UnsupportedMediaType, match=r"x\.png"):
         await linked.plane.infer(InferenceRequest(None, bad, InferOptions()), identity)
+    [stats] = await linked.plane.statistics()  # refused by the front-end's decoding, counted by the engine
+    assert (stats.fail.count, stats.success.count) == (1, 0)
     model = linked.engine.model(None)
     model.batcher.max_queue = 1  # a full queue: 503 with a Retry-After, as from one process
     with pytest.raises(Overloaded) as raised:

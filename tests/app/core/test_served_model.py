@@ -24,13 +24,13 @@ def test_prepare_decodes_and_preprocesses_as_the_checkpoint_says(service: Engine
     image = make_sample(3, 1).image
     prepared = model.prepare(EncodedImage("a.png", encode(image)), keep_image=True)
     assert prepared.filename == "a.png" and prepared.image is not None
-    torch.testing.assert_close(prepared.pixels, model.preprocessor(image.convert("RGB")))
+    torch.testing.assert_close(prepared.pixels, model.preparer.preprocessor(image.convert("RGB")))
     assert model.prepare(EncodedImage("a.png", encode(image)), keep_image=False).image is None
 
 
 def test_the_pixel_limit_is_checked_before_decoding(service: Engine) -> None:
     model = service.model(None)
-    model.max_image_pixels = 100
+    model.preparer.max_pixels = 100
     with pytest.raises(PayloadTooLarge, match=r"big.png: 64x64 = 4096 pixels is over the limit of 100"):
         model.prepare(EncodedImage("big.png", encode(make_sample(3, 1).image)), keep_image=False)
 
