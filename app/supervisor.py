@@ -15,6 +15,10 @@ not-ready and drain together, then the engine stops; the supervisor exits 0. The
 sessions of their own, so a signal to the process group reaches the supervisor only, and each stops
 by itself if the supervisor dies.
 
+The engine is started afresh (spawned: no CUDA or thread state inherited). Front-ends are forked from a
+fork server that has imported the serving stack once (`app.fork_server`), so one that died serves again
+within a fraction of a second rather than after importing torch again.
+
 Every process writes its metrics into PROMETHEUS_MULTIPROC_DIR under the run directory; `/metrics` on
 any front-end sums them.
 """
@@ -118,7 +122,9 @@ class Supervisor:
         self.port = port
         self.settings = settings
         self.workers = workers
-        self.spawn = multiprocessing.get_context("spawn")  # no CUDA or thread state inherited
+        self.spawn = multiprocessing.get_context("spawn")  # the engine: no CUDA or thread state inherited
+        self.fork = multiprocessing.get_context("forkserver")  # the front-ends (see the module's note)
+        self.fork.set_forkserver_preload(["app.fork_server"])
         self.directory = run_directory()
         self.address = f"ipc://{self.directory / 'engine.sock'}"
         self.engine: Child | None = None
@@ -170,7 +176,10 @@ class Supervisor:
         (or `stop` was set first)."""
         loaded = self.spawn.Event()
         process = self.spawn.Process(
-            target=engine_main, args=(self.settings, self.address, loaded), name="vit-engine", daemon=False
+            target=engine_main,
+            args=(self.settings, self.address, loaded, os.getpid()),
+            name="vit-engine",
+            daemon=False,
         )
         process.start()
         self.engine = Child("engine", process, time.monotonic())
@@ -192,9 +201,9 @@ class Supervisor:
     def start_front_end(self, slot: int) -> None:
         self.generation += 1
         arena = self.directory / f"front-end-{slot}-{self.generation}.shm"
-        process = self.spawn.Process(
+        process = self.fork.Process(
             target=front_end_main,
-            args=(self.host, self.port, self.settings, self.address, arena, arena_bytes(self.settings)),
+            args=(self.host, self.port, self.settings, self.address, arena, arena_bytes(self.settings), os.getpid()),
             name=f"vit-front-end-{slot}",
             daemon=False,
         )
@@ -280,22 +289,24 @@ def describe_exit(code: int | None) -> str:
 
 
 # The children.
-def become_child() -> asyncio.Event:
+def become_child(supervisor: int) -> asyncio.Event:
     """A session of its own (a signal to the supervisor's process group is not for it), SIGTERM as the
-    only way to stop it, and a stop of its own when the supervisor dies. Run on the child's event loop."""
+    only way to stop it, and a stop of its own when the supervisor (pid `supervisor`, the parent of the
+    engine, the grandparent of a front-end) dies. Run on the child's event loop."""
     os.setsid()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     loop.add_signal_handler(signal.SIGTERM, stop.set)
-    parent = os.getppid()
     try:
-        pidfd = os.pidfd_open(parent)
+        pidfd = os.pidfd_open(supervisor)
         loop.add_reader(pidfd, stop.set)
+    except ProcessLookupError:  # gone already
+        stop.set()
     except (AttributeError, OSError):  # no pidfd: look every second
 
         async def watch() -> None:
-            while os.getppid() == parent:
+            while alive(supervisor):
                 await asyncio.sleep(1)
             stop.set()
 
@@ -304,6 +315,16 @@ def become_child() -> asyncio.Event:
 
 
 watching: set[asyncio.Task[None]] = set()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def run_child(main: Coroutine[Any, Any, int]) -> None:
@@ -319,12 +340,12 @@ def run_child(main: Coroutine[Any, Any, int]) -> None:
     os._exit(code)
 
 
-def engine_main(settings: Settings, address: str, loaded: ProcessEvent) -> None:
-    run_child(serve_engine(settings, address, loaded))
+def engine_main(settings: Settings, address: str, loaded: ProcessEvent, supervisor: int) -> None:
+    run_child(serve_engine(settings, address, loaded, supervisor))
 
 
-async def serve_engine(settings: Settings, address: str, loaded: ProcessEvent) -> int:
-    stop = become_child()
+async def serve_engine(settings: Settings, address: str, loaded: ProcessEvent, supervisor: int) -> int:
+    stop = become_child(supervisor)
     configure_logging(settings.log_level, settings.log_format)
     # imported here: the front-end processes, which import this module, never load the engine's backends
     from app.core.engine import Engine
@@ -348,14 +369,16 @@ async def serve_engine(settings: Settings, address: str, loaded: ProcessEvent) -
     return 0
 
 
-def front_end_main(host: str, port: int, settings: Settings, address: str, arena_path: Path, arena_size: int) -> None:
-    run_child(serve_through_engine(host, port, settings, address, arena_path, arena_size))
+def front_end_main(
+    host: str, port: int, settings: Settings, address: str, arena_path: Path, arena_size: int, supervisor: int
+) -> None:
+    run_child(serve_through_engine(host, port, settings, address, arena_path, arena_size, supervisor))
 
 
 async def serve_through_engine(
-    host: str, port: int, settings: Settings, address: str, arena_path: Path, arena_size: int
+    host: str, port: int, settings: Settings, address: str, arena_path: Path, arena_size: int, supervisor: int
 ) -> int:
-    stop = become_child()
+    stop = become_child(supervisor)
     configure_logging(settings.log_level, settings.log_format)
     # Each image is preprocessed on one core: a front-end's requests run side by side on its pool, and
     # N front-ends side by side, where torch's default would start a thread per core inside each resize.

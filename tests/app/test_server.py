@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import socket
 import time
@@ -69,7 +70,7 @@ def test_sigterm_drains_http_and_grpc_together(workers: str) -> None:
                 await s.until_accepted("http", "/predict", 16)  # every call taken (in flight or answered)
                 await s.until_accepted("grpc", "ModelInfer", 16)
                 signalled = time.monotonic()
-                s.proc.send_signal(signal.SIGTERM)
+                os.killpg(s.proc.pid, signal.SIGTERM)  # as `kill %1` does: the supervisor's children have their own
                 not_ready: dict[str, float] = {}
                 while len(not_ready) < 2 and time.monotonic() - signalled < 5:
                     if "http" not in not_ready and not await http_ready(s.url):
@@ -89,6 +90,7 @@ def test_sigterm_drains_http_and_grpc_together(workers: str) -> None:
         assert time.monotonic() - signalled < DRAIN_S + 5
         out = s.stop()
     assert "draining" in out and "stopped" in out
+    assert "engine unavailable" not in out  # the engine stopped only after every front-end had drained
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])
