@@ -1,7 +1,8 @@
 """OpenTelemetry traces from real servers to a local OTLP receiver: configured by OpenTelemetry's own
 variables, one span per HTTP and gRPC request continuing the caller's traceparent, the core's spans under
-it (also from the engine process of VIT_WORKERS=2, its front-ends decoding the images), each forward pass a span linked to its requests, the
-trace IDs on the access lines, and one trace per batch-runner run."""
+it (also from the engine process of VIT_WORKERS=2, its front-ends decoding the images), each forward
+pass a span linked to its requests, the trace IDs on the access lines, and one trace per batch-runner
+run."""
 
 from __future__ import annotations
 
