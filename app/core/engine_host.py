@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import uuid
@@ -142,7 +143,9 @@ class EngineHost:
             async with self.acked:
                 self.acked.notify_all()
         elif isinstance(message, InferCall) and message.incarnation == self.incarnation:
-            peer.calls[message.id] = self.spawn(self.infer(peer, message))
+            running = self.spawn(self.infer(peer, message))
+            peer.calls[message.id] = running
+            running.add_done_callback(functools.partial(self.answer_if_never_run, peer, message.id))
         elif isinstance(message, Cancel) and message.incarnation == self.incarnation:
             if (task := peer.calls.get(message.id)) is not None:
                 task.cancel()
@@ -208,6 +211,15 @@ class EngineHost:
             detach(token)
         if self.peers.get(peer.identity) is peer:
             await self.send(peer, reply)
+
+    def answer_if_never_run(self, peer: Peer, call_id: int, task: asyncio.Task[None]) -> None:
+        """A call cancelled before its task ran (its Cancel read in the same go) is answered all the same: the
+        front-end holds its region until then."""
+        if not task.cancelled():
+            return  # `infer` answered it
+        peer.calls.pop(call_id, None)
+        if self.peers.get(peer.identity) is peer:
+            self.spawn(self.send(peer, Reply(call_id, failure=Failure("RequestTimeout", "cancelled"))))
 
     async def compute(self, peer: Peer, call: InferCall) -> Reply:
         arena = peer.arena

@@ -18,6 +18,7 @@ from app.core import remote
 from app.core.data_plane import Inference, InferenceRequest
 from app.core.engine import Engine
 from app.core.engine_host import EngineHost
+from app.core.engine_link import Cancel, InferCall, Reply, StoredImage
 from app.core.errors import ModelNotFound, NotReady, Overloaded, PayloadTooLarge, UnsupportedMediaType
 from app.core.metrics import Metrics
 from app.core.remote import RemoteDataPlane
@@ -35,6 +36,7 @@ FILES = [EncodedImage(f"{i}.png", encode(make_sample(5, i).image)) for i in rang
 @dataclass
 class Linked:
     engine: Engine
+    host: EngineHost
     plane: RemoteDataPlane
     arena: Arena
     stop: asyncio.Event  # set: the engine stops answering
@@ -55,7 +57,7 @@ async def hosted(engine: Engine, folder: Path) -> AsyncIterator[Callable[..., Aw
         planes.append(plane)
         await plane.start()
         assert await plane.wait_engine(5)
-        return Linked(engine, plane, arena, stop)
+        return Linked(engine, host, plane, arena, stop)
 
     try:
         yield make
@@ -143,6 +145,26 @@ async def test_a_cancelled_call_holds_its_region_until_the_engine_answers(
     assert linked.arena.in_use > 0  # the engine may still write its outputs there
     await until(lambda: linked.arena.in_use == 0, timeout=10)
     assert linked.plane.pending == {}
+
+
+async def test_a_call_cancelled_before_the_engine_ran_it_is_answered_all_the_same(
+    make_linked: Callable[..., Awaitable[Linked]],
+) -> None:
+    """The engine may read a call and its Cancel in one go, before the call's task has run at all: it still
+    answers, since the front-end holds the call's region until then."""
+    linked: Linked = await make_linked()
+    host = linked.host
+    [peer] = host.peers.values()
+    answer: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+    linked.plane.pending[999] = remote.Pending(answer, None)
+    images = [StoredImage(f.filename, f.data) for f in FILES]
+    await host.handle(
+        peer.identity, InferCall(999, host.incarnation, None, None, InferOptions(), None, images, None, None)
+    )
+    await host.handle(peer.identity, Cancel(999, host.incarnation))  # nothing awaited in between: it never ran
+    reply = await asyncio.wait_for(answer, 5)
+    assert reply.failure is not None and reply.failure.kind == "RequestTimeout"
+    assert 999 not in peer.calls
 
 
 async def test_core_errors_come_back_as_themselves(make_linked: Callable[..., Awaitable[Linked]]) -> None:
