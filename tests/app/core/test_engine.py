@@ -48,10 +48,13 @@ async def test_images_a_front_end_decoded_are_batched_as_they_are_for_their_vers
         torch.testing.assert_close(p.probabilities, from_blank.probabilities)  # these pixels, not the file's
     assert stats.compute_input.ns - input_ns >= 50_000_000  # the front-end's decoding counts as input time
     stale = [DecodedImage(f.filename, f.data, "an-old-version", blank, 0.05) for f in files]
-    again = (await service.run(model, stale, InferOptions())).predictions
-    assert [p.filename for p in again] == ["0.png", "1.png"]
-    for a, b in zip(again, from_files, strict=True):
-        torch.testing.assert_close(a.probabilities, b.probabilities)
+    # a file left for a GPU decoder this engine lacks: decoded here
+    left_for_gpu = [DecodedImage(f.filename, f.data, model.version, None, 0.0) for f in files]
+    for inputs in (stale, left_for_gpu):
+        again = (await service.run(model, inputs, InferOptions())).predictions
+        assert [p.filename for p in again] == ["0.png", "1.png"]
+        for a, b in zip(again, from_files, strict=True):
+            torch.testing.assert_close(a.probabilities, b.probabilities)
 
 
 async def test_overlays_are_drawn_for_files_only(service: Engine) -> None:
