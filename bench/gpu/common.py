@@ -29,6 +29,8 @@ VARIANTS: dict[str, dict[str, str]] = {
     "workers-4": {"VIT_DECODE": "auto", "VIT_CUDA_GRAPHS": "true", "VIT_WORKERS": "4"},
     "workers-8": {"VIT_DECODE": "auto", "VIT_CUDA_GRAPHS": "true", "VIT_WORKERS": "8"},
     "workers-12": {"VIT_DECODE": "auto", "VIT_CUDA_GRAPHS": "true", "VIT_WORKERS": "12"},
+    # every image decoded by PIL on the front-ends' cores instead of nvJPEG: what the CPUs add
+    "workers-8-cpu-decode": {"VIT_DECODE": "cpu", "VIT_CUDA_GRAPHS": "true", "VIT_WORKERS": "8"},
 }
 
 
