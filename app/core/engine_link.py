@@ -1,7 +1,8 @@
 """The messages between serving front-ends and the engine process (VIT_WORKERS > 1), and how outputs travel.
 
 They go as pickles over ZeroMQ (a DEALER socket in each front-end, the engine's ROUTER): small headers only.
-A request's images (or pixels) and its outputs travel through the front-end's shared-memory arena
+A request's images (the files, with the pixels the front-end decoded; or pixels) and its outputs travel
+through the front-end's shared-memory arena
 (`app.core.shared_memory`): the call names the region, the engine reads the inputs out of it and writes
 the outputs back into it. A request larger than the arena's free room goes inline in the message instead.
 

@@ -2,8 +2,11 @@
 
 The front-end answers health, model descriptions and API keys from what it holds (the engine's last
 `State`, its own settings); `infer` and the repository calls go to the engine (`app.core.engine_host`).
-A request's images go into a region of this process's shared-memory arena and its outputs come back in
-the same region, so the messages carry only offsets.
+It decodes and preprocesses a request's images itself, on its own pool, as the model version it asks
+prescribes (`ImagePreparer`), so the engine only batches them; it draws the overlays when the answer is
+back. The files and their pixels go into a region of this process's shared-memory arena and the outputs
+come back in the same region, so the messages carry only offsets. With the response cache on, the files
+go undecoded: the engine decodes only the images its cache lacks.
 
 When the engine process exits (watched through a pidfd, or after ENGINE_SILENT_S without a word from it),
 this front-end is not ready at once and every call waiting on that engine fails with NotReady (503,

@@ -1,6 +1,6 @@
 """One served checkpoint, built whole: its predictor, preprocessing and batcher, and the path of its images.
 
-decode (CPU pool) -> preprocess -> DynamicBatcher -> Predictor (forward thread) -> outputs
+decode (CPU pool, or a front-end's) -> preprocess -> DynamicBatcher -> Predictor (forward thread) -> outputs
 
 Every edge's requests for this model come through `run`, so they share the same decoding, limits,
 batches, deadlines and overload answers.
