@@ -2,9 +2,9 @@
 
 They go as pickles over ZeroMQ (a DEALER socket in each front-end, the engine's ROUTER): small headers only.
 A request's images (the files, with the pixels the front-end decoded; or pixels) and its outputs travel
-through the front-end's shared-memory arena
-(`app.core.shared_memory`): the call names the region, the engine reads the inputs out of it and writes
-the outputs back into it. A request larger than the arena's free room goes inline in the message instead.
+through the front-end's shared-memory arena (`app.core.shared_memory`): the call names the region, the
+engine reads the inputs out of it and writes the outputs back into it. A request larger than the arena's
+free room goes inline in the message instead.
 
 Every message to the engine names the engine incarnation it was meant for: one sent to an engine that
 has since died is ignored by its successor, which could otherwise write into a region already reused.
