@@ -16,13 +16,13 @@ from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 from opentelemetry import context as otel_context
 
 from app.choices import BackendChoice
 from app.core.batcher import DynamicBatcher
-from app.core.decode import decode_image
 from app.core.description import ModelDescription
 from app.core.errors import RequestTimeout
 from app.core.gpu_decode import GpuJpegDecoder, Jpeg
@@ -67,20 +67,21 @@ class ServedModel:
         """Load the checkpoint onto the device and warm it up (blocking; run off the event loop)."""
         checkpoint = load_checkpoint(path, device)
         p = checkpoint.preprocessing
-        gpu_jpegs = device.type == "cuda" and settings.decode == "auto"
-        preparer = ImagePreparer(p, settings.max_image_pixels, settings.jpeg_draft, gpu_jpegs)
         jpeg_decoder = None
-        if gpu_jpegs:
-            channels, limit, draft_to = p.channels, settings.max_image_pixels, preparer.draft_to
+        if device.type == "cuda" and settings.decode == "auto":
+            on_cpu = ImagePreparer(p, settings.max_image_pixels, settings.jpeg_draft, gpu_jpegs=False)
 
-            def on_cpu(jpeg: Jpeg) -> torch.Tensor:  # what nvJPEG rejects: PIL's pixels, or PIL's error
-                return preparer.preprocessor(decode_image(jpeg.data, jpeg.filename, channels, limit, draft_to))
+            def decode_on_cpu(jpeg: Jpeg) -> torch.Tensor:  # what nvJPEG rejects: PIL's pixels, or PIL's error
+                return cast("torch.Tensor", on_cpu.prepare(EncodedImage(jpeg.filename, jpeg.data), False).pixels)
 
-            jpeg_decoder = GpuJpegDecoder(p, device, on_cpu)
+            jpeg_decoder = GpuJpegDecoder(p, device, decode_on_cpu)
         graphs = graph_sizes(settings.max_batch_size) if settings.cuda_graphs else None
         predictor = cls.build_predictor(
             name, checkpoint, device, settings.backend, jpeg_decoder, graphs, settings.onnx_cache
         )
+        # plain JPEGs are left encoded only for a predictor that decodes them (a fallback to torch has none)
+        gpu_jpegs = predictor.jpeg_decoder is not None
+        preparer = ImagePreparer(p, settings.max_image_pixels, settings.jpeg_draft, gpu_jpegs)
         log.info(
             "model %s: loaded %s (version %s, %d classes) on %s as %s, backend %s, JPEGs decoded on the %s",
             name,
