@@ -79,7 +79,9 @@ def rpc(
     def decorate(method: Method[Request, Response]) -> Handler[Response]:
         name = method.__name__
 
-        async def handle(self: InferenceServicer, body: bytes, context: grpc.aio.ServicerContext) -> Response:
+        async def handle(
+            self: InferenceServicer, body: bytes, context: grpc.aio.ServicerContext, settle: Callable[[], None]
+        ) -> Response:
             started = time.perf_counter()
             try:
                 try:
@@ -108,8 +110,10 @@ def rpc(
             else:
                 self.count(name, Code.OK, started)
                 return response
-            # counted before the status goes out: a client that has its answer finds it in /metrics
+            # counted before the status goes out (abort sends it at once): a client that has its answer
+            # finds it in /metrics, and no longer in flight
             self.count(name, code, started)
+            settle()
             await context.abort(code, detail)
             raise AssertionError("unreachable: abort raises")
 
@@ -117,10 +121,18 @@ def rpc(
         async def answer(self: InferenceServicer, body: bytes, context: grpc.aio.ServicerContext) -> Response:
             in_flight = self.plane.metrics.in_flight.labels("grpc", name)
             in_flight.inc()
+            settled = False
+
+            def settle() -> None:  # once, before the answer or the status goes out
+                nonlocal settled
+                if not settled:
+                    settled = True
+                    in_flight.dec()
+
             try:
-                return await handle(self, body, context)
-            finally:  # before the answer or the status goes out
-                in_flight.dec()
+                return await handle(self, body, context, settle)
+            finally:
+                settle()
 
         answer.rpc = True  # type: ignore[attr-defined]
         return answer
