@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import subprocess
 import tempfile
 import time
 import uuid
@@ -38,6 +39,13 @@ from model.device import resolve_device
 RESULTS = Path(__file__).resolve().parent / "results"
 # ViT-S/16 at 224 px as timm builds it (22 M parameters), random weights: compute dominates, as with real models
 DEFAULT_IMAGE = {"bundled": "png-small", "vit-s16": "jpeg-medium"}
+
+
+def commit(tree: Path) -> str:
+    """The short hash of the commit checked out in `tree`."""
+    return subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True
+    ).stdout.strip()
 
 
 def write_results(name: str, report: dict[str, Any], text: str) -> None:

@@ -17,19 +17,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from app.settings import BUNDLED_WEIGHTS
 from bench.limits import sample_images
-from bench.run import multipart, write_results
+from bench.run import commit, multipart, write_results
 from bench.tables import table
 from harness.load import run_hey
 from harness.otlp import Receiver
-from harness.server import ROOT, ServerProcess, free_port
+from harness.server import ROOT, Server
 
 CONTRIB = "tracing on, opentelemetry-instrumentation-fastapi"
 
@@ -54,25 +52,10 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def start(tree: Path, env: dict[str, str]) -> ServerProcess:
-    port = free_port()
-    argv = [sys.executable, "-m", "app", "--host", "127.0.0.1", "--port", str(port)]
-    base = {
-        "VIT_WEIGHTS": str(BUNDLED_WEIGHTS),
-        "VIT_DEVICE": "cpu",
-        "VIT_GRPC_PORT": "0",
-        "VIT_LOG_LEVEL": "warning",
-        "PYTHONPATH": str(tree),
-    }
-    server = ServerProcess(argv, {**base, **env}, port, cwd=tree)
+def start(tree: Path, env: dict[str, str]) -> Server:
+    server = Server(BUNDLED_WEIGHTS, None, tree=tree, VIT_GRPC_PORT="0", VIT_LOG_LEVEL="warning", **env)
     server.wait_ready(180)
     return server
-
-
-def commit(tree: Path) -> str:
-    return subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True
-    ).stdout.strip()
 
 
 def main() -> None:

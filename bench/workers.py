@@ -21,8 +21,6 @@ import argparse
 import os
 import re
 import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -33,10 +31,10 @@ import httpx
 
 from app.settings import BUNDLED_WEIGHTS
 from bench.limits import sample_images
-from bench.run import multipart, write_results
+from bench.run import commit, multipart, write_results
 from bench.tables import table
 from harness.load import LoadResult, parse_hey, run_hey, start_hey
-from harness.server import ROOT, Server, ServerProcess, free_port, process_cpu_s
+from harness.server import ROOT, Server, ServerProcess, process_cpu_s
 
 
 def parse_args() -> argparse.Namespace:
@@ -51,15 +49,8 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def start(workers: int, device: str, tree: Path = ROOT) -> ServerProcess:
-    env = {"VIT_WORKERS": str(workers), "VIT_DEVICE": device, "VIT_LOG_LEVEL": "info"}
-    if tree == ROOT:
-        server: ServerProcess = Server(BUNDLED_WEIGHTS, None, **env)
-    else:
-        port = free_port()
-        argv = [sys.executable, "-m", "app", "--host", "127.0.0.1", "--port", str(port)]
-        base = {"VIT_WEIGHTS": str(BUNDLED_WEIGHTS), "VIT_GRPC_PORT": str(free_port()), "PYTHONPATH": str(tree)}
-        server = ServerProcess(argv, {**base, **env}, port, cwd=tree)
+def start(workers: int, device: str, tree: Path = ROOT) -> Server:
+    server = Server(BUNDLED_WEIGHTS, None, tree=tree, VIT_WORKERS=str(workers), VIT_DEVICE=device, VIT_LOG_LEVEL="info")
     server.wait_ready(300)
     if workers > 1:
         until(lambda: len(front_ends(server)) == workers, 60)
@@ -191,12 +182,6 @@ def main() -> None:
         "faults": faults,
     }
     write_results(args.name, report, markdown(report))
-
-
-def commit(tree: Path) -> str:
-    return subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True
-    ).stdout.strip()
 
 
 def markdown(report: dict[str, Any]) -> str:

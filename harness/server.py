@@ -125,15 +125,18 @@ class Server(ServerProcess):
     gRPC on a free port of its own (`grpc_target`) unless VIT_GRPC_PORT says otherwise.
 
     `with Server(checkpoint, VIT_MAX_FILES="8") as server:` waits until it is ready and stops it afterwards.
+    `tree` serves the code of another checkout instead (a benchmark's before and after).
     """
 
-    def __init__(self, checkpoint: Path, port: int | None = None, **env: str) -> None:
+    def __init__(self, checkpoint: Path, port: int | None = None, *, tree: Path = ROOT, **env: str) -> None:
         port = port or free_port()
         argv = [sys.executable, "-m", "app", "--host", "127.0.0.1", "--port", str(port)]
         env.setdefault("VIT_GRPC_PORT", str(free_port()))
         env.setdefault("VIT_DRAIN_TIMEOUT_S", "20")
+        if tree != ROOT:
+            env.setdefault("PYTHONPATH", str(tree))
         self.grpc_target = f"127.0.0.1:{env['VIT_GRPC_PORT']}"
-        super().__init__(argv, {"VIT_WEIGHTS": str(checkpoint), "VIT_DEVICE": "cpu", **env}, port)
+        super().__init__(argv, {"VIT_WEIGHTS": str(checkpoint), "VIT_DEVICE": "cpu", **env}, port, cwd=tree)
 
     def __enter__(self) -> Server:
         super().__enter__()

@@ -34,6 +34,7 @@ from app.core.engine_link import (
     Hello,
     InferCall,
     Refused,
+    RegionWriter,
     Reply,
     RepositoryCall,
     State,
@@ -233,7 +234,7 @@ class EngineHost:
             )
         model = self.engine.model(call.model, call.version)
         done: Inference = await self.engine.run(model, inputs, call.options, call.timeout_s)
-        return Reply(call.id, done.model, store_outputs(done.predictions, arena, call.region))
+        return Reply(call.id, done.model, store_outputs(done.predictions, RegionWriter(arena, call.region)))
 
     async def repository(self, peer: Peer, call: RepositoryCall) -> None:
         try:

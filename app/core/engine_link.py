@@ -173,37 +173,40 @@ def output_bytes(model: ModelDescription, options: InferOptions, images: int) ->
     return per_image * images
 
 
-def store_outputs(
-    predictions: list[Prediction], arena: Arena | None, region: tuple[int, int] | None
-) -> list[StoredPrediction]:
-    """The predictions written into `region` where they fit, inline where they do not."""
-    offset, end = region if region is not None else (0, 0)
-    end += offset
+class RegionWriter:
+    """Values written one after another into a region of `arena`, (offset, size); each one that does not fit
+    (or without an arena or region) stays inline, as itself."""
 
-    def tensor(t: torch.Tensor) -> Stored:
-        nonlocal offset
+    def __init__(self, arena: Arena | None, region: tuple[int, int] | None) -> None:
+        self.arena = arena if region is not None else None
+        self.offset, size = region if region is not None else (0, 0)
+        self.end = self.offset + size
+
+    def tensor(self, t: torch.Tensor) -> Stored:
         room = tensor_bytes(tuple(t.shape), t.element_size())
-        if arena is None or offset + room > end or t.dtype != torch.float32:
+        if self.arena is None or self.offset + room > self.end or t.dtype != torch.float32:
             return t
-        stored = (offset, tuple(t.shape), "float32")
-        offset = arena.write_tensor(offset, t)
+        stored = (self.offset, tuple(t.shape), "float32")
+        self.offset = self.arena.write_tensor(self.offset, t)
         return stored
 
-    def data(b: bytes) -> StoredBytes:
-        nonlocal offset
-        if arena is None or offset + aligned(len(b)) > end:
+    def data(self, b: bytes) -> StoredBytes:
+        if self.arena is None or self.offset + aligned(len(b)) > self.end:
             return b
-        stored = (offset, len(b))
-        offset = arena.write(offset, b)
+        stored = (self.offset, len(b))
+        self.offset = self.arena.write(self.offset, b)
         return stored
 
+
+def store_outputs(predictions: list[Prediction], into: RegionWriter) -> list[StoredPrediction]:
+    """The predictions written into the region where they fit, inline where they do not."""
     return [
         StoredPrediction(
             p.filename,
-            tensor(p.probabilities),
-            None if p.attention_map is None else tensor(p.attention_map),
-            None if p.overlay_png is None else data(p.overlay_png),
-            None if p.embedding is None else tensor(p.embedding),
+            into.tensor(p.probabilities),
+            None if p.attention_map is None else into.tensor(p.attention_map),
+            None if p.overlay_png is None else into.data(p.overlay_png),
+            None if p.embedding is None else into.tensor(p.embedding),
         )
         for p in predictions
     ]
@@ -224,33 +227,13 @@ def read_bytes(arena: Arena | None, stored: StoredBytes) -> bytes:
     return arena.read(*stored)
 
 
-def store_images(
-    images: Sequence[EncodedImage | DecodedImage], arena: Arena | None, region: int | None
-) -> list[StoredImage]:
-    """The files (and the pixels of those decoded) written into the arena from `region` on; inline without one."""
-    offset = region
-
-    def data(b: bytes) -> StoredBytes:
-        nonlocal offset
-        if arena is None or offset is None:
-            return b
-        stored = (offset, len(b))
-        offset = arena.write(offset, b)
-        return stored
-
-    def tensor(t: torch.Tensor) -> Stored:
-        nonlocal offset
-        if arena is None or offset is None or t.dtype != torch.float32:
-            return t
-        stored = (offset, tuple(t.shape), "float32")
-        offset = arena.write_tensor(offset, t)
-        return stored
-
+def store_images(images: Sequence[EncodedImage | DecodedImage], into: RegionWriter) -> list[StoredImage]:
+    """The files (and the pixels of those decoded) written into the region; inline where they do not fit."""
     return [
-        StoredImage(i.filename, data(i.data))
+        StoredImage(i.filename, into.data(i.data))
         if isinstance(i, EncodedImage)
         else StoredImage(
-            i.filename, data(i.data), i.version, None if i.pixels is None else tensor(i.pixels), i.decode_s
+            i.filename, into.data(i.data), i.version, None if i.pixels is None else into.tensor(i.pixels), i.decode_s
         )
         for i in images
     ]

@@ -29,7 +29,6 @@ from typing import TypeVar, cast
 import torch
 import zmq
 import zmq.asyncio
-from opentelemetry import context as otel_context
 from PIL import Image
 
 from app.core.api_keys import ApiKeys
@@ -43,6 +42,7 @@ from app.core.engine_link import (
     Hello,
     InferCall,
     Refused,
+    RegionWriter,
     Reply,
     RepositoryCall,
     State,
@@ -280,7 +280,8 @@ class RemoteDataPlane:
             aligned(inputs.numel() * inputs.element_size()) if isinstance(inputs, torch.Tensor) else input_bytes(inputs)
         )
         size = max(in_bytes, output_bytes(model, request.options, count))
-        region = self.arena.allocate(size) if self.arena is not None else None
+        offset = self.arena.allocate(size) if self.arena is not None else None
+        region = None if offset is None else (offset, size)
         images, pixels = self.store_inputs(inputs, region)
         call = InferCall(
             next(self.ids),
@@ -291,10 +292,10 @@ class RemoteDataPlane:
             request.timeout_s,
             images,
             pixels,
-            None if region is None else (region, size),
+            region,
             carrier(),
         )
-        reply = await self.call(call, region, self.settings.request_timeout_s + 5)
+        reply = await self.call(call, offset, self.settings.request_timeout_s + 5)
         try:
             if reply.failure is not None:
                 raise reply.failure.exception()
@@ -308,13 +309,8 @@ class RemoteDataPlane:
     ) -> tuple[list[DecodedImage], list[Image.Image | None]]:
         """Each file decoded, checked and preprocessed for `model` on this process's pool, all at once; and
         the images themselves when overlays are drawn. A file refused is counted as the model's failure."""
-        preparer = self.preparer(model)
-        loop = asyncio.get_running_loop()
-        context = otel_context.get_current()  # each image's decode span goes under this request's
         try:
-            prepared = await asyncio.gather(
-                *(loop.run_in_executor(self.cpu_pool, preparer.prepare_traced, context, f, keep_images) for f in files)
-            )
+            prepared = await self.preparer(model).prepare_all(files, keep_images, self.cpu_pool)
         except Exception:
             if self.state is not None:
                 self.send(Refused(self.state.incarnation, model.name, model.version, time.monotonic() - started))
@@ -339,16 +335,13 @@ class RemoteDataPlane:
         return await asyncio.get_running_loop().run_in_executor(self.cpu_pool, fn, *args)
 
     def store_inputs(
-        self, inputs: Sequence[EncodedImage | DecodedImage] | torch.Tensor, region: int | None
+        self, inputs: Sequence[EncodedImage | DecodedImage] | torch.Tensor, region: tuple[int, int] | None
     ) -> tuple[list[StoredImage] | None, Stored | None]:
-        """The inputs written into the arena at `region` (inline without one)."""
+        """The inputs written into the arena's `region` (offset, size); inline without one."""
+        into = RegionWriter(self.arena, region)
         if isinstance(inputs, torch.Tensor):
-            pixels = inputs.detach().cpu().contiguous()
-            if region is None or self.arena is None or pixels.dtype != torch.float32:
-                return None, pixels
-            self.arena.write_tensor(region, pixels)
-            return None, (region, tuple(pixels.shape), "float32")
-        return store_images(inputs, self.arena, region), None
+            return None, into.tensor(inputs.detach().cpu().contiguous())
+        return store_images(inputs, into), None
 
     async def call(self, message: InferCall | RepositoryCall, region: int | None, timeout_s: float) -> Reply:
         """Send `message`, wait for the engine's answer. Cancelled (the client went away), the engine is

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import cast
 
 import torch
-from opentelemetry import context as otel_context
 
 from app.choices import BackendChoice
 from app.core.batcher import DynamicBatcher
@@ -173,10 +172,6 @@ class ServedModel:
         """Rows (and columns) of the patch grid, the size of an attention map."""
         return self.checkpoint.config.grid_size
 
-    def prepare(self, image: EncodedImage | DecodedImage, keep_image: bool) -> Prepared:
-        """Decode, validate and preprocess one image file (CPU work: runs on the pool); see `ImagePreparer`."""
-        return self.preparer.prepare(image, keep_image)
-
     def prepared_already(self, image: EncodedImage | DecodedImage, keep_image: bool) -> Prepared | None:
         """A front-end's `DecodedImage` as this version's input, when it was prepared for this version."""
         if not isinstance(image, DecodedImage) or image.version != self.version or keep_image:
@@ -215,14 +210,7 @@ class ServedModel:
         """Every file prepared: on the pool, all at once, except those a front-end prepared for this version."""
         prepared = [self.prepared_already(i, keep_images) for i in images]
         if todo := [k for k, p in enumerate(prepared) if p is None]:
-            loop = asyncio.get_running_loop()
-            context = otel_context.get_current()  # each image's decode span goes under this request's
-            done = await asyncio.gather(
-                *(
-                    loop.run_in_executor(pool, self.preparer.prepare_traced, context, images[k], keep_images)
-                    for k in todo
-                )
-            )
+            done = await self.preparer.prepare_all([images[k] for k in todo], keep_images, pool)
             for k, p in zip(todo, done, strict=True):
                 prepared[k] = p
         return [p for p in prepared if p is not None]

@@ -89,7 +89,7 @@ async def test_every_option_that_changes_the_answer_is_in_the_key(cached: Engine
 
 async def test_pixels_are_kept_by_their_values_and_shape(cached: Engine) -> None:
     model = cached.model(None)
-    pixels = torch.stack([model.prepare(f, keep_image=False).pixels for f in FILES[:2]])
+    pixels = torch.stack([model.preparer.prepare(f, keep_image=False).pixels for f in FILES[:2]])
     first = await cached.run(model, pixels, InferOptions())
     second = await cached.run(model, pixels.clone(), InferOptions())
     assert computed(cached) == 2

@@ -23,7 +23,7 @@ async def test_images_and_their_pixels_give_the_same_predictions(service: Engine
     model = service.model(None)
     files = images(3)
     from_files = (await service.run(model, files, InferOptions("rollout"))).predictions
-    pixels = torch.stack([model.prepare(f, keep_image=False).pixels for f in files])
+    pixels = torch.stack([model.preparer.prepare(f, keep_image=False).pixels for f in files])
     from_pixels = (await service.run(model, pixels, InferOptions("rollout"))).predictions
     assert [p.filename for p in from_files] == ["0.png", "1.png", "2.png"]
     assert [p.filename for p in from_pixels] == ["pixels[0]", "pixels[1]", "pixels[2]"]

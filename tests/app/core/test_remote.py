@@ -115,7 +115,7 @@ async def test_the_front_end_decodes_and_the_engine_only_batches(make_linked: Ca
 async def test_pixels_travel_too(make_linked: Callable[..., Awaitable[Linked]]) -> None:
     linked: Linked = await make_linked()
     model = linked.engine.model(None)
-    pixels = torch.stack([model.prepare(f, keep_image=False).pixels for f in FILES])
+    pixels = torch.stack([model.preparer.prepare(f, keep_image=False).pixels for f in FILES])
     expected = await linked.engine.infer(InferenceRequest(None, pixels, InferOptions()), identity)
     got = await linked.plane.infer(InferenceRequest(None, pixels, InferOptions()), identity)
     for g, e in zip(got.predictions, expected.predictions, strict=True):

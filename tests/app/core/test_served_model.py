@@ -22,17 +22,17 @@ def test_what_a_model_tells_about_itself(service: Engine) -> None:
 def test_prepare_decodes_and_preprocesses_as_the_checkpoint_says(service: Engine) -> None:
     model = service.model(None)
     image = make_sample(3, 1).image
-    prepared = model.prepare(EncodedImage("a.png", encode(image)), keep_image=True)
+    prepared = model.preparer.prepare(EncodedImage("a.png", encode(image)), keep_image=True)
     assert prepared.filename == "a.png" and prepared.image is not None
     torch.testing.assert_close(prepared.pixels, model.preparer.preprocessor(image.convert("RGB")))
-    assert model.prepare(EncodedImage("a.png", encode(image)), keep_image=False).image is None
+    assert model.preparer.prepare(EncodedImage("a.png", encode(image)), keep_image=False).image is None
 
 
 def test_the_pixel_limit_is_checked_before_decoding(service: Engine) -> None:
     model = service.model(None)
     model.preparer.max_pixels = 100
     with pytest.raises(PayloadTooLarge, match=r"big.png: 64x64 = 4096 pixels is over the limit of 100"):
-        model.prepare(EncodedImage("big.png", encode(make_sample(3, 1).image)), keep_image=False)
+        model.preparer.prepare(EncodedImage("big.png", encode(make_sample(3, 1).image)), keep_image=False)
 
 
 @pytest.mark.parametrize(("target", "index"), [(None, None), ("star", SHAPE_CLASSES.index("star")), ("0", 0), ("9", 9)])

@@ -50,7 +50,7 @@ async def test_infer_answers_what_the_core_answers(edge: Edge) -> None:
         response = await edge.stub.ModelInfer(image_request(*PNGS, raw=raw))
         assert response.model_name == "tiny" and response.model_version == model.version
         np.testing.assert_allclose(probabilities(response), want, atol=1e-6)
-    pixels = torch.stack([model.prepare(EncodedImage("p", p), keep_image=False).pixels for p in PNGS]).numpy()
+    pixels = torch.stack([model.preparer.prepare(EncodedImage("p", p), keep_image=False).pixels for p in PNGS]).numpy()
     for raw in (True, False):
         request = pb.ModelInferRequest(model_name="tiny", id="px")
         tensor = request.inputs.add(name="pixels", datatype="FP32", shape=list(pixels.shape))
