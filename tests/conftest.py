@@ -1,6 +1,8 @@
 """Shared fixtures: tiny deterministic checkpoints, generated images, converted library models.
 
-The helpers behind them live in `tests/support`.
+The helpers behind them live in `tests/support`. torch and the checkpoint helpers are imported where they are
+used: under pytest-xdist this file is also loaded by the controller, which runs no test, and its start is
+on the whole run's critical path.
 """
 
 from __future__ import annotations
@@ -8,22 +10,18 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
-import torch
 from filelock import FileLock
 from PIL import Image
 
 from harness.images import encode
 from model.shapes import make_sample
-from tests.support.checkpoints import (
-    Pretrained,
-    pretrained_hf,
-    pretrained_timm,
-    pretrained_torchvision,
-    write_tiny_checkpoint,
-)
+
+if TYPE_CHECKING:
+    from tests.support.checkpoints import Pretrained
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -39,6 +37,8 @@ def onnx_cache(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Iter
 
 @pytest.fixture
 def tiny_checkpoint(tmp_path: Path) -> Path:
+    from tests.support.checkpoints import write_tiny_checkpoint
+
     return write_tiny_checkpoint(tmp_path / "tiny.safetensors")
 
 
@@ -69,6 +69,8 @@ def run_folder(tmp_path_factory: pytest.TempPathFactory, worker_id: str, name: s
 def pretrained(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Callable[[str], Pretrained]:
     """`pretrained("timm" | "torchvision" | "hf")`: converted once per run, whichever worker asks first
     (the others wait on its lock, then take its file)."""
+    from tests.support.checkpoints import pretrained_hf, pretrained_timm, pretrained_torchvision
+
     made: dict[str, Pretrained] = {}
     builders = {"timm": pretrained_timm, "torchvision": pretrained_torchvision, "hf": pretrained_hf}
 
@@ -94,6 +96,8 @@ def pytest_configure(config: pytest.Config) -> None:
     on 2 cores with 2 workers: tests/model and the ONNX tests took 148 s so, 106 s with a thread per worker)."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
+        import torch
+
         threads = max(1, len(os.sched_getaffinity(0)) // workers)
         os.environ["OMP_NUM_THREADS"] = str(threads)  # read by torch in the processes the tests start
         torch.set_num_threads(threads)
