@@ -1,0 +1,170 @@
+"""What the OpenTelemetry SDK costs a traced request, outside the service: the floor under tracing's cost.
+
+    python -m bench.span_cost --requests 20000
+
+Each simulated request makes the core's spans with the core's attributes (`infer`, `admission`, `decode`,
+`queue`, `encode`; app/core/tracing.py) through the SDK the service installs (`app.tracing`). Three
+measurements, each in CPU time per span:
+- created and ended, the tracer provider with no span processor;
+- encoded to OTLP protobuf by the encoder the OTLP exporters use (`encode_spans`, then serialized),
+  one thread;
+- both, as the service runs them: the `BatchSpanProcessor` with an exporter that encodes each batch
+  as the OTLP exporter does (and sends nothing), the spans made on the main thread and encoded on the
+  processor's. The process's CPU time over the spans made, and the main thread's own share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.trace import Tracer
+
+from bench.run import write_results
+from bench.tables import table
+
+SPANS_PER_REQUEST = 5
+
+
+class Encoding(SpanExporter):
+    """Encodes each batch as the OTLP exporters do before sending it; keeps nothing."""
+
+    def __init__(self) -> None:
+        self.spans = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        encode_spans(spans).SerializeToString()
+        self.spans += len(spans)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+
+class Keeping(SpanExporter):
+    def __init__(self) -> None:
+        self.spans: list[ReadableSpan] = []
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.spans.extend(spans)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+
+def request(tracer: Tracer, i: int) -> None:
+    """One request's core spans, with the attributes the core gives them."""
+    now = time.time_ns()
+    infer = {
+        "vit.model.name": "vit-shapes",
+        "vit.model.version": "1191dfd418c5",
+        "vit.backend": "onnxruntime",
+        "vit.device": "cpu",
+        "vit.images": 1,
+    }
+    with tracer.start_as_current_span("infer", attributes=infer):
+        tracer.start_span("admission", start_time=now, attributes={"vit.images": 1}).end(end_time=now + 1000)
+        with tracer.start_as_current_span(
+            "decode", attributes={"vit.image.filename": f"{i}.png", "vit.image.bytes": 9000}
+        ):
+            pass
+        tracer.start_span("queue", start_time=now, attributes=None).end(end_time=now + 2000)
+        with tracer.start_as_current_span("encode"):
+            pass
+
+
+def created(requests: int) -> float:
+    tracer = TracerProvider().get_tracer("vit-serve")
+    started = time.process_time()
+    for i in range(requests):
+        request(tracer, i)
+    return (time.process_time() - started) / (requests * SPANS_PER_REQUEST) * 1e6
+
+
+def encoded(requests: int) -> float:
+    keeping = Keeping()
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(keeping, max_queue_size=requests * SPANS_PER_REQUEST))
+    tracer = provider.get_tracer("vit-serve")
+    for i in range(requests):
+        request(tracer, i)
+    provider.shutdown()
+    spans = keeping.spans
+    started = time.process_time()
+    for at in range(0, len(spans), 512):  # the BatchSpanProcessor's default batch
+        encode_spans(spans[at : at + 512]).SerializeToString()
+    return (time.process_time() - started) / len(spans) * 1e6
+
+
+def batched(requests: int) -> dict[str, float]:
+    encoding = Encoding()
+    provider = TracerProvider()
+    # app.tracing's processor, with a queue that holds every span: this loop makes spans far faster than a
+    # server's requests do, and the default queue (2,048 spans) would drop some instead of encoding them
+    provider.add_span_processor(BatchSpanProcessor(encoding, max_queue_size=requests * SPANS_PER_REQUEST))
+    tracer = provider.get_tracer("vit-serve")
+    process, thread, wall = time.process_time(), time.thread_time(), time.perf_counter()
+    for i in range(requests):
+        request(tracer, i)
+    provider.shutdown()  # what is still queued is encoded
+    spans = requests * SPANS_PER_REQUEST
+    return {
+        "process_cpu_us": (time.process_time() - process) / spans * 1e6,
+        "main_thread_cpu_us": (time.thread_time() - thread) / spans * 1e6,
+        "wall_us": (time.perf_counter() - wall) / spans * 1e6,
+        "encoded": encoding.spans,
+        "dropped": spans - encoding.spans,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.span_cost", description=__doc__.split("\n\n")[0])
+    p.add_argument("--requests", type=int, default=20000)
+    p.add_argument("--name", default="span-cost-cpu")
+    args = p.parse_args()
+    report: dict[str, Any] = {
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "requests": args.requests,
+        "spans_per_request": SPANS_PER_REQUEST,
+        "created_us": created(args.requests),
+        "encoded_us": encoded(args.requests),
+        "batched": batched(args.requests),
+    }
+    write_results(args.name, report, markdown(report))
+
+
+def markdown(report: dict[str, Any]) -> str:
+    b = report["batched"]
+    rows = [
+        ["created and ended, no span processor", f"{report['created_us']:.1f}"],
+        ["encoded to OTLP protobuf and serialized, one thread", f"{report['encoded_us']:.1f}"],
+        ["both, BatchSpanProcessor encoding on its thread: the whole process", f"{b['process_cpu_us']:.1f}"],
+        ["both: the thread that makes the spans", f"{b['main_thread_cpu_us']:.1f}"],
+        ["both: wall time of the thread that makes the spans", f"{b['wall_us']:.1f}"],
+    ]
+    return "\n".join(
+        [
+            f"# What the OpenTelemetry SDK costs a span ({report['cpu_count']} cores)",
+            "",
+            f"`python -m bench.span_cost --requests {report['requests']}`: each request makes the core's "
+            f"{report['spans_per_request']} spans with the core's attributes; CPU time per span. With the "
+            f"BatchSpanProcessor (batches of 512, a queue that holds them all), {b['encoded']:,} spans were "
+            f"encoded and {b['dropped']:,} dropped. On {report['cpu']}.",
+            "",
+            *table(["", "µs per span"], rows),
+            "",
+        ]
+    )
+
+
+if __name__ == "__main__":
+    main()
