@@ -20,6 +20,7 @@ import os
 import platform
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -125,13 +126,23 @@ def batched(requests: int) -> dict[str, float]:
     }
 
 
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.span_cost", description=__doc__.split("\n\n")[0])
     p.add_argument("--requests", type=int, default=20000)
     p.add_argument("--name", default="span-cost-cpu")
     args = p.parse_args()
     report: dict[str, Any] = {
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "requests": args.requests,
         "spans_per_request": SPANS_PER_REQUEST,
