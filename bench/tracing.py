@@ -6,7 +6,9 @@
 run with this environment's packages. `--contrib` (optional) is a checkout whose HTTP spans come from
 OpenTelemetry's contrib package opentelemetry-instrumentation-fastapi (`git worktree add /tmp/contrib
 fdf5efb`, run with that package installed), where this tree has FastAPI's native instrumentation. Every server is `python -m app` with the bundled model on the CPU,
-loaded with `hey` posting one 64 px PNG to `/predict` (multipart) at concurrency 32. Rounds alternate:
+loaded with `hey` posting one image to `/predict` (multipart) at concurrency 32: by default the bundled model's
+own 64 px PNG, the cheapest request and so the one tracing costs most; `--image jpeg-medium` posts a 500x375
+JPEG, a photo's size, which the server decodes and resizes. Rounds alternate:
 the other tree, this tree with tracing off (no OTEL_ variables), this tree with tracing on (OTLP over
 gRPC to a local receiver in the benchmark's process that counts the exports without parsing them, so
 that it takes next to no CPU from the server), every request traced, and one request in 10
@@ -30,6 +32,13 @@ from harness.otlp import Receiver
 from harness.server import ROOT, Server
 
 CONTRIB = "tracing on, opentelemetry-instrumentation-fastapi"
+SIZES = {"small": "64 px", "medium": "500x375", "large": "1024x768"}  # bench.limits.sample_images
+
+
+def image_label(name: str) -> str:
+    """`png-small` -> `64 px PNG`."""
+    kind, size = name.split("-")
+    return f"{SIZES[size]} {kind.upper()}"
 
 
 def parse_args() -> argparse.Namespace:
@@ -39,6 +48,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--image", choices=sorted(sample_images()), default="png-small", help="the posted image")
     p.add_argument("--name", default="tracing-cpu")
     p.add_argument(
         "--configs",
@@ -60,7 +70,8 @@ def start(tree: Path, env: dict[str, str]) -> Server:
 
 def main() -> None:
     args = parse_args()
-    data, content_type = multipart(sample_images()["png-small"], "shape.png", "image/png")
+    kind = args.image.split("-")[0]
+    data, content_type = multipart(sample_images()[args.image], f"image.{kind}", f"image/{kind}")
     runs: dict[str, list[float]] = {label: [] for label in args.configs}
     cpu_us: dict[str, list[float]] = {label: [] for label in args.configs}
     exports = 0
@@ -104,6 +115,7 @@ def main() -> None:
         "this": commit(ROOT),
         "other": commit(args.other),
         "contrib": commit(args.contrib) if args.contrib is not None else None,
+        "image": args.image,
         "concurrency": args.concurrency,
         "seconds": args.seconds,
         "runs": runs,
@@ -142,7 +154,8 @@ def markdown(report: dict[str, Any]) -> str:
         [
             f"# Tracing cost on the CPU ({report['cpu_count']} cores)",
             "",
-            f"`python -m bench.tracing`: `/predict` with one 64 px PNG at concurrency {report['concurrency']}, "
+            f"`python -m bench.tracing`: `/predict` with one {image_label(report.get('image', 'png-small'))} at "
+            f"concurrency {report['concurrency']}, "
             f"{report['seconds']:.0f} s per run, rounds alternating; this tree {report['this']}, the tree without "
             f"the tracing code {report['other']}{contrib}. Tracing on exports the spans over OTLP/gRPC to a local "
             f"receiver that counts the exports without parsing them ({report['exports_received']:,} in all). "
