@@ -26,7 +26,7 @@ from app.core.api_keys import ApiKeys
 from app.core.cache import PredictionCache, digest_images, digest_pixels
 from app.core.data_plane import Inference, InferenceRequest, Limits, costly_to_encode
 from app.core.description import ModelDescription, ModelStatus
-from app.core.errors import NOT_READY, InvalidInput, ModelNotFound, NotReady, RequestTimeout
+from app.core.errors import NOT_READY, TIMED_OUT, InvalidInput, ModelNotFound, NotReady, RequestTimeout
 from app.core.inference import ImageOutput
 from app.core.metrics import Metrics, ModelMetrics
 from app.core.model_set import ModelSet
@@ -268,9 +268,7 @@ class Engine:
                     asyncio.gather(*(asyncio.shield(f) for f in waits.values()), return_exceptions=True), limit
                 )
             except TimeoutError:
-                raise RequestTimeout(
-                    "the request was not answered within VIT_REQUEST_TIMEOUT_S; retry or send fewer images"
-                ) from None
+                raise RequestTimeout(TIMED_OUT) from None
             answered = dict(zip(waits, results, strict=True))
             found |= {i: r for i, r in answered.items() if isinstance(r, Prediction)}
             again = [i for i, r in answered.items() if not isinstance(r, Prediction)]

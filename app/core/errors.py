@@ -45,6 +45,7 @@ class NotReady(ServiceError):
 
 
 NOT_READY = "not ready: the models are not loaded yet or the service is draining; retry shortly"
+TIMED_OUT = "the request was not answered within VIT_REQUEST_TIMEOUT_S; retry or send fewer images"
 
 
 class RequestTimeout(ServiceError):

@@ -55,7 +55,7 @@ from app.core.engine_link import (
     output_bytes,
     store_images,
 )
-from app.core.errors import NOT_READY, ModelNotFound, NotReady, RequestTimeout
+from app.core.errors import NOT_READY, TIMED_OUT, ModelNotFound, NotReady, RequestTimeout
 from app.core.gpu_decode import Jpeg
 from app.core.metrics import Metrics
 from app.core.overlay import overlay_png
@@ -260,9 +260,7 @@ class RemoteDataPlane:
                 time.monotonic() - started
             )
             if timeout_s <= 0:
-                raise RequestTimeout(
-                    "the request was not answered within VIT_REQUEST_TIMEOUT_S; retry or send fewer images"
-                )
+                raise RequestTimeout(TIMED_OUT)
             options = dataclasses.replace(request.options, overlay=False)  # drawn here
             request = dataclasses.replace(request, inputs=decoded, options=options, timeout_s=timeout_s)
         done = await self.computed(model, request)

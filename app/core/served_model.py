@@ -23,7 +23,7 @@ import torch
 from app.choices import BackendChoice
 from app.core.batcher import DynamicBatcher
 from app.core.description import ModelDescription
-from app.core.errors import RequestTimeout
+from app.core.errors import TIMED_OUT, RequestTimeout
 from app.core.gpu_decode import GpuJpegDecoder, Jpeg
 from app.core.inference import ImageInput, ImageOutput, Predictor, graph_sizes, resolve_backend
 from app.core.metrics import ModelMetrics
@@ -227,9 +227,7 @@ async def wait_for_outputs(futures: list[asyncio.Future[ImageOutput]], deadline:
     try:
         return list(await asyncio.wait_for(asyncio.gather(*futures), max(0.0, deadline - time.monotonic())))
     except TimeoutError:
-        raise RequestTimeout(
-            "the request was not answered within VIT_REQUEST_TIMEOUT_S; retry or send fewer images"
-        ) from None
+        raise RequestTimeout(TIMED_OUT) from None
     finally:
         for f in futures:
             f.cancel()  # a no-op for those already answered
