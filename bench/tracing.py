@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from app.settings import BUNDLED_WEIGHTS
-from bench.limits import sample_images
+from bench.limits import sample_images, sample_label
 from bench.run import commit, multipart, write_results
 from bench.tables import table
 from harness.load import run_hey
@@ -32,13 +32,6 @@ from harness.otlp import Receiver
 from harness.server import ROOT, Server
 
 CONTRIB = "tracing on, opentelemetry-instrumentation-fastapi"
-SIZES = {"small": "64 px", "medium": "500x375", "large": "1024x768"}  # bench.limits.sample_images
-
-
-def image_label(name: str) -> str:
-    """`png-small` -> `64 px PNG`."""
-    kind, size = name.split("-")
-    return f"{SIZES[size]} {kind.upper()}"
 
 
 def parse_args() -> argparse.Namespace:
@@ -154,7 +147,7 @@ def markdown(report: dict[str, Any]) -> str:
         [
             f"# Tracing cost on the CPU ({report['cpu_count']} cores)",
             "",
-            f"`python -m bench.tracing`: `/predict` with one {image_label(report.get('image', 'png-small'))} at "
+            f"`python -m bench.tracing`: `/predict` with one {sample_label(report.get('image', 'png-small'))} at "
             f"concurrency {report['concurrency']}, "
             f"{report['seconds']:.0f} s per run, rounds alternating; this tree {report['this']}, the tree without "
             f"the tracing code {report['other']}{contrib}. Tracing on exports the spans over OTLP/gRPC to a local "
