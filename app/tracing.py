@@ -57,9 +57,12 @@ def configure_tracing(env: Mapping[str, str] = os.environ) -> bool:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
+    from app.tracing_sampler import BatchesOfSampledRequests
+
     exporter = span_exporter(env)
     attributes = {} if env.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: DEFAULT_SERVICE_NAME}
-    provider = TracerProvider(resource=Resource.create(attributes))  # reads OTEL_TRACES_SAMPLER itself
+    configured = TracerProvider(shutdown_on_exit=False).sampler  # the SDK's reading of OTEL_TRACES_SAMPLER
+    provider = TracerProvider(resource=Resource.create(attributes), sampler=BatchesOfSampledRequests(configured))
     provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     log.info("tracing: spans exported over OTLP (%s)", type(exporter).__module__.rsplit(".", 2)[-2])

@@ -36,7 +36,7 @@ from app.core.repository import FileStamp, Repository
 from app.core.request import DecodedImage, EncodedImage, InferOptions, Prediction
 from app.core.served_model import ServedModel, Wanted
 from app.core.statistics import ModelStatistics, RequestTiming, StatisticsBook
-from app.core.tracing import record_span, tracer
+from app.core.tracing import child_span, record_span
 from app.settings import Settings
 from model.device import cuda_unavailable_reason, resolve_device
 
@@ -175,7 +175,7 @@ class Engine:
     async def infer(self, request: InferenceRequest, encode: Callable[[Inference], T]) -> T:
         model = self.model(request.model, request.version)
         done = await self.run(model, request.inputs, request.options, request.timeout_s)
-        with tracer.start_as_current_span("encode"):
+        with child_span("encode"):
             return await self.run_in_pool(encode, done) if costly_to_encode(done) else encode(done)
 
     async def repository_index(self, ready_only: bool = False) -> list[ModelStatus]:
@@ -307,7 +307,7 @@ class Engine:
             "vit.images": len(inputs),
         }
         try:
-            with tracer.start_as_current_span("infer", attributes=attributes):
+            with child_span("infer", attributes):
                 done, timing = await self.computed(model, inputs, options, timeout_s, started)
         except Exception:
             stats.fail.add(time.monotonic() - started)

@@ -22,7 +22,7 @@ from app.core.decode import load_image, open_image
 from app.core.gpu_decode import Jpeg, gpu_decodable
 from app.core.preprocess import Preprocessor
 from app.core.request import DecodedImage, EncodedImage
-from app.core.tracing import tracer
+from app.core.tracing import child_span
 from model.preprocessing import Preprocessing
 
 
@@ -75,5 +75,5 @@ class ImagePreparer:
             "vit.image.filename": image.filename,
             "vit.image.bytes": len(image.data),
         }
-        with tracer.start_as_current_span("decode", context=context, attributes=attributes):
+        with child_span("decode", attributes, context):
             return self.prepare(image, keep_image)

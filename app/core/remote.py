@@ -63,7 +63,7 @@ from app.core.prepare import ImagePreparer
 from app.core.request import DecodedImage, EncodedImage, Prediction
 from app.core.shared_memory import Arena, aligned
 from app.core.statistics import ModelStatistics
-from app.core.tracing import carrier, tracer
+from app.core.tracing import carrier, child_span
 from app.settings import Settings
 from model.preprocessing import Preprocessing
 
@@ -266,7 +266,7 @@ class RemoteDataPlane:
         done = await self.computed(model, request)
         if any(image is not None for image in images):  # PNG encoding of every map: milliseconds each
             done = Inference(done.model, await self.run_in_pool(with_overlays, done.predictions, images))
-        with tracer.start_as_current_span("encode"):
+        with child_span("encode"):
             return await self.run_in_pool(encode, done) if costly_to_encode(done) else encode(done)
 
     async def computed(self, model: ModelDescription, request: InferenceRequest) -> Inference:

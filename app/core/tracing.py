@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
@@ -22,9 +23,25 @@ tracer = trace.get_tracer("vit-serve")
 
 
 def current_span_context() -> SpanContext | None:
-    """The span under way here, to link a batch to; None outside any (or with tracing off)."""
+    """The sampled span under way here, for a batch to link to; None outside any, with tracing off, or
+    when sampling left this request out (a batch of such requests makes no span)."""
     context = trace.get_current_span().get_span_context()
-    return context if context.is_valid else None
+    return context if context.is_valid and context.trace_flags.sampled else None
+
+
+def child_span(
+    name: str, attributes: Mapping[str, AttributeValue] | None = None, context: otel_context.Context | None = None
+) -> AbstractContextManager[object]:
+    """A span under the current one (or under `context`'s), current while the block runs. None at all
+    under a parent that is not sampled (tracing off, or a request that sampling left out): the block then
+    costs a context lookup rather than the API's no-op span. The parent may be remote: a front-end's span,
+    sent along to the engine process."""
+    if not trace.get_current_span(context).get_span_context().trace_flags.sampled:
+        return NO_SPAN
+    return tracer.start_as_current_span(name, context=context, attributes=attributes)
+
+
+NO_SPAN = nullcontext()
 
 
 def wall_ns(monotonic_s: float) -> int:

@@ -31,6 +31,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 PNG = encode(make_sample(3, 2).image)
 TRACE = "0af7651916cd43dd8448eb211c80319c"
 PARENT = "b7ad6b7169203331"
+UNSAMPLED = "5b8efff798038103d269b633813fc60c"
 VERSION = load_checkpoint(BUNDLED_WEIGHTS).version
 
 
@@ -66,9 +67,14 @@ def one(spans: list[ReceivedSpan]) -> ReceivedSpan:
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_a_request_continues_its_trace_with_the_cores_spans(workers: str) -> None:
     with Receiver() as receiver:
-        env = {**otel_env(receiver), "VIT_LOG_FORMAT": "json", "VIT_WORKERS": workers}
+        # A sampler that starts no trace of its own: what is traced is what the caller sampled, and the
+        # forward pass's `batch` span (a new trace) is kept because a sampled request rode in it.
+        sampling = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"}
+        env = {**otel_env(receiver), **sampling, "VIT_LOG_FORMAT": "json", "VIT_WORKERS": workers}
         with Server(BUNDLED_WEIGHTS, **env) as server:
             files = [("files", (f"{i}.png", PNG, "image/png")) for i in range(2)]
+            unsampled = {"traceparent": f"00-{UNSAMPLED}-{PARENT}-00"}
+            assert httpx.post(server.url + "/predict", files=files, headers=unsampled).status_code == 200
             headers = {"traceparent": f"00-{TRACE}-{PARENT}-01"}
             assert httpx.post(server.url + "/predict", files=files, headers=headers).status_code == 200
             assert httpx.get(server.url + "/health/ready").status_code == 200  # probes: no trace
@@ -106,9 +112,13 @@ def test_a_request_continues_its_trace_with_the_cores_spans(workers: str) -> Non
             assert batch.trace_id != TRACE and batch.parent_span_id == ""  # a trace of its own, linked
             assert batch.attributes["vit.batch_size"] == 2 and batch.attributes["vit.model.version"] == VERSION
             assert not [s for s in receiver.spans if "health" in s.name or s.name.endswith((" receive", " send"))]
+            # Nothing of the request its caller did not sample, nor of a batch that only it rode in.
+            assert {s.trace_id for s in receiver.spans} == {TRACE, batch.trace_id}, receiver.spans
+            assert receiver.named("batch") == [batch]
             out = server.stop()
-    [access] = [json.loads(line) for line in out.splitlines() if '"app.access"' in line and "/predict" in line]
-    assert access["trace_id"] == TRACE and access["span_id"] == request.span_id
+    lines = [json.loads(line) for line in out.splitlines() if '"app.access"' in line and "/predict" in line]
+    assert [line["trace_id"] for line in lines] == [UNSAMPLED, TRACE]  # an unsampled request's line too
+    assert lines[1]["span_id"] == request.span_id
 
 
 def test_a_grpc_call_continues_its_trace() -> None:
