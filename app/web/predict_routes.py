@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, Field
 
 from app.codecs.predict import ErrorBody, Health, ModelInfo, ModelList, PredictResponse, encode_predict_response
 from app.codecs.predict import model_info as describe
@@ -52,6 +53,24 @@ PREDICT_BODY = {
 }
 
 
+class PredictQuery(BaseModel):
+    """/predict's query parameters."""
+
+    top_k: int = Field(5, ge=1, le=1000, description="How many top classes to list")
+    attention: AttentionKind = Field(
+        "none", description="Attention map to return: rollout or last (class-agnostic), gradient (for one class)"
+    )
+    overlay: bool = Field(False, description="Also return a PNG of the map over the image (base64)")
+    model: str | None = Field(None, description="Which served model (default: the first)")
+    target: str | None = Field(
+        None, description="With attention=gradient: the class (label or index) to explain; default top-1"
+    )
+    embedding: bool = Field(
+        False, description="Also return each image's embedding (what the classification head receives)"
+    )
+    normalize: bool = Field(False, description="With embedding=true: L2-normalise it")
+
+
 @router.post(
     "/predict",
     response_model=PredictResponse,
@@ -61,29 +80,14 @@ PREDICT_BODY = {
     dependencies=[Authorized],
     summary="Classify images",
 )
-async def predict(
-    request: Request,
-    plane: ServingPlane,
-    top_k: Annotated[int, Query(ge=1, le=1000, description="How many top classes to list")] = 5,
-    attention: Annotated[
-        AttentionKind,
-        Query(description="Attention map to return: rollout or last (class-agnostic), gradient (for one class)"),
-    ] = "none",
-    overlay: Annotated[bool, Query(description="Also return a PNG of the map over the image (base64)")] = False,
-    model: Annotated[str | None, Query(description="Which served model (default: the first)")] = None,
-    target: Annotated[
-        str | None, Query(description="With attention=gradient: the class (label or index) to explain; default top-1")
-    ] = None,
-    embedding: Annotated[
-        bool, Query(description="Also return each image's embedding (what the classification head receives)")
-    ] = False,
-    normalize: Annotated[bool, Query(description="With embedding=true: L2-normalise it")] = False,
-) -> Response:
+async def predict(request: Request, plane: ServingPlane, query: Annotated[PredictQuery, Query()]) -> Response:
     """Classify one or more images; optionally return attention maps, overlays and embeddings."""
-    options = InferOptions(attention, target, overlay, embedding, normalize)
-    plane.describe(model)  # an unknown model is answered before the body is read
+    options = InferOptions(query.attention, query.target, query.overlay, query.embedding, query.normalize)
+    plane.describe(query.model)  # an unknown model is answered before the body is read
     images = await read_images(request, plane.limits.max_upload_bytes, plane.limits.max_files)
-    return await respond_unless_disconnected(request, answer(plane, InferenceRequest(model, images, options), top_k))
+    return await respond_unless_disconnected(
+        request, answer(plane, InferenceRequest(query.model, images, options), query.top_k)
+    )
 
 
 async def answer(plane: DataPlane, asked: InferenceRequest, top_k: int) -> Response:
