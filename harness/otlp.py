@@ -1,11 +1,13 @@
-"""A local OTLP trace receiver (gRPC), for the tests and the benchmark: it keeps (or only counts) the spans
-a server exports to it, as a collector would receive them."""
+"""A local OTLP trace receiver, over gRPC and HTTP (protobuf), for the tests and the benchmark: it keeps (or
+only counts) the spans a server exports to it, as a collector would receive them."""
 
 from __future__ import annotations
 
+import gzip
 import threading
 from concurrent import futures
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import grpc
@@ -30,7 +32,8 @@ class ReceivedSpan:
 
 @dataclass
 class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
-    """`with Receiver() as r:` listens on `r.endpoint` (for OTEL_EXPORTER_OTLP_ENDPOINT, protocol grpc)."""
+    """`with Receiver() as r:` listens on `r.endpoint` (for OTEL_EXPORTER_OTLP_ENDPOINT with protocol grpc)
+    and on `r.http_endpoint` (the same with http/protobuf, the specification's default: POST /v1/traces)."""
 
     keep: bool = True  # False: count the spans only
     spans: list[ReceivedSpan] = field(default_factory=list)
@@ -50,6 +53,8 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
             )
             self.server.add_generic_rpc_handlers((service,))
         self.server.add_insecure_port(f"127.0.0.1:{self.port}")
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), http_handler(self))
+        self.http_endpoint = f"http://127.0.0.1:{self.http.server_address[1]}"
 
     def export_bytes(self, request: bytes, context: Any) -> None:
         with self.lock:
@@ -57,10 +62,13 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
 
     def __enter__(self) -> Receiver:
         self.server.start()
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.server.stop(0)
+        self.http.shutdown()
+        self.http.server_close()
 
     def Export(self, request: Any, context: Any) -> Any:
         received = []
@@ -93,6 +101,33 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
     def named(self, name: str) -> list[ReceivedSpan]:
         with self.lock:
             return [s for s in self.spans if s.name == name]
+
+
+def http_handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            if self.headers.get("Content-Encoding") == "gzip":
+                body = gzip.decompress(body)
+            if self.path != "/v1/traces" or self.headers.get("Content-Type") != "application/x-protobuf":
+                self.send_error(404 if self.path != "/v1/traces" else 415)
+                return
+            if receiver.keep:
+                request = trace_service_pb2.ExportTraceServiceRequest.FromString(body)
+                answer = receiver.Export(request, None).SerializeToString()
+            else:
+                receiver.export_bytes(body, None)
+                answer = b""
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    return Handler
 
 
 def value(v: Any) -> Any:

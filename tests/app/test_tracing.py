@@ -1,8 +1,8 @@
-"""OpenTelemetry traces from real servers to a local OTLP receiver: configured by OpenTelemetry's own
-variables, one span per HTTP and gRPC request continuing the caller's traceparent, the core's spans under
-it (also from the engine process of VIT_WORKERS=2, its front-ends decoding the images), each forward
-pass a span linked to its requests, the trace IDs on the access lines, and one trace per batch-runner
-run."""
+"""OpenTelemetry traces from real servers to a local OTLP receiver (over HTTP, the default protocol, and
+gRPC): configured by OpenTelemetry's own variables, one span per HTTP and gRPC request continuing the
+caller's traceparent, the core's spans under it (also from the engine process of VIT_WORKERS=2, its
+front-ends decoding the images), each forward pass a span linked to its requests, the trace IDs on the
+access lines, and one trace per batch-runner run."""
 
 from __future__ import annotations
 
@@ -35,10 +35,11 @@ UNSAMPLED = "5b8efff798038103d269b633813fc60c"
 VERSION = load_checkpoint(BUNDLED_WEIGHTS).version
 
 
-def otel_env(receiver: Receiver) -> dict[str, str]:
+def otel_env(receiver: Receiver, protocol: str = "grpc") -> dict[str, str]:
+    """OTLP over `protocol`: grpc, or http/protobuf, the default when OTEL_EXPORTER_OTLP_PROTOCOL is unset."""
+    grpc_env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
     return {
-        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
-        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+        **(grpc_env if protocol == "grpc" else {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.http_endpoint}),
         "OTEL_BSP_SCHEDULE_DELAY": "100",  # export every 100 ms
         "OTEL_SERVICE_NAME": "vit-test",
     }
@@ -64,13 +65,13 @@ def one(spans: list[ReceivedSpan]) -> ReceivedSpan:
     return spans[0]
 
 
-@pytest.mark.parametrize("workers", ["1", "2"])
-def test_a_request_continues_its_trace_with_the_cores_spans(workers: str) -> None:
+@pytest.mark.parametrize(("workers", "protocol"), [("1", "http/protobuf"), ("2", "grpc")])
+def test_a_request_continues_its_trace_with_the_cores_spans(workers: str, protocol: str) -> None:
     with Receiver() as receiver:
         # A sampler that starts no trace of its own: what is traced is what the caller sampled, and the
         # forward pass's `batch` span (a new trace) is kept because a sampled request rode in it.
         sampling = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"}
-        env = {**otel_env(receiver), **sampling, "VIT_LOG_FORMAT": "json", "VIT_WORKERS": workers}
+        env = {**otel_env(receiver, protocol), **sampling, "VIT_LOG_FORMAT": "json", "VIT_WORKERS": workers}
         with Server(BUNDLED_WEIGHTS, **env) as server:
             files = [("files", (f"{i}.png", PNG, "image/png")) for i in range(2)]
             unsampled = {"traceparent": f"00-{UNSAMPLED}-{PARENT}-00"}
