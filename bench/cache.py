@@ -5,7 +5,8 @@
 `python -m app` with the bundled model on the CPU. The load cycles over 16 distinct 500x375 JPEGs at
 concurrency 32: 16 `hey` processes, each posting its own image to `/predict` (multipart) from 2
 workers. Rounds alternate between VIT_CACHE_BYTES=0 (off) and 64 MiB; each round also measures
-`GET /health/live` at concurrency 32, what a request costs that does no inference at all. What a request
+`GET /health/live` at concurrency 32, what a request costs that does no inference at all, and the same
+uploads to a path with no route, answered 404 as soon as they are read: what taking the bytes in costs. What a request
 costs is the server's CPU time (user + system, from /proc) over the requests answered: on 2 cores the
 `hey` processes take their share of the CPU too, and more of it to upload images than to ask for /health.
 """
@@ -30,6 +31,7 @@ from harness.server import Server
 from model.shapes import make_sample
 
 IMAGES = 16
+UNROUTED = "/no-such-route"  # the same uploads, answered 404 at once: what taking the bytes in costs
 CACHE_BYTES = 64 * 2**20
 
 
@@ -68,7 +70,10 @@ def measure(cache_bytes: int, bodies: list[tuple[Path, str]], seconds: float) ->
         results = [rate(p.communicate()[0]) for p in procs]
         predict_cpu, cpu = server.cpu_seconds() - cpu, server.cpu_seconds()
         health = rate(start_hey(server.url + "/health/live", seconds, 32).communicate()[0])
-        health_cpu = server.cpu_seconds() - cpu
+        health_cpu, cpu = server.cpu_seconds() - cpu, server.cpu_seconds()
+        procs = [start_hey(server.url + UNROUTED, seconds, 2, body, ct) for body, ct in bodies]
+        refused = [rate(p.communicate()[0]) for p in procs]
+        refused_cpu = server.cpu_seconds() - cpu
         metrics = httpx.get(server.url + "/metrics").text
     hits = sum(float(v) for v in re.findall(r"^vit_cache_hits_total\{[^}]*\} (\S+)", metrics, re.MULTILINE))
     misses = sum(float(v) for v in re.findall(r"^vit_cache_misses_total\{[^}]*\} (\S+)", metrics, re.MULTILINE))
@@ -79,6 +84,7 @@ def measure(cache_bytes: int, bodies: list[tuple[Path, str]], seconds: float) ->
         "health_per_s": round(health[0], 1),
         "predict_cpu_us": round(predict_cpu / sum(n for _, _, n in results) * 1e6),
         "health_cpu_us": round(health_cpu / health[2] * 1e6),
+        "refused_cpu_us": round(refused_cpu / sum(n for _, _, n in refused) * 1e6),
         "hits": int(hits),
         "misses": int(misses),
     }
@@ -109,7 +115,8 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"`python -m bench.cache`: the bundled model, `/predict` cycling over {report['images']} distinct 500x375 "
         f"JPEGs at concurrency {report['concurrency']}, {report['seconds']:.0f} s per run, rounds alternating; "
-        "`GET /health/live` at concurrency 32 in the same server after each run. A request's cost is the "
+        "`GET /health/live` at concurrency 32 in the same server after each run, then the same uploads to "
+        f"`{UNROUTED}` (answered 404 once read). A request's cost is the "
         "server's CPU time (user + system) over the requests it answered.",
         "",
         *table(
@@ -124,6 +131,7 @@ def markdown(report: dict[str, Any]) -> str:
                 "server CPU per /predict",
                 "per /health/live",
                 "CPU ratio",
+                "per upload answered 404",
             ],
             [
                 [
@@ -137,6 +145,7 @@ def markdown(report: dict[str, Any]) -> str:
                     f"{r['predict_cpu_us']} µs",
                     f"{r['health_cpu_us']} µs",
                     f"{r['predict_cpu_us'] / r['health_cpu_us']:.1f}",
+                    f"{r['refused_cpu_us']} µs",
                 ]
                 for r in report["runs"]
             ],
