@@ -13,7 +13,8 @@ the other tree, this tree with tracing off (no OTEL_ variables), this tree with 
 gRPC to a local receiver in the benchmark's process that counts the exports without parsing them, so
 that it takes next to no CPU from the server), every request traced, and one request in 10
 (`parentbased_traceidratio`, 0.1).
-`--configs` picks the servers and their order; the first is what the others are set beside, so
+"tracing on, OTLP/HTTP" (not run by default) exports over http/protobuf, the SDK's default protocol,
+to the same receiver. `--configs` picks the servers and their order; the first is what the others are set beside, so
 `--configs "tracing off" "tracing on"` needs no other tree.
 """
 
@@ -34,6 +35,7 @@ from harness.otlp import Receiver
 from harness.server import ROOT, Server
 
 CONTRIB = "tracing on, opentelemetry-instrumentation-fastapi"
+OVER_HTTP = "tracing on, OTLP/HTTP"  # the protocol's default, http/protobuf, where the others export over gRPC
 
 
 def parse_args() -> argparse.Namespace:
@@ -82,10 +84,12 @@ def main() -> None:
             "OTEL_TRACES_SAMPLER": "always_on",
         }
         sampled = {**on, "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.1"}
+        over_http = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.http_endpoint, "OTEL_TRACES_SAMPLER": "always_on"}
         servers = {
             "no tracing code": (args.other, {}),
             "tracing off": (ROOT, {}),
             "tracing on": (ROOT, on),
+            OVER_HTTP: (ROOT, over_http),
             CONTRIB: (args.contrib, on),
             "tracing on, 10% sampled": (ROOT, sampled),
         }
@@ -155,7 +159,7 @@ def markdown(report: dict[str, Any]) -> str:
             "",
             f"`python -m bench.tracing`: `/predict` with one {sample_label(report.get('image', 'png-small'))} at "
             f"concurrency {report['concurrency']}, "
-            f"{report['seconds']:.0f} s per run, rounds alternating; this tree {report['this']}{other}{contrib}. Tracing on exports the spans over OTLP/gRPC to a local "
+            f"{report['seconds']:.0f} s per run, rounds alternating; this tree {report['this']}{other}{contrib}. Tracing on exports the spans over OTLP/gRPC (OTLP/HTTP where the row says so) to a local "
             f"receiver that counts the exports without parsing them ({report['exports_received']:,} in all). "
             "The server's CPU time (user + system, from /proc) over the requests it answered is what a request "
             "costs it, a figure less shaken than the rate by what else the 2 cores run.",
