@@ -13,7 +13,7 @@ from app.codecs.predict import ErrorBody, Health, ModelInfo, ModelList, PredictR
 from app.codecs.predict import model_info as describe
 from app.core.data_plane import DataPlane, Inference, InferenceRequest
 from app.core.request import AttentionKind, InferOptions
-from app.web.dependencies import Authorized, Plane, ReadyPlane, ServingPlane
+from app.web.dependencies import AuthorizedPlane, Plane, ReadyPlane, ServingPlane
 from app.web.disconnects import respond_unless_disconnected
 from app.web.errors import PredictRoute
 from app.web.uploads import read_images
@@ -77,10 +77,9 @@ class PredictQuery(BaseModel):
     response_model_exclude_none=True,
     responses=ERRORS,  # type: ignore[arg-type]
     openapi_extra=PREDICT_BODY,
-    dependencies=[Authorized],
     summary="Classify images",
 )
-async def predict(request: Request, plane: ServingPlane, query: Annotated[PredictQuery, Query()]) -> Response:
+async def predict(request: Request, plane: AuthorizedPlane, query: Annotated[PredictQuery, Query()]) -> Response:
     """Classify one or more images; optionally return attention maps, overlays and embeddings."""
     options = InferOptions(query.attention, query.target, query.overlay, query.embedding, query.normalize)
     plane.describe(query.model)  # an unknown model is answered before the body is read

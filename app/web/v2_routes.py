@@ -38,7 +38,7 @@ from app.codecs.v2 import (
 )
 from app.core.data_plane import DataPlane, Inference, InferenceRequest
 from app.core.errors import InvalidInput
-from app.web.dependencies import Authorized, ReadyPlane, ServingPlane
+from app.web.dependencies import AuthorizedPlane, ReadyPlane, ServingPlane
 from app.web.disconnects import respond_unless_disconnected
 from app.web.errors import V2Route
 from app.web.uploads import read_body
@@ -149,13 +149,12 @@ INFER_ROUTE: dict[str, Any] = {
     "response_model_exclude_none": True,
     "responses": v2_errors(400, 401, 404, 413, 503, 504),
     "openapi_extra": INFER_BODY,
-    "dependencies": [Authorized],
 }
 
 
 @router.post("/models/{name}/infer", **INFER_ROUTE)
 @router.post("/models/{name}/versions/{version}/infer", **INFER_ROUTE)
-async def infer(request: Request, plane: ServingPlane, name: str, version: str | None = None) -> Response:
+async def infer(request: Request, plane: AuthorizedPlane, name: str, version: str | None = None) -> Response:
     """Inference: encoded images (BYTES `image`) or preprocessed pixels (FP32 `pixels`) in; probabilities,
     attention maps (request parameter `attention`) and classification strings out."""
     model = plane.describe(name, version)
@@ -194,8 +193,8 @@ async def repository_index_route(request: Request, plane: ServingPlane) -> list[
     return repository_index(await plane.repository_index(asked.ready))
 
 
-@router.post("/repository/models/{name}/load", responses=v2_errors(400, 401, 404, 503), dependencies=[Authorized])
-async def load_model(request: Request, plane: ServingPlane, name: str) -> Response:
+@router.post("/repository/models/{name}/load", responses=v2_errors(400, 401, 404, 503))
+async def load_model(request: Request, plane: AuthorizedPlane, name: str) -> Response:
     """Load the model from the repository (VIT_MODEL_CONTROL=explicit); a loaded one is reloaded beside itself."""
     asked = await optional_body(request, V2RepositoryRequest, REPOSITORY_BODY_LIMIT)
     check_load_parameters(asked.parameters)
@@ -203,8 +202,8 @@ async def load_model(request: Request, plane: ServingPlane, name: str) -> Respon
     return Response(status_code=200)
 
 
-@router.post("/repository/models/{name}/unload", responses=v2_errors(400, 401, 404, 503), dependencies=[Authorized])
-async def unload_model(request: Request, plane: ServingPlane, name: str) -> Response:
+@router.post("/repository/models/{name}/unload", responses=v2_errors(400, 401, 404, 503))
+async def unload_model(request: Request, plane: AuthorizedPlane, name: str) -> Response:
     """Stop admitting requests for the model, answer those admitted, then free it (VIT_MODEL_CONTROL=explicit)."""
     await optional_body(request, V2RepositoryRequest, REPOSITORY_BODY_LIMIT)  # unload_dependents: none here
     await plane.unload_model(name)
