@@ -36,12 +36,18 @@ def child_span(
     under a parent that is not sampled (tracing off, or a request that sampling left out): the block then
     costs a context lookup rather than the API's no-op span. The parent may be remote: a front-end's span,
     sent along to the engine process."""
-    if not trace.get_current_span(context).get_span_context().trace_flags.sampled:
+    if not sampled(context):
         return NO_SPAN
     return tracer.start_as_current_span(name, context=context, attributes=attributes)
 
 
 NO_SPAN = nullcontext()
+
+
+def sampled(context: otel_context.Context | None = None) -> bool:
+    """Whether the span under way here (or `context`'s, local or remote) is sampled: the one test before any
+    of the core's spans is made."""
+    return trace.get_current_span(context).get_span_context().trace_flags.sampled
 
 
 def wall_ns(monotonic_s: float) -> int:
@@ -53,7 +59,7 @@ def record_span(
     name: str, started: float, ended: float, attributes: Mapping[str, AttributeValue] | None = None
 ) -> None:
     """A span, under the current one, of something timed already (time.monotonic() instants)."""
-    if not trace.get_current_span().is_recording():
+    if not sampled():
         return
     span = tracer.start_span(name, start_time=wall_ns(started), attributes=attributes)
     span.end(end_time=wall_ns(ended))
