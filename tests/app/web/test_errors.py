@@ -114,6 +114,7 @@ async def test_no_file_and_wrong_field_are_422(client: httpx.AsyncClient, shape_
         ({"attention": "gradcam"}, "attention"),
         ({"overlay": "maybe"}, "overlay"),
         ({"overlay": "true"}, "attention=rollout"),
+        ({"top_k": "0", "attention": "x"}, "top_k: Input should be greater than or equal to 1; attention: "),
     ],
 )
 async def test_bad_query_is_422(

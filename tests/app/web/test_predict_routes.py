@@ -255,6 +255,16 @@ async def test_openapi_documents_the_api(client: httpx.AsyncClient) -> None:
         "embedding",
         "normalize",
     }
+    top_k = next(p for p in predict["parameters"] if p["name"] == "top_k")
+    assert top_k["in"] == "query" and not top_k["required"]
+    assert top_k["schema"] | {"description": ""} == {
+        "type": "integer",
+        "minimum": 1,
+        "maximum": 1000,
+        "default": 5,
+        "title": "Top K",
+        "description": "",
+    }
     assert {"200", "413", "415", "422", "503", "504"} <= set(predict["responses"])
     for path in ("/v1/model", "/v1/models", "/health/live", "/health/ready", "/metrics"):
         assert path in spec["paths"]
