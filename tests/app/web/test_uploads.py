@@ -1,12 +1,14 @@
 """The multipart parser of /predict reads a body into the same parts, with the same errors, as Starlette's
 `Request.form()`, which it replaces on that route: over crafted bodies and thousands of generated ones,
-whole, cut short and with bytes changed."""
+whole, cut short and with bytes changed. Bodies laid out as clients lay them out are split at their
+delimiters, without the streaming parser."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
+import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -14,7 +16,7 @@ from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException
 from starlette.requests import Request
 
-from app.web.uploads import MultipartError, parse_multipart
+from app.web.uploads import MultipartError, parse_multipart, well_formed_parts
 
 # Starlette leaves the spooled temporary file of a part cut short unclosed (a ResourceWarning when it is
 # collected); the parser under test opens no file
@@ -135,3 +137,30 @@ def bodies(draw: st.DrawFn) -> bytes:
 @given(bodies())
 def test_generated_bodies_read_as_starlette_reads_them(data: bytes) -> None:
     assert ours(data, CONTENT_TYPE) == starlettes(data, CONTENT_TYPE)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(parts, min_size=1, max_size=6))
+def test_bodies_laid_out_plainly_are_split_at_their_delimiters(drawn: list[bytes]) -> None:
+    data = body(*drawn)
+    assert well_formed_parts(data, BOUNDARY.encode()) is not None
+    assert ours(data, CONTENT_TYPE) == starlettes(data, CONTENT_TYPE)
+
+
+def test_a_clients_body_is_split_at_its_delimiters() -> None:
+    files = [("files", ("a.png", PNG, "image/png")), ("files", ("b.jpg", b"\xff\xd8" * 100, "image/jpeg"))]
+    sent = httpx.Request("POST", "http://test/predict", files=files, data={"note": "hi"})
+    content_type, data = sent.headers["content-type"], sent.read()
+    boundary = content_type.split("boundary=")[1].encode()
+    assert [d.split(b";")[0] for d, _ in well_formed_parts(data, boundary) or []] == [b"form-data"] * 3
+    found = ours(data, content_type)
+    assert found == starlettes(data, content_type)
+    assert found == [("note", None, None), ("files", "a.png", PNG), ("files", "b.jpg", b"\xff\xd8" * 100)]
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["cut short in a file", "no closing boundary", "a bad header line", "no name", "cut short in the headers"],
+)
+def test_other_bodies_are_left_to_the_streaming_parser(case: str) -> None:
+    assert well_formed_parts(CRAFTED[case], BOUNDARY.encode()) is None
