@@ -197,6 +197,7 @@ async def test_the_edges_ask_only_the_data_plane(shape_png: bytes) -> None:
 async def test_api_keys_guard_predict_only(make_client: ClientFactory, shape_png: bytes) -> None:
     async with make_client(api_keys="k1, k2") as client:
         assert_error(await post_file(client, shape_png), 401, "X-API-Key")
+        assert_error(await post_file(client, shape_png, top_k="0"), 401, "X-API-Key")  # the key before the query
         r = await client.post(
             "/predict", files={"file": ("a.png", shape_png, "image/png")}, headers={"x-api-key": "wrong"}
         )
