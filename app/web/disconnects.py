@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from fastapi import Request, Response
 
@@ -27,22 +26,31 @@ async def wait_for_disconnect(request: Request) -> None:
 
 
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """The result of `work`; if the client leaves first, `work` is cancelled and ClientDisconnected raised."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(wait_for_disconnect(request))
+    """The result of `work`; if the client leaves first, `work` is cancelled and ClientDisconnected raised.
+
+    `work` runs in the request's own task, and a watcher task cancels that task when the client leaves (as
+    `asyncio.timeout` cancels on its deadline). Work that finishes without waiting, a cached answer, is
+    done before the watcher first runs: 12 against 40 us with `work` as a task of its own and `asyncio.wait`.
+    """
+    current = asyncio.current_task()
+    assert current is not None
+    left = False
+
+    async def watch() -> None:
+        nonlocal left
+        await wait_for_disconnect(request)
+        left = True
+        current.cancel()  # cancels the request's queued images: the batcher never computes them
+
+    watcher = asyncio.ensure_future(watch())
     try:
-        waiting: set[asyncio.Future[Any]] = {task, watcher}
-        done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-        if task in done:
-            return task.result()
-        task.cancel()  # cancels the request's queued images: the batcher never computes them
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        raise ClientDisconnected()
+        return await work
+    except asyncio.CancelledError:
+        if left and current.uncancel() == 0:  # cancelled for the client alone
+            raise ClientDisconnected() from None
+        raise  # the server's own cancellation (shutdown) goes on
     finally:
         watcher.cancel()
-        if not task.done():
-            task.cancel()
 
 
 async def respond_unless_disconnected(request: Request, work: Awaitable[Response]) -> Response:
