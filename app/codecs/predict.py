@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+import pydantic_core
 import torch
 from pydantic import BaseModel, Field
 
@@ -94,10 +95,6 @@ class Health(BaseModel):
     status: str = Field(examples=["ok"])
 
 
-def model_ref(model: ModelDescription) -> ModelRef:
-    return ModelRef(name=model.name, version=model.version)
-
-
 def model_info(model: ModelDescription) -> ModelInfo:
     channels, height, width = model.input_shape
     return ModelInfo(
@@ -120,33 +117,41 @@ def model_info(model: ModelDescription) -> ModelInfo:
     )
 
 
-def image_result(prediction: Prediction, classes: list[str], top_k: int, attention: AttentionKind) -> ImageResult:
-    """One image's result: top-k, all probabilities, the map and the overlay when there are some."""
+def image_result(prediction: Prediction, classes: list[str], top_k: int, attention: AttentionKind) -> dict[str, Any]:
+    """One image's result as `ImageResult` lays it out: top-k, all probabilities, the map and the overlay
+    when there are some."""
     probs = prediction.probabilities
     values, indices = torch.topk(probs, min(top_k, len(classes)))
-    result = ImageResult(
-        filename=prediction.filename,
-        top_k=[
-            TopK(label=classes[i], index=i, probability=float(p))
+    result: dict[str, Any] = {
+        "filename": prediction.filename,
+        "top_k": [
+            {"label": classes[i], "index": i, "probability": p}
             for p, i in zip(values.tolist(), indices.tolist(), strict=True)
         ],
-        probabilities=probs.tolist(),
-    )
+        "probabilities": probs.tolist(),
+    }
     grid = prediction.attention_map
     if grid is not None:
-        result.attention = AttentionMap(method=attention, grid=[grid.shape[0], grid.shape[1]], map=grid.tolist())
+        result["attention"] = {"method": attention, "grid": [grid.shape[0], grid.shape[1]], "map": grid.tolist()}
     if prediction.overlay_png is not None:
-        result.overlay_png = base64.b64encode(prediction.overlay_png).decode("ascii")
+        result["overlay_png"] = base64.b64encode(prediction.overlay_png).decode("ascii")
     if prediction.embedding is not None:
-        result.embedding = prediction.embedding.tolist()
+        result["embedding"] = prediction.embedding.tolist()
     return result
 
 
 def encode_predict_response(
     model: ModelDescription, predictions: list[Prediction], top_k: int, attention: AttentionKind
 ) -> bytes:
-    """The /predict JSON body for one request's predictions."""
-    results = [image_result(p, model.classes, top_k, attention) for p in predictions]
-    response = PredictResponse(model=model_ref(model), results=results)
-    # pydantic's own serializer: 13x faster than model_dump + json.dumps for 1,000 classes (39 against 511 us)
-    return response.model_dump_json(exclude_none=True).encode()
+    """The /predict JSON body for one request's predictions: `PredictResponse`, fields unset left out.
+
+    Built as plain dicts and lists in the models' field order and serialized by pydantic's serializer, the
+    one `model_dump_json` uses (13x faster than json.dumps for 1,000 classes), without building and
+    validating a model per top-k entry: one image of 10 classes in 12 to 20 us against 37 to 42 (timeit;
+    with 1,000 classes the serializer's time dominates either way). The values are the core's, of the
+    models' types; tests/app/codecs/test_predict.py checks that the body is the one the models make."""
+    response = {
+        "model": {"name": model.name, "version": model.version},
+        "results": [image_result(p, model.classes, top_k, attention) for p in predictions],
+    }
+    return pydantic_core.to_json(response)
