@@ -44,13 +44,17 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
 
     watcher = asyncio.ensure_future(watch())
     try:
-        return await work
+        result = await work
     except asyncio.CancelledError:
         if left and current.uncancel() == 0:  # cancelled for the client alone
             raise ClientDisconnected() from None
         raise  # the server's own cancellation (shutdown) goes on
     finally:
         watcher.cancel()
+    if left:  # the work finished all the same (it was done, or it swallowed the cancellation)
+        current.uncancel()
+        raise ClientDisconnected()
+    return result
 
 
 async def respond_unless_disconnected(request: Request, work: Awaitable[Response]) -> Response:

@@ -111,7 +111,7 @@ def parse_multipart(body: bytes, content_type: str, max_files: int, max_fields: 
         raise MultipartError("Missing boundary in multipart.")
     boundary = params[b"boundary"]
     naming = Naming(charset, max_files, max_fields)
-    laid_out = well_formed_parts(body, boundary)
+    laid_out = well_formed_parts(body, boundary, max_parts=max_files + max_fields)
     if laid_out is None:
         return parse_streaming(body, boundary, naming)
     parts = []
@@ -161,10 +161,11 @@ MAX_BOUNDARY_BYTES = 256
 TOKEN = re.compile(rb"[A-Za-z0-9!#$%&'*+\-.^_`|~]+")
 
 
-def well_formed_parts(body: bytes, boundary: bytes) -> list[tuple[bytes, bytes]] | None:
+def well_formed_parts(body: bytes, boundary: bytes, max_parts: int) -> list[tuple[bytes, bytes]] | None:
     """Each part's Content-Disposition and data, for a body in the plain layout of RFC 7578 (no preamble, no
     padding after a delimiter, header lines of a token, a colon and a value, each part closed, within
-    python-multipart's limits); None for any other body, for python-multipart to read or refuse."""
+    python-multipart's limits, at most `max_parts` parts); None for any other body, for python-multipart to
+    read or refuse (it stops at the first part over the limits)."""
     if len(boundary) > MAX_BOUNDARY_BYTES or not body.startswith(b"--" + boundary + b"\r\n"):
         return None
     delimiter = b"\r\n--" + boundary
@@ -190,6 +191,8 @@ def well_formed_parts(body: bytes, boundary: bytes) -> list[tuple[bytes, bytes]]
         if data_end < 0 or disposition is None:
             return None
         parts.append((disposition, body[headers_end + 4 : data_end]))
+        if len(parts) > max_parts:
+            return None
         after = data_end + len(delimiter)
         if body.startswith(b"--", after):
             return parts  # the closing delimiter: what follows it is ignored

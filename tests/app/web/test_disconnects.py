@@ -82,3 +82,19 @@ async def test_an_error_of_the_work_is_its_own() -> None:
 
     with pytest.raises(ValueError, match="bad image"):
         await unless_disconnected(request, failing())
+
+
+async def test_work_that_swallows_the_cancellation_still_answers_a_client_gone() -> None:
+    request, hang_up = connection()
+
+    async def stubborn() -> str:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            return "finished anyway"
+        return "never"
+
+    asyncio.get_running_loop().call_later(0.01, hang_up.set)
+    with pytest.raises(ClientDisconnected):
+        await unless_disconnected(request, stubborn())
+    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]

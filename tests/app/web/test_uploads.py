@@ -143,7 +143,7 @@ def test_generated_bodies_read_as_starlette_reads_them(data: bytes) -> None:
 @given(st.lists(parts, min_size=1, max_size=6))
 def test_bodies_laid_out_plainly_are_split_at_their_delimiters(drawn: list[bytes]) -> None:
     data = body(*drawn)
-    assert well_formed_parts(data, BOUNDARY.encode()) is not None
+    assert well_formed_parts(data, BOUNDARY.encode(), max_parts=6) is not None
     assert ours(data, CONTENT_TYPE) == starlettes(data, CONTENT_TYPE)
 
 
@@ -152,7 +152,7 @@ def test_a_clients_body_is_split_at_its_delimiters() -> None:
     sent = httpx.Request("POST", "http://test/predict", files=files, data={"note": "hi"})
     content_type, data = sent.headers["content-type"], sent.read()
     boundary = content_type.split("boundary=")[1].encode()
-    assert [d.split(b";")[0] for d, _ in well_formed_parts(data, boundary) or []] == [b"form-data"] * 3
+    assert [d.split(b";")[0] for d, _ in well_formed_parts(data, boundary, max_parts=3) or []] == [b"form-data"] * 3
     found = ours(data, content_type)
     assert found == starlettes(data, content_type)
     assert found == [("note", None, None), ("files", "a.png", PNG), ("files", "b.jpg", b"\xff\xd8" * 100)]
@@ -163,4 +163,12 @@ def test_a_clients_body_is_split_at_its_delimiters() -> None:
     ["cut short in a file", "no closing boundary", "a bad header line", "no name", "cut short in the headers"],
 )
 def test_other_bodies_are_left_to_the_streaming_parser(case: str) -> None:
-    assert well_formed_parts(CRAFTED[case], BOUNDARY.encode()) is None
+    assert well_formed_parts(CRAFTED[case], BOUNDARY.encode(), max_parts=MAX_FILES + MAX_FIELDS) is None
+
+
+def test_a_body_of_more_parts_than_the_limits_is_not_split_whole() -> None:
+    many = body(*(part(f"f{i}".encode(), b"v") for i in range(1000)))
+    assert well_formed_parts(many, BOUNDARY.encode(), max_parts=MAX_FILES + MAX_FIELDS) is None
+    assert (
+        ours(many, CONTENT_TYPE) == starlettes(many, CONTENT_TYPE) == "Too many fields. Maximum number of fields is 4."
+    )
