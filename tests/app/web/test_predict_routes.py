@@ -14,7 +14,7 @@ from PIL import Image
 
 from app.core.engine import Engine
 from app.settings import Settings
-from app.web import uploads
+from app.web import multipart, uploads
 from app.web.app import create_app
 from harness.images import encode
 from model.checkpoint import load_checkpoint, save_checkpoint
@@ -83,7 +83,7 @@ async def test_a_large_multipart_body_is_parsed_off_the_event_loop(
     parsed_on: list[bool] = []
     parse = uploads.parse_multipart
 
-    def watched(*args: object, **kwargs: int) -> list[uploads.Part]:
+    def watched(*args: object, **kwargs: int) -> list[multipart.Part]:
         parsed_on.append(threading.current_thread() is threading.main_thread())
         return parse(*args, **kwargs)  # type: ignore[arg-type]
 

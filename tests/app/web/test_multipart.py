@@ -16,7 +16,7 @@ from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException
 from starlette.requests import Request
 
-from app.web.uploads import MultipartError, parse_multipart, well_formed_parts
+from app.web.multipart import MultipartError, parse_multipart, well_formed_parts
 
 # Starlette leaves the spooled temporary file of a part cut short unclosed (a ResourceWarning when it is
 # collected); the parser under test opens no file
