@@ -1,8 +1,10 @@
 """The process's log lines: text for people, or one JSON object per line for log shippers (VIT_LOG_FORMAT).
 
 A JSON line holds `timestamp` (UTC, ISO 8601), `level`, `logger` and `message`, the request's
-`request_id` where the line is about one request (and `trace_id` and `span_id` where a record carries
-them), and `exception` when a traceback is logged. uvicorn's own lines use the same format.
+`request_id` and `client` (address:port) where the line is about one request (and `trace_id` and
+`span_id` where a record carries them), and `exception` when a traceback is logged. uvicorn's own lines
+use the same format; its access lines are off under `python -m app`, where `app.access` writes one line
+a request.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 from app.choices import LogFormat
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-CONTEXT_FIELDS = ("request_id", "trace_id", "span_id")  # set on a record with `extra=`
+CONTEXT_FIELDS = ("request_id", "client", "trace_id", "span_id")  # set on a record with `extra=`
 
 
 class JsonFormatter(logging.Formatter):

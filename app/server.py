@@ -72,6 +72,7 @@ def http_server(plane: DataPlane, settings: Settings) -> HttpServer:
         lifespan="off",
         log_level=settings.log_level,
         log_config=uvicorn_log_config(settings.log_format) or uvicorn.config.LOGGING_CONFIG,
+        access_log=False,  # app.access writes each request's line, with its duration, ID and client
         timeout_graceful_shutdown=max(1, round(settings.drain_timeout_s)),
     )
     return HttpServer(config)

@@ -115,19 +115,21 @@ class RequestTelemetry:
             self.metrics.requests.labels("http", route, str(status)).inc()
             self.metrics.latency.labels("http", route).observe(seconds)
             if not untraced(scope):
-                extra = {"request_id": request_id}
+                client = scope.get("client")
+                extra = {"request_id": request_id, "client": f"{client[0]}:{client[1]}" if client else "-"}
                 traced = ""
                 span = trace.get_current_span().get_span_context()
                 if span.is_valid:  # tracing is on: the line names its trace and span
                     extra |= {"trace_id": f"{span.trace_id:032x}", "span_id": f"{span.span_id:016x}"}
                     traced = f" trace_id={extra['trace_id']} span_id={extra['span_id']}"
                 log.info(
-                    "%s %s %d %.1fms id=%s%s",
+                    "%s %s %d %.1fms id=%s client=%s%s",
                     scope["method"],
                     scope["path"],
                     status,
                     seconds * 1e3,
                     request_id,
+                    extra["client"],
                     traced,
                     extra=extra,
                 )

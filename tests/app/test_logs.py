@@ -51,9 +51,11 @@ def test_python_m_app_writes_every_line_as_json(tmp_path: Path) -> None:
         output = server.stop()
     lines = [json.loads(line) for line in output.splitlines() if line.strip()]  # every line parses
     loggers = {line["logger"] for line in lines}
-    assert {"app", "app.access", "uvicorn.error", "uvicorn.access"} <= loggers, loggers
+    assert {"app", "app.access", "uvicorn.error"} <= loggers, loggers
+    assert "uvicorn.access" not in loggers  # one access line a request: the app's
     (access,) = [line for line in lines if line.get("request_id") == request_id]
     assert access["logger"] == "app.access" and "POST /predict 415" in access["message"]
+    assert access["client"].startswith("127.0.0.1:") and f"client={access['client']}" in access["message"]
 
 
 @pytest.mark.slow

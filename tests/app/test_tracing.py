@@ -83,8 +83,11 @@ def test_a_request_continues_its_trace_with_the_cores_spans(workers: str, protoc
             def traced(name: str) -> list[ReceivedSpan]:
                 return [s for s in receiver.named(name) if s.trace_id == TRACE]
 
-            wait_for(receiver, lambda: traced("encode") and traced("infer") and receiver.named("batch"))
-            request = one([s for s in receiver.spans if s.trace_id == TRACE and s.parent_span_id == PARENT])
+            def requests() -> list[ReceivedSpan]:  # it ends after the answer: maybe in a later export
+                return [s for s in receiver.spans if s.trace_id == TRACE and s.parent_span_id == PARENT]
+
+            wait_for(receiver, lambda: traced("encode") and traced("infer") and receiver.named("batch") and requests())
+            request = one(requests())
             assert request.name == "POST /predict" and request.attributes["http.response.status_code"] == 200
             assert request.attributes["http.route"] == "/predict"
             names = {s.name for s in receiver.spans if s.trace_id == TRACE}  # one span per request: no more
@@ -128,7 +131,14 @@ def test_a_grpc_call_continues_its_trace() -> None:
             stub = GRPCInferenceServiceStub(channel)
             metadata = (("traceparent", f"00-{TRACE}-{PARENT}-01"),)
             stub.ModelInfer(image_request(PNG, model="vit-shapes"), metadata=metadata)
-        wait_for(receiver, lambda: [s for s in receiver.named("infer") if s.trace_id == TRACE])
+        # the call's span ends after its answer is sent: it may come in a later export than `infer`
+        wait_for(
+            receiver,
+            lambda: (
+                [s for s in receiver.named("infer") if s.trace_id == TRACE]
+                and [s for s in receiver.spans if s.trace_id == TRACE and s.parent_span_id == PARENT]
+            ),
+        )
         call = one([s for s in receiver.spans if s.trace_id == TRACE and s.parent_span_id == PARENT])
         assert call.name == "/inference.GRPCInferenceService/ModelInfer"
         assert call.attributes["rpc.grpc.status_code"] == 0
