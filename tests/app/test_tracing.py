@@ -1,8 +1,9 @@
 """OpenTelemetry traces from real servers to a local OTLP receiver (over HTTP, the default protocol, and
 gRPC): configured by OpenTelemetry's own variables, one span per HTTP and gRPC request continuing the
 caller's traceparent, the core's spans under it (also from the engine process of VIT_WORKERS=2, its
-front-ends decoding the images), each forward pass a span linked to its requests, the trace IDs on the
-access lines, and one trace per batch-runner run."""
+front-ends decoding the images), each forward pass a span linked to its requests (concurrent requests
+that share a batch, over HTTP and gRPC, link to the same one), the trace IDs on the access lines, and one
+trace per batch-runner run."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -143,6 +145,40 @@ def test_a_grpc_call_continues_its_trace() -> None:
         assert call.name == "/inference.GRPCInferenceService/ModelInfer"
         assert call.attributes["rpc.grpc.status_code"] == 0
         assert one([s for s in receiver.named("infer") if s.trace_id == TRACE]).parent_span_id == call.span_id
+
+
+@pytest.mark.parametrize("edge", ["http", "grpc"])
+def test_concurrent_requests_that_share_a_batch_link_to_its_span(edge: str) -> None:
+    traces = [f"{i + 1:032x}" for i in range(16)]  # one trace per request, each request one image
+    with Receiver() as receiver, Server(BUNDLED_WEIGHTS, **otel_env(receiver), VIT_MAX_WAIT_MS="50") as server:
+        with grpc.insecure_channel(server.grpc_target) as channel:
+            stub = GRPCInferenceServiceStub(channel)
+
+            def send(trace: str) -> None:
+                traceparent = f"00-{trace}-{PARENT}-01"
+                if edge == "grpc":
+                    stub.ModelInfer(image_request(PNG, model="vit-shapes"), metadata=(("traceparent", traceparent),))
+                else:
+                    files = {"file": ("a.png", PNG, "image/png")}
+                    r = httpx.post(server.url + "/predict", files=files, headers={"traceparent": traceparent})
+                    assert r.status_code == 200, r.text
+
+            with ThreadPoolExecutor(len(traces)) as pool:  # all at once: while one batch computes, the rest queue
+                list(pool.map(send, traces))
+
+        def infers() -> dict[str, ReceivedSpan]:
+            return {s.trace_id: s for s in receiver.named("infer") if s.trace_id in traces}
+
+        def linking(infer: ReceivedSpan) -> list[ReceivedSpan]:
+            return [b for b in receiver.named("batch") if (infer.trace_id, infer.span_id) in b.links]
+
+        wait_for(receiver, lambda: len(infers()) == len(traces) and all(linking(i) for i in infers().values()))
+        batches = {}
+        for infer in infers().values():
+            (batch,) = linking(infer)  # exactly one forward pass computed its image
+            batches[batch.span_id] = batch
+        assert all(b.attributes["vit.batch_size"] == len(b.links) for b in batches.values())  # only ours rode
+        assert max(len(b.links) for b in batches.values()) > 1  # requests shared a batch: one span, linked to each
 
 
 def test_the_batch_runner_traces_one_run(tmp_path: Path) -> None:
