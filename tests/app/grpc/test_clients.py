@@ -176,7 +176,11 @@ def test_sigterm_answers_the_calls_under_way() -> None:
 
 
 def test_statistics_over_grpc_are_those_over_http(client: triton.InferenceServerClient, server: Server) -> None:
+    earlier = client.get_inference_statistics(MODEL, as_json=True)["model_stats"][0]["inference_stats"]
+    failed = int(earlier.get("fail", {}).get("count", 0))  # protobuf's JSON leaves zeros out
     client.infer(MODEL, [images(*PNGS[:2])])
+    with pytest.raises(InferenceServerException, match="not a recognised image"):
+        client.infer(MODEL, [images(PNGS[0], b"not an image")])
     over_grpc = client.get_inference_statistics(MODEL, as_json=True)
     over_http = httpx.get(f"{server.url}/v2/models/{MODEL}/stats").json()
     [g], [h] = over_grpc["model_stats"], over_http["model_stats"]
@@ -184,6 +188,7 @@ def test_statistics_over_grpc_are_those_over_http(client: triton.InferenceServer
     assert int(g["inference_count"]) == h["inference_count"] >= 2  # protobuf's JSON writes uint64 as strings
     assert int(g["inference_stats"]["success"]["count"]) == h["inference_stats"]["success"]["count"]
     assert int(g["inference_stats"]["queue"]["ns"]) == h["inference_stats"]["queue"]["ns"]
+    assert int(g["inference_stats"]["fail"]["count"]) == h["inference_stats"]["fail"]["count"] == failed + 1
     assert [int(b["batch_size"]) for b in g["batch_stats"]] == [b["batch_size"] for b in h["batch_stats"]]
     with pytest.raises(InferenceServerException, match="has no statistics") as raised:
         client.get_inference_statistics("nope")

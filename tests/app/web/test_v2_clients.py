@@ -182,12 +182,17 @@ def test_tritonclient_statistics_agree_with_the_metrics(client: triton.Inference
     before = client.get_inference_statistics(MODEL)["model_stats"]
     for _ in range(3):
         client.infer(MODEL, [image_input(held_out("star"), held_out("circle"))])
+    for _ in range(2):  # bad inputs: the model was found, the request failed
+        with pytest.raises(InferenceServerException, match="not a recognised image"):
+            client.infer(MODEL, [image_input(held_out("star"), b"not an image")])
     [stats] = client.get_inference_statistics(MODEL)["model_stats"]
     metrics = httpx.get(server.url + "/metrics").text
     [old] = before
     assert (stats["name"], stats["version"]) == (MODEL, VERSION)
     inference = stats["inference_stats"]
     assert inference["success"]["count"] - old["inference_stats"]["success"]["count"] == 3
+    assert inference["fail"]["count"] - old["inference_stats"]["fail"]["count"] == 2
+    assert inference["fail"]["ns"] > old["inference_stats"]["fail"]["ns"]
     assert stats["inference_count"] - old["inference_count"] == 6
     for part in ("queue", "compute_input", "compute_infer", "compute_output"):
         assert inference[part]["count"] == inference["success"]["count"], part
