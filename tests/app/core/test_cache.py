@@ -158,3 +158,19 @@ async def test_a_failed_or_abandoned_computation_is_not_kept(cached: Engine) -> 
     leaving.cancel()  # the client left: the one waiting computes the image itself
     [p] = (await staying).predictions
     assert p.filename == "0.png" and p.probabilities.shape == (len(model.classes),)
+
+
+async def test_a_hit_is_never_another_models(tmp_path: Path) -> None:
+    """The same bytes asked of two models: each model's own answer, the second a miss, never the first's."""
+    a = write_tiny_checkpoint(tmp_path / "a.safetensors", seed=0)
+    b = write_tiny_checkpoint(tmp_path / "b.safetensors", seed=5)
+    async with Engine.serving(settings(a, models=f"a={a},b={b}")) as engine:
+        from_a = await engine.run(engine.model("a"), FILES[:1], InferOptions())
+        from_b = await engine.run(engine.model("b"), FILES[:1], InferOptions())
+        assert (from_a.model.name, from_b.model.name) == ("a", "b")
+        assert not torch.allclose(from_a.predictions[0].probabilities, from_b.predictions[0].probabilities)
+        assert engine.metrics.cache_hits.labels("b")._value.get() == 0
+        assert engine.metrics.cache_misses.labels("b")._value.get() == 1
+        again = await engine.run(engine.model("b"), FILES[:1], InferOptions())  # b's own entry, now a hit
+        torch.testing.assert_close(again.predictions[0].probabilities, from_b.predictions[0].probabilities)
+        assert engine.metrics.cache_hits.labels("b")._value.get() == 1
