@@ -97,6 +97,7 @@ async def test_api_keys_guard_inference_and_model_changes(make_edge: EdgeFactory
         load = pb.RepositoryModelLoadRequest(model_name="tiny")
         await expect(edge.stub.RepositoryModelLoad(load), grpc.StatusCode.UNAUTHENTICATED, "API key")
         assert (await edge.stub.ServerReady(pb.ServerReadyRequest())).ready  # health needs no key
+        assert await edge.stub.ModelStatistics(pb.ModelStatisticsRequest())  # neither do statistics, as over REST
 
 
 async def test_overload_is_unavailable_with_when_to_retry(make_edge: EdgeFactory) -> None:

@@ -93,4 +93,5 @@ async def test_changes_need_an_api_key(make_client: ClientFactory, repository: P
         assert (await client.post("/v2/repository/models/a/load")).status_code == 401
         assert (await client.post("/v2/repository/models/a/unload")).status_code == 401
         assert (await client.post("/v2/repository/index")).status_code == 200
+        assert (await client.get("/v2/models/stats")).status_code == 200  # like the index: no key
         assert (await client.post("/v2/repository/models/a/load", headers={"x-api-key": "k"})).status_code == 200
