@@ -41,7 +41,7 @@ async def authorized_data_plane(request: Request) -> DataPlane:
     """The data plane for inference and model changes: while it takes requests (NotReady otherwise), and with
     VIT_API_KEYS set, for a caller with a matching key. One dependency, not a chain: FastAPI resolves each
     link on every request (a chain of three cost a cache hit about 8 % more, `bench.app_cost`)."""
-    plane: DataPlane = request.app.state.data_plane
+    plane = await data_plane(request)
     plane.check_serving()
     plane.authorize(credentials(request.headers))
     return plane
