@@ -24,10 +24,10 @@ import numpy as np
 import torch
 
 from app.batch.inputs import IMAGE_SUFFIXES, expand_inputs
-from app.core.decode import decode_image
-from app.core.errors import ServiceError
-from app.core.onnx_backend import OnnxExportError, int8_graph_path, quantize_static_int8
-from app.core.preprocess import Preprocessor
+from app.core.backends.onnx_runtime import OnnxExportError, int8_graph_path, quantize_static_int8
+from app.core.contract.errors import ServiceError
+from app.core.images.decode import decode_image
+from app.core.images.prepare import Preprocessor
 from app.settings import Settings
 from model.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from model.shapes import make_sample

@@ -12,70 +12,23 @@ stopped by uvicorn's lifespan, so there uvicorn drains HTTP first and the rest a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
-import socket
-from collections.abc import Awaitable, Callable, Iterator, MutableMapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
 
-import uvicorn
-
-from app.core.data_plane import DataPlane
-from app.core.metrics import Metrics
-from app.core.remote import RemoteDataPlane
-from app.grpc.server import GrpcServer
-from app.logs import configure_logging, uvicorn_log_config
+from app.serving import Serving
 from app.settings import Settings
 from app.startup import read_settings, startup_errors, startup_failed
-from app.tracing import configure_tracing, shutdown_tracing
+from app.telemetry.logs import configure_logging
+from app.telemetry.metrics import Metrics
+from app.telemetry.tracing import configure_tracing, shutdown_tracing
 from app.web.app import create_app
+from app.workers.supervisor import Supervisor
 from model.device import resolve_device
 
-if TYPE_CHECKING:  # imported where an engine is built: front-end processes never load its backends
-    from app.core.engine import Engine
-
 log = logging.getLogger("app")
-
-
-def bind_http(host: str, port: int, reuse_port: bool = False) -> socket.socket:
-    """The HTTP listening socket, bound now so that a port in use is an error before serving starts; with
-    `reuse_port`, shared with the other serving front-ends (the kernel spreads the connections over them)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if reuse_port:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        raise OSError(
-            f"HTTP port {host}:{port}: cannot listen ({e.strerror or e}); free the port or pass --port"
-        ) from None
-    sock.set_inheritable(True)
-    return sock
-
-
-class HttpServer(uvicorn.Server):
-    """uvicorn's server, leaving signals to the process's owner, which tells it when to stop."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-def http_server(plane: DataPlane, settings: Settings) -> HttpServer:
-    config = uvicorn.Config(
-        create_app(plane),
-        lifespan="off",
-        log_level=settings.log_level,
-        log_config=uvicorn_log_config(settings.log_format) or uvicorn.config.LOGGING_CONFIG,
-        access_log=False,  # app.access writes each request's line, with its duration, ID and client
-        timeout_graceful_shutdown=max(1, round(settings.drain_timeout_s)),
-    )
-    return HttpServer(config)
 
 
 async def serve(host: str, port: int, settings: Settings | None = None) -> int:
@@ -89,61 +42,24 @@ async def serve(host: str, port: int, settings: Settings | None = None) -> int:
         configure_logging(settings.log_level, settings.log_format)
         workers = settings.serving_workers(gpu=await asyncio.to_thread(gpu_serving, settings))
         if workers > 1:
-            from app.supervisor import Supervisor  # here: its processes import this module
-
             return await Supervisor(host, port, settings, workers).run(stop)
-        from app.core.engine import Engine
+        from app.core.engine.engine import Engine  # here: the supervisor's process never loads the backends
 
         configure_tracing()  # with OTEL_EXPORTER_OTLP_ENDPOINT set
         engine = await asyncio.to_thread(Engine.load, settings, Metrics())
     except startup_errors() as e:
         return startup_failed(e)
-    grpc_server = None
+    serving = Serving(engine, settings, http=(host, port))
     try:
-        sock = bind_http(host, port)
-        if settings.grpc_port:
-            grpc_server = GrpcServer(engine, settings.grpc_port, settings.grpc_message_limit())
-            await grpc_server.start()
+        await serving.start()
     except OSError as e:
-        await engine.shutdown(0)
         return startup_failed(e)
     engine.start(freeze_heap=True)
-    http = http_server(engine, settings)
-    serving = asyncio.create_task(http.serve(sockets=[sock]))
     log.info("ready: HTTP on %s:%d", host, port)
-    stopped = asyncio.create_task(stop.wait())
-    await asyncio.wait([serving, stopped], return_when=asyncio.FIRST_COMPLETED)
-    stopped.cancel()
-    failed = serving.done() and not serving.cancelled() and serving.exception() is not None
-    if failed:  # HTTP stopped by itself: log why, then drain gRPC and the engine all the same
-        log.critical("HTTP server failed: %r", serving.exception())
-    await drain(engine, http, serving, grpc_server, settings.drain_timeout_s)
-    sock.close()
+    code = await serving.run(stop)
     shutdown_tracing()  # the spans still buffered
     log.info("stopped")
-    return 1 if failed else 0
-
-
-async def drain(
-    engine: Engine, http: HttpServer, serving: asyncio.Task[None], grpc_server: GrpcServer | None, timeout_s: float
-) -> None:
-    """Both protocols not-ready and closed to new work at once, both drained together, then the engine."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    engine.begin_drain()  # /health/ready, /v2/health/ready and ServerReady answer not-ready from here
-    await drain_edges(http, serving, grpc_server, timeout_s)
-    await engine.shutdown(max(0.0, deadline - loop.time()))
-
-
-async def drain_edges(
-    http: HttpServer, serving: asyncio.Task[None], grpc_server: GrpcServer | None, timeout_s: float
-) -> None:
-    """HTTP and gRPC closed to new work at once and drained together."""
-    http.should_exit = True
-    log.info("draining: HTTP and gRPC answer what they accepted (up to %.0f s)", timeout_s)
-    await asyncio.gather(
-        serving, grpc_server.stop(timeout_s) if grpc_server else asyncio.sleep(0), return_exceptions=True
-    )
+    return code
 
 
 def gpu_serving(settings: Settings) -> bool:
@@ -154,41 +70,6 @@ def gpu_serving(settings: Settings) -> bool:
         return resolve_device(settings.device).type == "cuda"
     except ValueError:
         return False  # the engine says what is wrong with VIT_DEVICE
-
-
-async def serve_front_end(host: str, port: int, settings: Settings, plane: RemoteDataPlane, stop: asyncio.Event) -> int:
-    """One serving front-end (VIT_WORKERS > 1): HTTP and gRPC on ports it shares with the others, over the
-    engine process through `plane`; on `stop`, not ready at once, both protocols drained together."""
-    # Listen only once the engine has answered: a front-end listening before would take its share of the
-    # connections on the shared ports and answer not-ready while the others answer ready.
-    await plane.start()
-    while not await plane.wait_engine(0.5):
-        if stop.is_set():
-            await plane.close()
-            return 0
-    grpc_server = None
-    try:
-        sock = bind_http(host, port, reuse_port=True)
-        if settings.grpc_port:
-            grpc_server = GrpcServer(plane, settings.grpc_port, settings.grpc_message_limit(), reuse_port=True)
-            await grpc_server.start()
-    except OSError as e:
-        await plane.close()
-        return startup_failed(e)
-    http = http_server(plane, settings)
-    serving = asyncio.create_task(http.serve(sockets=[sock]))
-    stopped = asyncio.create_task(stop.wait())
-    await asyncio.wait([serving, stopped], return_when=asyncio.FIRST_COMPLETED)
-    stopped.cancel()
-    failed = serving.done() and not serving.cancelled() and serving.exception() is not None
-    if failed:
-        log.critical("HTTP server failed: %r", serving.exception())
-    plane.begin_drain()
-    await drain_edges(http, serving, grpc_server, settings.drain_timeout_s)
-    await plane.close()
-    sock.close()
-    shutdown_tracing()
-    return 1 if failed else 0
 
 
 Scope = MutableMapping[str, Any]
@@ -220,7 +101,7 @@ class LifespanApp:
                     "VIT_WORKERS=%s is for python -m app; uvicorn app.main:app serves from this one process",
                     settings.workers,
                 )
-            from app.core.engine import Engine
+            from app.core.engine.engine import Engine
 
             configure_tracing()
             engine = await asyncio.to_thread(Engine.load, settings, Metrics())
@@ -228,13 +109,10 @@ class LifespanApp:
             code = startup_failed(e)
             logging.shutdown()
             os._exit(code)  # nothing is serving yet: no socket is bound before startup
-        grpc_server = None
+        serving = Serving(engine, settings, http=None)  # uvicorn serves HTTP
         try:
-            if settings.grpc_port:
-                grpc_server = GrpcServer(engine, settings.grpc_port, settings.grpc_message_limit())
-                await grpc_server.start()
+            await serving.start()
         except OSError as e:
-            await engine.shutdown(0)
             code = startup_failed(e)
             logging.shutdown()
             os._exit(code)
@@ -243,10 +121,7 @@ class LifespanApp:
         log.info("ready")
         await send({"type": "lifespan.startup.complete"})
         await receive()  # lifespan.shutdown: uvicorn has drained HTTP
-        engine.begin_drain()
-        if grpc_server is not None:
-            await grpc_server.stop(settings.drain_timeout_s)
-        await engine.shutdown()
+        await serving.drain()
         shutdown_tracing()
         log.info("stopped")
         await send({"type": "lifespan.shutdown.complete"})

@@ -9,8 +9,8 @@ import os
 
 from pydantic import ValidationError
 
-from app.logs import configure_logging
 from app.settings import Settings, configured_names, unknown_variables
+from app.telemetry.logs import configure_logging
 
 log = logging.getLogger("app")
 

@@ -80,7 +80,7 @@ def worker(tree: Path, rounds: int, calls: int) -> dict[str, list[float]]:
 
 
 async def measure(rounds: int, calls: int) -> dict[str, list[float]]:
-    from app.core.engine import Engine
+    from app.core.engine.engine import Engine
     from app.settings import BUNDLED_WEIGHTS, Settings
     from app.web.app import create_app
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from app.core.inference import ImageInput, Predictor
+from app.core.backends.predictor import ImageInput, Predictor
 from app.settings import BUNDLED_WEIGHTS
 from bench.tables import table
 from model import evaluate, train

@@ -25,9 +25,9 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from app.core.decode import decode_image
-from app.core.onnx_backend import INPUT, OUTPUTS, LogitsAndEmbedding, export, int8_graph_path, quantize_int8
-from app.core.preprocess import Preprocessor
+from app.core.backends.onnx_runtime import INPUT, OUTPUTS, LogitsAndEmbedding, export, int8_graph_path, quantize_int8
+from app.core.images.decode import decode_image
+from app.core.images.prepare import Preprocessor
 from app.quantize import main as quantize_main
 from bench.batch import photo_jpeg
 from bench.run import write_results

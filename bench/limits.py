@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import torch
 from PIL import Image
 
-from app.core.decode import decode_image
-from app.core.inference import Backend, Predictor, batch_sizes
-from app.core.preprocess import Preprocessor
+from app.core.backends.predictor import Backend, Predictor, batch_sizes
+from app.core.images.decode import decode_image
+from app.core.images.prepare import Preprocessor
 from model.checkpoint import Checkpoint
 from model.shapes import make_sample
 

@@ -12,10 +12,10 @@ import torch
 from fastapi import Request
 from torch import Tensor
 
-from app.core.decode import decode_image
-from app.core.inference import inference_dtype
-from app.core.onnx_backend import exported
-from app.core.preprocess import Preprocessor
+from app.core.backends.onnx_runtime import exported
+from app.core.backends.predictor import inference_dtype
+from app.core.images.decode import decode_image
+from app.core.images.prepare import Preprocessor
 from model.checkpoint import load_checkpoint
 from model.device import resolve_device
 

@@ -30,8 +30,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from app.core.decode import decode_image
-from app.core.preprocess import Preprocessor
+from app.core.images.decode import decode_image
+from app.core.images.prepare import Preprocessor
 from app.settings import BUNDLED_WEIGHTS
 from bench.batch import photo_jpeg
 from bench.run import write_results

@@ -36,8 +36,8 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from app.core.inference import Backend, Predictor
-from app.core.onnx_backend import LogitsAndEmbedding, OnnxForward, export, session
+from app.core.backends.onnx_runtime import LogitsAndEmbedding, OnnxForward, export, session
+from app.core.backends.predictor import Backend, Predictor
 from app.quantize import main as quantize_main
 from app.settings import BUNDLED_WEIGHTS
 from bench.batch import photo_jpeg

@@ -3,7 +3,7 @@
     python -m bench.span_cost --requests 20000
 
 Each simulated request makes the core's spans with the core's attributes (`infer`, `admission`, `decode`,
-`queue`, `encode`; app/core/tracing.py) through the SDK the service installs (`app.tracing`). Three
+`queue`, `encode`; app/telemetry/spans.py) through the SDK the service installs (`app.telemetry.tracing`). Three
 measurements, each in CPU time per span:
 - created and ended, the tracer provider with no span processor;
 - encoded to OTLP protobuf by the encoder the OTLP exporters use (`encode_spans`, then serialized),
@@ -32,7 +32,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import Tracer
 
-from app.core import tracing as core
+from app.telemetry import spans as core
 from bench.run import write_results
 from bench.tables import table
 
@@ -89,7 +89,7 @@ def request(tracer: Tracer, i: int) -> None:
 
 def off(requests: int) -> float:
     """CPU time of one request's tracing calls with tracing off, no tracer provider installed: the core's
-    (app.core.tracing, as the engine, the preparer and the batcher make them) and the access line's."""
+    (app.telemetry.spans, as the engine, the preparer and the batcher make them) and the access line's."""
     infer = {"vit.model.name": "vit-shapes", "vit.images": 1}
     started = time.process_time()
     for i in range(requests):
@@ -131,7 +131,7 @@ def encoded(requests: int) -> float:
 def batched(requests: int) -> dict[str, float]:
     encoding = Encoding()
     provider = TracerProvider()
-    # app.tracing's processor, with a queue that holds every span: this loop makes spans far faster than a
+    # app.telemetry.tracing's processor, with a queue that holds every span: this loop makes spans far faster than a
     # server's requests do, and the default queue (2,048 spans) would drop some instead of encoding them
     provider.add_span_processor(BatchSpanProcessor(encoding, max_queue_size=requests * SPANS_PER_REQUEST))
     tracer = provider.get_tracer("vit-serve")

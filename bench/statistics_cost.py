@@ -2,7 +2,7 @@
 
     python -m bench.statistics_cost --requests 200000
 
-The statistics (app/core/statistics.py) are counters the engine updates as it answers; there is no switch
+The statistics (app/telemetry/statistics.py) are counters the engine updates as it answers; there is no switch
 to turn them off, and what they cost is far below what an A/B of two servers resolves on a shared machine
 (rounds move by 5 to 20 %). So this times, with the engine's own classes and functions, the calls one
 request makes beside its work:
@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.core.engine import request_timing
-from app.core.metrics import Metrics, ModelMetrics
-from app.core.statistics import BatchTiming, StatisticsBook
+from app.core.engine.engine import request_timing
+from app.telemetry.metrics import Metrics, ModelMetrics
+from app.telemetry.statistics import BatchTiming, StatisticsBook
 from bench.run import write_results
 from bench.span_cost import cpu_model
 from bench.tables import table

@@ -9,8 +9,8 @@ from typing import Literal, get_origin
 import pytest
 
 from app.choices import choices
-from app.core.metrics import Metrics, ModelMetrics
 from app.settings import Settings
+from app.telemetry.metrics import Metrics, ModelMetrics
 from harness.server import ROOT
 
 DOCS = sorted((ROOT / "docs").glob("*.md"))

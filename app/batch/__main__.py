@@ -41,11 +41,11 @@ from app.batch.outputs import (
 )
 from app.batch.runner import Counts, RowOptions, classify_files
 from app.choices import BACKENDS
-from app.core.engine import Engine
-from app.core.errors import ServiceError
-from app.core.request import ATTENTION_KINDS, InferOptions
+from app.core.contract.errors import ServiceError
+from app.core.contract.request import ATTENTION_KINDS, InferOptions
+from app.core.engine.engine import Engine
 from app.settings import BUNDLED_WEIGHTS, Settings
-from app.tracing import configure_tracing, shutdown_tracing
+from app.telemetry.tracing import configure_tracing, shutdown_tracing
 from model.checkpoint import CheckpointError
 
 USAGE_ERROR, SOME_FAILED, INTERRUPTED = 2, 1, 130

@@ -27,13 +27,13 @@ import torch
 from app.batch.inputs import expand_inputs
 from app.batch.outputs import arrow_schema
 from app.batch.runner import RowOptions, error_row, prediction_row, predictions
-from app.core.data_plane import InferenceRequest
-from app.core.decode import decode_image
-from app.core.description import class_index
-from app.core.engine import Engine
-from app.core.errors import ServiceError
-from app.core.preprocess import Preprocessor
-from app.core.request import InferOptions
+from app.core.contract.data_plane import InferenceRequest
+from app.core.contract.description import class_index
+from app.core.contract.errors import ServiceError
+from app.core.contract.request import InferOptions
+from app.core.engine.engine import Engine
+from app.core.images.decode import decode_image
+from app.core.images.prepare import Preprocessor
 from app.settings import Settings
 from model.checkpoint import load_checkpoint
 from model.preprocessing import Preprocessing

@@ -18,10 +18,10 @@ from pathlib import Path
 import torch
 
 from app.batch.outputs import Row
-from app.core.data_plane import DataPlane, Inference, InferenceRequest
-from app.core.description import ModelDescription
-from app.core.errors import ServiceError
-from app.core.request import EncodedImage, InferOptions, Prediction
+from app.core.contract.data_plane import DataPlane, Inference, InferenceRequest
+from app.core.contract.description import ModelDescription
+from app.core.contract.errors import ServiceError
+from app.core.contract.request import EncodedImage, InferOptions, Prediction
 
 
 @dataclass(frozen=True)

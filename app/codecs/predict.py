@@ -11,8 +11,8 @@ import torch
 from pydantic import BaseModel, Field
 
 from app.choices import BACKENDS, Backend, DecodedOn, Precision, Quantization, choices
-from app.core.description import ModelDescription
-from app.core.request import AttentionKind, Prediction
+from app.core.contract.description import ModelDescription
+from app.core.contract.request import AttentionKind, Prediction
 
 
 class ModelRef(BaseModel):

@@ -28,10 +28,10 @@ from pydantic import BaseModel, Field, ValidationError
 
 from app import __version__
 from app.choices import BACKENDS, Datatype, ModelState, Precision, Quantization, choices
-from app.core.description import ModelDescription, ModelStatus
-from app.core.errors import InvalidInput
-from app.core.request import ATTENTION_KINDS, AttentionKind, EncodedImage, InferOptions, Prediction
-from app.core.statistics import Duration, ModelStatistics
+from app.core.contract.description import ModelDescription, ModelStatus
+from app.core.contract.errors import InvalidInput
+from app.core.contract.request import ATTENTION_KINDS, AttentionKind, EncodedImage, InferOptions, Prediction
+from app.telemetry.statistics import Duration, ModelStatistics
 
 HEADER_LENGTH = "inference-header-content-length"
 IMAGE, PIXELS = "image", "pixels"

@@ -31,9 +31,9 @@ from app.codecs.v2 import (
     decode_infer,
     output_tensors,
 )
-from app.core.description import ModelDescription
-from app.core.errors import InvalidInput
-from app.core.request import Prediction
+from app.core.contract.description import ModelDescription
+from app.core.contract.errors import InvalidInput
+from app.core.contract.request import Prediction
 
 # The typed contents field each datatype's data must be in (the protocol's rule).
 CONTENTS_FIELD: dict[str, str] = {Datatype.BYTES: "bytes_contents", Datatype.FP32: "fp32_contents"}

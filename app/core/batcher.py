@@ -26,8 +26,8 @@ from typing import Generic, Protocol, TypeVar
 from opentelemetry.trace import SpanContext, StatusCode
 from opentelemetry.util.types import AttributeValue
 
-from app.core.errors import InferenceFailed, NotReady, Overloaded, RequestTimeout, ServiceError
-from app.core.tracing import ROOT, batch_links, current_span_context, tracer
+from app.core.contract.errors import InferenceFailed, NotReady, Overloaded, RequestTimeout, ServiceError
+from app.telemetry.spans import ROOT, batch_links, current_span_context, tracer
 
 log = logging.getLogger("app.batcher")
 

@@ -27,8 +27,8 @@ from app.codecs.v2 import (
     server_metadata,
     statistics_response,
 )
-from app.core.data_plane import DataPlane, Inference, InferenceRequest
-from app.core.errors import (
+from app.core.contract.data_plane import DataPlane, Inference, InferenceRequest
+from app.core.contract.errors import (
     InferenceFailed,
     InvalidInput,
     LoadFailed,
@@ -42,7 +42,7 @@ from app.core.errors import (
     Unauthorized,
     UnsupportedMediaType,
 )
-from app.tracing import grpc_interceptors
+from app.telemetry.tracing import grpc_interceptors
 
 log = logging.getLogger("app")
 SERVICE = "inference.GRPCInferenceService"  # the RPCs' names on the wire: /inference.GRPCInferenceService/ModelInfer

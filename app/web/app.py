@@ -5,12 +5,12 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from app import __version__
-from app.core.data_plane import DataPlane
-from app.tracing import tracing_configured
+from app.core.contract.data_plane import DataPlane
+from app.telemetry.tracing import tracing_configured
 from app.web.errors import install_error_handlers
+from app.web.middleware import RequestTelemetry, http_telemetry
 from app.web.pages import install_pages
 from app.web.predict_routes import router
-from app.web.telemetry import RequestTelemetry, http_telemetry
 from app.web.v2_routes import router as v2_router
 
 DESCRIPTION = """

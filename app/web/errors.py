@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.core.errors import (
+from app.core.contract.errors import (
     InferenceFailed,
     InvalidInput,
     LoadFailed,

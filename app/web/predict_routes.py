@@ -10,8 +10,8 @@ from pydantic import BaseModel, Field, ValidationError
 
 from app.codecs.predict import ErrorBody, Health, ModelInfo, ModelList, PredictResponse, encode_predict_response
 from app.codecs.predict import model_info as describe
-from app.core.data_plane import DataPlane, Inference, InferenceRequest
-from app.core.request import AttentionKind, InferOptions
+from app.core.contract.data_plane import DataPlane, Inference, InferenceRequest
+from app.core.contract.request import AttentionKind, InferOptions
 from app.web.dependencies import Plane, ReadyPlane, ServingPlane, authorized_data_plane
 from app.web.disconnects import respond_unless_disconnected
 from app.web.errors import PredictRoute

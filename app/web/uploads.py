@@ -7,8 +7,8 @@ import functools
 
 from fastapi import Request
 
-from app.core.errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
-from app.core.request import EncodedImage
+from app.core.contract.errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
+from app.core.contract.request import EncodedImage
 from app.web.multipart import MultipartError, parse_multipart
 
 FILE_FIELDS = ("file", "files")

@@ -36,8 +36,8 @@ from app.codecs.v2 import (
     split_body,
     statistics_response,
 )
-from app.core.data_plane import DataPlane, Inference, InferenceRequest
-from app.core.errors import InvalidInput
+from app.core.contract.data_plane import DataPlane, Inference, InferenceRequest
+from app.core.contract.errors import InvalidInput
 from app.web.dependencies import AuthorizedPlane, ReadyPlane, ServingPlane
 from app.web.disconnects import respond_unless_disconnected
 from app.web.errors import V2Route

@@ -14,9 +14,9 @@ from harness.models import VIT_S16_PREPROCESSING
 
 
 def decode(images: int = 512, batch: int = 64) -> dict[str, Any]:
-    from app.core.decode import decode_image
-    from app.core.gpu_decode import GpuJpegDecoder, Jpeg
-    from app.core.preprocess import Preprocessor
+    from app.core.images.decode import decode_image
+    from app.core.images.gpu_decode import GpuJpegDecoder, Jpeg
+    from app.core.images.prepare import Preprocessor
 
     files = [photo_jpeg(i) for i in range(images)]
     cpu = Preprocessor(VIT_S16_PREPROCESSING)

@@ -6,6 +6,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from app.core.engine.engine import Engine
+from app.settings import Settings
 from tests.support.clients import ClientFactory, client_factory
 
 
@@ -15,7 +17,7 @@ def make_client(tiny_checkpoint: Path) -> ClientFactory:
 
     The backend is torch unless a test asks for another: exporting the ONNX graph costs about 2 s per
     app. The ONNX Runtime backend (the CPU default) has its own tests through the same routes
-    (tests/app/core/test_onnx_backend.py), and the real-server tests run the default.
+    (tests/app/core/backends/test_onnx_runtime.py), and the real-server tests run the default.
     """
     return client_factory(tiny_checkpoint)
 
@@ -24,3 +26,11 @@ def make_client(tiny_checkpoint: Path) -> ClientFactory:
 async def client(make_client: ClientFactory) -> AsyncIterator[httpx.AsyncClient]:
     async with make_client() as c:
         yield c
+
+
+@pytest.fixture
+async def service(tiny_checkpoint: Path) -> AsyncIterator[Engine]:
+    """The core alone, no edge: the tiny checkpoint on the CPU with torch, started on this test's event loop."""
+    settings = Settings(weights=tiny_checkpoint, device="cpu", backend="torch", warmup=False, max_batch_size=4)
+    async with Engine.serving(settings) as engine:
+        yield engine

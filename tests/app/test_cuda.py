@@ -15,8 +15,8 @@ import gc
 import pytest
 import torch
 
-from app.core.decode import decode_image
-from app.core.preprocess import Preprocessor
+from app.core.images.decode import decode_image
+from app.core.images.prepare import Preprocessor
 from app.settings import BUNDLED_WEIGHTS
 from harness.images import encode
 from model.checkpoint import load_checkpoint

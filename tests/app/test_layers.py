@@ -1,9 +1,9 @@
-"""The import rules between the layers, each checked on every module of a package in a fresh child process.
+"""The import rules between the packages: one way, no cycles.
 
-- the core imports no codec, edge, grpcio or web framework;
-- the codecs import no edge;
-- the edges (web, gRPC, batch) reach the core only through the data plane and its types;
-- `model/` imports nothing from `app/`.
+Two checks. Reading every module's imports (at any depth, lazy ones included), each module belongs to its
+room (the longest entry of ROOMS its name starts with), and each room imports only the rooms MAY_IMPORT
+lists; the rooms' graph has no cycle. And, importing each package's every module in a fresh child process,
+the core loads no codec, edge, grpcio or web framework, the codecs no edge, `model/` nothing from `app/`.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import ast
 import json
 import subprocess
 import sys
+from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
 import pytest
@@ -21,26 +22,105 @@ from harness.server import ROOT
 pytestmark = pytest.mark.slow  # imports every package in a fresh child process
 
 WEB_FRAMEWORKS = ("fastapi", "starlette", "uvicorn", "multipart", "python_multipart", "httptools")
-EDGES = ("app.web", "app.grpc", "app.batch", "app.server", "app.supervisor", "app.main")
-# What an edge may import from the core: the data plane and the types that cross it; the engine for
-# the edges that build one (the batch runner and the Ray job); pure image functions for Ray's decode tasks.
-EDGE_MAY_IMPORT = {
-    "app.core.data_plane",
-    "app.core.description",
-    "app.core.errors",
-    "app.core.request",
-    "app.core.metrics",
+EDGES = ("app.web", "app.grpc", "app.batch", "app.server", "app.serving", "app.workers", "app.main")
+
+# The rooms, each a package or a module standing alone, and what each may import, the layers below it.
+# The path of an image: an edge -> the contract -> the front -> the engine -> the batcher -> images ->
+# backends; telemetry beside every layer; the serving processes as one room over them all.
+BASE = {"app", "app.choices", "app.settings"}  # the version, the closed choices, the settings object
+MAY_IMPORT: dict[str, set[str]] = {
+    "app": set(),
+    "app.choices": set(),
+    "app.settings": {"app.choices"},
+    "app.telemetry": BASE,
+    "app.core.contract": BASE | {"app.telemetry"},
+    "app.core.images": BASE | {"app.telemetry", "app.core.contract"},
+    "app.core.backends": BASE | {"app.telemetry", "app.core.contract", "app.core.images"},
+    "app.core.batcher": BASE | {"app.telemetry", "app.core.contract"},
+    "app.core.front": BASE | {"app.telemetry", "app.core.contract"},
+    "app.core.engine": BASE
+    | {"app.telemetry", "app.core.contract", "app.core.images", "app.core.backends", "app.core.batcher"}
+    | {"app.core.front"},
+    "app.codecs": BASE | {"app.telemetry", "app.core.contract"},
+    # the edges: the contract only, and the engine where one is built (the batch runner, the Ray job, whose
+    # decode tasks also use the images' pure functions)
+    "app.web": BASE | {"app.telemetry", "app.core.contract", "app.codecs"},
+    "app.grpc": BASE | {"app.telemetry", "app.core.contract", "app.codecs"},
+    "app.batch": BASE | {"app.telemetry", "app.core.contract", "app.codecs", "app.core.engine", "app.core.images"},
+    "app.quantize": BASE | {"app.core.contract", "app.core.images", "app.core.backends", "app.batch"},
+    "app.startup": BASE | {"app.telemetry"},
+    "app.serving": BASE | {"app.telemetry", "app.core.front", "app.web", "app.grpc"},
+    "app.workers": BASE
+    | {"app.telemetry", "app.core.contract", "app.core.front", "app.core.images", "app.core.engine"}
+    | {"app.serving", "app.startup"},
+    "app.server": BASE | {"app.telemetry", "app.core.engine", "app.serving", "app.workers", "app.startup", "app.web"},
+    "app.main": {"app.server"},
+    "app.__main__": {"app.server", "app.startup"},
 }
-BUILDS_ENGINE = {"app.batch.__main__", "app.batch.ray_job", "app.server", "app.supervisor"}
-# What the process owners build for VIT_WORKERS > 1: the engine served to front-ends, a data plane over it.
-SERVING_PROCESSES = {
-    "app.server": {"app.core.remote"},
-    "app.supervisor": {"app.core.engine_host", "app.core.remote", "app.core.shared_memory"},
-}
-RAY_DECODE = {"app.core.decode", "app.core.preprocess"}
+ROOMS = sorted(MAY_IMPORT, key=len, reverse=True)
 
 
-PROBED = ("app.core", "app.codecs", "app.batch", "model", "app.web.app")
+def room(module: str) -> str | None:
+    """The room `module` belongs to (None: outside app)."""
+    return next((r for r in ROOMS if module == r or module.startswith(r + ".")), None)
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def app_imports(path: Path) -> set[str]:
+    """The app modules a source file imports, at any depth of the file."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            found |= {n for n in names if n == "app" or n.startswith("app.")}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("app.")}
+    return found
+
+
+def room_graph(root: Path) -> dict[str, set[str]]:
+    """For each room: the other rooms its modules import."""
+    graph: dict[str, set[str]] = {r: set() for r in MAY_IMPORT}
+    for path in sorted((root / "app").rglob("*.py")):
+        if "proto" in path.parts and path.name.endswith("_pb2.py"):
+            continue  # generated
+        mine = room(module_name(path, root))
+        assert mine is not None, f"{path} is in no room of MAY_IMPORT: add its package there"
+        for imported in app_imports(path):
+            theirs = room(imported)
+            if theirs is not None and theirs != mine and not (theirs == "app" and imported != "app"):
+                graph[mine].add(theirs)
+    return graph
+
+
+def test_every_room_imports_only_the_layers_below_it() -> None:
+    wrong = {r: sorted(used - MAY_IMPORT[r]) for r, used in room_graph(ROOT).items() if used - MAY_IMPORT[r]}
+    assert wrong == {}
+
+
+def test_the_rooms_have_no_cycle() -> None:
+    try:
+        list(TopologicalSorter(room_graph(ROOT)).static_order())
+    except CycleError as e:
+        pytest.fail(f"an import cycle between rooms: {e.args[1]}")
+
+
+def test_the_room_rules_can_fail(tmp_path: Path) -> None:
+    """A copy of app/ where the contract imports the engine breaks both rules."""
+    subprocess.run(["cp", "-r", str(ROOT / "app"), str(tmp_path / "app")], check=True)
+    contract = tmp_path / "app" / "core" / "contract" / "request.py"
+    contract.write_text(contract.read_text() + "\nfrom app.core.engine.engine import Engine  # noqa\n")
+    graph = room_graph(tmp_path)
+    assert "app.core.engine" in graph["app.core.contract"] - MAY_IMPORT["app.core.contract"]
+    with pytest.raises(CycleError):
+        list(TopologicalSorter(graph).static_order())
+
+
+PROBED = ("app.core", "app.telemetry", "app.codecs", "app.batch", "model", "app.web.app")
 # Every layer imports these; the probe loads them once, before it forks a fresh child per package.
 SHARED_BY_ALL = ("numpy", "PIL.Image", "safetensors.torch", "torch")
 PROBE = """
@@ -92,8 +172,14 @@ def under(modules: list[str], *prefixes: str) -> list[str]:
 
 def test_the_core_imports_no_codec_edge_grpc_or_web_framework(loaded: dict[str, list[str]]) -> None:
     core = loaded["app.core"]
-    assert under(core, "app.core.engine", "app.core.data_plane"), "the probe imported the core"
+    assert under(core, "app.core.engine.engine", "app.core.contract.data_plane"), "the probe imported the core"
     assert under(core, "app.codecs", *EDGES, "grpc", *WEB_FRAMEWORKS) == []
+
+
+def test_telemetry_imports_no_layer_and_no_web_framework(loaded: dict[str, list[str]]) -> None:
+    telemetry = loaded["app.telemetry"]
+    assert under(telemetry, "app.telemetry.tracing", "app.telemetry.metrics")
+    assert under(telemetry, "app.core", "app.codecs", *EDGES, "grpc", *WEB_FRAMEWORKS) == []
 
 
 def test_codecs_import_no_edge_and_no_web_framework(loaded: dict[str, list[str]]) -> None:
@@ -114,41 +200,6 @@ def test_the_probe_can_fail(loaded: dict[str, list[str]]) -> None:
     """The same probe sees FastAPI when the web edge is imported, and each package in a child of its own."""
     assert "fastapi" in loaded["app.web.app"]
     assert under(loaded["model"], "app") == [] and under(loaded["app.core"], "app.core")
-
-
-def core_imports(path: Path) -> set[str]:
-    """The app.core modules a source file imports (at any depth of the file)."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("app.core"):
-            found.add(node.module)
-        elif isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name.startswith("app.core")}
-    return found
-
-
-EDGE_FILES = [
-    *sorted(path for folder in ("web", "grpc", "batch") for path in (ROOT / "app" / folder).glob("*.py")),
-    ROOT / "app" / "server.py",
-    ROOT / "app" / "supervisor.py",
-    ROOT / "app" / "main.py",
-]
-
-
-@pytest.mark.parametrize("path", EDGE_FILES, ids=lambda p: str(p.relative_to(ROOT)))
-def test_edges_reach_the_core_only_through_the_data_plane(path: Path) -> None:
-    module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
-    allowed = set(EDGE_MAY_IMPORT)
-    if module in BUILDS_ENGINE:
-        allowed.add("app.core.engine")
-    if module == "app.batch.ray_job":
-        allowed |= RAY_DECODE
-    allowed |= SERVING_PROCESSES.get(module, set())
-    assert core_imports(path) <= allowed, f"{module} imports {sorted(core_imports(path) - allowed)}"
-
-
-def test_the_edge_rule_can_fail() -> None:
-    assert core_imports(ROOT / "app" / "core" / "engine.py") > EDGE_MAY_IMPORT - {"app.core.metrics"}
 
 
 def imported_packages(folder: Path) -> set[str]:

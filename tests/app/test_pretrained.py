@@ -123,7 +123,7 @@ def test_serving_imports_neither_the_libraries_nor_training_code(pretrained: Cal
 import asyncio, io, sys
 import httpx
 from PIL import Image
-from app.core.engine import Engine
+from app.core.engine.engine import Engine
 from app.web.app import create_app
 from app.settings import Settings
 

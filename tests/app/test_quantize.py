@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.core.inference import Predictor
-from app.core.onnx_backend import OnnxExportError, int8_graph_path
-from app.core.preprocess import Preprocessor
+from app.core.backends.onnx_runtime import OnnxExportError, int8_graph_path
+from app.core.backends.predictor import Predictor
+from app.core.images.prepare import Preprocessor
 from app.quantize import main
 from app.settings import BUNDLED_WEIGHTS
 from harness.images import encode

@@ -6,7 +6,7 @@ import inspect
 
 import pytest
 
-import app.core.errors as errors
+import app.core.contract.errors as errors
 from app.grpc.server import STATUS as GRPC_STATUS
 from app.web.errors import PREDICT_STATUS, V2_STATUS
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import httpx
 
-from app.core.engine import Engine
-from app.core.served_model import ServedModel
+from app.core.engine.engine import Engine
+from app.core.engine.served_model import ServedModel
 from app.settings import Settings
 from app.web.app import create_app
 

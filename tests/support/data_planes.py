@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from app.core.data_plane import Inference, InferenceRequest, Limits
-from app.core.description import ModelDescription, ModelStatus
-from app.core.errors import NotReady
-from app.core.metrics import Metrics
-from app.core.statistics import ModelStatistics
+from app.core.contract.data_plane import Inference, InferenceRequest, Limits
+from app.core.contract.description import ModelDescription, ModelStatus
+from app.core.contract.errors import NotReady
+from app.telemetry.metrics import Metrics
+from app.telemetry.statistics import ModelStatistics
 
 T = TypeVar("T")
 

@@ -8,8 +8,8 @@ import json
 import torch
 
 from app.codecs.predict import PredictResponse, encode_predict_response, image_result
-from app.core.engine import Engine
-from app.core.request import Prediction
+from app.core.contract.request import Prediction
+from app.core.engine.engine import Engine
 
 CLASSES = ["a", "b", "c", "d"]
 

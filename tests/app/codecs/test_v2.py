@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from app.codecs.v2 import decode_request, encode_response, model_metadata, split_body, split_bytes_elements
-from app.core.engine import Engine
-from app.core.errors import InvalidInput
-from app.core.request import EncodedImage, Prediction
+from app.core.contract.errors import InvalidInput
+from app.core.contract.request import EncodedImage, Prediction
+from app.core.engine.engine import Engine
 
 SHAPE = (3, 32, 32)
 

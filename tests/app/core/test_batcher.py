@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 from app.core.batcher import DynamicBatcher
-from app.core.errors import InferenceFailed, NotReady, Overloaded, RequestTimeout
+from app.core.contract.errors import InferenceFailed, NotReady, Overloaded, RequestTimeout
 
 
 class Recorder:

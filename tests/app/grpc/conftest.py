@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from app.codecs.proto.service_pb2_grpc import GRPCInferenceServiceStub
-from app.core.engine import Engine
+from app.core.engine.engine import Engine
 from app.grpc.server import GrpcServer
 from app.settings import Settings
 from harness.server import free_port

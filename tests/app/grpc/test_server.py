@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from app.codecs.proto import messages_pb2 as pb
-from app.core.request import EncodedImage, InferOptions
+from app.core.contract.request import EncodedImage, InferOptions
 from harness.images import encode
 from model.shapes import make_sample
 from tests.app.grpc.conftest import Edge, EdgeFactory

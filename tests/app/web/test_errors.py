@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.core.engine import Engine
+from app.core.engine.engine import Engine
 from app.settings import Settings
 from app.web.app import create_app
 from harness.images import encode, png_with_header

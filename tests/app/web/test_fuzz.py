@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from app.core.engine import Engine
+from app.core.engine.engine import Engine
 from app.settings import Settings
 from app.web.app import create_app
 from harness.images import encode

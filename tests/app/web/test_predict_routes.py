@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from app.core.engine import Engine
+from app.core.engine.engine import Engine
 from app.settings import Settings
 from app.web import multipart, uploads
 from app.web.app import create_app
@@ -54,7 +54,7 @@ async def test_served_probabilities_match_the_model(client: httpx.AsyncClient, t
     """The service's output equals the checkpoint's model run on the same preprocessing."""
     import torch
 
-    from app.core.preprocess import Preprocessor
+    from app.core.images.prepare import Preprocessor
 
     ckpt = load_checkpoint(tiny_checkpoint)
     image = make_sample(5, 3).image
@@ -361,8 +361,8 @@ async def test_a_large_jpeg_is_decoded_as_vit_jpeg_draft_says(
 ) -> None:
     """The tiny checkpoint resizes to 32 px: a 400x300 JPEG decodes at 1/8 scale (50x38) unless turned off;
     the answer is the model's on that decode, and an overlay is drawn on the image as sent."""
-    from app.core.decode import decode_image
-    from app.core.preprocess import Preprocessor
+    from app.core.images.decode import decode_image
+    from app.core.images.prepare import Preprocessor
 
     rng = torch.Generator().manual_seed(0)
     pixels = (torch.rand(300, 400, 3, generator=rng) * 255).to(torch.uint8).numpy()

@@ -6,6 +6,7 @@ import asyncio
 import re
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -41,6 +42,15 @@ def scrape(server: Server, name: str) -> float:
 def rss_mb(pid: int) -> float:
     status = Path(f"/proc/{pid}/status").read_text()
     return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) / 1024  # type: ignore[union-attr]
+
+
+async def until(condition: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
+    """Wait for `condition` (checked on a thread: it may make a blocking request), at most `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not await asyncio.to_thread(condition):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {timeout_s:.0f} s for {what}")
+        await asyncio.sleep(0.05)
 
 
 async def closed_loop(url: str, clients: int, seconds: float) -> int:
@@ -122,29 +132,24 @@ def test_disconnected_clients_are_not_computed(tmp_path: Path) -> None:
     ) as server:
         rss_before = rss_mb(server.proc.pid)
 
-        async def impatient(n: int) -> int:
-            gave_up = 0
-            # Long enough for the server to queue the images even on a busy machine (with 0.3 s a client
-            # could give up before its request was read: nothing queued, so nothing to drop), and shorter
-            # than the seconds one thread takes for the 120 images.
-            async with httpx.AsyncClient(base_url=server.url, timeout=1.0) as client:
+        async def leave_once_queued(n: int) -> int:
+            """`n` clients send an image each; once the server holds images of theirs in its queue, every client
+            still waiting hangs up. How many hung up."""
+            async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+                sent = [
+                    asyncio.create_task(client.post("/predict", files={"file": ("a.png", PNG, "image/png")}))
+                    for _ in range(n)
+                ]
+                await until(lambda: scrape(server, "vit_queue_depth") >= 8, "8 images queued")
+                waiting = [task for task in sent if not task.done()]
+                for task in waiting:
+                    task.cancel()
+                await asyncio.gather(*sent, return_exceptions=True)
+            return len(waiting)
 
-                async def one() -> None:
-                    nonlocal gave_up
-                    try:
-                        await client.post("/predict", files={"file": ("a.png", PNG, "image/png")})
-                    except httpx.TimeoutException:
-                        gave_up += 1  # the client hangs up with its request still queued
-
-                await asyncio.gather(*(one() for _ in range(n)))
-            return gave_up
-
-        gave_up = asyncio.run(impatient(120))
+        gave_up = asyncio.run(leave_once_queued(120))
         assert gave_up > 0
-        deadline = time.monotonic() + 30
-        while scrape(server, "vit_queue_depth") > 0 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(0.5)
+        asyncio.run(until(lambda: scrape(server, "vit_queue_depth") == 0, "an empty queue"))
         processed = scrape(server, "vit_images_processed_total")
         dropped = scrape(server, "vit_images_dropped_total")
         assert dropped > 0, "queued images of clients that left should be dropped"

@@ -15,7 +15,7 @@ import tritonclient.http as triton
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
-from app.core.preprocess import Preprocessor
+from app.core.images.prepare import Preprocessor
 from app.settings import BUNDLED_WEIGHTS
 from harness.images import encode
 from harness.server import Server

@@ -1,0 +1,2 @@
+"""The forward step: the predictor (torch, CUDA graphs on a GPU) and the ONNX Runtime graph; the only code
+that touches the device."""

@@ -1,0 +1,60 @@
+"""What an edge may know of the served models: core types that the codecs encode, never the predictor's internals."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from app.choices import Backend, DecodedOn, ModelState, Precision, Quantization
+from app.core.contract.errors import InvalidInput
+
+
+@dataclass(frozen=True)
+class ModelDescription:
+    """One served model version: its identity, its tensors and how it computes."""
+
+    name: str
+    version: str  # the checkpoint's content-hash version
+    content_hash: str
+    classes: list[str]  # the labels, by class index
+    input_shape: tuple[int, int, int]  # (channels, height, width) of one preprocessed image
+    grid_size: int  # rows (and columns) of the patch grid: an attention map's size
+    embedding_dim: int
+    backend: Backend
+    precision: Precision
+    quantization: Quantization | None  # with int8: how the graph was made
+    device: str
+    dtype: str  # of the model's weights on the device
+    decode: DecodedOn  # where plain JPEGs are decoded
+    config: dict[str, Any]  # the architecture, as the checkpoint stores it
+    preprocessing: dict[str, Any]
+    training: dict[str, Any]
+
+    def class_index(self, target: str | None) -> int | None:
+        """A class label, or its index, as the class index a gradient map explains; None for None (the top-1)."""
+        return class_index(self.name, self.classes, target)
+
+
+def class_index(model: str, classes: list[str], target: str | None) -> int | None:
+    """A class label, or its index, as the class index a gradient map explains; None for None (the top-1)."""
+    if target is None:
+        return None
+    if target in classes:
+        return classes.index(target)
+    if target.isdigit() and int(target) < len(classes):
+        return int(target)
+    n = len(classes)
+    shown = ", ".join(classes[:10]) + (f", ... ({n} in all)" if n > 10 else "")
+    raise InvalidInput(
+        f"target {target!r} names no class of model {model}; give a label or an index 0..{n - 1}: {shown}"
+    )
+
+
+@dataclass(frozen=True)
+class ModelStatus:
+    """One model's line in the repository index."""
+
+    name: str
+    state: ModelState
+    version: str = ""  # the version serving (or loading, or last served)
+    reason: str = ""  # why it is UNAVAILABLE

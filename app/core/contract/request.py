@@ -1,0 +1,67 @@
+"""What an edge hands the core and gets back: images or pixels, the options, one prediction per image."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from torch import Tensor
+
+from app.core.contract.errors import InvalidInput
+from model.rollout import MapMethod
+
+AttentionKind = Literal["none", MapMethod]  # the map asked for; "none": probabilities only
+ATTENTION_KINDS: tuple[str, ...] = get_args(AttentionKind)
+
+
+@dataclass(frozen=True)
+class EncodedImage:
+    """One image file as sent (JPEG, PNG, ...), decoded by the core."""
+
+    filename: str
+    data: bytes
+
+
+@dataclass(frozen=True)
+class DecodedImage:
+    """An image file already decoded and preprocessed for one model version where it arrived (a serving
+    front-end, VIT_WORKERS > 1). The engine batches `pixels` as they are while that version serves; after a
+    reload it decodes `data` again for the version then serving."""
+
+    filename: str
+    data: bytes  # the file as sent
+    version: str  # the model version it was prepared for
+    pixels: Tensor | None  # (C, H, W) float32; None: a plain JPEG, checked, that the GPU decodes with its batch
+    decode_s: float  # the time it took, counted in the model's compute_input statistics
+
+
+@dataclass(frozen=True)
+class InferOptions:
+    """What to compute for every image of a request; checked when built, so no edge repeats the rules."""
+
+    attention: AttentionKind = "none"
+    target: str | None = None  # with attention=gradient: the class to explain, label or index (None: top-1)
+    overlay: bool = False  # also draw the map over the image as a PNG
+    embedding: bool = False  # also return the embedding the classification head receives
+    normalize: bool = False  # with embedding: L2-normalised
+
+    def __post_init__(self) -> None:
+        if self.attention not in ATTENTION_KINDS:
+            raise InvalidInput(f"attention must be one of {', '.join(ATTENTION_KINDS)}; got {self.attention!r}")
+        if self.overlay and self.attention == "none":
+            raise InvalidInput("overlay=true draws an attention map: also pass attention=rollout, last or gradient")
+        if self.target is not None and self.attention != "gradient":
+            raise InvalidInput("target chooses the class a gradient map explains: also pass attention=gradient")
+        if self.normalize and not self.embedding:
+            raise InvalidInput("normalize=true L2-normalises the embedding: also pass embedding=true")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The core's answer for one image; each protocol encodes it its own way."""
+
+    filename: str
+    probabilities: Tensor  # (num_classes,) float32 on the CPU
+    attention_map: Tensor | None  # (grid, grid) in [0, 1], when asked for
+    overlay_png: bytes | None  # the map over the image, when asked for
+    embedding: Tensor | None = None  # (dim,) float32 on the CPU, when asked for

@@ -1,0 +1,379 @@
+"""The engine: the data plane whose compute step runs in this process, owning every served model,
+readiness and shutdown.
+
+`Engine.load` builds it whole (models loaded and warm); `start` runs it on the event loop, `shutdown`
+answers what it admitted and stops; `Engine.serving` does all three around a block. Edges reach it only
+through the `DataPlane` members (written once in `app.core.front`); the rest (`model`, `run`, `served`,
+`model_set`) is the core's own.
+
+A request's path here, each step adding one thing: `run` answers from the response cache what it holds,
+`counted` counts the rest in the version's statistics, `predicted` takes them through the model's batcher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import gc
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import torch
+from opentelemetry.util.types import AttributeValue
+
+from app.core.backends.predictor import ImageOutput
+from app.core.contract.data_plane import Inference, InferenceRequest
+from app.core.contract.description import ModelDescription, ModelStatus
+from app.core.contract.errors import NOT_READY, InvalidInput, ModelNotFound, NotReady
+from app.core.contract.request import DecodedImage, EncodedImage, InferOptions, Prediction
+from app.core.engine.cache import PredictionCache, digest_images, digest_pixels
+from app.core.engine.model_set import ModelSet
+from app.core.engine.repository import FileStamp, Repository
+from app.core.engine.served_model import ServedModel, Wanted
+from app.core.front import Front
+from app.core.images.overlay import with_overlays
+from app.settings import Settings
+from app.telemetry.metrics import Metrics, ModelMetrics
+from app.telemetry.spans import child_span, record_span
+from app.telemetry.statistics import ModelStatistics, RequestTiming, StatisticsBook
+from model.device import cuda_unavailable_reason, resolve_device
+
+log = logging.getLogger("app")
+
+
+class Engine(Front):
+    """A `DataPlane` whose compute step runs in this process, on the models it owns."""
+
+    def __init__(
+        self, settings: Settings, metrics: Metrics, models: ModelSet, statistics: StatisticsBook | None = None
+    ) -> None:
+        super().__init__(settings, metrics, cpu_threads=8)
+        self.book = statistics or StatisticsBook()
+        self.model_set = models
+        self.cache = PredictionCache(settings.cache_bytes, metrics) if settings.cache_bytes else None
+        self.is_ready = False  # what readiness probes are told
+        self.taking_requests = False  # whether requests are taken (also while draining)
+        self.started = False
+        self.froze_heap = False  # by `start`, for its owner
+
+    @classmethod
+    def load(cls, settings: Settings, metrics: Metrics | None = None) -> Engine:
+        """Load and warm up every model (blocking; run off the event loop)."""
+        metrics = metrics or Metrics()
+        statistics = StatisticsBook()
+        if settings.threads:
+            torch.set_num_threads(settings.threads)
+        try:
+            device = resolve_device(settings.device)
+        except ValueError as e:
+            raise ValueError(f"VIT_DEVICE: {e}") from None
+        if settings.device == "auto" and device.type == "cpu" and (reason := cuda_unavailable_reason()):
+            log.warning("serving on the CPU: %s", reason)
+
+        def build(name: str, path: Path) -> ServedModel:
+            return ServedModel.load(name, path, settings, device, ModelMetrics(metrics, name, statistics))
+
+        repository = Repository(settings.model_repository) if settings.model_repository else None
+        files = repository.scan() if repository else {}
+        served = {}
+        for name, path in startup_models(settings, repository, files).items():
+            started = time.perf_counter()
+            served[name] = build(name, path)
+            metrics.model_load_seconds.observe(time.perf_counter() - started)
+        s = settings
+        models = ModelSet(served, build, repository, s.model_control, metrics, s.drain_timeout_s, files)
+        return cls(s, metrics, models, statistics)
+
+    @classmethod
+    @asynccontextmanager
+    async def serving(
+        cls, settings: Settings, metrics: Metrics | None = None, freeze_heap: bool = False
+    ) -> AsyncIterator[Engine]:
+        """Loaded (on a thread), started on this event loop (see `start` for `freeze_heap`), and shut down
+        after the block."""
+        engine = await asyncio.to_thread(cls.load, settings, metrics)
+        engine.start(freeze_heap)
+        try:
+            yield engine
+        finally:
+            await engine.shutdown()
+
+    # The core's own view: served models as objects.
+    @property
+    def served(self) -> dict[str, ServedModel]:
+        """The models serving now, by name; the default first."""
+        return self.model_set.served
+
+    @property
+    def default(self) -> ServedModel | None:
+        """The model requests without a name go to: the first one loaded (VIT_MODELS' first)."""
+        return next(iter(self.served.values()), None)
+
+    def model(self, name: str | None, version: str | None = None) -> ServedModel:
+        """The model called `name` (the default one for None), at `version` when one is given."""
+        return self.served[self.describe(name, version).name]
+
+    def start(self, freeze_heap: bool = False) -> None:
+        """Start every model's batcher; ready once all are loaded, warm and running.
+
+        With `freeze_heap`, asked by the process's owner (`python -m app`, the engine process, the batch
+        runner), everything alive now (torch, the models) is collected once and frozen until shutdown: no
+        longer walked by each full collection, which under load stopped every thread for ~200 ms and made
+        the p99 (see vit_gc_pause_seconds). An engine inside another program (an in-process app, a test)
+        leaves that program's collector alone."""
+        if freeze_heap:
+            gc.collect()
+            gc.freeze()
+        self.froze_heap = freeze_heap
+        self.metrics.watch_gc()
+        for model in self.served.values():
+            model.batcher.start()
+        self.model_set.start_polling(self.settings.repository_poll_s)
+        self.started = True
+        self.taking_requests = True
+        self.is_ready = True
+        self.metrics.ready.set(1)
+
+    # The Front's compute step.
+    def models(self) -> list[ModelDescription]:
+        return [m.description for m in self.served.values()]
+
+    def ready(self) -> bool:
+        return self.is_ready
+
+    def check_serving(self) -> None:
+        if not self.taking_requests:
+            raise NotReady(NOT_READY)
+
+    async def compute(self, model: ModelDescription, request: InferenceRequest) -> Inference:
+        return await self.run(self.served[model.name], request.inputs, request.options, request.timeout_s)
+
+    async def repository_index(self, ready_only: bool = False) -> list[ModelStatus]:
+        return await self.run_in_pool(self.model_set.index, ready_only)
+
+    async def statistics(self, name: str | None = None, version: str | None = None) -> list[ModelStatistics]:
+        found = self.book.select(name, version)
+        if name is not None and not found:
+            asked = f"model {name!r}" + (f" version {version!r}" if version is not None else "")
+            raise ModelNotFound(f"{asked} has no statistics: it has never served here; known: {self.model_set.names()}")
+        return found
+
+    async def load_model(self, name: str) -> None:
+        await self.model_set.load(name)
+
+    async def unload_model(self, name: str) -> None:
+        await self.model_set.unload(name)
+
+    # A request's path, for a model already looked up: the cache, then statistics, then the batcher.
+    async def run(
+        self,
+        model: ServedModel,
+        inputs: Sequence[EncodedImage | DecodedImage] | torch.Tensor,
+        options: InferOptions,
+        timeout_s: float | None = None,
+    ) -> Inference:
+        """Predictions for image files (as sent, or decoded by a front-end), or for preprocessed pixels
+        (N, C, H, W), in input order; from the response cache where it holds them (VIT_CACHE_BYTES).
+
+        A model replaced since it was looked up answers with its new version; one unloaded since, not at
+        all. `timeout_s` shortens VIT_REQUEST_TIMEOUT_S (a gRPC client's deadline).
+        """
+        if self.cache is None or len(inputs) == 0:
+            return await self.counted(model, inputs, options, timeout_s)
+        started = time.monotonic()
+        # SHA-256 takes about 0.7 ms per MB here: past 256 KB, on the pool
+        if isinstance(inputs, torch.Tensor):
+            large = inputs.numel() * inputs.element_size() > 1 << 18
+            digests = await self.run_in_pool(digest_pixels, inputs) if large else digest_pixels(inputs)
+            names = [f"pixels[{i}]" for i in range(len(inputs))]
+        else:
+            large = sum(len(i.data) for i in inputs) > 1 << 18
+            digests = await self.run_in_pool(digest_images, list(inputs)) if large else digest_images(inputs)
+            names = [i.filename for i in inputs]
+        model = self.model_set.current(model)  # replaced while the digests were taken: its successor answers
+        target = model.target_index(options.target)
+        keys = [self.cache.key(model.name, model.version, options, target, d) for d in digests]
+        looked_up = time.monotonic() - started
+
+        async def compute(indices: list[int]) -> list[Prediction]:
+            done = await self.counted(model, pick(inputs, indices), options, timeout_s)
+            if done.model.version != model.version:  # replaced meanwhile: nothing of the old version is kept
+                raise VersionChanged
+            return done.predictions
+
+        try:
+            found = await self.cache.through(model.name, keys, compute, self.time_limit(timeout_s))
+        except VersionChanged:
+            return await self.counted(model, inputs, options, timeout_s)
+        stats = self.book.of(model.name, model.version)
+        per_image = looked_up / len(keys)
+        stats.cache_hit.add(per_image * found.hits, count=found.hits)
+        stats.cache_miss.add(per_image * found.misses, count=found.misses)
+        if found.computed:
+            stats.inference_count += found.hits - found.recomputed  # the computed ones are counted by `counted`
+        else:  # answered from the cache alone: a request of its own
+            stats.answered(len(keys), time.monotonic() - started)
+        predictions = [dataclasses.replace(p, filename=name) for p, name in zip(found.predictions, names, strict=True)]
+        return Inference(model.description, predictions)
+
+    async def counted(
+        self,
+        model: ServedModel,
+        inputs: Sequence[EncodedImage | DecodedImage] | torch.Tensor,
+        options: InferOptions,
+        timeout_s: float | None = None,
+    ) -> Inference:
+        """`predicted`, counted in the model version's statistics under an `infer` span."""
+        model = self.model_set.current(model)  # no await from here until the batcher has admitted the request
+        stats = self.book.of(model.name, model.version)
+        started = time.monotonic() - decoded_before(inputs)
+        attributes: dict[str, AttributeValue] = {
+            "vit.model.name": model.name,
+            "vit.model.version": model.version,
+            "vit.backend": model.description.backend,
+            "vit.device": model.description.device,
+            "vit.images": len(inputs),
+        }
+        try:
+            with child_span("infer", attributes):
+                done, timing = await self.predicted(model, inputs, options, timeout_s, started)
+        except Exception:
+            stats.fail.add(time.monotonic() - started)
+            raise
+        stats.answered(len(done.predictions), time.monotonic() - started)
+        stats.queue.add(timing.queue)
+        stats.compute_input.add(timing.compute_input)
+        stats.compute_infer.add(timing.compute_infer)
+        stats.compute_output.add(timing.compute_output)
+        return done
+
+    async def predicted(
+        self,
+        model: ServedModel,
+        inputs: Sequence[EncodedImage | DecodedImage] | torch.Tensor,
+        options: InferOptions,
+        timeout_s: float | None,
+        started: float,
+    ) -> tuple[Inference, RequestTiming]:
+        """Through the model's batcher into predictions (overlays drawn on the pool), and where the time went."""
+        wanted = Wanted(options.attention, model.target_index(options.target), options.embedding)
+        deadline = time.monotonic() + self.time_limit(timeout_s)
+        if isinstance(inputs, torch.Tensor):
+            if options.overlay:
+                raise InvalidInput("an overlay is drawn over the image file: send images, not pixels")
+            if tuple(inputs.shape[1:]) != model.input_shape:  # checked by the edge against a replaced version
+                raise InvalidInput(
+                    f"model {model.name} (version {model.version}) takes pixels of shape "
+                    f"[-1, {', '.join(map(str, model.input_shape))}], got {list(inputs.shape)}"
+                )
+            submitted = time.monotonic()
+            outputs = await model.run_pixels(inputs, wanted, deadline)
+            received = time.monotonic()
+            names = [f"pixels[{i}]" for i in range(len(outputs))]
+        else:
+            prepared, outputs, submitted = await model.run_images(
+                inputs, wanted, options.overlay, self.cpu_pool, deadline
+            )
+            received = time.monotonic()
+            names = [p.filename for p in prepared]
+        predictions = [prediction(n, o, options.normalize) for n, o in zip(names, outputs, strict=True)]
+        if options.overlay and not isinstance(inputs, torch.Tensor):  # PNG encoding of every map: milliseconds each
+            predictions = await self.run_in_pool(with_overlays, predictions, [p.image for p in prepared])
+        record_span("queue", submitted, max((o.batch.started for o in outputs if o.batch), default=submitted))
+        timing = request_timing(started, submitted, received, time.monotonic(), outputs)
+        return Inference(model.description, predictions), timing
+
+    def time_limit(self, timeout_s: float | None) -> float:
+        """VIT_REQUEST_TIMEOUT_S, shortened to `timeout_s` where one is given."""
+        limit = self.settings.request_timeout_s
+        return limit if timeout_s is None else min(timeout_s, limit)
+
+    def begin_drain(self) -> None:
+        self.is_ready = False
+        self.metrics.ready.set(0)
+
+    async def shutdown(self, timeout_s: float | None = None) -> None:
+        """Turn unready, answer every accepted image of every model (within `timeout_s`, default
+        VIT_DRAIN_TIMEOUT_S), then stop."""
+        self.begin_drain()
+        self.taking_requests = False
+        await self.model_set.close()  # a change under way finishes first
+        timeout = self.settings.drain_timeout_s if timeout_s is None else timeout_s
+        if not self.started:  # loaded, never served: nothing was admitted
+            timeout = 0.0
+        drained = await asyncio.gather(*(m.batcher.drain(timeout) for m in self.served.values()))
+        for model, ok in zip(self.served.values(), drained, strict=True):
+            if not ok and self.started:
+                queued = model.batcher.queue_depth
+                log.warning("model %s: drain timed out after %.1fs with %d images queued", model.name, timeout, queued)
+            await model.batcher.stop()
+        self.cpu_pool.shutdown(wait=False, cancel_futures=True)
+        if self.started:
+            self.metrics.unwatch_gc()
+        if self.froze_heap:
+            gc.unfreeze()  # back to the collector: the program may go on (the batch runner's caller, a test)
+
+
+def startup_models(settings: Settings, repository: Repository | None, files: dict[str, FileStamp]) -> dict[str, Path]:
+    """The checkpoints loaded before the service is ready, by model name, the default first.
+
+    Without a repository: VIT_MODELS (or VIT_WEIGHTS). With one: VIT_MODELS' names, then, unless the
+    control mode is explicit, every other model file in it.
+    """
+    if repository is None:
+        return settings.model_paths()
+    named = settings.model_names()
+    if missing := [n for n in named if n not in files]:
+        raise ValueError(
+            f"VIT_MODELS names {', '.join(missing)}, but VIT_MODEL_REPOSITORY {repository.root} has no such "
+            f"model file (NAME.safetensors); it has: {', '.join(files) or 'none'}"
+        )
+    names = named if settings.model_control == "explicit" else named + [n for n in files if n not in named]
+    if not names and settings.model_control == "none":
+        raise ValueError(f"VIT_MODEL_REPOSITORY {repository.root} holds no model file (NAME.safetensors) to serve")
+    return {name: repository.path(name) for name in names}
+
+
+def request_timing(
+    started: float, submitted: float, received: float, done: float, outputs: list[ImageOutput]
+) -> RequestTiming:
+    """Where a request's time went (app.telemetry.statistics): it waits for the slowest of its batches."""
+    batches = [o.batch for o in outputs if o.batch is not None]
+    if not batches:
+        return RequestTiming(0.0, submitted - started, received - submitted, done - received)
+    return RequestTiming(
+        queue=max(0.0, max(b.started for b in batches) - submitted),
+        compute_input=(submitted - started) + max(b.input_s for b in batches),
+        compute_infer=max(b.infer_s for b in batches),
+        compute_output=max(b.output_s for b in batches) + (done - received),
+    )
+
+
+def decoded_before(inputs: Sequence[EncodedImage | DecodedImage] | torch.Tensor) -> float:
+    """The time a front-end spent decoding a request's images before it reached the engine (they decode
+    together: the longest)."""
+    if isinstance(inputs, torch.Tensor):
+        return 0.0
+    return max((i.decode_s for i in inputs if isinstance(i, DecodedImage)), default=0.0)
+
+
+class VersionChanged(Exception):
+    """The model was replaced while a request's images were computed."""
+
+
+def pick(
+    inputs: Sequence[EncodedImage | DecodedImage] | torch.Tensor, indices: list[int]
+) -> list[EncodedImage | DecodedImage] | torch.Tensor:
+    if isinstance(inputs, torch.Tensor):
+        return inputs[indices]
+    return [inputs[i] for i in indices]
+
+
+def prediction(filename: str, output: ImageOutput, normalize: bool) -> Prediction:
+    embedding = output.embedding
+    if embedding is not None and normalize:
+        embedding = torch.nn.functional.normalize(embedding, dim=0)
+    return Prediction(filename, output.probabilities, output.attention_map, None, embedding)

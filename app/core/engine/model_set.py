@@ -1,0 +1,240 @@
+"""The served models by name, and every change to them while serving: load, reload, unload, and polling a repository.
+
+A reload builds the new version beside the old one (loaded and warmed on a thread), then switches:
+requests already admitted finish on the old version, new ones go to the new one. An unload stops
+admitting (new requests get ModelNotFound), answers what it admitted, then frees the model. A load
+that fails leaves any serving version in place and shows as UNAVAILABLE, with the reason, in the index.
+Changes happen one at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import ctypes.util
+import gc
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+
+from app.choices import ModelControl
+from app.core.contract.description import ModelStatus
+from app.core.contract.errors import LoadFailed, ModelNotFound, NotAllowed, NotReady, ServiceError
+from app.core.engine.repository import FileStamp, Repository, check_name
+from app.core.engine.served_model import ServedModel
+from app.telemetry.metrics import Metrics
+
+log = logging.getLogger("app")
+T = TypeVar("T")
+
+Build = Callable[[str, Path], ServedModel]  # loads and warms one checkpoint (blocking)
+
+
+class ModelSet:
+    def __init__(
+        self,
+        served: dict[str, ServedModel],
+        build: Build,
+        repository: Repository | None,
+        control: ModelControl,
+        metrics: Metrics,
+        drain_timeout_s: float,
+        stamps: dict[str, FileStamp] | None = None,
+    ) -> None:
+        self.served = served  # what edges look models up in, the default first
+        self.status = {name: ModelStatus(name, "READY", m.version) for name, m in served.items()}
+        self.build = build
+        self.repository = repository
+        self.control = control
+        self.metrics = metrics
+        self.drain_timeout_s = drain_timeout_s
+        self.stamps = stamps or {}  # poll mode: each file as it was when last loaded (or tried)
+        self.changes = asyncio.Lock()  # one change at a time
+        self.changing: set[asyncio.Task[Any]] = set()
+        self.closed = False
+        self.poller: asyncio.Task[None] | None = None
+        metrics.models_loaded.set(len(served))
+
+    def current(self, model: ServedModel) -> ServedModel:
+        """The version that now answers for `model`: itself, or what replaced it; ModelNotFound once unloaded."""
+        while model.retired:
+            if model.successor is None:
+                raise ModelNotFound(f"model {model.name!r} was unloaded; this service serves: {self.names()}")
+            model = model.successor
+        return model
+
+    def names(self) -> str:
+        return ", ".join(self.served) or "no model (load one through the model repository API)"
+
+    def index(self, ready_only: bool = False) -> list[ModelStatus]:
+        """Every model known here or held by the repository, by name."""
+        known = dict(self.status)
+        for name in self.repository.scan() if self.repository else ():
+            known.setdefault(name, ModelStatus(name, "UNAVAILABLE", reason="not loaded"))
+        rows = [known[name] for name in sorted(known)]
+        return [r for r in rows if r.state == "READY"] if ready_only else rows
+
+    # The repository API: explicit mode only, as Triton's --model-control-mode=explicit.
+    async def load(self, name: str) -> ServedModel:
+        self.check_explicit("load")
+        return await self.shielded(self.put(name))
+
+    async def unload(self, name: str) -> None:
+        self.check_explicit("unload")
+        await self.shielded(self.remove(name))
+
+    async def shielded(self, change: Coroutine[Any, Any, T]) -> T:
+        """Run a change to its end even when its caller is cancelled (a client gone, the poller stopped):
+        half made, it would leave a model LOADING for ever, or retired with its batcher still running."""
+        task = asyncio.get_running_loop().create_task(change)
+        self.changing.add(task)
+        task.add_done_callback(self.changing.discard)
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # its caller may be gone: no warning
+        return await asyncio.shield(task)
+
+    async def close(self) -> None:
+        """Stop polling and let a change under way finish; no change starts after this."""
+        await self.stop_polling()
+        async with self.changes:
+            self.closed = True
+
+    def check_explicit(self, change: str) -> None:
+        if self.repository is None or self.control != "explicit":
+            raise NotAllowed(
+                f"models cannot be {change}ed through the API when VIT_MODEL_CONTROL={self.control}; "
+                "set VIT_MODEL_REPOSITORY and VIT_MODEL_CONTROL=explicit"
+                + (" (poll mode follows the files in the repository)" if self.control == "poll" else "")
+            )
+
+    async def put(self, name: str) -> ServedModel:
+        """Load `name` from the repository, beside its serving version if any, then switch to it."""
+        if self.repository is None:
+            raise NotAllowed("no VIT_MODEL_REPOSITORY to load models from")
+        path = self.repository.path(name)
+        async with self.changes:
+            self.check_open()
+            old = self.served.get(name)
+            serving = old.version if old else ""
+            self.status[name] = ModelStatus(name, "LOADING", serving)
+            started = time.perf_counter()
+            try:
+                new = await asyncio.to_thread(self.build, name, path)
+            except Exception as e:  # any failure to load must leave the service as it was
+                reason = f"failed to load {path.name}: {e}" + (f"; version {serving} goes on serving" if old else "")
+                log.error("model %s: %s", name, reason)
+                self.metrics.model_load_failures.labels(name).inc()
+                self.status[name] = ModelStatus(name, "UNAVAILABLE", serving, reason)
+                raise LoadFailed(reason) from None
+            self.metrics.model_load_seconds.observe(time.perf_counter() - started)
+            new.batcher.start()
+            self.served[name] = new  # a reload keeps the name's place (and the default stays the default)
+            self.status[name] = ModelStatus(name, "READY", new.version)
+            self.metrics.models_loaded.set(len(self.served))
+            if old is None:
+                log.info("model %s: version %s loaded", name, new.version)
+            else:
+                log.info("model %s: version %s replaces %s", name, new.version, old.version)
+                old.retire(successor=new)
+                await self.drain(old)
+                del old
+                await asyncio.to_thread(release_memory)
+            return new
+
+    async def remove(self, name: str) -> None:
+        """Stop admitting requests for `name`, answer those admitted, then free it."""
+        check_name(name)
+        async with self.changes:
+            self.check_open()
+            model = self.served.pop(name, None)
+            if model is None:
+                if name not in self.status and not (self.repository and name in self.repository.scan()):
+                    raise ModelNotFound(f"no model named {name!r}; this service serves: {self.names()}")
+                return  # known, not loaded: nothing to do
+            model.retire(successor=None)
+            self.status[name] = ModelStatus(name, "UNLOADING", model.version)
+            self.metrics.models_loaded.set(len(self.served))
+            await self.drain(model)
+            self.status[name] = ModelStatus(name, "UNAVAILABLE", model.version, "unloaded")
+            log.info("model %s: version %s unloaded", name, model.version)
+            del model
+            await asyncio.to_thread(release_memory)
+
+    def check_open(self) -> None:
+        if self.closed:
+            raise NotReady("the service is shutting down; models no longer change")
+
+    async def drain(self, model: ServedModel) -> None:
+        """Answer what `model` admitted, then stop it (the caller drops it and releases the memory)."""
+        if not await model.batcher.drain(self.drain_timeout_s):
+            log.warning(
+                "model %s: drain timed out after %.1fs with %d images queued",
+                model.name,
+                self.drain_timeout_s,
+                model.batcher.queue_depth,
+            )
+        await model.batcher.stop()
+
+    def start_polling(self, interval_s: float) -> None:
+        if self.control == "poll":
+            self.poller = asyncio.get_running_loop().create_task(self.poll_forever(interval_s), name="repository-poll")
+
+    async def stop_polling(self) -> None:
+        if self.poller is not None:
+            self.poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.poller
+
+    async def poll_forever(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.sync()
+            except Exception:  # the next poll tries again; serving goes on
+                log.exception("polling the model repository failed")
+
+    async def sync(self) -> None:
+        """Load new files, reload changed ones, unload the models whose file is gone."""
+        if self.repository is None:
+            return
+        files = await asyncio.to_thread(self.repository.scan)
+        for name, stamp in files.items():
+            if self.stamps.get(name) != stamp:
+                self.stamps[name] = stamp  # tried once per change: a broken file waits for the next one
+                with contextlib.suppress(ServiceError):  # logged, and shown in the index
+                    await self.shielded(self.put(name))
+        for name in [n for n in self.stamps if n not in files]:
+            del self.stamps[name]
+            with contextlib.suppress(ServiceError):
+                await self.shielded(self.remove(name))
+
+
+def release_memory() -> None:
+    """Collect what a retired model leaves behind and hand freed pages back to the system."""
+    frozen = gc.get_freeze_count() > 0
+    if frozen:  # models loaded at startup were frozen with everything else (Engine.start)
+        gc.unfreeze()
+    gc.collect()
+    if frozen:
+        gc.freeze()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    if LIBC is not None:
+        LIBC.malloc_trim(0)
+
+
+def load_libc() -> ctypes.CDLL | None:
+    """glibc, whose malloc_trim returns freed heap to the system (a model's weights are hundreds of MB)."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+    return libc if libc is not None and hasattr(libc, "malloc_trim") else None
+
+
+LIBC = load_libc()

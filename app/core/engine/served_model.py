@@ -1,0 +1,233 @@
+"""One served checkpoint, built whole: its predictor, preprocessing and batcher, and the path of its images.
+
+decode (CPU pool, or a front-end's) -> preprocess -> DynamicBatcher -> Predictor (forward thread) -> outputs
+
+Every edge's requests for this model come through `run`, so they share the same decoding, limits,
+batches, deadlines and overload answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Sequence
+from concurrent.futures import Executor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import cast
+
+import torch
+
+from app.choices import BackendChoice
+from app.core.backends.onnx_runtime import ForeignGraph, OnnxExportError
+from app.core.backends.predictor import ImageInput, ImageOutput, Predictor, graph_sizes, resolve_backend
+from app.core.batcher import DynamicBatcher
+from app.core.contract.description import ModelDescription
+from app.core.contract.errors import TIMED_OUT, RequestTimeout
+from app.core.contract.request import AttentionKind, DecodedImage, EncodedImage
+from app.core.images.gpu_decode import GpuJpegDecoder, Jpeg
+from app.core.images.prepare import ImagePreparer, Prepared
+from app.settings import Settings
+from app.telemetry.metrics import ModelMetrics
+from app.telemetry.spans import record_span
+from model.checkpoint import Checkpoint, load_checkpoint
+
+log = logging.getLogger("app")
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """What to compute for each image of one request, with the target class resolved."""
+
+    attention: AttentionKind
+    target: int | None
+    embedding: bool
+
+    def input(self, pixels: torch.Tensor | Jpeg) -> ImageInput:
+        return ImageInput(pixels, self.attention, self.target, self.embedding)
+
+
+@dataclass
+class ServedModel:
+    name: str
+    checkpoint: Checkpoint
+    predictor: Predictor
+    preparer: ImagePreparer
+    batcher: DynamicBatcher[ImageInput, ImageOutput]
+    retired: bool = False  # replaced or unloaded: admits nothing new
+    successor: ServedModel | None = None  # the version that replaced it
+
+    @classmethod
+    def load(
+        cls, name: str, path: Path, settings: Settings, device: torch.device, metrics: ModelMetrics
+    ) -> ServedModel:
+        """Load the checkpoint onto the device and warm it up (blocking; run off the event loop)."""
+        checkpoint = load_checkpoint(path, device)
+        p = checkpoint.preprocessing
+        jpeg_decoder = None
+        if device.type == "cuda" and settings.decode == "auto":
+            on_cpu = ImagePreparer(p, settings.max_image_pixels, settings.jpeg_draft, gpu_jpegs=False)
+
+            def decode_on_cpu(jpeg: Jpeg) -> torch.Tensor:  # what nvJPEG rejects: PIL's pixels, or PIL's error
+                return cast("torch.Tensor", on_cpu.prepare(EncodedImage(jpeg.filename, jpeg.data), False).pixels)
+
+            jpeg_decoder = GpuJpegDecoder(p, device, decode_on_cpu)
+        graphs = graph_sizes(settings.max_batch_size) if settings.cuda_graphs else None
+        predictor = cls.build_predictor(
+            name, checkpoint, device, settings.backend, jpeg_decoder, graphs, settings.onnx_cache
+        )
+        # plain JPEGs are left encoded only for a predictor that decodes them (a fallback to torch has none)
+        gpu_jpegs = predictor.jpeg_decoder is not None
+        preparer = ImagePreparer(p, settings.max_image_pixels, settings.jpeg_draft, gpu_jpegs)
+        log.info(
+            "model %s: loaded %s (version %s, %d classes) on %s as %s, backend %s, JPEGs decoded on the %s",
+            name,
+            path,
+            checkpoint.version,
+            len(checkpoint.classes),
+            device,
+            predictor.dtype,
+            predictor.backend,
+            predictor.decode,
+        )
+        if settings.warmup:
+            predictor.warm_up(settings.max_batch_size)
+        s = settings
+        metrics.bind_version(checkpoint.version)  # loaded and warm: from now on its statistics count
+        traced = {
+            "vit.model.name": name,
+            "vit.model.version": checkpoint.version,
+            "vit.backend": predictor.backend,
+            "vit.device": str(device),
+        }
+        batcher = DynamicBatcher(predictor, s.max_batch_size, s.max_wait_ms, s.max_queue, metrics, traced)
+        return cls(name, checkpoint, predictor, preparer, batcher)
+
+    @staticmethod
+    def build_predictor(
+        name: str,
+        checkpoint: Checkpoint,
+        device: torch.device,
+        backend: BackendChoice,
+        jpeg_decoder: GpuJpegDecoder | None = None,
+        graph_batch_sizes: list[int] | None = None,
+        onnx_cache: Path | None = None,
+    ) -> Predictor:
+        """The checkpoint's predictor on the asked backend; with auto, torch where ONNX export fails."""
+        try:
+            backend_now = resolve_backend(backend, device)
+            return Predictor(checkpoint, device, backend_now, jpeg_decoder, graph_batch_sizes, onnx_cache)
+        except OnnxExportError as e:
+            if backend != "auto":
+                hint = "" if isinstance(e, ForeignGraph) else "; VIT_BACKEND=torch serves it without ONNX"
+                raise OnnxExportError(f"model {name}: {e}{hint}") from None
+            log.warning("model %s: %s; serving it with torch", name, e)
+            return Predictor(checkpoint, device, "torch")
+
+    def retire(self, successor: ServedModel | None) -> None:
+        """No new requests from now on: they go to `successor`, or find no model when it is None."""
+        self.retired = True
+        self.successor = successor
+
+    @property
+    def version(self) -> str:
+        return self.checkpoint.version
+
+    @functools.cached_property
+    def description(self) -> ModelDescription:
+        """What the edges may know of this version."""
+        c, p = self.checkpoint, self.predictor
+        return ModelDescription(
+            name=self.name,
+            version=c.version,
+            content_hash=c.content_hash,
+            classes=c.classes,
+            input_shape=p.input_shape,
+            grid_size=c.config.grid_size,
+            embedding_dim=p.embedding_dim,
+            backend=p.backend,
+            precision=p.precision,
+            quantization=p.quantization,
+            device=str(p.device),
+            dtype=str(p.dtype).removeprefix("torch."),
+            decode=p.decode,
+            config=c.config.to_dict(),
+            preprocessing=asdict(c.preprocessing),
+            training=c.training,
+        )
+
+    @property
+    def classes(self) -> list[str]:
+        return self.checkpoint.classes
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        """(channels, height, width) of one preprocessed image."""
+        return self.predictor.input_shape
+
+    @property
+    def grid_size(self) -> int:
+        """Rows (and columns) of the patch grid, the size of an attention map."""
+        return self.checkpoint.config.grid_size
+
+    def prepared_already(self, image: EncodedImage | DecodedImage, keep_image: bool) -> Prepared | None:
+        """A front-end's `DecodedImage` as this version's input, when it was prepared for this version."""
+        if not isinstance(image, DecodedImage) or image.version != self.version or keep_image:
+            return None
+        if image.pixels is not None:
+            return Prepared(image.filename, None, image.pixels)
+        if self.predictor.jpeg_decoder is not None:
+            return Prepared(image.filename, None, Jpeg(image.data, image.filename))
+        return None
+
+    def target_index(self, target: str | None) -> int | None:
+        """A class label, or its index, as the class index a gradient map explains."""
+        return self.description.class_index(target)
+
+    async def run_images(
+        self,
+        images: Sequence[EncodedImage | DecodedImage],
+        wanted: Wanted,
+        keep_images: bool,
+        pool: Executor,
+        deadline: float,
+    ) -> tuple[list[Prepared], list[ImageOutput], float]:
+        """All of one request's files: decoded first, so a bad one fails the request before any compute.
+        Also when they entered the batcher (time.monotonic())."""
+        asked = time.monotonic()
+        with self.batcher.admit(len(images)) as admission:  # refused here, before any CPU is spent on decoding
+            record_span("admission", asked, time.monotonic(), {"vit.images": len(images)})
+            prepared = await self.prepare_all(images, keep_images, pool)
+            futures = admission.submit([wanted.input(p.pixels) for p in prepared], deadline)
+            submitted = time.monotonic()
+        return prepared, await wait_for_outputs(futures, deadline), submitted
+
+    async def prepare_all(
+        self, images: Sequence[EncodedImage | DecodedImage], keep_images: bool, pool: Executor
+    ) -> list[Prepared]:
+        """Every file prepared: on the pool, all at once, except those a front-end prepared for this version."""
+        prepared = [self.prepared_already(i, keep_images) for i in images]
+        if todo := [k for k, p in enumerate(prepared) if p is None]:
+            done = await self.preparer.prepare_all([images[k] for k in todo], keep_images, pool)
+            for k, p in zip(todo, done, strict=True):
+                prepared[k] = p
+        return [p for p in prepared if p is not None]
+
+    async def run_pixels(self, pixels: torch.Tensor, wanted: Wanted, deadline: float) -> list[ImageOutput]:
+        """Already preprocessed images (N, C, H, W) through the same batcher."""
+        futures = self.batcher.submit([wanted.input(p) for p in pixels], deadline)
+        return await wait_for_outputs(futures, deadline)
+
+
+async def wait_for_outputs(futures: list[asyncio.Future[ImageOutput]], deadline: float) -> list[ImageOutput]:
+    """All outputs of one request. When one image fails, time runs out or the request is cancelled (the
+    client left), its other queued images are cancelled too: the batcher skips them, never computing them."""
+    try:
+        return list(await asyncio.wait_for(asyncio.gather(*futures), max(0.0, deadline - time.monotonic())))
+    except TimeoutError:
+        raise RequestTimeout(TIMED_OUT) from None
+    finally:
+        for f in futures:
+            f.cancel()  # a no-op for those already answered

@@ -1,0 +1,137 @@
+"""The front of the data plane, written once over a compute step that runs here or in another process.
+
+Every edge calls a `Front`: the limits it checks, API keys, the model lookup (with the one error text a
+client sees), and the last step of `infer`, the edge's encoding, off the event loop when it is costly.
+What computes a request is the subclass's: `app.core.engine.engine.Engine` runs it on the models in this
+process; `app.workers.remote.RemoteEngine` decodes the images here and has the engine process compute
+them (VIT_WORKERS > 1). The edges see neither: they type against `DataPlane`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from app.core.contract.data_plane import Inference, InferenceRequest, Limits, costly_to_encode
+from app.core.contract.description import ModelDescription, ModelStatus
+from app.core.contract.errors import ModelNotFound, Unauthorized
+from app.settings import Settings
+from app.telemetry.metrics import Metrics
+from app.telemetry.spans import child_span
+from app.telemetry.statistics import ModelStatistics
+
+T = TypeVar("T")
+
+
+class ApiKeys:
+    """VIT_API_KEYS: checked the same way whichever edge a request came through."""
+
+    def __init__(self, keys: frozenset[str]) -> None:
+        self.keys = keys
+
+    @property
+    def required(self) -> bool:
+        return bool(self.keys)
+
+    def check(self, given: str) -> None:
+        """Raise Unauthorized unless keys are off or `given` is one of them."""
+        if not self.keys:
+            return
+        # compare with every key, in constant time, so timing reveals neither key nor position
+        matched = False
+        for key in self.keys:
+            matched |= hmac.compare_digest(given.encode(), key.encode())
+        if not matched:
+            raise Unauthorized("missing or invalid API key; send it in the X-API-Key header")
+
+
+def find_model(served: list[ModelDescription], name: str | None, version: str | None = None) -> ModelDescription:
+    """The model called `name` among `served` (the first for None), at `version` when one is given."""
+    model = served[0] if name is None and served else next((m for m in served if m.name == name), None)
+    if model is None:
+        asked = "no model is loaded" if name is None else f"no model named {name!r}"
+        raise ModelNotFound(f"{asked}; this service serves: {served_names(served)}")
+    if version is not None and version != model.version:
+        raise ModelNotFound(f"model {name!r} has no version {version!r}; it serves version {model.version}")
+    return model
+
+
+def served_names(served: list[ModelDescription]) -> str:
+    return ", ".join(m.name for m in served) or "no model (load one through the model repository API)"
+
+
+class Front(ABC):
+    """A `DataPlane`: the edges' side written here, the compute step left to the subclass."""
+
+    def __init__(self, settings: Settings, metrics: Metrics, cpu_threads: int) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.limits = Limits(settings.max_upload_bytes, settings.max_files)
+        self.api_keys = ApiKeys(settings.api_key_set())
+        # decoding, overlays and large responses: CPU work kept off the event loop
+        self.cpu_pool = ThreadPoolExecutor(max_workers=min(cpu_threads, os.cpu_count() or 1), thread_name_prefix="cpu")
+
+    # The compute step's.
+    @abstractmethod
+    def models(self) -> list[ModelDescription]:
+        """Every model serving now, the default first."""
+
+    @abstractmethod
+    def ready(self) -> bool:
+        """What readiness probes are told."""
+
+    @abstractmethod
+    def check_serving(self) -> None:
+        """NotReady unless requests are taken."""
+
+    @abstractmethod
+    async def compute(self, model: ModelDescription, request: InferenceRequest) -> Inference:
+        """`request`'s predictions from `model` (just looked up), overlays drawn where asked."""
+
+    @abstractmethod
+    async def repository_index(self, ready_only: bool = False) -> list[ModelStatus]: ...
+
+    @abstractmethod
+    async def statistics(self, name: str | None = None, version: str | None = None) -> list[ModelStatistics]: ...
+
+    @abstractmethod
+    async def load_model(self, name: str) -> None: ...
+
+    @abstractmethod
+    async def unload_model(self, name: str) -> None: ...
+
+    @abstractmethod
+    def begin_drain(self) -> None:
+        """Unready for every protocol at once: the first step of shutdown; accepted requests are still taken."""
+
+    @abstractmethod
+    async def shutdown(self, timeout_s: float | None = None) -> None:
+        """Answer what was accepted (within `timeout_s`, default VIT_DRAIN_TIMEOUT_S), then stop."""
+
+    # The edges' side.
+    def live(self) -> bool:
+        return True
+
+    def authorize(self, credentials: str | None) -> None:
+        self.api_keys.check(credentials or "")
+
+    def describe(self, name: str | None, version: str | None = None) -> ModelDescription:
+        return find_model(self.models(), name, version)
+
+    def model_ready(self, name: str, version: str | None = None) -> bool:
+        return self.ready() and any(m.name == name and version in (None, "", m.version) for m in self.models())
+
+    async def infer(self, request: InferenceRequest, encode: Callable[[Inference], T]) -> T:
+        self.check_serving()
+        done = await self.compute(self.describe(request.model, request.version), request)
+        with child_span("encode"):
+            return await self.run_in_pool(encode, done) if costly_to_encode(done) else encode(done)
+
+    async def run_in_pool(self, fn: Callable[..., T], *args: object) -> T:
+        """`fn(*args)` on the CPU pool, so the event loop only parses, awaits and writes."""
+        return await asyncio.get_running_loop().run_in_executor(self.cpu_pool, fn, *args)

@@ -1,0 +1,93 @@
+"""Turn one uploaded image file into what a model's batch takes: decoded, checked and preprocessed pixels, or
+a plain JPEG whose header passed the checks when the model decodes those on the GPU.
+
+The engine prepares the files it is handed; with VIT_WORKERS > 1 each serving front-end prepares its own
+requests' files, on its own cores, and hands the engine `DecodedImage`s. Both run this one preparer, built
+from what a model version prescribes, so the pixels are the same wherever they were made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+
+from opentelemetry import context as otel_context
+from opentelemetry.util.types import AttributeValue
+from PIL import Image
+from torch import Tensor
+
+from app.core.contract.request import DecodedImage, EncodedImage
+from app.core.images.decode import load_image, open_image
+from app.core.images.gpu_decode import Jpeg, gpu_decodable
+from app.telemetry.spans import child_span
+from model.preprocessing import EvalTransform, Preprocessing
+
+
+class Preprocessor:
+    """Resize per the checkpoint's policy, scale to [0, 1], normalise -> (C, S, S) float32.
+
+    It is the evaluation transform the model was scored with, so served and measured accuracy agree.
+    """
+
+    def __init__(self, p: Preprocessing) -> None:
+        self.preprocessing = p
+        self.transform = EvalTransform(p)
+
+    def __call__(self, image: Image.Image) -> Tensor:
+        x: Tensor = self.transform(image)
+        return x
+
+
+@dataclass(frozen=True)
+class Prepared:
+    filename: str
+    image: Image.Image | None  # kept only when an overlay is drawn
+    pixels: Tensor | Jpeg  # a plain JPEG stays encoded when the GPU decodes it
+
+
+class ImagePreparer:
+    """One model version's way from a file to its input: decode (a large JPEG scaled inside libjpeg when
+    `jpeg_draft`), check, preprocess; a plain JPEG is only checked when `gpu_jpegs` (nvJPEG decodes it)."""
+
+    def __init__(self, preprocessing: Preprocessing, max_pixels: int, jpeg_draft: bool, gpu_jpegs: bool) -> None:
+        self.preprocessor = Preprocessor(preprocessing)
+        self.channels = preprocessing.channels
+        self.max_pixels = max_pixels
+        self.draft_to = preprocessing.resize_size if jpeg_draft else None
+        self.gpu_jpegs = gpu_jpegs
+
+    def prepare(self, image: EncodedImage | DecodedImage, keep_image: bool) -> Prepared:
+        """Decode, validate and preprocess one image file (CPU work: run it on a pool thread); a `DecodedImage`
+        again from its file."""
+        header = open_image(image.data, image.filename, self.max_pixels)
+        if self.gpu_jpegs and not keep_image and gpu_decodable(header, image.data):
+            return Prepared(image.filename, None, Jpeg(image.data, image.filename))
+        # An overlay is drawn on the image as sent: decoded in full.
+        draft_to = None if keep_image else self.draft_to
+        decoded = load_image(header, image.filename, self.channels, draft_to)
+        return Prepared(image.filename, decoded if keep_image else None, self.preprocessor(decoded))
+
+    async def prepare_all(
+        self, images: Sequence[EncodedImage | DecodedImage], keep_images: bool, pool: Executor
+    ) -> list[Prepared]:
+        """Every file prepared on `pool`, all at once, each in a `decode` span under the caller's span."""
+        loop = asyncio.get_running_loop()
+        context = otel_context.get_current()
+        return list(
+            await asyncio.gather(
+                *(loop.run_in_executor(pool, self.prepare_traced, context, i, keep_images) for i in images)
+            )
+        )
+
+    def prepare_traced(
+        self, context: otel_context.Context, image: EncodedImage | DecodedImage, keep_image: bool
+    ) -> Prepared:
+        """`prepare` in a `decode` span under `context` (it runs on a pool thread, outside the request's)."""
+        attributes: dict[str, AttributeValue] = {
+            "vit.image.filename": image.filename,
+            "vit.image.bytes": len(image.data),
+        }
+        with child_span("decode", attributes, context):
+            return self.prepare(image, keep_image)

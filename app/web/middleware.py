@@ -1,0 +1,135 @@
+"""ASGI middleware: a request ID on every request and response, one access log line, HTTP metrics; and
+the settings of FastAPI's own OpenTelemetry instrumentation, which opens each request's server span."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+
+from fastapi.telemetry import TelemetryConfig
+from opentelemetry import trace
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.telemetry.metrics import Metrics
+
+log = logging.getLogger("app.access")
+ROUTES = frozenset(
+    {
+        "/",
+        "/predict",
+        "/v1/model",
+        "/v1/models",
+        "/health/live",
+        "/health/ready",
+        "/metrics",
+        "/docs",
+        "/openapi.json",
+        "/v2",
+        "/v2/health/live",
+        "/v2/health/ready",
+        "/v2/repository/index",
+        "/v2/models/stats",
+    }
+)
+VALID_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+V2_MODEL_PATH = re.compile(r"^/v2/models/[^/]+(?:/versions/[^/]+)?(/ready|/infer|/stats)?$")
+V2_REPOSITORY_PATH = re.compile(r"^/v2/repository/models/[^/]+/(load|unload)$")
+
+
+UNTRACED = frozenset({"/metrics", "/health/live", "/health/ready", "/v2/health/live", "/v2/health/ready"})
+
+
+def untraced(scope: Scope) -> bool:
+    """Probes and scrapes: no span, no access line."""
+    return scope["path"] in UNTRACED
+
+
+def http_telemetry(traced: bool) -> TelemetryConfig:
+    """FastAPI's native OpenTelemetry instrumentation, as this service uses it: with `traced` (an OTLP
+    endpoint configured, app.telemetry.tracing), a server span per request but the probes and scrapes, continuing an
+    incoming W3C `traceparent` and named `{method} {route}` after the route's template. Its metrics and logs
+    stay off (the service has its own, below), and so do its spans per dependency, endpoint and
+    serialization: the core's spans say where a request's time went."""
+    return {
+        "tracing": traced,
+        "metrics": False,
+        "logs": False,
+        "operation_spans": False,
+        "auto_configure": False,  # the provider and its exporter are app.telemetry.tracing's
+        "exclude": untraced,
+    }
+
+
+def route_label(path: str) -> str:
+    """A bounded set of labels: our routes, the V2 routes with the model name left out, else 'other'."""
+    if path in ROUTES:
+        return path
+    if match := V2_MODEL_PATH.match(path):
+        return "/v2/models/{name}" + (match.group(1) or "")
+    if match := V2_REPOSITORY_PATH.match(path):
+        return "/v2/repository/models/{name}/" + match.group(1)
+    return "other"
+
+
+class RequestTelemetry:
+    """Pure ASGI (not BaseHTTPMiddleware), so the route can still watch the connection for disconnects."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        incoming = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
+        request_id = incoming if VALID_REQUEST_ID.fullmatch(incoming) else uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+        route = route_label(scope["path"])
+        status = 499  # stays so when the client leaves before any response
+        started = time.perf_counter()
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message.setdefault("headers", [])
+                message["headers"] = [*message["headers"], (b"x-request-id", request_id.encode())]
+            await send(message)
+
+        in_flight = self.metrics.in_flight.labels("http", route)
+        in_flight.inc()
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception:  # Starlette's outermost middleware answers it with a 500
+            if status == 499:
+                status = 500
+            raise
+        finally:
+            seconds = time.perf_counter() - started
+            in_flight.dec()
+            self.metrics.requests.labels("http", route, str(status)).inc()
+            self.metrics.latency.labels("http", route).observe(seconds)
+            if not untraced(scope):
+                client = scope.get("client")
+                extra = {"request_id": request_id, "client": f"{client[0]}:{client[1]}" if client else "-"}
+                traced = ""
+                span = trace.get_current_span().get_span_context()
+                if span.is_valid:  # tracing is on: the line names its trace and span
+                    extra |= {"trace_id": f"{span.trace_id:032x}", "span_id": f"{span.span_id:016x}"}
+                    traced = f" trace_id={extra['trace_id']} span_id={extra['span_id']}"
+                log.info(
+                    "%s %s %d %.1fms id=%s client=%s%s",
+                    scope["method"],
+                    scope["path"],
+                    status,
+                    seconds * 1e3,
+                    request_id,
+                    extra["client"],
+                    traced,
+                    extra=extra,
+                )

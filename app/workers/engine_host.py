@@ -1,0 +1,269 @@
+"""The engine served to front-end processes (VIT_WORKERS > 1): one `Engine`, reached over a ZeroMQ socket.
+
+The engine process owns the models and batches the images of every front-end together. It tells each
+front-end what it serves (`State`: readiness and the model descriptions) when it first hears from it,
+on every change, and every HEARTBEAT_S. A repository change is answered only once every front-end has
+applied the new state, so afterwards each process answers with the new version.
+
+A front-end that dies (its pid watched through a pidfd) has its calls cancelled and its arena unmapped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import uuid
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import zmq
+import zmq.asyncio
+
+from app.core.contract.data_plane import Inference
+from app.core.contract.errors import ServiceError
+from app.core.contract.request import DecodedImage, EncodedImage
+from app.core.engine.engine import Engine
+from app.telemetry.spans import attach, detach
+from app.workers.link import (
+    HEARTBEAT_S,
+    Ack,
+    Cancel,
+    Failure,
+    Hello,
+    InferCall,
+    Refused,
+    RegionWriter,
+    Reply,
+    RepositoryCall,
+    State,
+    dumps,
+    load_images,
+    loads,
+    store_outputs,
+)
+from app.workers.shared_memory import Arena
+
+log = logging.getLogger("app")
+ACK_TIMEOUT_S = 2.0  # how long a repository change waits for every front-end to apply it
+
+
+@dataclass(eq=False)
+class Peer:
+    """One front-end process."""
+
+    identity: bytes
+    pid: int
+    arena: Arena | None
+    calls: dict[int, asyncio.Task[None]] = field(default_factory=dict)
+    acked: int = -1
+    pidfd: int | None = None
+
+
+class EngineHost:
+    """`engine`, answering the front-ends that connect to `address` (an ipc:// endpoint)."""
+
+    def __init__(self, engine: Engine, address: str) -> None:
+        self.engine = engine
+        self.address = address
+        self.incarnation = uuid.uuid4().hex
+        self.context = zmq.asyncio.Context()
+        self.socket = self.context.socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.peers: dict[bytes, Peer] = {}
+        self.seq = 0
+        self.state = self.current_state()
+        self.acked = asyncio.Condition()
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def current_state(self) -> State:
+        e = self.engine
+        return State(self.incarnation, os.getpid(), self.seq, e.ready(), e.taking_requests, tuple(e.models()))
+
+    async def serve(self, stop: asyncio.Event) -> None:
+        """Answer the front-ends until `stop` is set."""
+        self.socket.bind(self.address)
+        receiving = asyncio.create_task(self.receive())
+        beating = asyncio.create_task(self.heartbeat())
+        try:
+            await stop.wait()
+        finally:
+            receiving.cancel()
+            beating.cancel()
+            for peer in list(self.peers.values()):
+                self.forget(peer)
+
+    def close(self) -> None:
+        self.socket.close(linger=0)
+        self.context.term()
+
+    async def send(self, peer: Peer, message: object) -> None:
+        with contextlib.suppress(zmq.ZMQError):  # a front-end gone meanwhile
+            await self.socket.send_multipart([peer.identity, dumps(message)])
+
+    async def broadcast(self) -> State:
+        """The current state to every front-end, with a new seq when it changed."""
+        state = self.current_state()
+        if (state.ready, state.taking_requests, state.models) != (
+            self.state.ready,
+            self.state.taking_requests,
+            self.state.models,
+        ):
+            self.seq += 1
+            state = self.current_state()
+        self.state = state
+        await asyncio.gather(*(self.send(p, state) for p in list(self.peers.values())))
+        return state
+
+    async def heartbeat(self) -> None:
+        while True:
+            await self.broadcast()
+            await asyncio.sleep(HEARTBEAT_S)
+
+    async def receive(self) -> None:
+        while True:
+            identity, data = await self.socket.recv_multipart()
+            try:
+                await self.handle(identity, loads(data))
+            except Exception:  # one bad message (or a front-end's arena gone) never stops the engine answering
+                log.exception("engine: a message from a front-end could not be handled")
+
+    async def handle(self, identity: bytes, message: object) -> None:
+        if isinstance(message, Hello):
+            await self.hello(identity, message)
+            return
+        peer = self.peers.get(identity)
+        if peer is None:
+            return  # from a front-end this engine has not met: it says hello again first
+        if isinstance(message, Ack):
+            peer.acked = max(peer.acked, message.seq)
+            async with self.acked:
+                self.acked.notify_all()
+        elif isinstance(message, InferCall) and message.incarnation == self.incarnation:
+            running = self.spawn(self.infer(peer, message))
+            peer.calls[message.id] = running
+            running.add_done_callback(functools.partial(self.answer_if_never_run, peer, message.id))
+        elif isinstance(message, Cancel) and message.incarnation == self.incarnation:
+            if (task := peer.calls.get(message.id)) is not None:
+                task.cancel()
+        elif isinstance(message, RepositoryCall) and message.incarnation == self.incarnation:
+            self.spawn(self.repository(peer, message))
+        elif isinstance(message, Refused) and message.incarnation == self.incarnation:
+            self.engine.book.of(message.model, message.version).fail.add(message.seconds)
+
+    def spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.ensure_future(coroutine)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    async def hello(self, identity: bytes, hello: Hello) -> None:
+        if identity not in self.peers:
+            arena = Arena.attach(hello.arena) if hello.arena is not None else None
+            peer = Peer(identity, hello.pid, arena)
+            self.peers[identity] = peer
+            self.watch(peer)
+            log.info("engine: front-end pid %d connected", hello.pid)
+        await self.send(self.peers[identity], self.state)
+
+    def watch(self, peer: Peer) -> None:
+        """Forget `peer` when its process exits."""
+        try:
+            peer.pidfd = os.pidfd_open(peer.pid)
+        except (AttributeError, OSError):  # no pidfd (not Linux): its calls end by themselves
+            return
+        asyncio.get_running_loop().add_reader(peer.pidfd, self.forget, peer)
+
+    def forget(self, peer: Peer) -> None:
+        if self.peers.get(peer.identity) is not peer:
+            return
+        del self.peers[peer.identity]
+        if peer.pidfd is not None:
+            asyncio.get_running_loop().remove_reader(peer.pidfd)
+            os.close(peer.pidfd)
+        calls = list(peer.calls.values())
+        for task in calls:
+            task.cancel()
+        log.info("engine: front-end pid %d gone; %d calls of it cancelled", peer.pid, len(calls))
+        if peer.arena is not None:
+            arena = peer.arena
+            if calls:  # unmapped once its calls have stopped touching it
+                self.spawn(close_after(calls, arena))
+            else:
+                arena.close()
+
+    async def infer(self, peer: Peer, call: InferCall) -> None:
+        token = attach(call.trace)  # the engine's spans go under the front-end's request span
+        try:
+            reply = await self.compute(peer, call)
+        except asyncio.CancelledError:
+            reply = Reply(call.id, failure=Failure("RequestTimeout", "cancelled"))
+        except ServiceError as e:
+            reply = Reply(call.id, failure=Failure.of(e))
+        except Exception as e:
+            log.exception("engine: unhandled error computing a request")
+            reply = Reply(call.id, failure=Failure.of(e))
+        finally:
+            peer.calls.pop(call.id, None)
+            detach(token)
+        if self.peers.get(peer.identity) is peer:
+            await self.send(peer, reply)
+
+    def answer_if_never_run(self, peer: Peer, call_id: int, task: asyncio.Task[None]) -> None:
+        """A call cancelled before its task ran (its Cancel read in the same go) is answered all the same: the
+        front-end holds its region until then."""
+        if not task.cancelled():
+            return  # `infer` answered it
+        peer.calls.pop(call_id, None)
+        if self.peers.get(peer.identity) is peer:
+            self.spawn(self.send(peer, Reply(call_id, failure=Failure("RequestTimeout", "cancelled"))))
+
+    async def compute(self, peer: Peer, call: InferCall) -> Reply:
+        arena = peer.arena
+        inputs: list[EncodedImage | DecodedImage] | torch.Tensor
+        if call.images is not None:
+            inputs = load_images(call.images, arena)
+        else:
+            assert call.pixels is not None
+            inputs = (
+                call.pixels if isinstance(call.pixels, torch.Tensor) else arena.read_tensor(*call.pixels)  # type: ignore[union-attr]
+            )
+        model = self.engine.model(call.model, call.version)
+        done: Inference = await self.engine.run(model, inputs, call.options, call.timeout_s)
+        return Reply(call.id, done.model, store_outputs(done.predictions, RegionWriter(arena, call.region)))
+
+    async def repository(self, peer: Peer, call: RepositoryCall) -> None:
+        try:
+            if call.op == "index":
+                reply = Reply(call.id, index=await self.engine.repository_index(call.ready_only))
+            elif call.op == "statistics":
+                reply = Reply(call.id, statistics=await self.engine.statistics(call.name, call.version))
+            else:
+                assert call.name is not None
+                await (self.engine.load_model if call.op == "load" else self.engine.unload_model)(call.name)
+                await self.applied_everywhere(await self.broadcast())
+                reply = Reply(call.id)
+        except ServiceError as e:
+            reply = Reply(call.id, failure=Failure.of(e))
+        except Exception as e:
+            log.exception("engine: unhandled error in a repository call")
+            reply = Reply(call.id, failure=Failure.of(e))
+        await self.send(peer, reply)
+
+    async def applied_everywhere(self, state: State) -> None:
+        """Wait (at most ACK_TIMEOUT_S) until every front-end has applied `state`."""
+        with contextlib.suppress(TimeoutError):
+            async with self.acked:
+                await asyncio.wait_for(
+                    self.acked.wait_for(lambda: all(p.acked >= state.seq for p in self.peers.values())),
+                    ACK_TIMEOUT_S,
+                )
+
+
+async def close_after(calls: list[asyncio.Task[None]], arena: Arena) -> None:
+    await asyncio.wait(calls)
+    arena.close()

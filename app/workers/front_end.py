@@ -1,0 +1,31 @@
+"""One serving front-end process (VIT_WORKERS > 1): HTTP and gRPC on the ports it shares with the others, over
+the engine process through a `RemoteEngine`."""
+
+from __future__ import annotations
+
+import asyncio
+
+from app.serving import Serving
+from app.settings import Settings
+from app.startup import startup_failed
+from app.telemetry.tracing import shutdown_tracing
+from app.workers.remote import RemoteEngine
+
+
+async def serve_front_end(host: str, port: int, settings: Settings, plane: RemoteEngine, stop: asyncio.Event) -> int:
+    """Serve until `stop`; then not ready at once, both protocols drained together; the exit code."""
+    # Listen only once the engine has answered: a front-end listening before would take its share of the
+    # connections on the shared ports and answer not-ready while the others answer ready.
+    await plane.start()
+    while not await plane.wait_engine(0.5):
+        if stop.is_set():
+            await plane.shutdown()
+            return 0
+    serving = Serving(plane, settings, http=(host, port), reuse_port=True)
+    try:
+        await serving.start()
+    except OSError as e:
+        return startup_failed(e)
+    code = await serving.run(stop)
+    shutdown_tracing()
+    return code

@@ -1,0 +1,279 @@
+"""The messages between serving front-ends and the engine process (VIT_WORKERS > 1), and how outputs travel.
+
+They go as pickles over ZeroMQ (a DEALER socket in each front-end, the engine's ROUTER): small headers only.
+A request's images (the files, with the pixels the front-end decoded; or pixels) and its outputs travel
+through the front-end's shared-memory arena (`app.workers.shared_memory`): the call names the region, the
+engine reads the inputs out of it and writes the outputs back into it. A request larger than the arena's
+free room goes inline in the message instead.
+
+Every message to the engine names the engine incarnation it was meant for: one sent to an engine that
+has since died is ignored by its successor, which could otherwise write into a region already reused.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from app.core.contract import errors
+from app.core.contract.description import ModelDescription, ModelStatus
+from app.core.contract.request import DecodedImage, EncodedImage, InferOptions, Prediction
+from app.telemetry.statistics import ModelStatistics
+from app.workers.shared_memory import Arena, aligned, tensor_bytes
+
+HEARTBEAT_S = 0.5  # the engine's state goes to every front-end at least this often
+ENGINE_SILENT_S = 5.0  # where a process cannot be watched through a pidfd: the engine is gone after this silence
+
+
+# Where a value lives: an arena offset with its shape and dtype, or the value itself (inline).
+Stored = tuple[int, tuple[int, ...], str] | torch.Tensor
+StoredBytes = tuple[int, int] | bytes  # (offset, length), or the bytes
+
+
+@dataclass(frozen=True)
+class Hello:
+    """A front-end introducing itself (again, until the engine answers): its pid and arena file."""
+
+    pid: int
+    arena: Path | None
+
+
+@dataclass(frozen=True)
+class State:
+    """What the engine serves, sent to every front-end on each change and as its heartbeat."""
+
+    incarnation: str  # new for every engine process
+    pid: int
+    seq: int  # grows with every change
+    ready: bool
+    taking_requests: bool
+    models: tuple[ModelDescription, ...]  # the default first
+
+
+@dataclass(frozen=True)
+class Ack:
+    """A front-end has applied state `seq`."""
+
+    seq: int
+
+
+@dataclass(frozen=True)
+class StoredImage:
+    """One image file of a call, and its pixels when the front-end prepared it (a `DecodedImage`)."""
+
+    filename: str
+    data: StoredBytes
+    version: str | None = None  # the model version it was prepared for; None: the engine decodes it
+    pixels: Stored | None = None  # None with a version: a checked JPEG the GPU decodes
+    decode_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class InferCall:
+    id: int
+    incarnation: str
+    model: str | None
+    version: str | None
+    options: InferOptions
+    timeout_s: float | None
+    images: list[StoredImage] | None  # None for pixels
+    pixels: Stored | None
+    region: tuple[int, int] | None  # (offset, size) in the front-end's arena: inputs in, outputs out
+    trace: dict[str, str] | None = None  # the request's trace context (W3C headers), when traced
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """The client went away (or its deadline passed): stop computing call `id`. The engine still answers."""
+
+    id: int
+    incarnation: str
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A request to `model` whose images the front-end refused while decoding them (a broken file, say),
+    never sent: the engine counts it in the version's `fail` statistics, as it counts those it refuses."""
+
+    incarnation: str
+    model: str
+    version: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class RepositoryCall:
+    id: int
+    incarnation: str
+    op: str  # index, load, unload or statistics
+    name: str | None = None
+    ready_only: bool = False
+    version: str | None = None  # statistics of one version
+
+
+@dataclass(frozen=True)
+class StoredPrediction:
+    filename: str
+    probabilities: Stored
+    attention_map: Stored | None
+    overlay_png: StoredBytes | None
+    embedding: Stored | None
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A core error, rebuilt on the other side as the same exception type."""
+
+    kind: str  # the name of an app.core.contract.errors.ServiceError subclass; "" for an internal fault
+    detail: str
+    retry_after_s: int | None = None
+
+    @classmethod
+    def of(cls, e: BaseException) -> Failure:
+        if isinstance(e, errors.ServiceError):
+            return cls(type(e).__name__, e.detail, e.retry_after_s)
+        return cls("", f"{type(e).__name__}: {e}")
+
+    def exception(self) -> Exception:
+        kind = getattr(errors, self.kind, None) if self.kind else None
+        if isinstance(kind, type) and issubclass(kind, errors.ServiceError):
+            return kind(self.detail, self.retry_after_s)
+        return RuntimeError(f"the engine process failed: {self.detail}")
+
+
+@dataclass(frozen=True)
+class Reply:
+    id: int
+    model: ModelDescription | None = None  # infer: the version that computed it
+    predictions: list[StoredPrediction] | None = None
+    index: list[ModelStatus] | None = None  # repository index
+    statistics: list[ModelStatistics] | None = None
+    failure: Failure | None = None
+
+
+def dumps(message: object) -> bytes:
+    return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def loads(data: bytes) -> object:
+    return pickle.loads(data)  # from a socket in a directory only this user can enter (mkdtemp: 0700)
+
+
+def output_bytes(model: ModelDescription, options: InferOptions, images: int) -> int:
+    """The arena room one request's outputs take (overlays aside: their size is known only once drawn)."""
+    per_image = tensor_bytes((len(model.classes),))
+    if options.attention != "none":
+        per_image += tensor_bytes((model.grid_size, model.grid_size))
+    if options.embedding:
+        per_image += tensor_bytes((model.embedding_dim,))
+    return per_image * images
+
+
+class RegionWriter:
+    """Values written one after another into a region of `arena`, (offset, size); each one that does not fit
+    (or without an arena or region) stays inline, as itself."""
+
+    def __init__(self, arena: Arena | None, region: tuple[int, int] | None) -> None:
+        self.arena = arena if region is not None else None
+        self.offset, size = region if region is not None else (0, 0)
+        self.end = self.offset + size
+
+    def tensor(self, t: torch.Tensor) -> Stored:
+        room = tensor_bytes(tuple(t.shape), t.element_size())
+        if self.arena is None or self.offset + room > self.end or t.dtype != torch.float32:
+            return t
+        stored = (self.offset, tuple(t.shape), "float32")
+        self.offset = self.arena.write_tensor(self.offset, t)
+        return stored
+
+    def data(self, b: bytes) -> StoredBytes:
+        if self.arena is None or self.offset + aligned(len(b)) > self.end:
+            return b
+        stored = (self.offset, len(b))
+        self.offset = self.arena.write(self.offset, b)
+        return stored
+
+
+def store_outputs(predictions: list[Prediction], into: RegionWriter) -> list[StoredPrediction]:
+    """The predictions written into the region where they fit, inline where they do not."""
+    return [
+        StoredPrediction(
+            p.filename,
+            into.tensor(p.probabilities),
+            None if p.attention_map is None else into.tensor(p.attention_map),
+            None if p.overlay_png is None else into.data(p.overlay_png),
+            None if p.embedding is None else into.tensor(p.embedding),
+        )
+        for p in predictions
+    ]
+
+
+def read_tensor(arena: Arena | None, stored: Stored) -> torch.Tensor:
+    if isinstance(stored, torch.Tensor):
+        return stored
+    assert arena is not None
+    offset, shape, dtype = stored
+    return arena.read_tensor(offset, shape, dtype)
+
+
+def read_bytes(arena: Arena | None, stored: StoredBytes) -> bytes:
+    if isinstance(stored, bytes):
+        return stored
+    assert arena is not None
+    return arena.read(*stored)
+
+
+def store_images(images: Sequence[EncodedImage | DecodedImage], into: RegionWriter) -> list[StoredImage]:
+    """The files (and the pixels of those decoded) written into the region; inline where they do not fit."""
+    return [
+        StoredImage(i.filename, into.data(i.data))
+        if isinstance(i, EncodedImage)
+        else StoredImage(
+            i.filename, into.data(i.data), i.version, None if i.pixels is None else into.tensor(i.pixels), i.decode_s
+        )
+        for i in images
+    ]
+
+
+def input_bytes(images: Sequence[EncodedImage | DecodedImage]) -> int:
+    """The arena room `store_images` takes."""
+    room = 0
+    for i in images:
+        room += aligned(len(i.data))
+        if isinstance(i, DecodedImage) and i.pixels is not None:
+            room += tensor_bytes(tuple(i.pixels.shape), i.pixels.element_size())
+    return room
+
+
+def load_images(stored: list[StoredImage], arena: Arena | None) -> list[EncodedImage | DecodedImage]:
+    """The files of a call, and the pixels the front-end decoded, copied out of the arena."""
+    return [
+        EncodedImage(s.filename, read_bytes(arena, s.data))
+        if s.version is None
+        else DecodedImage(
+            s.filename,
+            read_bytes(arena, s.data),
+            s.version,
+            None if s.pixels is None else read_tensor(arena, s.pixels),
+            s.decode_s,
+        )
+        for s in stored
+    ]
+
+
+def load_predictions(stored: list[StoredPrediction], arena: Arena | None) -> list[Prediction]:
+    """The predictions, copied out of the arena."""
+    return [
+        Prediction(
+            s.filename,
+            read_tensor(arena, s.probabilities),
+            None if s.attention_map is None else read_tensor(arena, s.attention_map),
+            None if s.overlay_png is None else read_bytes(arena, s.overlay_png),
+            None if s.embedding is None else read_tensor(arena, s.embedding),
+        )
+        for s in stored
+    ]

@@ -1,0 +1,367 @@
+"""A data plane whose compute step is the engine in another process: what each serving front-end holds
+(VIT_WORKERS > 1).
+
+The front-end answers health, model descriptions and API keys from what it holds (the engine's last
+`State`, its own settings); `infer` and the repository calls go to the engine (`app.workers.engine_host`).
+It decodes and preprocesses a request's images itself, on its own pool, as the model version it asks
+prescribes (`ImagePreparer`), so the engine only batches them; it draws the overlays when the answer is
+back. The files and their pixels go into a region of this process's shared-memory arena and the outputs
+come back in the same region, so the messages carry only offsets. With the response cache on, the files
+go undecoded: the engine decodes only the images its cache lacks.
+
+When the engine process exits (watched through a pidfd, or after ENGINE_SILENT_S without a word from it),
+this front-end is not ready at once and every call waiting on that engine fails with NotReady (503,
+UNAVAILABLE); once a new engine answers its hello, it serves again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar, cast
+
+import torch
+import zmq
+import zmq.asyncio
+from PIL import Image
+
+from app.core.contract.data_plane import Inference, InferenceRequest
+from app.core.contract.description import ModelDescription, ModelStatus
+from app.core.contract.errors import NOT_READY, TIMED_OUT, NotReady, RequestTimeout
+from app.core.contract.request import DecodedImage, EncodedImage
+from app.core.front import Front
+from app.core.images.gpu_decode import Jpeg
+from app.core.images.overlay import with_overlays
+from app.core.images.prepare import ImagePreparer
+from app.settings import Settings
+from app.telemetry.metrics import Metrics
+from app.telemetry.spans import carrier
+from app.telemetry.statistics import ModelStatistics
+from app.workers.link import (
+    ENGINE_SILENT_S,
+    HEARTBEAT_S,
+    Ack,
+    Cancel,
+    Hello,
+    InferCall,
+    Refused,
+    RegionWriter,
+    Reply,
+    RepositoryCall,
+    State,
+    Stored,
+    StoredImage,
+    dumps,
+    input_bytes,
+    load_predictions,
+    loads,
+    output_bytes,
+    store_images,
+)
+from app.workers.shared_memory import Arena, aligned
+from model.preprocessing import Preprocessing
+
+log = logging.getLogger("app")
+T = TypeVar("T")
+ENGINE_GONE = "not ready: the engine process stopped and is being restarted; retry shortly"
+
+
+@dataclass(eq=False)
+class Pending:
+    future: asyncio.Future[Reply]
+    region: int | None  # the arena offset held until the engine answers
+    abandoned: bool = False  # the caller stopped waiting (cancelled): free the region on the answer
+
+
+class RemoteEngine(Front):
+    """A `DataPlane` over the engine process listening at `address`."""
+
+    def __init__(self, settings: Settings, metrics: Metrics, address: str, arena: Arena | None) -> None:
+        super().__init__(settings, metrics, cpu_threads=4)
+        self.address = address
+        self.arena = arena
+        self.context = zmq.asyncio.Context()
+        self.socket = self.context.socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.IMMEDIATE, 1)  # nothing queued for an engine not connected
+        self.state: State | None = None  # the engine's, while it is up
+        self.heard_at = 0.0
+        self.draining = False
+        self.pending: dict[int, Pending] = {}
+        self.ids = itertools.count()
+        self.engine_pidfd: int | None = None
+        self.tasks: list[asyncio.Task[None]] = []
+        # With the response cache on, the engine decodes: a hit then costs no decoding anywhere.
+        self.decodes = settings.cache_bytes == 0
+        self.preparers: dict[tuple[str, str], ImagePreparer] = {}  # by model name and version
+
+    async def start(self) -> None:
+        self.socket.connect(self.address)
+        self.tasks = [asyncio.create_task(self.receive()), asyncio.create_task(self.keep_in_touch())]
+
+    async def wait_engine(self, timeout_s: float) -> bool:
+        """Whether the engine answered within `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while self.state is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return self.state is not None
+
+    async def shutdown(self, timeout_s: float | None = None) -> None:
+        """Stop: the edges have drained; whatever still waits on the engine fails with NotReady."""
+        for task in self.tasks:
+            task.cancel()
+        self.engine_gone("this front-end is stopping", stopping=True)
+        self.socket.close(linger=0)
+        self.context.term()
+        self.cpu_pool.shutdown(wait=False, cancel_futures=True)
+        if self.arena is not None:
+            self.arena.unlink()
+
+    # Keeping track of the engine.
+    async def keep_in_touch(self) -> None:
+        """Say hello until an engine answers (and again after it is gone); notice a silent one."""
+        while True:
+            if self.state is None:
+                self.send(Hello(os.getpid(), self.arena.path if self.arena else None))
+            elif time.monotonic() - self.heard_at > ENGINE_SILENT_S:
+                self.engine_gone(f"no word from the engine for {ENGINE_SILENT_S:.0f} s")
+            await asyncio.sleep(0.1 if self.state is None else HEARTBEAT_S)
+
+    async def receive(self) -> None:
+        while True:
+            data = await self.socket.recv()
+            try:
+                message = loads(data)
+                if isinstance(message, State):
+                    self.apply(message)
+                elif isinstance(message, Reply):
+                    self.answered(message)
+            except Exception:  # one bad message never leaves this front-end deaf
+                log.exception("front-end: a message from the engine could not be handled")
+
+    def send(self, message: object) -> bool:
+        """Whether `message` went to the engine (not when no engine is connected, or its queue is full)."""
+        # tried at once: done unless other sends are queued before it
+        sent = cast("asyncio.Future[None]", self.socket.send(dumps(message), zmq.NOBLOCK))
+        if sent.done():
+            return sent.exception() is None
+        sent.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved: never logged
+        return True
+
+    def apply(self, state: State) -> None:
+        if self.state is not None and state.incarnation != self.state.incarnation:
+            self.engine_gone("the engine was replaced")
+        if self.state is None:
+            self.watch_engine(state.pid)
+            log.info("front-end pid %d: connected to the engine (pid %d)", os.getpid(), state.pid)
+        changed = self.state is None or state.seq != self.state.seq
+        self.state = state
+        self.heard_at = time.monotonic()
+        if changed:
+            serving = {(m.name, m.version) for m in state.models}
+            self.preparers = {k: v for k, v in self.preparers.items() if k in serving}
+            self.send(Ack(state.seq))
+
+    def watch_engine(self, pid: int) -> None:
+        try:
+            self.engine_pidfd = os.pidfd_open(pid)
+        except (AttributeError, OSError):  # no pidfd (not Linux): the heartbeat's silence tells
+            return
+        asyncio.get_running_loop().add_reader(self.engine_pidfd, self.engine_gone, "the engine process exited")
+
+    def engine_gone(self, why: str, stopping: bool = False) -> None:
+        """Not ready; every call waiting on the engine fails with NotReady."""
+        if self.engine_pidfd is not None:
+            asyncio.get_running_loop().remove_reader(self.engine_pidfd)
+            os.close(self.engine_pidfd)
+            self.engine_pidfd = None
+        if self.state is not None and (self.pending or not stopping):
+            log.warning("engine unavailable: %s; %d calls failed", why, len(self.pending))
+        self.state = None
+        for call_id, p in list(self.pending.items()):
+            if p.future.done() and not p.abandoned:
+                continue  # answered: its caller reads the outputs, then frees the region
+            del self.pending[call_id]
+            self.release(p)
+            if not p.future.done():
+                p.future.set_exception(NotReady(ENGINE_GONE))
+
+    def answered(self, reply: Reply) -> None:
+        p = self.pending.get(reply.id)
+        if p is None:
+            return
+        if p.abandoned:
+            del self.pending[reply.id]
+            self.release(p)
+        elif not p.future.done():
+            p.future.set_result(reply)
+
+    def release(self, p: Pending) -> None:
+        if p.region is not None and self.arena is not None:
+            self.arena.free(p.region)
+            p.region = None
+
+    # The Front's compute step.
+    def ready(self) -> bool:
+        return self.state is not None and self.state.ready and not self.draining
+
+    def begin_drain(self) -> None:
+        self.draining = True
+
+    def check_serving(self) -> None:
+        if self.state is None:
+            raise NotReady(ENGINE_GONE)
+        if not self.state.taking_requests:
+            raise NotReady(NOT_READY)
+
+    def models(self) -> list[ModelDescription]:
+        return list(self.state.models) if self.state is not None else []
+
+    async def compute(self, model: ModelDescription, request: InferenceRequest) -> Inference:
+        """Decoded here (unless the engine's cache decodes), computed by the engine, overlays drawn here."""
+        images: list[Image.Image | None] = []  # for the overlays drawn here
+        if self.decodes and not isinstance(request.inputs, torch.Tensor):
+            started = time.monotonic()
+            decoded, images = await self.decode(model, request.inputs, request.options.overlay, started)
+            limit = self.settings.request_timeout_s
+            timeout_s = (limit if request.timeout_s is None else min(request.timeout_s, limit)) - (
+                time.monotonic() - started
+            )
+            if timeout_s <= 0:
+                raise RequestTimeout(TIMED_OUT)
+            options = dataclasses.replace(request.options, overlay=False)  # drawn here
+            request = dataclasses.replace(request, inputs=decoded, options=options, timeout_s=timeout_s)
+        done = await self.computed(model, request)
+        if any(image is not None for image in images):  # PNG encoding of every map: milliseconds each
+            done = Inference(done.model, await self.run_in_pool(with_overlays, done.predictions, images))
+        return done
+
+    async def computed(self, model: ModelDescription, request: InferenceRequest) -> Inference:
+        """`request` computed by the engine: its inputs in, its outputs back, through a region of the arena."""
+        assert self.state is not None
+        inputs = request.inputs
+        count = inputs.shape[0] if isinstance(inputs, torch.Tensor) else len(inputs)
+        in_bytes = (
+            aligned(inputs.numel() * inputs.element_size()) if isinstance(inputs, torch.Tensor) else input_bytes(inputs)
+        )
+        size = max(in_bytes, output_bytes(model, request.options, count))
+        offset = self.arena.allocate(size) if self.arena is not None else None
+        region = None if offset is None else (offset, size)
+        images, pixels = self.store_inputs(inputs, region)
+        call = InferCall(
+            next(self.ids),
+            self.state.incarnation,
+            request.model,
+            request.version,
+            request.options,
+            request.timeout_s,
+            images,
+            pixels,
+            region,
+            carrier(),
+        )
+        reply = await self.call(call, offset, self.settings.request_timeout_s + 5)
+        try:
+            if reply.failure is not None:
+                raise reply.failure.exception()
+            assert reply.model is not None and reply.predictions is not None
+            return Inference(reply.model, load_predictions(reply.predictions, self.arena))
+        finally:
+            self.release_call(call.id)
+
+    async def decode(
+        self, model: ModelDescription, files: Sequence[EncodedImage | DecodedImage], keep_images: bool, started: float
+    ) -> tuple[list[DecodedImage], list[Image.Image | None]]:
+        """Each file decoded, checked and preprocessed for `model` on this process's pool, all at once; and
+        the images themselves when overlays are drawn. A file refused is counted as the model's failure."""
+        try:
+            prepared = await self.preparer(model).prepare_all(files, keep_images, self.cpu_pool)
+        except Exception:
+            if self.state is not None:
+                self.send(Refused(self.state.incarnation, model.name, model.version, time.monotonic() - started))
+            raise
+        took = time.monotonic() - started
+        decoded = [
+            DecodedImage(f.filename, f.data, model.version, None if isinstance(p.pixels, Jpeg) else p.pixels, took)
+            for f, p in zip(files, prepared, strict=True)
+        ]
+        return decoded, [p.image for p in prepared]
+
+    def preparer(self, model: ModelDescription) -> ImagePreparer:
+        """How `model` (this version) prepares a file, as the engine would."""
+        key = (model.name, model.version)
+        if (preparer := self.preparers.get(key)) is None:
+            s = self.settings
+            p = Preprocessing(**model.preprocessing)
+            preparer = self.preparers[key] = ImagePreparer(p, s.max_image_pixels, s.jpeg_draft, model.decode == "gpu")
+        return preparer
+
+    async def run_in_pool(self, fn: Callable[..., T], *args: object) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self.cpu_pool, fn, *args)
+
+    def store_inputs(
+        self, inputs: Sequence[EncodedImage | DecodedImage] | torch.Tensor, region: tuple[int, int] | None
+    ) -> tuple[list[StoredImage] | None, Stored | None]:
+        """The inputs written into the arena's `region` (offset, size); inline without one."""
+        into = RegionWriter(self.arena, region)
+        if isinstance(inputs, torch.Tensor):
+            return None, into.tensor(inputs.detach().cpu().contiguous())
+        return store_images(inputs, into), None
+
+    async def call(self, message: InferCall | RepositoryCall, region: int | None, timeout_s: float) -> Reply:
+        """Send `message`, wait for the engine's answer. Cancelled (the client went away), the engine is
+        told to stop; the region stays held until the engine has answered."""
+        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        pending = Pending(future, region)
+        self.pending[message.id] = pending
+        try:
+            if not self.send(message):
+                raise NotReady(ENGINE_GONE)
+            return await asyncio.wait_for(asyncio.shield(future), timeout_s)
+        except (asyncio.CancelledError, TimeoutError) as e:
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self.release_call(message.id)
+            elif message.id in self.pending:
+                pending.abandoned = True
+                self.send(Cancel(message.id, message.incarnation))
+            if isinstance(e, TimeoutError):
+                raise RequestTimeout(f"the engine did not answer within {timeout_s:.0f} s") from None
+            raise
+        except BaseException:
+            self.release_call(message.id)
+            raise
+
+    def release_call(self, call_id: int) -> None:
+        p = self.pending.pop(call_id, None)
+        if p is not None:
+            self.release(p)
+
+    async def repository(
+        self, op: str, name: str | None = None, ready_only: bool = False, version: str | None = None
+    ) -> Reply:
+        self.check_serving()
+        assert self.state is not None
+        call = RepositoryCall(next(self.ids), self.state.incarnation, op, name, ready_only, version)
+        reply = await self.call(call, None, self.settings.request_timeout_s + 600)  # a load may take minutes
+        self.release_call(call.id)
+        if reply.failure is not None:
+            raise reply.failure.exception()
+        return reply
+
+    async def repository_index(self, ready_only: bool = False) -> list[ModelStatus]:
+        return (await self.repository("index", ready_only=ready_only)).index or []
+
+    async def statistics(self, name: str | None = None, version: str | None = None) -> list[ModelStatistics]:
+        return (await self.repository("statistics", name, version=version)).statistics or []
+
+    async def load_model(self, name: str) -> None:
+        await self.repository("load", name)
+
+    async def unload_model(self, name: str) -> None:
+        await self.repository("unload", name)

@@ -1,3 +1,0 @@
-from tests.app.core.conftest import service
-
-__all__ = ["service"]

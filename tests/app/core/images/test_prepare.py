@@ -1,0 +1,83 @@
+"""One model version's way from an uploaded file to its batch input, the same in the engine and in a front-end:
+plain JPEGs left encoded for the GPU, everything else decoded and preprocessed as the CPU path does it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from app.core.contract.errors import PayloadTooLarge
+from app.core.contract.request import DecodedImage, EncodedImage
+from app.core.images.decode import decode_image
+from app.core.images.gpu_decode import Jpeg
+from app.core.images.prepare import ImagePreparer, Preprocessor
+from harness.images import encode
+from model.preprocessing import Preprocessing
+
+P = Preprocessing(32, 3, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25), "center_crop", 0.875)
+LIMIT = 10**8
+
+
+def photo(width: int = 120, height: int = 90) -> Image.Image:
+    rng = np.random.default_rng(0)
+    return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+
+
+def cpu_pixels(data: bytes, draft_to: int | None = None) -> torch.Tensor:
+    return Preprocessor(P)(decode_image(data, "x", 3, LIMIT, draft_to))
+
+
+@pytest.mark.parametrize("gpu_jpegs", [False, True])
+def test_a_plain_jpeg_is_left_encoded_only_for_a_gpu_decoding_model(gpu_jpegs: bool) -> None:
+    data = encode(photo(), "JPEG", quality=90)
+    prepared = ImagePreparer(P, LIMIT, jpeg_draft=False, gpu_jpegs=gpu_jpegs).prepare(
+        EncodedImage("a.jpg", data), False
+    )
+    if gpu_jpegs:
+        assert prepared.pixels == Jpeg(data, "a.jpg")
+    else:
+        assert isinstance(prepared.pixels, torch.Tensor)
+        torch.testing.assert_close(prepared.pixels, cpu_pixels(data), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        encode(photo(), "JPEG", quality=90, progressive=True),
+        encode(photo(), "PNG"),
+        encode(photo().convert("CMYK"), "JPEG"),
+    ],
+    ids=["progressive", "png", "cmyk"],
+)
+def test_what_the_gpu_cannot_decode_is_decoded_here(data: bytes) -> None:
+    prepared = ImagePreparer(P, LIMIT, jpeg_draft=False, gpu_jpegs=True).prepare(EncodedImage("a", data), False)
+    assert isinstance(prepared.pixels, torch.Tensor)
+    torch.testing.assert_close(prepared.pixels, cpu_pixels(data), atol=0, rtol=0)
+
+
+def test_an_overlay_keeps_the_whole_image_and_large_jpegs_are_scaled_otherwise() -> None:
+    data = encode(photo(640, 480), "JPEG", quality=90)  # at least twice the resize side (36): drafted
+    preparer = ImagePreparer(P, LIMIT, jpeg_draft=True, gpu_jpegs=True)
+    kept = preparer.prepare(EncodedImage("a.jpg", data), keep_image=True)
+    assert kept.image is not None and kept.image.size == (640, 480)  # decoded in full, not left to the GPU
+    torch.testing.assert_close(kept.pixels, cpu_pixels(data), atol=0, rtol=0)
+    drafted = ImagePreparer(P, LIMIT, jpeg_draft=True, gpu_jpegs=False).prepare(EncodedImage("a.jpg", data), False)
+    assert drafted.image is None
+    torch.testing.assert_close(drafted.pixels, cpu_pixels(data, P.resize_size), atol=0, rtol=0)
+    assert not torch.equal(drafted.pixels, cpu_pixels(data))  # decoded at a smaller scale inside libjpeg
+
+
+def test_a_decoded_image_is_prepared_again_from_its_file() -> None:
+    data = encode(photo(), "PNG")
+    again = DecodedImage("a.png", data, "another-version", torch.zeros(3, 32, 32), 0.0)
+    prepared = ImagePreparer(P, LIMIT, jpeg_draft=False, gpu_jpegs=False).prepare(again, False)
+    torch.testing.assert_close(prepared.pixels, cpu_pixels(data), atol=0, rtol=0)
+
+
+def test_the_pixel_limit_is_the_preparers() -> None:
+    with pytest.raises(PayloadTooLarge, match=r"big\.png: 120x90 = 10800 pixels is over the limit of 100"):
+        ImagePreparer(P, 100, jpeg_draft=False, gpu_jpegs=False).prepare(
+            EncodedImage("big.png", encode(photo())), False
+        )

@@ -1,0 +1,228 @@
+"""A front-end's data plane over an engine served on a ZeroMQ socket (VIT_WORKERS > 1), both in this
+process: the same answers as the engine, inputs and outputs through the arena (or inline when it is
+full), regions held until the engine has answered, errors rebuilt as the core's types, and a silent
+engine turning the front-end unready."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from app.core.contract.data_plane import Inference, InferenceRequest
+from app.core.contract.errors import ModelNotFound, NotReady, Overloaded, PayloadTooLarge, UnsupportedMediaType
+from app.core.contract.request import EncodedImage, InferOptions
+from app.core.engine.engine import Engine
+from app.settings import Settings
+from app.telemetry.metrics import Metrics
+from app.workers import remote
+from app.workers.engine_host import EngineHost
+from app.workers.link import Cancel, InferCall, Reply, StoredImage
+from app.workers.remote import RemoteEngine
+from app.workers.shared_memory import Arena
+from harness.images import encode
+from model.shapes import make_sample
+from tests.support.checkpoints import write_tiny_checkpoint
+from tests.support.clients import slow_forward, until
+
+FILES = [EncodedImage(f"{i}.png", encode(make_sample(5, i).image)) for i in range(3)]
+
+
+@dataclass
+class Linked:
+    engine: Engine
+    host: EngineHost
+    plane: RemoteEngine
+    arena: Arena
+    stop: asyncio.Event  # set: the engine stops answering
+
+
+@asynccontextmanager
+async def hosted(engine: Engine, folder: Path) -> AsyncIterator[Callable[..., Awaitable[Linked]]]:
+    """`engine` served at an ipc:// address under `folder`; yields a maker of front-end data planes over it."""
+    address = f"ipc://{folder / 'engine.sock'}"
+    host = EngineHost(engine, address)
+    stop = asyncio.Event()
+    serving = asyncio.create_task(host.serve(stop))
+    planes: list[RemoteEngine] = []
+
+    async def make(arena_bytes: int = 1 << 20) -> Linked:
+        arena = Arena.create(folder / f"arena{len(planes)}.shm", arena_bytes)
+        plane = RemoteEngine(engine.settings, Metrics(), address, arena)
+        planes.append(plane)
+        await plane.start()
+        assert await plane.wait_engine(5)
+        return Linked(engine, host, plane, arena, stop)
+
+    try:
+        yield make
+    finally:
+        for plane in planes:
+            await plane.shutdown()
+        stop.set()
+        await serving
+        host.close()
+
+
+@pytest.fixture
+async def make_linked(service: Engine, tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Linked]]]:
+    async with hosted(service, tmp_path) as make:
+        yield make
+
+
+def identity(done: Inference) -> Inference:
+    return done
+
+
+async def test_the_answers_are_the_engines(make_linked: Callable[..., Awaitable[Linked]]) -> None:
+    linked: Linked = await make_linked()
+    options = InferOptions("rollout", overlay=True, embedding=True, normalize=True)
+    request = InferenceRequest(None, FILES, options)
+    expected = await linked.engine.infer(request, identity)
+    got = await linked.plane.infer(request, identity)
+    assert got.model == expected.model
+    for g, e in zip(got.predictions, expected.predictions, strict=True):
+        assert g.filename == e.filename
+        torch.testing.assert_close(g.probabilities, e.probabilities)
+        torch.testing.assert_close(g.attention_map, e.attention_map)
+        torch.testing.assert_close(g.embedding, e.embedding)
+        assert g.overlay_png == e.overlay_png
+    assert linked.arena.in_use == 0  # every region given back
+
+
+async def test_the_front_end_decodes_and_the_engine_only_batches(make_linked: Callable[..., Awaitable[Linked]]) -> None:
+    """The engine's own preparer refusing every image shows who decodes: the front-end's pixels are served;
+    with the response cache on (the front-end then sends the files), the engine decodes and refuses them."""
+    linked: Linked = await make_linked()
+    expected = await linked.engine.infer(InferenceRequest(None, FILES, InferOptions("last")), identity)
+    linked.engine.model(None).preparer.max_pixels = 1
+    got = await linked.plane.infer(InferenceRequest(None, FILES, InferOptions("last")), identity)
+    for g, e in zip(got.predictions, expected.predictions, strict=True):
+        assert g.filename == e.filename
+        torch.testing.assert_close(g.probabilities, e.probabilities)
+        torch.testing.assert_close(g.attention_map, e.attention_map)
+    linked.plane.decodes = False
+    with pytest.raises(PayloadTooLarge, match=r"0\.png: .* over the limit of 1"):
+        await linked.plane.infer(InferenceRequest(None, FILES, InferOptions()), identity)
+    assert linked.arena.in_use == 0
+
+
+async def test_pixels_travel_too(make_linked: Callable[..., Awaitable[Linked]]) -> None:
+    linked: Linked = await make_linked()
+    model = linked.engine.model(None)
+    pixels = torch.stack([model.preparer.prepare(f, keep_image=False).pixels for f in FILES])
+    expected = await linked.engine.infer(InferenceRequest(None, pixels, InferOptions()), identity)
+    got = await linked.plane.infer(InferenceRequest(None, pixels, InferOptions()), identity)
+    for g, e in zip(got.predictions, expected.predictions, strict=True):
+        torch.testing.assert_close(g.probabilities, e.probabilities)
+
+
+async def test_requests_larger_than_the_arena_go_inline(make_linked: Callable[..., Awaitable[Linked]]) -> None:
+    linked: Linked = await make_linked(arena_bytes=4096)
+    assert sum(len(f.data) for f in FILES) > 4096
+    expected = await linked.engine.infer(InferenceRequest(None, FILES, InferOptions("last")), identity)
+    got = await linked.plane.infer(InferenceRequest(None, FILES, InferOptions("last")), identity)
+    for g, e in zip(got.predictions, expected.predictions, strict=True):
+        torch.testing.assert_close(g.probabilities, e.probabilities)
+        torch.testing.assert_close(g.attention_map, e.attention_map)
+
+
+async def test_a_cancelled_call_holds_its_region_until_the_engine_answers(
+    make_linked: Callable[..., Awaitable[Linked]],
+) -> None:
+    linked: Linked = await make_linked()
+    slow_forward(linked.engine.model(None), 0.5)
+    call = asyncio.create_task(linked.plane.infer(InferenceRequest(None, FILES, InferOptions()), identity))
+    await until(lambda: linked.arena.in_use > 0)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert linked.arena.in_use > 0  # the engine may still write its outputs there
+    await until(lambda: linked.arena.in_use == 0, timeout=10)
+    assert linked.plane.pending == {}
+
+
+async def test_a_call_cancelled_before_the_engine_ran_it_is_answered_all_the_same(
+    make_linked: Callable[..., Awaitable[Linked]],
+) -> None:
+    """The engine may read a call and its Cancel in one go, before the call's task has run at all: it still
+    answers, since the front-end holds the call's region until then."""
+    linked: Linked = await make_linked()
+    host = linked.host
+    [peer] = host.peers.values()
+    answer: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+    linked.plane.pending[999] = remote.Pending(answer, None)
+    images = [StoredImage(f.filename, f.data) for f in FILES]
+    await host.handle(
+        peer.identity, InferCall(999, host.incarnation, None, None, InferOptions(), None, images, None, None)
+    )
+    await host.handle(peer.identity, Cancel(999, host.incarnation))  # nothing awaited in between: it never ran
+    reply = await asyncio.wait_for(answer, 5)
+    assert reply.failure is not None and reply.failure.kind == "RequestTimeout"
+    assert 999 not in peer.calls
+
+
+async def test_core_errors_come_back_as_themselves(make_linked: Callable[..., Awaitable[Linked]]) -> None:
+    linked: Linked = await make_linked()
+    with pytest.raises(ModelNotFound, match="nope"):
+        await linked.plane.infer(InferenceRequest("nope", FILES, InferOptions()), identity)
+    bad = [EncodedImage("x.png", b"not an image")]
+    with pytest.raises(UnsupportedMediaType, match=r"x\.png"):
+        await linked.plane.infer(InferenceRequest(None, bad, InferOptions()), identity)
+    [stats] = await linked.plane.statistics()  # refused by the front-end's decoding, counted by the engine
+    assert (stats.fail.count, stats.success.count) == (1, 0)
+    model = linked.engine.model(None)
+    model.batcher.max_queue = 1  # a full queue: 503 with a Retry-After, as from one process
+    with pytest.raises(Overloaded) as raised:
+        await linked.plane.infer(InferenceRequest(None, FILES, InferOptions()), identity)
+    assert raised.value.retry_after_s is not None
+    assert linked.arena.in_use == 0
+
+
+async def test_a_silent_engine_makes_the_front_end_unready_and_fails_its_calls(
+    make_linked: Callable[..., Awaitable[Linked]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(remote, "ENGINE_SILENT_S", 0.5)
+    linked: Linked = await make_linked()
+    assert linked.plane.ready()
+    slow_forward(linked.engine.model(None), 3)
+    call = asyncio.create_task(linked.plane.infer(InferenceRequest(None, FILES, InferOptions()), identity))
+    await asyncio.sleep(0.1)
+    linked.stop.set()  # the engine stops answering
+    with pytest.raises(NotReady, match="engine"):
+        await asyncio.wait_for(call, 5)
+    assert not linked.plane.ready()
+    with pytest.raises(NotReady):
+        linked.plane.check_serving()
+    assert linked.arena.in_use == 0
+
+
+async def test_a_repository_change_reaches_every_front_end_before_it_is_answered(tmp_path: Path) -> None:
+    (tmp_path / "models").mkdir()
+    for name, seed in (("a", 0), ("b", 1)):
+        write_tiny_checkpoint(tmp_path / "models" / f"{name}.safetensors", seed)
+    settings = Settings(
+        model_repository=tmp_path / "models",
+        model_control="explicit",
+        models="a",
+        device="cpu",
+        backend="torch",
+        warmup=False,
+    )
+    async with Engine.serving(settings) as engine, hosted(engine, tmp_path) as make:
+        first, second = await make(), await make()
+        assert [m.name for m in second.plane.models()] == ["a"]
+        await first.plane.load_model("b")
+        assert [m.name for m in second.plane.models()] == ["a", "b"]  # no wait: applied before the answer
+        assert second.plane.model_ready("b")
+        await second.plane.unload_model("a")
+        assert [m.name for m in first.plane.models()] == ["b"]
+        with pytest.raises(ModelNotFound, match="'a'"):
+            first.plane.describe("a")
+        index = await first.plane.repository_index()
+        assert {m.name: m.state for m in index} == {"a": "UNAVAILABLE", "b": "READY"}
