@@ -25,7 +25,7 @@ import torch
 
 from app.core.backends.predictor import ImageInput, Predictor
 from app.settings import BUNDLED_WEIGHTS
-from bench.tables import table
+from bench.common import table
 from model import evaluate, train
 from model.checkpoint import load_checkpoint
 from model.vit import PRESETS, ViT, ViTConfig

@@ -13,7 +13,6 @@ by `hey` at concurrency 2 x batch. Rates are images/s; compare ratios within one
 from __future__ import annotations
 
 import argparse
-import io
 import re
 import subprocess
 import sys
@@ -22,29 +21,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from PIL import Image
 
 from app.settings import BUNDLED_WEIGHTS
+from bench.common import photo_jpeg, table, write_results
 from bench.limits import forward_throughput
-from bench.run import write_results
-from bench.tables import table
 from harness.load import require_hey, run_hey, start_service
 from harness.models import vit_s16_checkpoint
 from harness.server import ROOT
 from model.checkpoint import load_checkpoint
-
-
-def photo_jpeg(seed: int) -> bytes:
-    """A distinct 500x375 JPEG with gradients and noise, as a photo of that size costs to decode."""
-    rng = np.random.default_rng(seed)
-    ys, xs = np.mgrid[0:375, 0:500]
-    channels = [(xs * 0.8 + seed * 7) % 256, (ys * 1.2 + seed * 3) % 256, ((xs + ys) * 0.5) % 256]
-    pixels = np.stack(channels, -1) + rng.normal(0, 12, (375, 500, 3))
-    buf = io.BytesIO()
-    Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(buf, format="JPEG", quality=90)
-    return buf.getvalue()
 
 
 def run_batch(

@@ -24,8 +24,7 @@ from typing import Any
 import httpx
 
 from app.settings import BUNDLED_WEIGHTS
-from bench.run import multipart, write_results
-from bench.tables import table
+from bench.common import multipart, table, write_results
 from harness.load import start_hey
 from harness.server import Server
 from model.shapes import make_sample

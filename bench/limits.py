@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import io
 import time
 from dataclasses import dataclass
 
 import torch
-from PIL import Image
 
 from app.core.backends.predictor import Backend, Predictor, batch_sizes
 from app.core.images.decode import decode_image
 from app.core.images.prepare import Preprocessor
+from bench.common import sample_images
 from model.checkpoint import Checkpoint
-from model.shapes import make_sample
 
 
 @dataclass
@@ -45,30 +43,6 @@ def forward_throughput(
         elapsed = time.perf_counter() - started
         results.append(ForwardResult(bs, n * bs / elapsed, elapsed / n * 1e3))
     return results
-
-
-# small: the bundled model's own 64 px image; medium: an ImageNet-sized photo
-SAMPLE_SIZES: dict[str, tuple[int, int] | None] = {"small": None, "medium": (500, 375), "large": (1024, 768)}
-
-
-def sample_images() -> dict[str, bytes]:
-    """PNG and JPEG at each of SAMPLE_SIZES, named `png-small` to `jpeg-large`."""
-    small = make_sample(4242, 0).image
-    out = {}
-    for name, size in SAMPLE_SIZES.items():
-        image = small if size is None else small.resize(size, Image.Resampling.BICUBIC)
-        for fmt in ("PNG", "JPEG"):
-            buf = io.BytesIO()
-            image.save(buf, format=fmt, **({"quality": 90} if fmt == "JPEG" else {}))
-            out[f"{fmt.lower()}-{name}"] = buf.getvalue()
-    return out
-
-
-def sample_label(name: str) -> str:
-    """A sample image's name in prose: `jpeg-medium` -> `500x375 JPEG`."""
-    kind, size = name.split("-")
-    dims = SAMPLE_SIZES[size]
-    return f"{'64 px' if dims is None else f'{dims[0]}x{dims[1]}'} {kind.upper()}"
 
 
 def preprocessing_cost(ckpt: Checkpoint, repeats: int = 50) -> dict[str, float]:

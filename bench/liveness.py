@@ -27,9 +27,7 @@ import numpy as np
 from PIL import Image
 
 from app.settings import BUNDLED_WEIGHTS
-from bench.limits import sample_images
-from bench.run import RESULTS, multipart
-from bench.tables import table
+from bench.common import RESULTS, multipart, sample_images, table
 from harness.load import LoadResult, parse_hey, require_hey, run_hey
 from harness.server import ROOT, ServerProcess, free_port
 

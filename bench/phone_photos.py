@@ -33,9 +33,7 @@ from PIL import Image
 from app.core.images.decode import decode_image
 from app.core.images.prepare import Preprocessor
 from app.settings import BUNDLED_WEIGHTS
-from bench.batch import photo_jpeg
-from bench.run import write_results
-from bench.tables import table
+from bench.common import photo_jpeg, table, write_results
 from harness.load import require_hey, run_hey
 from harness.models import VIT_S16_PREPROCESSING, vit_s16_checkpoint
 from harness.server import Server

@@ -40,9 +40,7 @@ from app.core.backends.onnx_runtime import LogitsAndEmbedding, OnnxForward, expo
 from app.core.backends.predictor import Backend, Predictor
 from app.quantize import main as quantize_main
 from app.settings import BUNDLED_WEIGHTS
-from bench.batch import photo_jpeg
-from bench.run import RESULTS
-from bench.tables import table
+from bench.common import RESULTS, photo_jpeg, table
 from harness.load import require_hey, run_hey, start_service
 from model.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from model.data import ShapesDataset

@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from app.settings import BUNDLED_WEIGHTS
-from bench.run import RESULTS
-from bench.tables import table
+from bench.common import RESULTS, table
 from harness.images import encode
 from harness.model_changes import another_version, load_unload_cycles, reload_under_load
 from harness.models import vit_s16_checkpoint

@@ -14,12 +14,9 @@ Compare ratios within one run: the machines are shared and noisy.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
-import subprocess
 import tempfile
 import time
-import uuid
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -29,31 +26,15 @@ import torch
 
 from app.choices import Backend
 from app.settings import BUNDLED_WEIGHTS
-from bench.limits import forward_throughput, preprocessing_cost, sample_images
-from bench.tables import table
+from bench.common import RESULTS, multipart, sample_images, table, write_results
+from bench.limits import forward_throughput, preprocessing_cost
 from harness.load import LoadResult, ServerProcess, require_hey, run_hey, start_litserve, start_service
 from harness.models import vit_s16_checkpoint
 from model.checkpoint import load_checkpoint
 from model.device import resolve_device
 
-RESULTS = Path(__file__).resolve().parent / "results"
 # ViT-S/16 at 224 px as timm builds it (22 M parameters), random weights: compute dominates, as with real models
 DEFAULT_IMAGE = {"bundled": "png-small", "vit-s16": "jpeg-medium"}
-
-
-def commit(tree: Path) -> str:
-    """The short hash of the commit checked out in `tree`."""
-    return subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True
-    ).stdout.strip()
-
-
-def write_results(name: str, report: dict[str, Any], text: str) -> None:
-    """bench/results/<name>.json (the figures) and <name>.md (`text`, their tables); the tables printed too."""
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
-    (RESULTS / f"{name}.md").write_text(text)
-    print(text)
 
 
 def parse_args() -> argparse.Namespace:
@@ -81,19 +62,6 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--attention", action="store_true", help="also measure attention=rollout at concurrency 1")
     p.add_argument("--name", default="cpu", help="results file name")
     return p.parse_args()
-
-
-def multipart(data: bytes, filename: str, content_type: str) -> tuple[bytes, str]:
-    boundary = uuid.uuid4().hex
-    body = (
-        (
-            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{filename}"\r\n'
-            f"Content-Type: {content_type}\r\n\r\n"
-        ).encode()
-        + data
-        + f"\r\n--{boundary}--\r\n".encode()
-    )
-    return body, f"multipart/form-data; boundary={boundary}"
 
 
 def check_peer(server: ServerProcess, body: Path, content_type: str, threads: int, backend: str) -> int:

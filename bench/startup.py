@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from app.settings import BUNDLED_WEIGHTS
-from bench.run import RESULTS
-from bench.tables import table
+from bench.common import RESULTS, table
 from harness.models import vit_s16_checkpoint
 from harness.server import Server
 

@@ -17,8 +17,8 @@ def credentials(headers: Headers) -> str:
     return given.removeprefix("Bearer ").strip()
 
 
-# Dependencies are async on purpose: FastAPI runs plain `def` dependencies on a thread pool, two
-# thread hops per request that showed up as 15 % of the event loop's time under load.
+# Dependencies are async on purpose: FastAPI runs plain `def` dependencies on a thread pool, a thread hop per
+# request each (docs/performance.md).
 async def data_plane(request: Request) -> DataPlane:
     plane: DataPlane = request.app.state.data_plane
     return plane
@@ -40,7 +40,7 @@ async def ready_data_plane(plane: Annotated[DataPlane, Depends(data_plane)]) -> 
 async def authorized_data_plane(request: Request) -> DataPlane:
     """The data plane for inference and model changes: while it takes requests (NotReady otherwise), and with
     VIT_API_KEYS set, for a caller with a matching key. One dependency, not a chain: FastAPI resolves each
-    link on every request (a chain of three cost a cache hit about 8 % more, `bench.app_cost`)."""
+    link on every request."""
     plane = await data_plane(request)
     plane.check_serving()
     plane.authorize(credentials(request.headers))

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import functools
+from collections.abc import AsyncIterator
 
 from fastapi import Request
+from starlette.datastructures import Headers, UploadFile
+from starlette.formparsers import MultiPartException, MultiPartParser
 
 from app.core.contract.errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
 from app.core.contract.request import EncodedImage
-from app.web.multipart import MultipartError, parse_multipart
 
 FILE_FIELDS = ("file", "files")
-PARSE_ON_THE_LOOP_BYTES = 1024 * 1024  # about 1 ms of parsing here (20 MiB: 18 ms); larger: in a thread
+PARSE_ON_THE_LOOP_BYTES = 1024 * 1024  # larger bodies are parsed in a thread (docs/performance.md)
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -47,20 +48,38 @@ async def read_images(request: Request, max_bytes: int, max_files: int) -> list[
             "(or repeated 'files'), or the raw image bytes with an image/* Content-Type"
         )
     body = await read_body(request, max_bytes)
-    parse = functools.partial(parse_multipart, body, content_type, max_files=max_files, max_fields=max_files + 16)
-    try:
-        parts = await asyncio.to_thread(parse) if len(body) > PARSE_ON_THE_LOOP_BYTES else parse()
-    except MultipartError as e:  # malformed multipart, or too many parts
-        raise InvalidInput(f"could not parse the multipart body: {e}") from None
+    if len(body) > PARSE_ON_THE_LOOP_BYTES:
+        parts = await asyncio.to_thread(asyncio.run, read_form(body, request.headers, max_files))
+    else:
+        parts = await read_form(body, request.headers, max_files)
     uploads: list[EncodedImage] = []
-    for part in parts:
-        if part.filename is None:
-            continue  # a form field, not a file
-        if part.name not in FILE_FIELDS:
-            raise InvalidInput(f"unexpected file field {part.name!r}; send images as 'file' or repeated 'files'")
-        uploads.append(EncodedImage(part.filename or f"{part.name}[{len(uploads)}]", part.data))
+    for name, filename, data in parts:
+        if name not in FILE_FIELDS:
+            raise InvalidInput(f"unexpected file field {name!r}; send images as 'file' or repeated 'files'")
+        uploads.append(EncodedImage(filename or f"{name}[{len(uploads)}]", data))
     if not uploads:
         raise InvalidInput("no image in the request; send multipart field 'file' or repeated 'files'")
     if len(uploads) > max_files:
         raise InvalidInput(f"{len(uploads)} images in one request; at most {max_files} are accepted")
     return uploads
+
+
+async def read_form(body: bytes, headers: Headers, max_files: int) -> list[tuple[str, str, bytes]]:
+    """The file parts of a multipart/form-data body (field name, file name, bytes) in order, read by Starlette's
+    parser within `max_files` files and as many form fields and 16 more; form fields are left out."""
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield body
+
+    parser = MultiPartParser(headers, chunks(), max_files=max_files, max_fields=max_files + 16)  # type: ignore[arg-type]
+    try:
+        form = await parser.parse()
+    except MultiPartException as e:  # malformed multipart, or too many parts
+        raise InvalidInput(f"could not parse the multipart body: {e.message}") from None
+    files = []
+    for name, value in form.multi_items():
+        if isinstance(value, UploadFile):
+            value.file.seek(0)
+            files.append((name, value.filename or "", value.file.read()))
+            value.file.close()
+    return files

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from bench.batch import photo_jpeg
+from bench.common import photo_jpeg
 from harness.models import VIT_S16_PREPROCESSING
 
 

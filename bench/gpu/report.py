@@ -6,9 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bench.common import RESULTS, table
 from bench.gpu.common import MODELS
-from bench.run import RESULTS
-from bench.tables import table
 
 
 def summarize_profile(path: Path) -> dict[str, float]:

@@ -6,6 +6,7 @@ import io
 import re
 import threading
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -14,7 +15,7 @@ from PIL import Image
 
 from app.core.engine.engine import Engine
 from app.settings import Settings
-from app.web import multipart, uploads
+from app.web import uploads
 from app.web.app import create_app
 from harness.images import encode
 from model.checkpoint import load_checkpoint, save_checkpoint
@@ -81,13 +82,13 @@ async def test_a_large_multipart_body_is_parsed_off_the_event_loop(
     client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     parsed_on: list[bool] = []
-    parse = uploads.parse_multipart
+    parse = uploads.read_form
 
-    def watched(*args: object, **kwargs: int) -> list[multipart.Part]:
+    async def watched(*args: Any) -> list[tuple[str, str, bytes]]:
         parsed_on.append(threading.current_thread() is threading.main_thread())
-        return parse(*args, **kwargs)  # type: ignore[arg-type]
+        return await parse(*args)
 
-    monkeypatch.setattr(uploads, "parse_multipart", watched)
+    monkeypatch.setattr(uploads, "read_form", watched)
     small = encode(make_sample(3, 0).image)
     large = encode(Image.effect_noise((720, 720), 80).convert("RGB"))  # a PNG of noise: over 1 MiB
     assert len(small) < uploads.PARSE_ON_THE_LOOP_BYTES < len(large)

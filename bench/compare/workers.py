@@ -1,6 +1,6 @@
 """Serving processes (VIT_WORKERS): throughput against one process, and what a killed process costs.
 
-    python -m bench.workers --rounds 2 --seconds 10 --concurrency 16 --name workers-cpu
+    python -m bench.compare.workers --rounds 2 --seconds 10 --concurrency 16 --name workers-cpu
 
 Every server is `python -m app` with the bundled model on this machine's device, posting a 500x375 JPEG
 to `/predict` (multipart) with `hey`:
@@ -30,15 +30,13 @@ from typing import Any
 import httpx
 
 from app.settings import BUNDLED_WEIGHTS
-from bench.limits import sample_images
-from bench.run import commit, multipart, write_results
-from bench.tables import table
+from bench.common import commit, multipart, sample_images, table, write_results
 from harness.load import LoadResult, parse_hey, run_hey, start_hey
 from harness.server import ROOT, Server, ServerProcess, process_cpu_s
 
 
 def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.workers", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.compare.workers", description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", type=int, default=2, help="front-end processes against one process (default 2)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--seconds", type=float, default=10.0, help="seconds per load run")
@@ -194,7 +192,7 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# Serving processes on {report['device']} ({report['cpu_count']} cores)",
         "",
-        f"`python -m bench.workers` at {report['commit']}: `/predict` with one {report['image']} JPEG, concurrency "
+        f"`python -m bench.compare.workers` at {report['commit']}: `/predict` with one {report['image']} JPEG, concurrency "
         f"{report['concurrency']}, {report['seconds']:.0f} s per run, rounds alternating. CPU: milliseconds "
         "of CPU time per request answered, each round.",
         "",

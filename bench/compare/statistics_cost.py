@@ -1,6 +1,6 @@
 """What Triton's statistics extension costs the hot path: the engine's statistics calls, timed directly.
 
-    python -m bench.statistics_cost --requests 200000
+    python -m bench.compare.statistics_cost --requests 200000
 
 The statistics (app/telemetry/statistics.py) are counters the engine updates as it answers; there is no switch
 to turn them off, and what they cost is far below what an A/B of two servers resolves on a shared machine
@@ -27,9 +27,7 @@ from typing import Any
 from app.core.engine.engine import request_timing
 from app.telemetry.metrics import Metrics, ModelMetrics
 from app.telemetry.statistics import BatchTiming, StatisticsBook
-from bench.run import write_results
-from bench.span_cost import cpu_model
-from bench.tables import table
+from bench.common import cpu_model, table, write_results
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -94,7 +92,7 @@ def server_cpu_us() -> dict[str, float]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.statistics_cost", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.compare.statistics_cost", description=__doc__.split("\n\n")[0])
     p.add_argument("--requests", type=int, default=200000)
     p.add_argument("--batch", type=int, default=8, help="requests per batch (one image each)")
     p.add_argument("--repeats", type=int, default=5, help="the best of this many runs is reported")
@@ -124,7 +122,7 @@ def markdown(report: dict[str, Any]) -> str:
         [
             f"# What the statistics extension costs a request ({report['cpu_count']} cores)",
             "",
-            f"`python -m bench.statistics_cost --requests {report['requests']} --batch {report['batch']}`: "
+            f"`python -m bench.compare.statistics_cost --requests {report['requests']} --batch {report['batch']}`: "
             "the engine's statistics calls for one request, timed directly with its own classes (a batch's "
             f"share counted for every {report['batch']} requests; the Prometheus half of the batch observer "
             f"left out); CPU time, the best of {report['repeats']} runs. The share is of the server's CPU per "

@@ -1,6 +1,6 @@
 """What tracing costs: this tree with tracing off against a tree without the tracing code, and with it on.
 
-    python -m bench.tracing --other /tmp/before --contrib /tmp/contrib --rounds 3 --seconds 10
+    python -m bench.compare.tracing --other /tmp/before --contrib /tmp/contrib --rounds 3 --seconds 10
 
 `--other` is a checkout of the commit before the tracing code (`git worktree add /tmp/before 62326be`),
 run with this environment's packages. `--contrib` (optional) is a checkout whose HTTP spans come from
@@ -27,9 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from app.settings import BUNDLED_WEIGHTS
-from bench.limits import sample_images, sample_label
-from bench.run import commit, multipart, write_results
-from bench.tables import table
+from bench.common import commit, multipart, sample_images, sample_label, table, write_results
 from harness.load import run_hey
 from harness.otlp import Receiver
 from harness.server import ROOT, Server
@@ -39,7 +37,7 @@ OVER_HTTP = "tracing on, OTLP/HTTP"  # the protocol's default, http/protobuf, wh
 
 
 def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.tracing", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.compare.tracing", description=__doc__.split("\n\n")[0])
     p.add_argument("--other", type=Path, help="a checkout without the tracing code (for 'no tracing code')")
     p.add_argument("--contrib", type=Path, help="a checkout tracing HTTP with opentelemetry-instrumentation-fastapi")
     p.add_argument("--rounds", type=int, default=3)
@@ -157,7 +155,7 @@ def markdown(report: dict[str, Any]) -> str:
         [
             f"# Tracing cost on the CPU ({report['cpu_count']} cores)",
             "",
-            f"`python -m bench.tracing`: `/predict` with one {sample_label(report.get('image', 'png-small'))} at "
+            f"`python -m bench.compare.tracing`: `/predict` with one {sample_label(report.get('image', 'png-small'))} at "
             f"concurrency {report['concurrency']}, "
             f"{report['seconds']:.0f} s per run, rounds alternating; this tree {report['this']}{other}{contrib}. Tracing on exports the spans over OTLP/gRPC (OTLP/HTTP where the row says so) to a local "
             f"receiver that counts the exports without parsing them ({report['exports_received']:,} in all). "

@@ -1,6 +1,6 @@
 """What a request costs the HTTP app itself: ASGI calls in process, no server, no socket, no load generator.
 
-    python -m bench.app_cost --trees . /tmp/before --repeats 3
+    python -m bench.compare.app_cost --trees . /tmp/before --repeats 3
 
 On this shared 2-core machine a load test's figures move by 10 % and more from run to run, too much to
 see a change of a few percent in the route's own work. This calls the app (`create_app` over a running
@@ -34,7 +34,7 @@ ROUTES = {"cache hit": "/predict", "health": "/health/live", "upload answered 40
 
 
 def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.app_cost", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.compare.app_cost", description=__doc__.split("\n\n")[0])
     p.add_argument("--trees", type=Path, nargs="+", default=[Path(".")], help="checkouts to compare")
     p.add_argument("--repeats", type=int, default=3, help="runs of each tree, alternating")
     p.add_argument("--rounds", type=int, default=5)
@@ -162,7 +162,7 @@ async def call(app: Any, method: str, path: str, body: bytes, content_type: str)
 
 
 def markdown(report: dict[str, Any]) -> str:
-    from bench.tables import table
+    from bench.common import table
 
     rows = []
     for tree, routes in report["us_per_request"].items():
@@ -181,7 +181,7 @@ def markdown(report: dict[str, Any]) -> str:
         [
             f"# What a request costs the HTTP app itself ({report['cpu_count']} cores)",
             "",
-            f"`python -m bench.app_cost`: ASGI calls in process, one at a time, the bundled model on the CPU "
+            f"`python -m bench.compare.app_cost`: ASGI calls in process, one at a time, the bundled model on the CPU "
             f"with a 64 MiB cache; each tree run {report['repeats']} times, alternating, each run "
             f"{report['rounds']} rounds of {report['calls']} requests per route. CPU time per request.",
             "",

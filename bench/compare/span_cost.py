@@ -1,6 +1,6 @@
 """What the OpenTelemetry SDK costs a traced request, outside the service: the floor under tracing's cost.
 
-    python -m bench.span_cost --requests 20000
+    python -m bench.compare.span_cost --requests 20000
 
 Each simulated request makes the core's spans with the core's attributes (`infer`, `admission`, `decode`,
 `queue`, `encode`; app/telemetry/spans.py) through the SDK the service installs (`app.telemetry.tracing`). Three
@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -33,8 +31,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from opentelemetry.trace import Tracer
 
 from app.telemetry import spans as core
-from bench.run import write_results
-from bench.tables import table
+from bench.common import cpu_model, table, write_results
 
 SPANS_PER_REQUEST = 5
 
@@ -149,18 +146,8 @@ def batched(requests: int) -> dict[str, float]:
     }
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
-
-
 def main() -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.span_cost", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.compare.span_cost", description=__doc__.split("\n\n")[0])
     p.add_argument("--requests", type=int, default=20000)
     p.add_argument("--name", default="span-cost-cpu")
     args = p.parse_args()
@@ -190,7 +177,7 @@ def markdown(report: dict[str, Any]) -> str:
         [
             f"# What the OpenTelemetry SDK costs a span ({report['cpu_count']} cores)",
             "",
-            f"`python -m bench.span_cost --requests {report['requests']}`: each request makes the core's "
+            f"`python -m bench.compare.span_cost --requests {report['requests']}`: each request makes the core's "
             f"{report['spans_per_request']} spans with the core's attributes; CPU time per span. With the "
             f"BatchSpanProcessor (batches of 512, a queue that holds them all), {b['encoded']:,} spans were "
             f"encoded and {b['dropped']:,} dropped. On {report['cpu']}.",

@@ -1,0 +1,111 @@
+"""What the benchmarks share: where results go and how they are written, the sample images, a markdown table,
+a multipart body, the commit and CPU a run was measured on."""
+
+from __future__ import annotations
+
+import io
+import json
+import platform
+import subprocess
+import uuid
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from model.shapes import make_sample
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def commit(tree: Path) -> str:
+    """The short hash of the commit checked out in `tree`."""
+    return subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def write_results(name: str, report: dict[str, Any], text: str) -> None:
+    """bench/results/<name>.json (the figures) and <name>.md (`text`, their tables); the tables printed too."""
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (RESULTS / f"{name}.md").write_text(text)
+    print(text)
+
+
+def multipart(data: bytes, filename: str, content_type: str) -> tuple[bytes, str]:
+    boundary = uuid.uuid4().hex
+    body = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{filename}"\r\n'
+            f"Content-Type: {content_type}\r\n\r\n"
+        ).encode()
+        + data
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
+    return body, f"multipart/form-data; boundary={boundary}"
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
+# small: the bundled model's own 64 px image; medium: an ImageNet-sized photo
+SAMPLE_SIZES: dict[str, tuple[int, int] | None] = {"small": None, "medium": (500, 375), "large": (1024, 768)}
+
+
+def sample_images() -> dict[str, bytes]:
+    """PNG and JPEG at each of SAMPLE_SIZES, named `png-small` to `jpeg-large`."""
+    small = make_sample(4242, 0).image
+    out = {}
+    for name, size in SAMPLE_SIZES.items():
+        image = small if size is None else small.resize(size, Image.Resampling.BICUBIC)
+        for fmt in ("PNG", "JPEG"):
+            buf = io.BytesIO()
+            image.save(buf, format=fmt, **({"quality": 90} if fmt == "JPEG" else {}))
+            out[f"{fmt.lower()}-{name}"] = buf.getvalue()
+    return out
+
+
+def sample_label(name: str) -> str:
+    """A sample image's name in prose: `jpeg-medium` -> `500x375 JPEG`."""
+    kind, size = name.split("-")
+    dims = SAMPLE_SIZES[size]
+    return f"{'64 px' if dims is None else f'{dims[0]}x{dims[1]}'} {kind.upper()}"
+
+
+def photo_jpeg(seed: int) -> bytes:
+    """A distinct 500x375 JPEG with gradients and noise, as a photo of that size costs to decode."""
+    rng = np.random.default_rng(seed)
+    ys, xs = np.mgrid[0:375, 0:500]
+    channels = [(xs * 0.8 + seed * 7) % 256, (ys * 1.2 + seed * 3) % 256, ((xs + ys) * 0.5) % 256]
+    pixels = np.stack(channels, -1) + rng.normal(0, 12, (375, 500, 3))
+    buf = io.BytesIO()
+    Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(buf, format="JPEG", quality=90)
+    return buf.getvalue()
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[object]], align: str | None = None) -> list[str]:
+    """A markdown table's lines: the header, its alignment row and one line per row (each cell as `str`).
+
+    `align` has a letter per column, `l` for text or `r` for numbers; by default the first column is text
+    and the others numbers.
+    """
+    align = align or "l" + "r" * (len(header) - 1)
+    if len(align) != len(header):
+        raise ValueError(f"{len(header)} columns but {len(align)} alignments ({align!r})")
+    lines = ["| " + " | ".join(header) + " |", "|" + "".join("---:|" if a == "r" else "---|" for a in align)]
+    for row in rows:
+        cells = list(row)
+        if len(cells) != len(header):
+            raise ValueError(f"a row of {len(cells)} cells in a table of {len(header)} columns: {cells}")
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return lines
