@@ -8,7 +8,7 @@ versions; a second client reads the version of each of its own answers. (2) Load
 model `--cycles` times through the repository API while `hey` serves the first; the server's resident
 memory after each unload. Both with the bundled model and with a random-weight ViT-S/16 (224 px),
 and with the ONNX graph cache off (VIT_ONNX_CACHE=), so every load exports: the worst case. The test
-suite runs the same two experiments on a tiny model (tests/app/web/test_model_changes.py).
+suite runs the same two experiments on a tiny model (tests/e2e/test_model_changes.py).
 """
 
 from __future__ import annotations

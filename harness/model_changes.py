@@ -1,5 +1,5 @@
 """Models changed under load against a real server, driven by `hey`: the experiments behind bench.reload and
-tests/app/web/test_model_changes.py (a served file replaced under load; a model loaded and unloaded while another serves)."""
+tests/e2e/test_model_changes.py (a served file replaced under load; a model loaded and unloaded while another serves)."""
 
 from __future__ import annotations
 

@@ -7,8 +7,8 @@ import httpx
 import pytest
 
 from app.core.engine.engine import Engine
-from app.settings import Settings
 from tests.support.clients import ClientFactory, client_factory
+from tests.support.settings import cpu_settings
 
 
 @pytest.fixture
@@ -31,6 +31,6 @@ async def client(make_client: ClientFactory) -> AsyncIterator[httpx.AsyncClient]
 @pytest.fixture
 async def service(tiny_checkpoint: Path) -> AsyncIterator[Engine]:
     """The core alone, no edge: the tiny checkpoint on the CPU with torch, started on this test's event loop."""
-    settings = Settings(weights=tiny_checkpoint, device="cpu", backend="torch", warmup=False, max_batch_size=4)
+    settings = cpu_settings(weights=tiny_checkpoint, max_batch_size=4)
     async with Engine.serving(settings) as engine:
         yield engine

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -13,8 +14,8 @@ import httpx
 
 from app.core.engine.engine import Engine
 from app.core.engine.served_model import ServedModel
-from app.settings import Settings
 from app.web.app import create_app
+from tests.support.settings import cpu_settings
 
 ClientFactory = Callable[..., AbstractAsyncContextManager[httpx.AsyncClient]]
 
@@ -25,7 +26,7 @@ def client_factory(checkpoint: Path) -> ClientFactory:
 
     @asynccontextmanager
     async def factory(**overrides: Any) -> AsyncIterator[httpx.AsyncClient]:
-        settings = Settings(**{"weights": checkpoint, "device": "cpu", "backend": "torch", **overrides})
+        settings = cpu_settings(**{"weights": checkpoint, "warmup": True, **overrides})
         async with Engine.serving(settings) as engine:
             app = create_app(engine)
             transport = httpx.ASGITransport(app=app)
@@ -44,12 +45,16 @@ async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
         await asyncio.sleep(0.005)
 
 
-def slow_forward(model: ServedModel, seconds: float) -> None:
-    """Make each of this model version's batches take `seconds` longer, so its requests stay in flight."""
+def slow_forward(model: ServedModel, seconds: float) -> threading.Event:
+    """Make each of this model version's batches take `seconds` longer, so its requests stay in flight; the
+    event is set once a batch is under way."""
     original = model.batcher.run_batch
+    under_way = threading.Event()
 
     def slow(batch: list[Any]) -> Any:
+        under_way.set()
         time.sleep(seconds)
         return original(batch)
 
     model.batcher.run_batch = slow
+    return under_way

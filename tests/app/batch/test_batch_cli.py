@@ -192,7 +192,7 @@ def test_a_killed_run_resumes_where_its_journal_ends(tiny_checkpoint: Path, imag
     while not (journal.exists() and journal.read_text().count("\n") >= 8):
         assert proc.poll() is None and time.monotonic() < deadline, "the run ended or stalled before its journal filled"
         time.sleep(0.05)
-    time.sleep(0.5)  # rows 8 and 9 are done too but wait, unwritten, for their window
+    time.sleep(0.5)  # time for rows 8 and 9 to be done, unwritten as they wait for their window: not journaled
     proc.kill()
     proc.wait()
     assert not output.exists()  # the output is written only at the end: whole or absent

@@ -9,6 +9,7 @@ import pytest
 
 from app.core.batcher import DynamicBatcher
 from app.core.contract.errors import InferenceFailed, NotReady, Overloaded, RequestTimeout
+from tests.support.clients import until
 
 
 class Recorder:
@@ -20,8 +21,10 @@ class Recorder:
         self.poison = poison
         self.gate = threading.Event()
         self.gate.set()
+        self.entered = threading.Event()  # set once a batch is under way
 
     def __call__(self, items: list[int]) -> list[int]:
+        self.entered.set()
         self.gate.wait(5)
         if self.poison is not None and self.poison in items:
             raise RuntimeError("poisoned batch")
@@ -97,11 +100,12 @@ async def test_a_lone_request_is_not_held_back() -> None:
 
 async def test_waits_for_admitted_requests_still_being_prepared() -> None:
     run = Recorder()
-    batcher: DynamicBatcher[int, int] = DynamicBatcher(run, max_batch_size=8, max_wait_ms=300, max_queue=100)
+    # a wait far longer than the test: the batch is run when the admitted images arrive, not when it ends
+    batcher: DynamicBatcher[int, int] = DynamicBatcher(run, max_batch_size=8, max_wait_ms=30_000, max_queue=100)
     batcher.start()
     with batcher.admit(2) as slow:  # a request still decoding its two images
         first = batcher.submit([1], far())
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # time for the loop to take a batch, which it must not
         assert run.batches == []  # the first image waits for the ones on their way
         later = slow.submit([2, 3], far())
     assert await asyncio.gather(*first, *later) == [2, 4, 6]
@@ -137,7 +141,7 @@ async def test_drain_waits_for_admitted_requests() -> None:
     batcher.start()
     with batcher.admit(1) as admission:
         drain = asyncio.create_task(batcher.drain(timeout_s=5))
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # time for the drain to end, which it must not
         assert not drain.done()  # accepted before the drain: it must still be answered
         (future,) = admission.submit([5], far())
     assert await drain and await future == 10
@@ -161,7 +165,7 @@ async def test_bounded_queue_refuses_with_retry_after() -> None:
     batcher: DynamicBatcher[int, int] = DynamicBatcher(run, max_batch_size=2, max_wait_ms=0, max_queue=4)
     batcher.start()
     first = batcher.submit([0, 1], far())
-    await asyncio.sleep(0.05)  # the first batch is taken and blocks on the gate
+    await until(run.entered.is_set)  # the first batch is taken and blocks on the gate
     queued = batcher.submit([2, 3, 4, 5], far())
     with pytest.raises(Overloaded, match="4 images already waiting") as e:
         batcher.submit([6], far())
@@ -178,7 +182,7 @@ async def test_cancelled_items_are_dropped_not_computed() -> None:
     batcher: DynamicBatcher[int, int] = DynamicBatcher(run, 2, 0, 100, observer)
     batcher.start()
     busy = batcher.submit([0], far())
-    await asyncio.sleep(0.05)
+    await until(run.entered.is_set)
     gone = batcher.submit([7, 8], far())
     kept = batcher.submit([9], far())
     for f in gone:
@@ -197,9 +201,10 @@ async def test_expired_items_get_a_timeout_and_are_not_computed() -> None:
     batcher: DynamicBatcher[int, int] = DynamicBatcher(run, 1, 0, 100, observer)
     batcher.start()
     busy = batcher.submit([0], far())
-    await asyncio.sleep(0.05)
-    (late,) = batcher.submit([5], time.monotonic() + 0.01)
-    await asyncio.sleep(0.05)
+    await until(run.entered.is_set)
+    deadline = time.monotonic() + 0.01
+    (late,) = batcher.submit([5], deadline)
+    await until(lambda: time.monotonic() > deadline)
     run.gate.set()
     with pytest.raises(RequestTimeout):
         await late

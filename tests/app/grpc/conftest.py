@@ -12,8 +12,8 @@ import pytest
 from app.codecs.proto.service_pb2_grpc import GRPCInferenceServiceStub
 from app.core.engine.engine import Engine
 from app.grpc.server import GrpcServer
-from app.settings import Settings
 from harness.server import free_port
+from tests.support.settings import cpu_settings
 
 
 @dataclass
@@ -35,8 +35,7 @@ def make_edge(tiny_checkpoint: Path) -> EdgeFactory:
     @asynccontextmanager
     async def make(**overrides: Any) -> AsyncIterator[Edge]:
         port = free_port()
-        base = {"weights": tiny_checkpoint, "device": "cpu", "backend": "torch", "warmup": False, "max_batch_size": 4}
-        settings = Settings(**{**base, "grpc_port": port, **overrides})
+        settings = cpu_settings(**{"weights": tiny_checkpoint, "max_batch_size": 4, "grpc_port": port, **overrides})
         async with Engine.serving(settings) as service:
             server = GrpcServer(service, port, settings.grpc_message_limit())
             await server.start()

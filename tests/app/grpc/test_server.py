@@ -13,7 +13,7 @@ from app.core.contract.request import EncodedImage, InferOptions
 from harness.images import encode
 from model.shapes import make_sample
 from tests.app.grpc.conftest import Edge, EdgeFactory
-from tests.support.clients import slow_forward
+from tests.support.clients import slow_forward, until
 from tests.support.grpc_requests import expect, image_request, probabilities
 
 PNGS = [encode(make_sample(5, i).image) for i in range(3)]
@@ -103,13 +103,12 @@ async def test_api_keys_guard_inference_and_model_changes(make_edge: EdgeFactory
 async def test_overload_is_unavailable_with_when_to_retry(make_edge: EdgeFactory) -> None:
     async with make_edge(max_files=4, max_queue=4) as edge:
         model = edge.service.model("tiny")
-        slow_forward(model, 0.5)
+        under_way = slow_forward(model, 0.5)
         four = image_request(*PNGS, PNGS[0])
         computing = asyncio.ensure_future(edge.stub.ModelInfer(four))
-        await asyncio.sleep(0.15)
+        await until(under_way.is_set)
         queued = asyncio.ensure_future(edge.stub.ModelInfer(four))  # fills the queue while the first computes
-        await asyncio.sleep(0.15)
-        assert model.batcher.queue_depth == 4
+        await until(lambda: model.batcher.queue_depth == 4)
         error = await expect(edge.stub.ModelInfer(image_request(PNGS[0])), grpc.StatusCode.UNAVAILABLE, "overloaded")
         assert "(retry after " in (error.details() or "")
         assert dict(error.trailing_metadata() or ())["retry-after"].isdigit()
@@ -125,7 +124,6 @@ async def test_deadlines(make_edge: EdgeFactory) -> None:
     async with make_edge() as edge:
         slow_forward(edge.service.model("tiny"), 0.5)
         await expect(edge.stub.ModelInfer(image_request(PNGS[0]), timeout=0.2), grpc.StatusCode.DEADLINE_EXCEEDED, "")
-        await asyncio.sleep(0.6)
         assert len((await edge.stub.ModelInfer(image_request(PNGS[0]))).outputs) == 1  # still serving
 
 
@@ -147,9 +145,9 @@ async def test_requests_are_counted_with_their_protocol(edge: Edge) -> None:
 
 
 async def test_stopping_answers_the_calls_under_way(edge: Edge) -> None:
-    slow_forward(edge.service.model("tiny"), 0.5)
+    computing = slow_forward(edge.service.model("tiny"), 0.5)
     under_way = asyncio.ensure_future(edge.stub.ModelInfer(image_request(PNGS[0])))
-    await asyncio.sleep(0.2)
+    await until(computing.is_set)
     await edge.server.stop(5)
     assert len((await under_way).outputs) == 1
     await expect(edge.stub.ModelInfer(image_request(PNGS[0])), grpc.StatusCode.UNAVAILABLE, "")

@@ -190,9 +190,9 @@ async def test_a_silent_engine_makes_the_front_end_unready_and_fails_its_calls(
     monkeypatch.setattr(remote, "ENGINE_SILENT_S", 0.5)
     linked: Linked = await make_linked()
     assert linked.plane.ready()
-    slow_forward(linked.engine.model(None), 3)
+    under_way = slow_forward(linked.engine.model(None), 3)
     call = asyncio.create_task(linked.plane.infer(InferenceRequest(None, FILES, InferOptions()), identity))
-    await asyncio.sleep(0.1)
+    await until(under_way.is_set)
     linked.stop.set()  # the engine stops answering
     with pytest.raises(NotReady, match="engine"):
         await asyncio.wait_for(call, 5)

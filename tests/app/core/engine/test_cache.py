@@ -19,14 +19,14 @@ from app.settings import Settings
 from harness.images import encode
 from model.shapes import make_sample
 from tests.support.checkpoints import replace_checkpoint, write_tiny_checkpoint
-from tests.support.clients import slow_forward
+from tests.support.clients import slow_forward, until
+from tests.support.settings import cpu_settings
 
 FILES = [EncodedImage(f"{i}.png", encode(make_sample(11, i).image)) for i in range(4)]
 
 
 def settings(checkpoint: Path, **overrides: object) -> Settings:
-    base = {"weights": checkpoint, "device": "cpu", "backend": "torch", "warmup": False, "cache_bytes": 1 << 20}
-    return Settings(**{**base, **overrides})  # type: ignore[arg-type]
+    return cpu_settings(**{"weights": checkpoint, "cache_bytes": 1 << 20, **overrides})
 
 
 @pytest.fixture
@@ -150,11 +150,12 @@ async def test_a_failed_or_abandoned_computation_is_not_kept(cached: Engine) -> 
         with pytest.raises(UnsupportedMediaType):
             await cached.run(model, bad, InferOptions())
     assert cached.cache is not None and cached.cache.entries == {} and cached.cache.computing == {}
-    slow_forward(model, 0.5)
+    under_way = slow_forward(model, 0.5)
     leaving = asyncio.create_task(cached.run(model, FILES[:1], InferOptions()))
-    await asyncio.sleep(0.1)
+    await until(under_way.is_set)
+    hits = cached.metrics.cache_hits.labels(model.name)._value.get()
     staying = asyncio.create_task(cached.run(model, FILES[:1], InferOptions()))  # waits for the first
-    await asyncio.sleep(0.1)
+    await until(lambda: cached.metrics.cache_hits.labels(model.name)._value.get() == hits + 1)
     leaving.cancel()  # the client left: the one waiting computes the image itself
     [p] = (await staying).predictions
     assert p.filename == "0.png" and p.probabilities.shape == (len(model.classes),)

@@ -14,12 +14,12 @@ import pytest
 from app.core.contract.errors import InvalidInput, LoadFailed, ModelNotFound, NotAllowed
 from app.core.contract.request import EncodedImage, InferOptions
 from app.core.engine.engine import Engine
-from app.settings import Settings
 from app.telemetry.metrics import Metrics
 from harness.images import encode
 from model.shapes import make_sample
 from tests.support.checkpoints import replace_checkpoint, write_tiny_checkpoint
 from tests.support.clients import slow_forward, until
+from tests.support.settings import cpu_settings
 
 IMAGE = [EncodedImage("a.png", encode(make_sample(3, 0).image))]
 
@@ -40,16 +40,8 @@ ServiceFactory = Callable[..., Any]
 def make_service(repository: Path) -> ServiceFactory:
     @asynccontextmanager
     async def make(**overrides: Any) -> AsyncIterator[Engine]:
-        settings = Settings(
-            **{
-                "model_repository": repository,
-                "model_control": "explicit",
-                "device": "cpu",
-                "backend": "torch",
-                "warmup": False,
-                "max_batch_size": 4,
-                **overrides,
-            }
+        settings = cpu_settings(
+            **{"model_repository": repository, "model_control": "explicit", "max_batch_size": 4, **overrides}
         )
         async with Engine.serving(settings) as service:
             yield service
@@ -186,13 +178,12 @@ async def test_poll_mode_follows_the_files(make_service: ServiceFactory, reposit
 
 
 def test_startup_checks_the_repository(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
-    base = {"model_repository": repository, "device": "cpu", "backend": "torch", "warmup": False}
     with pytest.raises(ValueError, match="VIT_MODELS names zzz, but VIT_MODEL_REPOSITORY .* it has: a, b"):
-        Engine.load(Settings(**base, models="zzz"), Metrics())
+        Engine.load(cpu_settings(model_repository=repository, models="zzz"), Metrics())
     empty = tmp_path_factory.mktemp("empty")
     with pytest.raises(ValueError, match="holds no model file"):
-        Engine.load(Settings(**{**base, "model_repository": empty}), Metrics())
-    assert Engine.load(Settings(**{**base, "model_repository": empty, "model_control": "poll"}), Metrics()).served == {}
+        Engine.load(cpu_settings(model_repository=empty), Metrics())
+    assert Engine.load(cpu_settings(model_repository=empty, model_control="poll"), Metrics()).served == {}
 
 
 async def test_a_change_under_way_finishes_when_its_caller_is_cancelled(make_service: ServiceFactory) -> None:

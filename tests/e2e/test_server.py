@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -14,15 +13,15 @@ from harness.images import encode
 from harness.server import Server
 from model.shapes import make_sample
 from tests.support.checkpoints import write_tiny_checkpoint
+from tests.support.servers import ServerFactory
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def server(serve: ServerFactory, tmp_path_factory: pytest.TempPathFactory) -> Server:
     checkpoint = write_tiny_checkpoint(tmp_path_factory.mktemp("server") / "tiny.safetensors")
-    with Server(checkpoint, VIT_MAX_BATCH_SIZE="16", VIT_MAX_WAIT_MS="50") as s:
-        yield s
+    return serve(checkpoint, VIT_MAX_BATCH_SIZE="16", VIT_MAX_WAIT_MS="50")
 
 
 def test_predictions_over_the_network(server: Server) -> None:

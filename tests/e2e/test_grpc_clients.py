@@ -24,6 +24,7 @@ from model.checkpoint import load_checkpoint
 from model.shapes import SHAPE_CLASSES, make_sample
 from tests.support.grpc_requests import image_request
 from tests.support.kserve_client import run as kserve_session
+from tests.support.servers import ServerFactory
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 MODEL = "vit-shapes"
@@ -32,9 +33,8 @@ PNGS = [encode(make_sample(20261123, i).image) for i in range(4)]
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[Server]:
-    with Server(BUNDLED_WEIGHTS, VIT_MAX_FILES="8", VIT_MAX_QUEUE="64") as s:
-        yield s
+def server(serve: ServerFactory) -> Server:
+    return serve(BUNDLED_WEIGHTS, VIT_MAX_FILES="8", VIT_MAX_QUEUE="64")
 
 
 @pytest.fixture(scope="module")

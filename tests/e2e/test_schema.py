@@ -2,24 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from harness.server import Server
 from tests.support.checkpoints import write_tiny_checkpoint
+from tests.support.servers import ServerFactory
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 
 @pytest.fixture(scope="module")
-def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def live_server(serve: ServerFactory, tmp_path_factory: pytest.TempPathFactory) -> str:
     checkpoint = write_tiny_checkpoint(tmp_path_factory.mktemp("schema") / "tiny.safetensors")
-    with Server(checkpoint, VIT_MAX_WAIT_MS="0") as server:
-        yield server.url
+    return serve(checkpoint, VIT_MAX_WAIT_MS="0").url
 
 
 def test_api_conforms_to_its_schema(live_server: str) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
@@ -11,25 +9,25 @@ from tritonclient.utils import InferenceServerException
 
 from harness.server import Server
 from tests.support.checkpoints import write_tiny_checkpoint
+from tests.support.servers import ServerFactory
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 KEY = {"x-api-key": "k"}
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def server(serve: ServerFactory, tmp_path_factory: pytest.TempPathFactory) -> Server:
     folder = tmp_path_factory.mktemp("models")
     for seed, name in enumerate(["a", "b", "c"]):
         write_tiny_checkpoint(folder / f"{name}.safetensors", seed)
-    with Server(
+    return serve(
         folder / "a.safetensors",
         VIT_MODEL_REPOSITORY=str(folder),
         VIT_MODEL_CONTROL="explicit",
         VIT_MODELS="a",
         VIT_API_KEYS="k",
         VIT_WARMUP="false",
-    ) as s:
-        yield s
+    )
 
 
 def states(index: list[dict[str, str]]) -> dict[str, str]:

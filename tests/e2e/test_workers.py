@@ -13,7 +13,6 @@ import re
 import select
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -26,8 +25,9 @@ from harness.images import encode
 from harness.server import Server
 from model.shapes import make_sample
 from tests.support.checkpoints import write_tiny_checkpoint
-from tests.support.clients import ClientFactory
+from tests.support.clients import client_factory
 from tests.support.grpc_requests import image_request, probabilities
+from tests.support.servers import ServerFactory
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 PNGS = [encode(make_sample(i, i % 10).image) for i in range(3)]
@@ -42,7 +42,7 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(repository: Path) -> Iterator[Server]:
+def server(serve: ServerFactory, repository: Path) -> Server:
     env = {
         "VIT_WORKERS": "2",
         "VIT_BACKEND": "torch",
@@ -50,9 +50,9 @@ def server(repository: Path) -> Iterator[Server]:
         "VIT_MODEL_CONTROL": "explicit",
         "VIT_MODELS": "tiny",
     }
-    with Server(repository / "tiny.safetensors", **env) as s:
-        wait_for(lambda: len(front_end_pids(s)) == 2, 60)
-        yield s
+    s = serve(repository / "tiny.safetensors", **env)
+    wait_for(lambda: len(front_end_pids(s)) == 2, 60)
+    return s
 
 
 def kill_and_wait(pid: int) -> float:
@@ -103,13 +103,11 @@ def predict_files() -> list[tuple[str, tuple[str, bytes, str]]]:
     return [("files", (f"{i}.png", png, "image/png")) for i, png in enumerate(PNGS)]
 
 
-async def test_the_answers_are_those_of_one_process(
-    server: Server, make_client: ClientFactory, repository: Path
-) -> None:
+async def test_the_answers_are_those_of_one_process(server: Server, repository: Path) -> None:
     """Probabilities, attention maps, overlays and embeddings through the engine process are exactly those
     of the same checkpoint served in one process; gRPC answers the same probabilities."""
     query = "?attention=rollout&overlay=true&embedding=true&top_k=10"
-    async with make_client(weights=repository / "tiny.safetensors") as client:
+    async with client_factory(repository / "tiny.safetensors")() as client:
         expected = (await client.post("/predict" + query, files=predict_files())).json()
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
         got = (await http.post("/predict" + query, files=predict_files())).json()

@@ -23,6 +23,7 @@ from model.checkpoint import load_checkpoint
 from model.shapes import SHAPE_CLASSES, make_sample
 from tests.support.checkpoints import write_tiny_checkpoint
 from tests.support.kserve_client import run as kserve_session
+from tests.support.servers import ServerFactory
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 MODEL = "vit-shapes"
@@ -30,10 +31,9 @@ VERSION = load_checkpoint(BUNDLED_WEIGHTS).version
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def server(serve: ServerFactory, tmp_path_factory: pytest.TempPathFactory) -> Server:
     tiny = write_tiny_checkpoint(tmp_path_factory.mktemp("v2") / "tiny.safetensors")
-    with Server(BUNDLED_WEIGHTS, VIT_MODELS=f"{MODEL}={BUNDLED_WEIGHTS},tiny={tiny}") as s:
-        yield s
+    return serve(BUNDLED_WEIGHTS, VIT_MODELS=f"{MODEL}={BUNDLED_WEIGHTS},tiny={tiny}")
 
 
 @pytest.fixture(scope="module")
