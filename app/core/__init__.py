@@ -1,8 +1,8 @@
 """The serving core: what an image goes through, from encoded file to prediction, with no web framework.
 
-decode -> preprocess -> DynamicBatcher -> Predictor (torch or ONNX Runtime) -> Prediction
+contract (what the edges import) -> front (the data plane) -> engine (the models, the cache) -> batcher
+-> images (decode, preprocess) -> backends (torch or ONNX Runtime)
 
-`DataPlane` (data_plane.py) is everything an edge may call; `Engine` (engine.py) is the one in this
-process. The core imports `model`, `app.choices` and `app.settings`, never a codec, an edge, grpcio
-or a web framework (tests/app/test_layers.py checks that).
+The core imports `model`, `app.choices`, `app.settings` and `app.telemetry`, never a codec, an edge,
+grpcio or a web framework (tests/app/test_layers.py checks that).
 """
