@@ -11,26 +11,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-import torch
 
 from harness.images import encode
 from harness.server import Server
-from model.checkpoint import save_checkpoint
-from model.preprocessing import Preprocessing
-from model.shapes import SHAPE_CLASSES, make_sample
-from model.vit import ViT, ViTConfig
+from model.shapes import make_sample
+from tests.support.checkpoints import heavy_checkpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 PNG = encode(make_sample(8, 0).image)
-
-
-def heavy_checkpoint(path: Path) -> Path:
-    """Random weights, big enough that one CPU thread is the bottleneck (tens of images per second)."""
-    torch.manual_seed(0)
-    config = ViTConfig(image_size=64, patch_size=4, dim=128, depth=6, heads=4)
-    p = Preprocessing(64, 3, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
-    save_checkpoint(path, ViT(config), list(SHAPE_CLASSES), p)
-    return path
 
 
 def scrape(server: Server, name: str) -> float:

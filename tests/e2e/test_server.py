@@ -12,7 +12,7 @@ import pytest
 from harness.images import encode
 from harness.server import Server
 from model.shapes import make_sample
-from tests.support.checkpoints import write_tiny_checkpoint
+from tests.support.checkpoints import heavy_checkpoint, write_tiny_checkpoint
 from tests.support.servers import ServerFactory
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -42,7 +42,11 @@ def test_predictions_over_the_network(server: Server) -> None:
         assert info["backend"] == "onnxruntime"  # the default on the CPU
 
 
-def test_concurrent_clients_are_batched(server: Server) -> None:
+def test_concurrent_clients_are_batched(serve: ServerFactory, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """48 clients at once share batches: one thread's forward pass of the heavy model outlasts the handling of
+    a request, so while one batch computes the others queue, however busy the machine is."""
+    heavy = heavy_checkpoint(tmp_path_factory.mktemp("heavy") / "heavy.safetensors")
+    server = serve(heavy, VIT_THREADS="1", VIT_MAX_BATCH_SIZE="16", VIT_MAX_WAIT_MS="50", VIT_BACKEND="torch")
     png = encode(make_sample(3, 1).image)
 
     async def burst() -> list[int]:

@@ -27,6 +27,7 @@ from harness.otlp import ReceivedSpan, Receiver
 from harness.server import ROOT, Server
 from model.checkpoint import load_checkpoint
 from model.shapes import make_sample
+from tests.support.checkpoints import heavy_checkpoint
 from tests.support.grpc_requests import image_request
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -148,9 +149,13 @@ def test_a_grpc_call_continues_its_trace() -> None:
 
 
 @pytest.mark.parametrize("edge", ["http", "grpc"])
-def test_concurrent_requests_that_share_a_batch_link_to_its_span(edge: str) -> None:
+def test_concurrent_requests_that_share_a_batch_link_to_its_span(edge: str, tmp_path: Path) -> None:
+    """16 requests at once: one thread's forward pass of the heavy model outlasts the handling of a request, so
+    while one batch computes the others queue and share the next."""
     traces = [f"{i + 1:032x}" for i in range(16)]  # one trace per request, each request one image
-    with Receiver() as receiver, Server(BUNDLED_WEIGHTS, **otel_env(receiver), VIT_MAX_WAIT_MS="50") as server:
+    heavy = heavy_checkpoint(tmp_path / "vit-shapes.safetensors")
+    env = {**otel_env(receiver := Receiver()), "VIT_MAX_WAIT_MS": "50", "VIT_THREADS": "1", "VIT_BACKEND": "torch"}
+    with receiver, Server(heavy, **env) as server:
         with grpc.insecure_channel(server.grpc_target) as channel:
             stub = GRPCInferenceServiceStub(channel)
 

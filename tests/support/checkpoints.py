@@ -32,6 +32,16 @@ def write_tiny_checkpoint(path: Path, seed: int = 0) -> Path:
     return path
 
 
+def heavy_checkpoint(path: Path) -> Path:
+    """Random weights, big enough that one CPU thread is the bottleneck (tens of images per second): with
+    VIT_THREADS=1 a forward pass outlasts the handling of a request, so concurrent requests queue."""
+    torch.manual_seed(0)
+    config = ViTConfig(image_size=64, patch_size=4, dim=128, depth=6, heads=4)
+    p = Preprocessing(64, 3, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
+    save_checkpoint(path, ViT(config), list(SHAPE_CLASSES), p)
+    return path
+
+
 def replace_checkpoint(path: Path, seed: int) -> str:
     """Replace the file at `path` at once (written beside it, then renamed over it), as a deployment does;
     returns the new version."""

@@ -1,0 +1,343 @@
+"""The GPU path's CPU side, measured without a GPU: the service over the device stand-in (`harness.stand_in`),
+the CPU time of every process per image, and what that could feed on the H100 host.
+
+    python -m bench.stand_in --model vit-b16 --route v2 --workers 1 2 4 --seconds 15
+    python -m bench.stand_in --model vit-b16 --route predict --workers 1 4 --json /tmp/predict.json
+
+For each VIT_WORKERS value: `python -m app` with the stand-in in place of the GPU (the H100's decode and
+forward times as waits that use no CPU), loaded with `hey` at a concurrency that keeps this machine's cores
+busy: `/predict` with one 500x375 JPEG a request, or V2 binary with 8 a request. It records the served
+img/s, and the CPU time per image of each process role (the engine, the front-ends together, the
+supervisor) and of the load generator.
+
+The projection is what the CPU side could feed on the H100 host (16 cores): the smallest of
+- the device's rate (the stand-in's batch times at the largest batch);
+- the engine's ceiling: one core (a Python process, its GIL) over the engine's CPU per image;
+- the front-ends' ceiling: one core each, on the cores left once the engine and the load generator have
+  theirs, over the front-ends' CPU per image (one process: the same process as the engine, so its ceiling).
+CPU times are scaled to the H100 host's cores by one measured ratio: that host's one-core PIL rate for the
+same JPEG (211 img/s, bench/results/gpu-h100.md) against this machine's, measured in the same run.
+It is a projection of the CPU side with the device's work replaced by measured durations, not a GPU
+measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+
+from bench.common import RESULTS, cpu_model, photo_jpeg, table
+from bench.gpu.serving import bodies, random_checkpoint
+from harness.load import parse_hey, start_hey
+from harness.models import VIT_S16_PREPROCESSING
+from harness.server import ServerProcess, free_port
+from harness.stand_in import RAW_IMAGES_PER_S, DeviceTimes
+
+H100_HOST_CORES = 16
+H100_PIL_ONE_CORE = 211.0  # img/s, the same 500x375 JPEG decoded and preprocessed (bench/results/gpu-h100.md)
+# The H100's one-process measurements (gpu-decode+graphs, the defaults of that day): best img/s and server cores.
+H100_ONE_PROCESS = {
+    ("vit-b16", "v2"): (2433, 1.3),
+    ("vit-s16", "v2"): (3152, 1.2),
+    ("vit-b16", "predict"): (748, 1.1),
+    ("vit-s16", "predict"): (802, 1.0),
+}
+ROUTES = {"predict": ("/predict", 1, 64), "v2": ("/v2/models/{model}/infer", 8, 16)}  # path, images, concurrency
+MAX_BATCH_SIZE = 256
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.stand_in", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", choices=["vit-s16", "vit-b16"], default="vit-b16")
+    p.add_argument("--route", choices=list(ROUTES), default="v2")
+    p.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4], help="VIT_WORKERS values to run")
+    p.add_argument("--seconds", type=float, default=15.0, help="load per configuration (after 3 s of warm-up)")
+    p.add_argument("--concurrency", type=int, help="hey's workers (default: 64 for predict, 16 for v2)")
+    p.add_argument("--json", type=Path, help="where the results go (default bench/results/stand-in-cpu.json, .md)")
+    return p.parse_args()
+
+
+def pil_one_core_rate(seconds: float = 3.0) -> float:
+    """img/s of one thread decoding and preprocessing the 500x375 JPEG as gpu-h100.md's 211 img/s did."""
+    from app.core.images.decode import decode_image
+    from app.core.images.prepare import Preprocessor
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        pre, data = Preprocessor(VIT_S16_PREPROCESSING), photo_jpeg(0)
+        pre(decode_image(data, "x.jpg", 3, 10**8))
+        n, started = 0, time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            pre(decode_image(data, "x.jpg", 3, 10**8))
+            n += 1
+        return n / (time.perf_counter() - started)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def own_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of one process (its threads, not its children)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def direct_children(pid: int) -> list[int]:
+    try:
+        return [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def roles(supervisor: int, workers: int) -> dict[str, list[int]]:
+    """The pids of each role: one process serving alone is the engine (and its own front). With serving
+    processes, the engine is spawned by the supervisor and the front-ends are forked by its fork server."""
+    if workers == 1:
+        return {"engine": [supervisor], "front-ends": [], "supervisor": []}
+    found: dict[str, list[int]] = {"engine": [], "front-ends": [], "supervisor": [supervisor], "other": []}
+    for pid in direct_children(supervisor):
+        line = cmdline(pid)
+        if "forkserver" in line:
+            found["front-ends"] += direct_children(pid)
+            found["other"].append(pid)  # the fork server itself, idle while serving
+        elif "spawn_main" in line:
+            found["engine"].append(pid)
+        else:
+            found["other"].append(pid)  # multiprocessing's resource tracker
+    if len(found["engine"]) != 1 or len(found["front-ends"]) != workers:
+        raise RuntimeError(f"expected 1 engine and {workers} front-ends under pid {supervisor}, found {found}")
+    return found
+
+
+@dataclass(frozen=True)
+class Load:
+    """What hey sends, and how many at once."""
+
+    body: Path
+    content_type: str
+    headers: dict[str, str]
+    concurrency: int
+
+
+@dataclass
+class Measured:
+    served_img_s: float
+    errors: int
+    mean_batch: float | None
+    cpu_s: dict[str, float]  # by role, and "load generator"
+    seconds: float
+
+
+def measure(server: ServerProcess, workers: int, route: str, load: Load, seconds: float, images: int) -> Measured:
+    """hey for `seconds`, with the CPU of every role and of hey itself counted over the same time."""
+    body, ctype, headers, concurrency = load.body, load.content_type, load.headers, load.concurrency
+    warm = start_hey(server.url + route, 3, concurrency, body, ctype, headers)
+    warm.communicate()
+    pids = roles(server.proc.pid, workers)
+    before = {role: sum(own_cpu_s(p) for p in ps) for role, ps in pids.items()}
+    hey_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    proc = start_hey(server.url + route, seconds, concurrency, body, ctype, headers)
+    out, err = proc.communicate()
+    elapsed = time.perf_counter() - started
+    hey_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = {role: sum(own_cpu_s(p) for p in ps) - before[role] for role, ps in pids.items()}
+    cpu["load generator"] = (hey_after.ru_utime - hey_before.ru_utime) + (hey_after.ru_stime - hey_before.ru_stime)
+    if proc.returncode != 0:
+        raise RuntimeError(f"hey failed: {err}")
+    result = parse_hey(out, concurrency, None)
+    batch = mean_batch(server.url)
+    return Measured(result.requests_per_s * images, result.errors, batch, cpu, elapsed)
+
+
+def mean_batch(url: str) -> float | None:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    total = count = 0.0
+    for line in text.splitlines():
+        if line.startswith("vit_batch_size_sum"):
+            total += float(line.split()[-1])
+        elif line.startswith("vit_batch_size_count"):
+            count += float(line.split()[-1])
+    return total / count if count else None
+
+
+def project(model: str, workers: int, per_image_us: dict[str, float], scale: float) -> dict[str, float]:
+    """img/s the CPU side could feed on the H100 host: the smallest of the device, the engine and the
+    front-ends (each in H100-host microseconds: this machine's times `scale`)."""
+    host = {role: us * scale for role, us in per_image_us.items()}
+    device = DeviceTimes(model, MAX_BATCH_SIZE).images_per_s()
+    engine = 1e6 / host["engine"] if host["engine"] else float("inf")
+    generator = host["load generator"] / 1e6  # cores per img/s
+    cores = H100_HOST_CORES - 1 - (host["supervisor"] / 1e6) * device  # the engine's core, the supervisor's share
+    if workers == 1:
+        front = engine  # the one process is the front too
+    else:
+        per_core = 1e6 / host["front-ends"]
+        # each front-end is one core at most; the load generator takes its share of what is left
+        front = min(workers * per_core, cores * per_core / (1 + per_core * generator))
+    return {
+        "device_img_s": device,
+        "engine_ceiling_img_s": engine,
+        "frontend_ceiling_img_s": front,
+        "projected_img_s": min(device, engine, front),
+    }
+
+
+def main() -> None:
+    args = parse_args()
+    path, images, default_concurrency = ROUTES[args.route]
+    concurrency = args.concurrency or default_concurrency
+    here_pil = pil_one_core_rate()
+    scale = here_pil / H100_PIL_ONE_CORE  # a microsecond here is `scale` microseconds on the H100 host's cores
+    print(f"PIL on one core: {here_pil:.0f} img/s here, {H100_PIL_ONE_CORE:.0f} on the H100 host: scale {scale:.2f}")
+    entries: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        checkpoint = random_checkpoint(folder, args.model)
+        form_type, v2_headers = bodies(folder, 8)
+        if args.route == "predict":
+            load = Load(folder / "form", form_type, {}, concurrency)
+        else:
+            load = Load(folder / "v2", "application/octet-stream", v2_headers, concurrency)
+        for workers in args.workers:
+            port = free_port()
+            env = {
+                "STAND_IN_MODEL": args.model,
+                "VIT_WEIGHTS": str(checkpoint),
+                "VIT_DEVICE": "cpu",
+                "VIT_BACKEND": "torch",
+                "VIT_WORKERS": str(workers),
+                "VIT_MAX_BATCH_SIZE": str(MAX_BATCH_SIZE),
+                "VIT_MAX_WAIT_MS": "5",
+                "VIT_MAX_QUEUE": "8192",
+                "VIT_MAX_FILES": "64",
+                "VIT_LOG_LEVEL": "warning",
+                "VIT_GRPC_PORT": "0",
+            }
+            argv = [sys.executable, "-m", "harness.stand_in_app", "--host", "127.0.0.1", "--port", str(port)]
+            with ServerProcess(argv, env, port) as server:
+                route = path.format(model=checkpoint.stem)  # VIT_WEIGHTS serves the file under its stem
+                m = measure(server, workers, route, load, args.seconds, images)
+            served_images = m.served_img_s * m.seconds
+            per_image = {role: s / served_images * 1e6 for role, s in m.cpu_s.items() if role != "other"}
+            per_image.setdefault("supervisor", 0.0)
+            projection = project(args.model, workers, per_image, scale)
+            entry = {
+                "model": args.model,
+                "route": args.route,
+                "workers": workers,
+                "concurrency": concurrency,
+                "images_per_request": images,
+                "served_img_s": round(m.served_img_s, 1),
+                "errors": m.errors,
+                "mean_batch": m.mean_batch and round(m.mean_batch, 1),
+                "engine_cpu_us_per_image": round(per_image["engine"], 1),
+                "frontend_cpu_us_per_image": round(per_image["front-ends"], 1),
+                "supervisor_cpu_us_per_image": round(per_image["supervisor"], 1),
+                "load_generator_cpu_us_per_image": round(per_image["load generator"], 1),
+                "cores_busy_here": {role: round(s / m.seconds, 2) for role, s in m.cpu_s.items()},
+                **{k: round(v, 1) for k, v in projection.items()},
+                "raw_img_s": RAW_IMAGES_PER_S[args.model],
+                "pil_one_core_here_img_s": round(here_pil, 1),
+                "core_scale_to_h100_host": round(scale, 3),
+            }
+            if workers == 1 and (reference := H100_ONE_PROCESS.get((args.model, args.route))):
+                entry["h100_measured_img_s"], entry["h100_measured_cores"] = reference
+            print(json.dumps(entry), flush=True)
+            entries.append(entry)
+    report(entries, args)
+
+
+def report(entries: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    target = args.json or RESULTS / "stand-in-cpu.json"
+    previous = json.loads(target.read_text()) if target.exists() else []
+    mine = {(e["model"], e["route"], e["workers"]) for e in entries}
+    kept = [e for e in previous if (e["model"], e["route"], e["workers"]) not in mine]
+    everything = sorted(kept + entries, key=lambda e: (e["model"], e["route"], e["workers"]))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(everything, indent=2) + "\n")
+    target.with_suffix(".md").write_text(markdown(everything))
+    print(markdown(everything))
+
+
+def markdown(entries: list[dict[str, Any]]) -> str:
+    rows = [
+        (
+            e["model"],
+            e["route"],
+            e["workers"],
+            f"{e['served_img_s']:.0f}",
+            f"{e['engine_cpu_us_per_image']:.0f}",
+            f"{e['frontend_cpu_us_per_image']:.0f}",
+            f"{e['supervisor_cpu_us_per_image']:.0f}",
+            f"{e['load_generator_cpu_us_per_image']:.0f}",
+            f"{e['device_img_s']:.0f}",
+            f"{e['engine_ceiling_img_s']:.0f}",
+            f"{e['frontend_ceiling_img_s']:.0f}",
+            f"**{e['projected_img_s']:.0f}**",
+            f"{e['projected_img_s'] / e['raw_img_s']:.2f}",
+        )
+        for e in entries
+    ]
+    header = ["model", "route", "workers", "served here img/s", "engine µs/img", "front-ends µs/img",
+              "supervisor µs/img", "hey µs/img", "device img/s", "engine ceiling", "front-end ceiling",
+              "projected img/s", "of raw"]  # fmt: skip
+    lines = [
+        "# The GPU path's CPU side on the device stand-in",
+        "",
+        "`python -m bench.stand_in` (see its docstring). CPU µs per image measured here; ceilings and the",
+        "projection on the H100 host's 16 cores, CPU times scaled by the one-core PIL rate of the same JPEG.",
+        "A projection with the device's work replaced by the H100's measured durations, not a GPU measurement.",
+        "",
+        *table(header, rows, "llr" + "r" * 10),
+        "",
+    ]
+    calibration = [e for e in entries if "h100_measured_img_s" in e]
+    if calibration:
+        lines += ["## Calibration: one process, projected against what the H100 served", ""]
+        lines += table(
+            ["model", "route", "projected img/s", "H100 measured img/s", "measured / projected", "H100 cores"],
+            [
+                (
+                    e["model"],
+                    e["route"],
+                    f"{e['projected_img_s']:.0f}",
+                    e["h100_measured_img_s"],
+                    f"{e['h100_measured_img_s'] / e['projected_img_s']:.2f}",
+                    e["h100_measured_cores"],
+                )
+                for e in calibration
+            ],
+        )
+        lines.append("")
+    first = entries[0]
+    lines.append(
+        f"Here: {cpu_model()}, {os.cpu_count()} cores; PIL on one core {first['pil_one_core_here_img_s']:.0f} img/s"
+        f" (H100 host: {H100_PIL_ONE_CORE:.0f}), so a µs here is {first['core_scale_to_h100_host']:.2f} µs there."
+    )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

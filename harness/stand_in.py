@@ -1,0 +1,187 @@
+"""A device stand-in: the GPU's part of the serving path replaced by waits of the durations an H100 measured.
+
+For benchmarks and tests only. `install("vit-b16")` makes every model the service loads in this process a
+`StandInPredictor`: it takes plain JPEGs encoded, as the predictor does that decodes them on the GPU (so the
+CPU pool only checks their headers, and serving front-ends send the bytes on), and each batch "decodes"
+them and runs the "forward" as `time.sleep`s, which hold no GIL and use no CPU, lasting:
+
+- decoding: nvJPEG's rate in batches of 64 on the H100, 11,296 img/s (bench/results/gpu-h100.md);
+- the forward: the compiled + CUDA-graph time per batch size measured there, the batch padded to the
+  captured size as the service's CUDA graphs pad it, times between measured sizes interpolated.
+
+It returns outputs of the model's shapes (probabilities over its classes, the embedding, a map's grid).
+Everything else is the real code: HTTP, gRPC, codecs, multipart, the engine, the batcher, shared memory,
+ZeroMQ, statistics, metrics. What the real GPU path also costs the CPU (kernel launches, the copy back,
+nvJPEG's own host work) is not in it: the calibration in docs/performance.md says how far that goes.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import fcntl
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from app.choices import DecodedOn, Precision
+from app.core.backends.predictor import ImageInput, ImageOutput, graph_sizes
+from app.core.images.gpu_decode import Jpeg
+from app.telemetry.statistics import BatchTiming
+from model.checkpoint import Checkpoint
+
+NVJPEG_IMAGES_PER_S = 11_296.0  # decode only, batches of 64, 500x375 JPEGs
+# Images per second of the compiled + CUDA-graph bf16 forward, by batch size (bench/results/gpu-h100.md).
+FORWARD_IMAGES_PER_S = {
+    "vit-s16": {1: 2186, 8: 12575, 32: 22159, 128: 24624, 256: 25158, 512: 25527},
+    "vit-b16": {1: 1497, 8: 7391, 32: 9746, 128: 10355, 256: 10313, 512: 10565},
+}
+RAW_IMAGES_PER_S = {"vit-s16": 25_756.0, "vit-b16": 10_564.0}  # the best raw forward of each, any variant
+
+
+@dataclass(frozen=True)
+class DeviceTimes:
+    """How long the H100 takes for a batch: decoding `n` JPEGs, and the forward of `n` images."""
+
+    model: str
+    max_batch_size: int
+
+    def decode_s(self, n: int) -> float:
+        return n / NVJPEG_IMAGES_PER_S
+
+    def forward_s(self, n: int) -> float:
+        """The forward of the captured size `n` is padded to (the service replays CUDA graphs)."""
+        sizes = graph_sizes(self.max_batch_size)
+        padded = sizes[bisect.bisect_left(sizes, n)] if n <= sizes[-1] else n
+        return batch_seconds(FORWARD_IMAGES_PER_S[self.model], padded)
+
+    def batch_s(self, n: int) -> float:
+        """One batch of `n` JPEGs as the predictor runs it: decoded, then forwarded, on one stream."""
+        return self.decode_s(n) + self.forward_s(n)
+
+    def images_per_s(self) -> float:
+        """The device's rate at the largest batch: what it could serve if the CPU side never kept it waiting."""
+        n = self.max_batch_size
+        return n / self.batch_s(n)
+
+
+def batch_seconds(rates: dict[int, int], n: int) -> float:
+    """Seconds for a batch of `n`: measured, or linear between the measured sizes around it (beyond the
+    largest, at its rate)."""
+    sizes = sorted(rates)
+    if n in rates:
+        return n / rates[n]
+    if n > sizes[-1]:
+        return n / rates[sizes[-1]]
+    hi = bisect.bisect_left(sizes, n)
+    lo_n, hi_n = sizes[hi - 1], sizes[hi]
+    lo_s, hi_s = lo_n / rates[lo_n], hi_n / rates[hi_n]
+    return lo_s + (hi_s - lo_s) * (n - lo_n) / (hi_n - lo_n)
+
+
+class Device:
+    """The GPU as waits: a JPEG decoder and the compute, each one batch at a time. With `shared` (a folder),
+    every process that makes a `Device` over the same folder shares the one GPU, as processes that share a
+    real one take turns on it (file locks: waiting for one uses no CPU either)."""
+
+    def __init__(self, times: DeviceTimes, shared: Path | None = None) -> None:
+        self.times = times
+        self.decoder = Resource(shared / "decoder.lock" if shared else None)
+        self.compute = Resource(shared / "compute.lock" if shared else None)
+
+    def decode(self, n: int) -> None:
+        if n:
+            with self.decoder:
+                time.sleep(self.times.decode_s(n))
+
+    def forward(self, n: int) -> None:
+        with self.compute:
+            time.sleep(self.times.forward_s(n))
+
+
+class Resource:
+    """One part of the device, used by one batch at a time: by this process's threads, and with `path` by
+    every process that locks the same file."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.threads = threading.Lock()
+        self.file = open(path, "a+b") if path is not None else None  # noqa: SIM115 (held for the process's life)
+
+    def __enter__(self) -> None:
+        self.threads.acquire()
+        if self.file is not None:
+            fcntl.flock(self.file, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.file is not None:
+            fcntl.flock(self.file, fcntl.LOCK_UN)
+        self.threads.release()
+
+
+class StandInPredictor:
+    """What `app.core.backends.predictor.Predictor` is on a GPU that decodes JPEGs, with the device's work
+    replaced by `Device`'s waits. Its outputs are of the model's shapes; their values mean nothing."""
+
+    def __init__(self, checkpoint: Checkpoint, device: Device) -> None:
+        config = checkpoint.config
+        self.stand_in = device
+        self.device = torch.device("cuda")  # what the service reports, as it would on the GPU
+        self.dtype = torch.bfloat16
+        self.backend = "torch"
+        self.quantization = None
+        self.input_shape = (config.in_channels, config.image_size, config.image_size)
+        self.embedding_dim = config.dim
+        self.jpeg_decoder = device  # not None: plain JPEGs reach the batch encoded
+        batch = device.times.max_batch_size
+        # what the device would hand back for a full batch: one softmax row, one embedding, one map per image
+        self.probabilities = torch.full((batch, len(checkpoint.classes)), 1.0 / len(checkpoint.classes))
+        self.embeddings = torch.zeros(batch, config.dim)
+        self.map = torch.zeros(config.grid_size, config.grid_size)
+
+    @property
+    def decode(self) -> DecodedOn:
+        return "gpu"
+
+    @property
+    def precision(self) -> Precision:
+        return "bfloat16"
+
+    def __call__(self, batch: list[ImageInput]) -> list[ImageOutput]:
+        started = time.monotonic()
+        self.stand_in.decode(sum(isinstance(item.pixels, Jpeg) for item in batch))
+        inputs_done = time.monotonic()
+        n = len(batch)
+        self.stand_in.forward(n)
+        probabilities = self.probabilities[:n].clone()  # the copy back to the host
+        embeddings = self.embeddings[:n].clone()
+        inferred = time.monotonic()
+        outputs = [
+            ImageOutput(
+                probabilities[j],
+                None if item.attention == "none" else self.map,
+                embeddings[j] if item.embedding else None,
+            )
+            for j, item in enumerate(batch)
+        ]
+        done = time.monotonic()
+        timing = BatchTiming(n, started, inputs_done - started, inferred - inputs_done, done - inferred)
+        return [dataclasses.replace(o, batch=timing) for o in outputs]
+
+    def warm_up(self, max_batch_size: int) -> float:
+        return 0.0
+
+
+def install(model: str, max_batch_size: int) -> None:
+    """Every model this process loads from now on is served by a `StandInPredictor` timed as `model` with
+    CUDA graphs captured up to `max_batch_size` (VIT_MAX_BATCH_SIZE)."""
+    if model not in FORWARD_IMAGES_PER_S:
+        raise ValueError(f"no H100 timings for {model!r}; there are: {', '.join(FORWARD_IMAGES_PER_S)}")
+    from app.core.engine.served_model import ServedModel
+
+    def build_predictor(name: str, checkpoint: Checkpoint, *args: object, **kwargs: object) -> StandInPredictor:
+        return StandInPredictor(checkpoint, Device(DeviceTimes(model, max_batch_size)))
+
+    ServedModel.build_predictor = staticmethod(build_predictor)  # type: ignore[method-assign, assignment]

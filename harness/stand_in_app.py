@@ -1,0 +1,21 @@
+"""`python -m harness.stand_in_app [--host H] [--port P]`: the service (`python -m app`) with the device
+stand-in (`harness.stand_in`) in place of a GPU, timed as STAND_IN_MODEL (vit-s16 or vit-b16).
+
+Installed at import, so also in the engine process that VIT_WORKERS > 1 spawns from this module. For
+benchmarks and tests only: `python -m bench.stand_in` runs it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from app.startup import read_settings
+from harness.stand_in import install
+
+install(os.environ.get("STAND_IN_MODEL", "vit-b16"), read_settings().max_batch_size)
+
+if __name__ == "__main__":
+    from app.__main__ import main
+
+    sys.exit(main())

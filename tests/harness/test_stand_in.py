@@ -1,0 +1,90 @@
+"""The device stand-in: its waits use no CPU and release the GIL; its times are the H100's; its outputs have
+the model's shapes."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from app.core.backends.predictor import ImageInput
+from app.core.images.gpu_decode import Jpeg
+from harness.stand_in import Device, DeviceTimes, StandInPredictor
+from model.checkpoint import load_checkpoint
+
+
+def during_a_wait(wait: Callable[[], None]) -> tuple[float, float, int]:
+    """`wait()` on a thread of its own while this thread does Python work: the wait's CPU seconds and wall
+    seconds, and how often this thread got on with its work well inside the wait (it can only when the wait
+    released the GIL)."""
+    seen: dict[str, float] = {}
+
+    def waiting() -> None:
+        cpu, started = time.thread_time(), time.monotonic()
+        wait()
+        seen.update(cpu=time.thread_time() - cpu, started=started, ended=time.monotonic())
+
+    thread = threading.Thread(target=waiting)
+    thread.start()
+    progress = []
+    while thread.is_alive():  # work that needs the GIL, noting when it got on
+        sum(range(1000))
+        progress.append(time.monotonic())
+    thread.join()
+    inside = [t for t in progress if seen["started"] + 0.02 < t < seen["ended"] - 0.02]
+    return seen["cpu"], seen["ended"] - seen["started"], len(inside)
+
+
+def test_the_waits_use_no_cpu_and_release_the_gil() -> None:
+    device = Device(DeviceTimes("vit-b16", 256))
+    cpu, wall, worked_meanwhile = during_a_wait(lambda: (device.decode(4000), device.forward(256)))
+    assert wall >= 4000 / 11_296 + 256 / 10_313
+    assert cpu < 0.1 * wall
+    assert worked_meanwhile > 10
+
+
+def test_both_checks_can_fail() -> None:
+    """A sleep that holds the GIL (a C call through PyDLL, which keeps it) and a wait that spins."""
+    libc = ctypes.PyDLL(None)
+    cpu, wall, worked_meanwhile = during_a_wait(lambda: libc.usleep(300_000))
+    assert cpu < 0.1 * wall and worked_meanwhile == 0
+    cpu, started = time.thread_time(), time.monotonic()
+    while time.monotonic() < started + 0.3:  # a wait that spins: its CPU time is counted
+        pass
+    assert time.thread_time() - cpu > 0.2 * (time.monotonic() - started)
+
+
+@pytest.mark.parametrize(
+    ("model", "n", "seconds"),
+    [
+        ("vit-b16", 256, 256 / 10_313),  # measured
+        ("vit-b16", 200, 128 / 10_355 + (256 / 10_313 - 128 / 10_355) * (224 - 128) / 128),
+        ("vit-s16", 8, 8 / 12_575),  # measured, a captured size
+        ("vit-s16", 5, 8 / 12_575),  # padded to the captured 8
+    ],
+)
+def test_the_forward_lasts_what_the_h100_measured(model: str, n: int, seconds: float) -> None:
+    """Measured sizes as measured; a batch padded to its CUDA graph's size (200 -> 224), whose time lies on the
+    line between the measured sizes around it."""
+    assert DeviceTimes(model, 256).forward_s(n) == pytest.approx(seconds)
+    assert DeviceTimes(model, 256).decode_s(64) == pytest.approx(64 / 11_296)
+
+
+def test_outputs_have_the_models_shapes(tiny_checkpoint: Path) -> None:
+    checkpoint = load_checkpoint(tiny_checkpoint)
+    predictor = StandInPredictor(checkpoint, Device(DeviceTimes("vit-s16", 8)))
+    batch = [
+        ImageInput(Jpeg(b"\xff\xd8", "a.jpg"), "none"),
+        ImageInput(Jpeg(b"\xff\xd8", "b.jpg"), "rollout", None, True),
+    ]
+    plain, asked = predictor(batch)
+    assert plain.probabilities.shape == (len(checkpoint.classes),) and plain.attention_map is None
+    assert plain.embedding is None and plain.batch is not None and plain.batch.size == 2
+    grid = checkpoint.config.grid_size
+    assert asked.attention_map is not None and asked.attention_map.shape == (grid, grid)
+    assert asked.embedding is not None and asked.embedding.shape == (checkpoint.config.dim,)
+    assert predictor.jpeg_decoder is not None and predictor.decode == "gpu"
