@@ -24,12 +24,14 @@ measurement.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import resource
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +43,7 @@ from bench.common import RESULTS, cpu_model, photo_jpeg, table
 from bench.gpu.serving import bodies, random_checkpoint
 from harness.load import parse_hey, start_hey
 from harness.models import VIT_S16_PREPROCESSING
-from harness.server import ServerProcess, free_port
+from harness.server import ServerProcess, children, free_port
 from harness.stand_in import RAW_IMAGES_PER_S, DeviceTimes
 
 H100_HOST_CORES = 16
@@ -65,11 +67,18 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=15.0, help="load per configuration (after 3 s of warm-up)")
     p.add_argument("--concurrency", type=int, help="hey's workers (default: 64 for predict, 16 for v2)")
     p.add_argument("--json", type=Path, help="where the results go (default bench/results/stand-in-cpu.json, .md)")
+    p.add_argument(
+        "--peer",
+        action="store_true",
+        help="also LitServe over the same stand-in (predict only), with as many API servers as front-ends",
+    )
+    p.add_argument("--peer-workers", type=int, default=4, help="LitServe's workers_per_device (default 4)")
     return p.parse_args()
 
 
 def pil_one_core_rate(seconds: float = 3.0) -> float:
-    """img/s of one thread decoding and preprocessing the 500x375 JPEG as gpu-h100.md's 211 img/s did."""
+    """img/s of one core decoding and preprocessing the 500x375 JPEG as gpu-h100.md's 211 img/s did, counted
+    in the thread's CPU time (so another program on the machine does not lower it)."""
     from app.core.images.decode import decode_image
     from app.core.images.prepare import Preprocessor
 
@@ -78,11 +87,11 @@ def pil_one_core_rate(seconds: float = 3.0) -> float:
     try:
         pre, data = Preprocessor(VIT_S16_PREPROCESSING), photo_jpeg(0)
         pre(decode_image(data, "x.jpg", 3, 10**8))
-        n, started = 0, time.perf_counter()
-        while time.perf_counter() - started < seconds:
+        n, started = 0, time.thread_time()
+        while time.thread_time() - started < seconds:
             pre(decode_image(data, "x.jpg", 3, 10**8))
             n += 1
-        return n / (time.perf_counter() - started)
+        return n / (time.thread_time() - started)
     finally:
         torch.set_num_threads(threads)
 
@@ -149,12 +158,14 @@ class Measured:
     seconds: float
 
 
-def measure(server: ServerProcess, workers: int, route: str, load: Load, seconds: float, images: int) -> Measured:
+def measure(
+    server: ServerProcess, route: str, load: Load, seconds: float, images: int, find: Callable[[], dict[str, list[int]]]
+) -> Measured:
     """hey for `seconds`, with the CPU of every role and of hey itself counted over the same time."""
     body, ctype, headers, concurrency = load.body, load.content_type, load.headers, load.concurrency
     warm = start_hey(server.url + route, 3, concurrency, body, ctype, headers)
     warm.communicate()
-    pids = roles(server.proc.pid, workers)
+    pids = find()
     before = {role: sum(own_cpu_s(p) for p in ps) for role, ps in pids.items()}
     hey_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
@@ -167,7 +178,11 @@ def measure(server: ServerProcess, workers: int, route: str, load: Load, seconds
     if proc.returncode != 0:
         raise RuntimeError(f"hey failed: {err}")
     result = parse_hey(out, concurrency, None)
-    batch = mean_batch(server.url)
+    batch = (
+        mean_batch(server.url)
+        if "/v2/" in route or (route == "/predict" and "vit_" in httpx.get(server.url + "/metrics", timeout=10).text)
+        else None
+    )
     return Measured(result.requests_per_s * images, result.errors, batch, cpu, elapsed)
 
 
@@ -182,11 +197,17 @@ def mean_batch(url: str) -> float | None:
     return total / count if count else None
 
 
-def project(model: str, workers: int, per_image_us: dict[str, float], scale: float) -> dict[str, float]:
+def project(
+    model: str, workers: int, per_image_us: dict[str, float], scale: float, sequential: bool
+) -> dict[str, float]:
     """img/s the CPU side could feed on the H100 host: the smallest of the device, the engine and the
-    front-ends (each in H100-host microseconds: this machine's times `scale`)."""
+    front-ends (each in H100-host microseconds: this machine's times `scale`). `sequential`: one batch at a
+    time decodes and then computes (the service's forward thread); else batches decode while others compute
+    (LitServe's several workers), and the device is bound by the busier of its decoder and its compute."""
     host = {role: us * scale for role, us in per_image_us.items()}
-    device = DeviceTimes(model, MAX_BATCH_SIZE).images_per_s()
+    times = DeviceTimes(model, MAX_BATCH_SIZE)
+    n = MAX_BATCH_SIZE
+    device = times.images_per_s() if sequential else n / max(times.decode_s(n), times.forward_s(n))
     engine = 1e6 / host["engine"] if host["engine"] else float("inf")
     generator = host["load generator"] / 1e6  # cores per img/s
     cores = H100_HOST_CORES - 1 - (host["supervisor"] / 1e6) * device  # the engine's core, the supervisor's share
@@ -206,11 +227,10 @@ def project(model: str, workers: int, per_image_us: dict[str, float], scale: flo
 
 def main() -> None:
     args = parse_args()
-    path, images, default_concurrency = ROUTES[args.route]
+    _, _, default_concurrency = ROUTES[args.route]
     concurrency = args.concurrency or default_concurrency
     here_pil = pil_one_core_rate()
-    scale = here_pil / H100_PIL_ONE_CORE  # a microsecond here is `scale` microseconds on the H100 host's cores
-    print(f"PIL on one core: {here_pil:.0f} img/s here, {H100_PIL_ONE_CORE:.0f} on the H100 host: scale {scale:.2f}")
+    print(f"PIL on one core: {here_pil:.0f} img/s here, {H100_PIL_ONE_CORE:.0f} on the H100 host")
     entries: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -221,60 +241,136 @@ def main() -> None:
         else:
             load = Load(folder / "v2", "application/octet-stream", v2_headers, concurrency)
         for workers in args.workers:
-            port = free_port()
-            env = {
-                "STAND_IN_MODEL": args.model,
-                "VIT_WEIGHTS": str(checkpoint),
-                "VIT_DEVICE": "cpu",
-                "VIT_BACKEND": "torch",
-                "VIT_WORKERS": str(workers),
-                "VIT_MAX_BATCH_SIZE": str(MAX_BATCH_SIZE),
-                "VIT_MAX_WAIT_MS": "5",
-                "VIT_MAX_QUEUE": "8192",
-                "VIT_MAX_FILES": "64",
-                "VIT_LOG_LEVEL": "warning",
-                "VIT_GRPC_PORT": "0",
-            }
-            argv = [sys.executable, "-m", "harness.stand_in_app", "--host", "127.0.0.1", "--port", str(port)]
-            with ServerProcess(argv, env, port) as server:
-                route = path.format(model=checkpoint.stem)  # VIT_WEIGHTS serves the file under its stem
-                m = measure(server, workers, route, load, args.seconds, images)
-            served_images = m.served_img_s * m.seconds
-            per_image = {role: s / served_images * 1e6 for role, s in m.cpu_s.items() if role != "other"}
-            per_image.setdefault("supervisor", 0.0)
-            projection = project(args.model, workers, per_image, scale)
-            entry = {
-                "model": args.model,
-                "route": args.route,
-                "workers": workers,
-                "concurrency": concurrency,
-                "images_per_request": images,
-                "served_img_s": round(m.served_img_s, 1),
-                "errors": m.errors,
-                "mean_batch": m.mean_batch and round(m.mean_batch, 1),
-                "engine_cpu_us_per_image": round(per_image["engine"], 1),
-                "frontend_cpu_us_per_image": round(per_image["front-ends"], 1),
-                "supervisor_cpu_us_per_image": round(per_image["supervisor"], 1),
-                "load_generator_cpu_us_per_image": round(per_image["load generator"], 1),
-                "cores_busy_here": {role: round(s / m.seconds, 2) for role, s in m.cpu_s.items()},
-                **{k: round(v, 1) for k, v in projection.items()},
-                "raw_img_s": RAW_IMAGES_PER_S[args.model],
-                "pil_one_core_here_img_s": round(here_pil, 1),
-                "core_scale_to_h100_host": round(scale, 3),
-            }
-            if workers == 1 and (reference := H100_ONE_PROCESS.get((args.model, args.route))):
-                entry["h100_measured_img_s"], entry["h100_measured_cores"] = reference
-            print(json.dumps(entry), flush=True)
-            entries.append(entry)
+            entries.append(service_entry(args, checkpoint, load, workers, here_pil))
+            print(json.dumps(entries[-1]), flush=True)
+            if args.peer and args.route == "predict":
+                entries.append(litserve_entry(args, load, workers, here_pil))
+                print(json.dumps(entries[-1]), flush=True)
     report(entries, args)
+
+
+def service_entry(
+    args: argparse.Namespace, checkpoint: Path, load: Load, workers: int, here_pil: float
+) -> dict[str, Any]:
+    """The service with VIT_WORKERS=`workers` over the stand-in: measured here, projected on the H100 host."""
+    path, images, _ = ROUTES[args.route]
+    port = free_port()
+    env = {
+        "STAND_IN_MODEL": args.model,
+        "VIT_WEIGHTS": str(checkpoint),
+        "VIT_DEVICE": "cpu",
+        "VIT_BACKEND": "torch",
+        "VIT_WORKERS": str(workers),
+        "VIT_MAX_BATCH_SIZE": str(MAX_BATCH_SIZE),
+        "VIT_MAX_WAIT_MS": "5",
+        "VIT_MAX_QUEUE": "8192",
+        "VIT_MAX_FILES": "64",
+        "VIT_LOG_LEVEL": "warning",
+        "VIT_GRPC_PORT": "0",
+    }
+    argv = [sys.executable, "-m", "harness.stand_in_app", "--host", "127.0.0.1", "--port", str(port)]
+    with ServerProcess(argv, env, port) as server:
+        route = path.format(model=checkpoint.stem)  # VIT_WEIGHTS serves the file under its stem
+        m = measure(server, route, load, args.seconds, images, lambda: roles(server.proc.pid, workers))
+    entry = summary("vit-serve", args, workers, load, m, here_pil, sequential=True)
+    entry["settings"] = {k: v for k, v in env.items() if k.startswith("VIT_") and k != "VIT_WEIGHTS"}
+    if workers == 1 and (reference := H100_ONE_PROCESS.get((args.model, args.route))):
+        entry["h100_measured_img_s"], entry["h100_measured_cores"] = reference
+    return entry
+
+
+def litserve_entry(args: argparse.Namespace, load: Load, api_servers: int, here_pil: float) -> dict[str, Any]:
+    """LitServe over the same stand-in, `api_servers` API server processes and --peer-workers inference
+    workers sharing the one device; the configuration it ran is checked from its answers."""
+    port = free_port()
+    config = {
+        "num_api_servers": api_servers,
+        "workers_per_device": args.peer_workers,
+        "fast_queue": True,
+        "max_batch_size": MAX_BATCH_SIZE,
+        "batch_timeout_s": 0.005,
+    }
+    argv = [sys.executable, "-m", "bench.litserve_stand_in", "--model", args.model, "--port", str(port)]
+    argv += ["--api-servers", str(api_servers), "--workers-per-device", str(args.peer_workers)]
+    argv += ["--max-batch-size", str(MAX_BATCH_SIZE), "--wait-ms", "5"]
+    with ServerProcess(argv, {}, port, ready_path="/health") as server:
+        workers = litserve_workers(server.url, load)
+        if len(workers) != args.peer_workers or any(w["threads"] != 1 for w in workers.values()):
+            raise RuntimeError(f"LitServe answered from workers {workers}, not {args.peer_workers} of one thread")
+        config["inference_worker_pids"] = sorted(workers)
+
+        def peer_roles() -> dict[str, list[int]]:
+            everything = [server.proc.pid, *children(server.proc.pid)]
+            rest = [p for p in everything if p not in workers]
+            return {"engine": list(workers), "front-ends": rest, "supervisor": []}
+
+        m = measure(server, "/predict", load, args.seconds, 1, peer_roles)
+    entry = summary("litserve", args, api_servers, load, m, here_pil, sequential=False)
+    entry["settings"] = config
+    return entry
+
+
+def litserve_workers(url: str, load: Load) -> dict[int, dict[str, int]]:
+    """The inference workers that answer 256 requests, 64 at a time: pid -> what each reports."""
+    body = load.body.read_bytes()
+
+    async def ask() -> list[dict[str, Any]]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            answers = []
+            for _ in range(4):
+                rs = await asyncio.gather(
+                    *(
+                        client.post(url + "/predict", content=body, headers={"content-type": load.content_type})
+                        for _ in range(64)
+                    )
+                )
+                answers += [r.json()["worker"] for r in rs]
+            return answers
+
+    return {w["pid"]: w for w in asyncio.run(ask())}
+
+
+def summary(
+    server: str, args: argparse.Namespace, workers: int, load: Load, m: Measured, here_pil: float, sequential: bool
+) -> dict[str, Any]:
+    """One results entry: what was measured, per image, and the projection."""
+    _, images, _ = ROUTES[args.route]
+    scale = here_pil / H100_PIL_ONE_CORE  # a microsecond here is `scale` microseconds on the H100 host's cores
+    served_images = m.served_img_s * m.seconds
+    per_image = {role: s / served_images * 1e6 for role, s in m.cpu_s.items() if role != "other"}
+    per_image.setdefault("supervisor", 0.0)
+    projection = project(args.model, workers, per_image, scale, sequential)
+    return {
+        "server": server,
+        "model": args.model,
+        "route": args.route,
+        "workers": workers,
+        "concurrency": load.concurrency,
+        "images_per_request": images,
+        "served_img_s": round(m.served_img_s, 1),
+        "errors": m.errors,
+        "mean_batch": m.mean_batch and round(m.mean_batch, 1),
+        "engine_cpu_us_per_image": round(per_image["engine"], 1),
+        "frontend_cpu_us_per_image": round(per_image["front-ends"], 1),
+        "supervisor_cpu_us_per_image": round(per_image["supervisor"], 1),
+        "load_generator_cpu_us_per_image": round(per_image["load generator"], 1),
+        "cores_busy_here": {role: round(s / m.seconds, 2) for role, s in m.cpu_s.items()},
+        **{k: round(v, 1) for k, v in projection.items()},
+        "raw_img_s": RAW_IMAGES_PER_S[args.model],
+        "pil_one_core_here_img_s": round(here_pil, 1),
+        "core_scale_to_h100_host": round(scale, 3),
+    }
 
 
 def report(entries: list[dict[str, Any]], args: argparse.Namespace) -> None:
     target = args.json or RESULTS / "stand-in-cpu.json"
     previous = json.loads(target.read_text()) if target.exists() else []
-    mine = {(e["model"], e["route"], e["workers"]) for e in entries}
-    kept = [e for e in previous if (e["model"], e["route"], e["workers"]) not in mine]
-    everything = sorted(kept + entries, key=lambda e: (e["model"], e["route"], e["workers"]))
+
+    def key(e: dict[str, Any]) -> tuple[str, str, str, int]:
+        return (e["model"], e["route"], e["server"], e["workers"])
+
+    mine = {key(e) for e in entries}
+    everything = sorted([e for e in previous if key(e) not in mine] + entries, key=key)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(everything, indent=2) + "\n")
     target.with_suffix(".md").write_text(markdown(everything))
@@ -284,6 +380,7 @@ def report(entries: list[dict[str, Any]], args: argparse.Namespace) -> None:
 def markdown(entries: list[dict[str, Any]]) -> str:
     rows = [
         (
+            e["server"],
             e["model"],
             e["route"],
             e["workers"],
@@ -300,9 +397,11 @@ def markdown(entries: list[dict[str, Any]]) -> str:
         )
         for e in entries
     ]
-    header = ["model", "route", "workers", "served here img/s", "engine µs/img", "front-ends µs/img",
-              "supervisor µs/img", "hey µs/img", "device img/s", "engine ceiling", "front-end ceiling",
-              "projected img/s", "of raw"]  # fmt: skip
+    header = [
+        *("server", "model", "route", "workers", "served here img/s", "engine µs/img", "front-ends µs/img"),
+        *("supervisor µs/img", "hey µs/img", "device img/s", "engine ceiling", "front-end ceiling"),
+        *("projected img/s", "of raw"),
+    ]
     lines = [
         "# The GPU path's CPU side on the device stand-in",
         "",
@@ -310,7 +409,7 @@ def markdown(entries: list[dict[str, Any]]) -> str:
         "projection on the H100 host's 16 cores, CPU times scaled by the one-core PIL rate of the same JPEG.",
         "A projection with the device's work replaced by the H100's measured durations, not a GPU measurement.",
         "",
-        *table(header, rows, "llr" + "r" * 10),
+        *table(header, rows, "lllr" + "r" * 10),
         "",
     ]
     calibration = [e for e in entries if "h100_measured_img_s" in e]

@@ -7,6 +7,10 @@ admitted and still decoding): a lone request is not held back for company that w
 Images whose request was cancelled (client gone, timed out) or whose deadline passed are dropped
 before they are computed. A batch that fails is retried in
 halves, so one bad image fails only its own request.
+
+With `in_flight` 2 (a predictor that decodes JPEGs on the device), the next batch is taken and handed to a
+second worker thread while one computes, so the device decodes one batch while it computes the other; the
+predictor keeps its own decoding and its computing each to one batch at a time.
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ class DynamicBatcher(Generic[In, Out]):
         max_queue: int,
         observer: BatchObserver | None = None,
         span_attributes: dict[str, str] | None = None,
+        in_flight: int = 1,
     ) -> None:
         if not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ValueError(f"max_batch_size must be an integer >= 1, got {max_batch_size!r}")
@@ -81,6 +86,8 @@ class DynamicBatcher(Generic[In, Out]):
             raise ValueError(f"max_wait_ms must be a finite number >= 0, got {max_wait_ms!r}")
         if not isinstance(max_queue, int) or max_queue < 1:
             raise ValueError(f"max_queue must be an integer >= 1, got {max_queue!r}")
+        if not isinstance(in_flight, int) or in_flight < 1:
+            raise ValueError(f"in_flight must be an integer >= 1, got {in_flight!r}")
         self.run_batch = run_batch
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_ms / 1000.0
@@ -91,7 +98,10 @@ class DynamicBatcher(Generic[In, Out]):
         self._arrived = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
+        self.in_flight = in_flight
+        self._executor = ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix="forward")
+        self._slots = asyncio.Semaphore(in_flight)  # batches handed to the worker threads, at most in_flight
+        self._running: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
         self._accepting = False
         self._incoming = 0  # images of admitted requests not yet submitted (still decoding)
@@ -161,10 +171,10 @@ class DynamicBatcher(Generic[In, Out]):
 
     async def stop(self) -> None:
         self._accepting = False
-        if self._task is not None:
-            self._task.cancel()
+        for task in [t for t in (self._task, *self._running) if t is not None]:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+                await task
         for item in self._queue:
             if not item.future.done():
                 item.future.set_exception(NotReady("the service stopped before this image was computed"))
@@ -174,16 +184,28 @@ class DynamicBatcher(Generic[In, Out]):
     async def _loop(self) -> None:
         while True:
             if not self._queue:
-                if self._incoming == 0:
+                if self._incoming == 0 and not self._running:
                     self._idle.set()
                 self._arrived.clear()
                 await self._arrived.wait()
                 continue
             await self._fill()
+            await self._slots.acquire()  # a worker thread is free: the batch is taken now, as full as it got
             batch = self._take_batch()
             self._report_depth()
-            if batch:
-                await self._run(batch)
+            if not batch:
+                self._slots.release()
+                continue
+            running = asyncio.create_task(self._run(batch))
+            self._running.add(running)
+            running.add_done_callback(self._ran)
+
+    def _ran(self, task: asyncio.Task[None]) -> None:
+        self._running.discard(task)
+        self._slots.release()
+        self._arrived.set()  # the loop looks again: the batcher may be idle now
+        if not task.cancelled() and (e := task.exception()) is not None:
+            log.error("a batch's task failed: %r", e)
 
     async def _fill(self) -> None:
         """While more items are coming, wait until the batch is full or `max_wait` has passed since its first item."""

@@ -3,6 +3,7 @@ the model's shapes."""
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import threading
 import time
@@ -12,9 +13,15 @@ from pathlib import Path
 import pytest
 
 from app.core.backends.predictor import ImageInput
+from app.core.contract.request import EncodedImage, InferOptions
+from app.core.engine.engine import Engine
+from app.core.engine.served_model import ServedModel
 from app.core.images.gpu_decode import Jpeg
+from harness.images import encode
 from harness.stand_in import Device, DeviceTimes, StandInPredictor
 from model.checkpoint import load_checkpoint
+from model.shapes import make_sample
+from tests.support.settings import cpu_settings
 
 
 def during_a_wait(wait: Callable[[], None]) -> tuple[float, float, int]:
@@ -88,3 +95,47 @@ def test_outputs_have_the_models_shapes(tiny_checkpoint: Path) -> None:
     assert asked.attention_map is not None and asked.attention_map.shape == (grid, grid)
     assert asked.embedding is not None and asked.embedding.shape == (checkpoint.config.dim,)
     assert predictor.jpeg_decoder is not None and predictor.decode == "gpu"
+
+
+class Recorded(Device):
+    """A device whose decoding and computing each take 50 ms, noting when each batch's did."""
+
+    def __init__(self) -> None:
+        super().__init__(DeviceTimes("vit-s16", 4))
+        self.spans: list[tuple[str, float, float]] = []
+
+    def decode(self, n: int) -> None:
+        with self.decoder:
+            started = time.monotonic()
+            time.sleep(0.05)
+            self.spans.append(("decode", started, time.monotonic()))
+
+    def forward(self, n: int) -> None:
+        with self.compute:
+            started = time.monotonic()
+            time.sleep(0.05)
+            self.spans.append(("forward", started, time.monotonic()))
+
+
+async def test_the_engine_decodes_a_batch_while_it_computes_another(
+    tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model whose predictor decodes JPEGs on the device has two batches in flight: the next one's decoding
+    overlaps this one's forward pass."""
+    device = Recorded()
+    monkeypatch.setattr(
+        ServedModel,
+        "build_predictor",
+        staticmethod(lambda name, checkpoint, *a, **k: StandInPredictor(checkpoint, device)),
+    )
+    async with Engine.serving(cpu_settings(weights=tiny_checkpoint, max_batch_size=4)) as engine:
+        model = engine.model(None)
+        assert model.batcher.in_flight == 2 and model.description.decode == "gpu"
+        jpeg = encode(make_sample(5, 0).image, "JPEG", quality=90)
+        files = [EncodedImage(f"{i}.jpg", jpeg) for i in range(4)]
+        done = await asyncio.gather(*(engine.run(model, files, InferOptions()) for _ in range(3)))
+    assert [len(d.predictions) for d in done] == [4, 4, 4]
+    decodes = [(a, b) for kind, a, b in device.spans if kind == "decode"]
+    forwards = [(a, b) for kind, a, b in device.spans if kind == "forward"]
+    assert len(decodes) == len(forwards) == 3
+    assert any(d0 < f1 and f0 < d1 for d0, d1 in decodes for f0, f1 in forwards)  # one decoded while one computed

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -108,6 +109,11 @@ class Predictor:
     ) -> None:
         self.device = device
         self.jpeg_decoder = jpeg_decoder  # decodes the `Jpeg` inputs on the GPU, with their batch
+        # Two batches may be in flight (the batcher's `in_flight`): one decoding while the other computes.
+        # Each stage takes one batch at a time; on a GPU the decoding runs on a stream of its own.
+        self.decoding = threading.Lock()
+        self.computing = threading.Lock()
+        self.decode_stream = torch.cuda.Stream(device) if device.type == "cuda" and jpeg_decoder else None
         self.dtype = inference_dtype(device)
         self.model = checkpoint.model.to(device=device, dtype=self.dtype).eval()
         config = checkpoint.config
@@ -151,8 +157,29 @@ class Predictor:
 
     def forward(self, batch: list[ImageInput]) -> list[ImageOutput]:
         started = time.monotonic()
-        x = self.inputs(batch)  # (B, C, S, S) on the device
+        with self.decoding:
+            x, decoded = self.staged_inputs(batch)  # (B, C, S, S) on the device
         inputs_done = time.monotonic()
+        with self.computing:
+            if decoded is not None:  # the compute stream waits for the decoding stream's work on x
+                stream = torch.cuda.current_stream(self.device)
+                stream.wait_event(decoded)
+                x.record_stream(stream)
+            return self.computed(batch, x, started, inputs_done)
+
+    def staged_inputs(self, batch: list[ImageInput]) -> tuple[Tensor, torch.cuda.Event | None]:
+        """The batch's inputs; on a GPU that decodes, made on the decoding stream, with the event that marks
+        them done."""
+        if self.decode_stream is None:
+            return self.inputs(batch), None
+        with torch.cuda.stream(self.decode_stream):
+            x = self.inputs(batch)
+            decoded = torch.cuda.Event()
+            decoded.record(self.decode_stream)
+        return x, decoded
+
+    def computed(self, batch: list[ImageInput], x: Tensor, started: float, inputs_done: float) -> list[ImageOutput]:
+        """The forward pass (and the maps) of a batch whose inputs are on the device."""
         by_gradient = [i for i, item in enumerate(batch) if item.attention == GRADIENT]
         others = [i for i in range(len(batch)) if batch[i].attention != GRADIENT]
         outputs: dict[int, ImageOutput] = {}

@@ -102,7 +102,9 @@ class ServedModel:
             "vit.backend": predictor.backend,
             "vit.device": str(device),
         }
-        batcher = DynamicBatcher(predictor, s.max_batch_size, s.max_wait_ms, s.max_queue, metrics, traced)
+        # a predictor that decodes on the device takes a batch to decode while another computes
+        in_flight = 2 if predictor.jpeg_decoder is not None else 1
+        batcher = DynamicBatcher(predictor, s.max_batch_size, s.max_wait_ms, s.max_queue, metrics, traced, in_flight)
         return cls(name, checkpoint, predictor, preparer, batcher)
 
     @staticmethod

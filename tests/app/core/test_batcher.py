@@ -60,6 +60,7 @@ def far() -> float:
         ({"max_wait_ms": -1}, "max_wait_ms must be a finite number >= 0"),
         ({"max_wait_ms": float("inf")}, "max_wait_ms must be a finite number >= 0"),
         ({"max_queue": 0}, "max_queue must be an integer >= 1"),
+        ({"in_flight": 0}, "in_flight must be an integer >= 1"),
     ],
 )
 def test_settings_are_checked_at_construction(kwargs: dict[str, float], message: str) -> None:
@@ -83,6 +84,39 @@ async def test_concurrent_requests_share_batches_and_each_gets_its_own_output() 
     assert max(len(b) for b in run.batches) == 8  # full batches formed
     assert all(len(b) <= 8 for b in run.batches)
     assert sorted(i for b in run.batches for i in b) == list(range(20))  # each computed exactly once
+
+
+async def test_with_two_in_flight_the_next_batch_is_taken_while_one_computes() -> None:
+    run = Recorder()
+    run.gate.clear()  # the first batch blocks in its worker thread
+    batcher: DynamicBatcher[int, int] = DynamicBatcher(run, max_batch_size=2, max_wait_ms=0, max_queue=100, in_flight=2)
+    batcher.start()
+    first = batcher.submit([0, 1], far())
+    await until(run.entered.is_set)
+    second = batcher.submit([2, 3], far())
+    third = batcher.submit([4, 5], far())
+    await until(lambda: batcher.queue_depth == 2)  # the second batch was taken while the first computes
+    assert run.batches == []  # both are in the worker threads, the third waits for a free one
+    run.gate.set()
+    assert await asyncio.gather(*first, *second, *third) == [0, 2, 4, 6, 8, 10]
+    assert await batcher.drain(5)  # idle only once no batch is in flight
+    await batcher.stop()
+    assert sorted(map(sorted, run.batches)) == [[0, 1], [2, 3], [4, 5]]
+
+
+async def test_with_one_in_flight_the_next_batch_waits_for_the_worker() -> None:
+    run = Recorder()
+    run.gate.clear()
+    batcher: DynamicBatcher[int, int] = DynamicBatcher(run, max_batch_size=2, max_wait_ms=0, max_queue=100)
+    batcher.start()
+    first = batcher.submit([0, 1], far())
+    await until(run.entered.is_set)
+    second = batcher.submit([2, 3, 4], far())  # fills a batch of 2, and one more
+    await asyncio.sleep(0.05)  # time to take another batch, which the loop must not
+    assert batcher.queue_depth == 3
+    run.gate.set()
+    assert await asyncio.gather(*first, *second) == [0, 2, 4, 6, 8]
+    await batcher.stop()
 
 
 async def test_a_lone_request_is_not_held_back() -> None:
