@@ -11,7 +11,8 @@ img/s, and the CPU time per image of each process role (the engine, the front-en
 supervisor) and of the load generator.
 
 The projection is what the CPU side could feed on the H100 host (16 cores): the smallest of
-- the device's rate (the stand-in's batch times at the largest batch);
+- the device's rate (the stand-in's batch times at the largest batch, one batch decoding while another
+  computes);
 - the engine's ceiling: one core (a Python process, its GIL) over the engine's CPU per image;
 - the front-ends' ceiling: one core each, on the cores left once the engine and the load generator have
   theirs, over the front-ends' CPU per image (one process: the same process as the engine, so its ceiling).
@@ -197,17 +198,13 @@ def mean_batch(url: str) -> float | None:
     return total / count if count else None
 
 
-def project(
-    model: str, workers: int, per_image_us: dict[str, float], scale: float, sequential: bool
-) -> dict[str, float]:
+def project(model: str, workers: int, per_image_us: dict[str, float], scale: float) -> dict[str, float]:
     """img/s the CPU side could feed on the H100 host: the smallest of the device, the engine and the
-    front-ends (each in H100-host microseconds: this machine's times `scale`). `sequential`: one batch at a
-    time decodes and then computes (the service's forward thread); else batches decode while others compute
-    (LitServe's several workers), and the device is bound by the busier of its decoder and its compute."""
+    front-ends (each in H100-host microseconds: this machine's times `scale`). The device decodes one batch
+    while it computes another (the service's two batches in flight, LitServe's several workers), so it is
+    bound by the busier of its decoder and its compute."""
     host = {role: us * scale for role, us in per_image_us.items()}
-    times = DeviceTimes(model, MAX_BATCH_SIZE)
-    n = MAX_BATCH_SIZE
-    device = times.images_per_s() if sequential else n / max(times.decode_s(n), times.forward_s(n))
+    device = DeviceTimes(model, MAX_BATCH_SIZE).images_per_s()
     engine = 1e6 / host["engine"] if host["engine"] else float("inf")
     generator = host["load generator"] / 1e6  # cores per img/s
     cores = H100_HOST_CORES - 1 - (host["supervisor"] / 1e6) * device  # the engine's core, the supervisor's share
@@ -272,7 +269,7 @@ def service_entry(
     with ServerProcess(argv, env, port) as server:
         route = path.format(model=checkpoint.stem)  # VIT_WEIGHTS serves the file under its stem
         m = measure(server, route, load, args.seconds, images, lambda: roles(server.proc.pid, workers))
-    entry = summary("vit-serve", args, workers, load, m, here_pil, sequential=True)
+    entry = summary("vit-serve", args, workers, load, m, here_pil)
     entry["settings"] = {k: v for k, v in env.items() if k.startswith("VIT_") and k != "VIT_WEIGHTS"}
     if workers == 1 and (reference := H100_ONE_PROCESS.get((args.model, args.route))):
         entry["h100_measured_img_s"], entry["h100_measured_cores"] = reference
@@ -305,7 +302,7 @@ def litserve_entry(args: argparse.Namespace, load: Load, api_servers: int, here_
             return {"engine": list(workers), "front-ends": rest, "supervisor": []}
 
         m = measure(server, "/predict", load, args.seconds, 1, peer_roles)
-    entry = summary("litserve", args, api_servers, load, m, here_pil, sequential=False)
+    entry = summary("litserve", args, api_servers, load, m, here_pil)
     entry["settings"] = config
     return entry
 
@@ -331,7 +328,7 @@ def litserve_workers(url: str, load: Load) -> dict[int, dict[str, int]]:
 
 
 def summary(
-    server: str, args: argparse.Namespace, workers: int, load: Load, m: Measured, here_pil: float, sequential: bool
+    server: str, args: argparse.Namespace, workers: int, load: Load, m: Measured, here_pil: float
 ) -> dict[str, Any]:
     """One results entry: what was measured, per image, and the projection."""
     _, images, _ = ROUTES[args.route]
@@ -339,7 +336,7 @@ def summary(
     served_images = m.served_img_s * m.seconds
     per_image = {role: s / served_images * 1e6 for role, s in m.cpu_s.items() if role != "other"}
     per_image.setdefault("supervisor", 0.0)
-    projection = project(args.model, workers, per_image, scale, sequential)
+    projection = project(args.model, workers, per_image, scale)
     return {
         "server": server,
         "model": args.model,

@@ -3,7 +3,9 @@
 For benchmarks and tests only. `install("vit-b16")` makes every model the service loads in this process a
 `StandInPredictor`: it takes plain JPEGs encoded, as the predictor does that decodes them on the GPU (so the
 CPU pool only checks their headers, and serving front-ends send the bytes on), and each batch "decodes"
-them and runs the "forward" as `time.sleep`s, which hold no GIL and use no CPU, lasting:
+them and runs the "forward" as `time.sleep`s, which hold no GIL and use no CPU; the decoder and the compute
+each take one batch at a time, so with the batcher's two batches in flight one decodes while the other
+computes, as on the GPU. The waits last:
 
 - decoding: nvJPEG's rate in batches of 64 on the H100, 11,296 img/s (bench/results/gpu-h100.md);
 - the forward: the compiled + CUDA-graph time per batch size measured there, the batch padded to the
@@ -58,14 +60,11 @@ class DeviceTimes:
         padded = sizes[bisect.bisect_left(sizes, n)] if n <= sizes[-1] else n
         return batch_seconds(FORWARD_IMAGES_PER_S[self.model], padded)
 
-    def batch_s(self, n: int) -> float:
-        """One batch of `n` JPEGs as the predictor runs it: decoded, then forwarded, on one stream."""
-        return self.decode_s(n) + self.forward_s(n)
-
     def images_per_s(self) -> float:
-        """The device's rate at the largest batch: what it could serve if the CPU side never kept it waiting."""
+        """The device's rate at the largest batch, decoding one batch while it computes another (as the
+        predictor does): what it could serve if the CPU side never kept it waiting."""
         n = self.max_batch_size
-        return n / self.batch_s(n)
+        return n / max(self.decode_s(n), self.forward_s(n))
 
 
 def batch_seconds(rates: dict[int, int], n: int) -> float:

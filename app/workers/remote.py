@@ -229,10 +229,7 @@ class RemoteEngine(Front):
         if self.decodes and not isinstance(request.inputs, torch.Tensor):
             started = time.monotonic()
             decoded, images = await self.decode(model, request.inputs, request.options.overlay, started)
-            limit = self.settings.request_timeout_s
-            timeout_s = (limit if request.timeout_s is None else min(request.timeout_s, limit)) - (
-                time.monotonic() - started
-            )
+            timeout_s = self.time_limit(request.timeout_s) - (time.monotonic() - started)
             if timeout_s <= 0:
                 raise RequestTimeout(TIMED_OUT)
             options = dataclasses.replace(request.options, overlay=False)  # drawn here

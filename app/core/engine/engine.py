@@ -286,11 +286,6 @@ class Engine(Front):
         timing = request_timing(started, submitted, received, time.monotonic(), outputs)
         return Inference(model.description, predictions), timing
 
-    def time_limit(self, timeout_s: float | None) -> float:
-        """VIT_REQUEST_TIMEOUT_S, shortened to `timeout_s` where one is given."""
-        limit = self.settings.request_timeout_s
-        return limit if timeout_s is None else min(timeout_s, limit)
-
     def begin_drain(self) -> None:
         self.is_ready = False
         self.metrics.ready.set(0)
