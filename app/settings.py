@@ -24,7 +24,8 @@ def is_model_name(name: str) -> bool:
 
 
 # VIT_WORKERS=auto on a GPU host: front-ends, leaving two cores to the engine process (and fewer where the
-# host has fewer cores). See docs/deployment.md#serving-processes.
+# host has fewer cores). Four feed the engine all it can take, as the device stand-in measured
+# (python -m bench.stand_in; docs/deployment.md#serving-processes).
 AUTO_WORKERS_ON_GPU = 4
 DEFAULT_ONNX_CACHE = Path("~/.cache/vit-serve/onnx")  # under $XDG_CACHE_HOME when that is set
 

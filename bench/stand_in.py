@@ -29,10 +29,13 @@ import asyncio
 import json
 import os
 import resource
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,27 +77,33 @@ def parse_args() -> argparse.Namespace:
         help="also LitServe over the same stand-in (predict only), with as many API servers as front-ends",
     )
     p.add_argument("--peer-workers", type=int, default=4, help="LitServe's workers_per_device (default 4)")
+    p.add_argument(
+        "--profile",
+        type=float,
+        default=0,
+        help="also sample the engine and one front-end with py-spy for this many seconds under the same load",
+    )
     return p.parse_args()
 
 
-def pil_one_core_rate(seconds: float = 3.0) -> float:
-    """img/s of one core decoding and preprocessing the 500x375 JPEG as gpu-h100.md's 211 img/s did, counted
-    in the thread's CPU time (so another program on the machine does not lower it)."""
+def pil_one_core_rate(images: int = 512) -> float:
+    """img/s of PIL decoding and preprocessing 500x375 JPEGs on one thread, measured as the H100 host's 211
+    img/s was (`bench/gpu/decoding.py`): `images` distinct photos through a pool of one thread, torch's
+    default thread count, wall clock."""
     from app.core.images.decode import decode_image
     from app.core.images.prepare import Preprocessor
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        pre, data = Preprocessor(VIT_S16_PREPROCESSING), photo_jpeg(0)
-        pre(decode_image(data, "x.jpg", 3, 10**8))
-        n, started = 0, time.thread_time()
-        while time.thread_time() - started < seconds:
-            pre(decode_image(data, "x.jpg", 3, 10**8))
-            n += 1
-        return n / (time.thread_time() - started)
-    finally:
-        torch.set_num_threads(threads)
+    files = [photo_jpeg(i) for i in range(images)]
+    pre = Preprocessor(VIT_S16_PREPROCESSING)
+
+    def on_cpu(data: bytes) -> torch.Tensor:
+        return pre(decode_image(data, "x.jpg", 3, 10**8))
+
+    with ThreadPoolExecutor(1) as pool:
+        list(pool.map(on_cpu, files[:32]))
+        started = time.perf_counter()
+        list(pool.map(on_cpu, files))
+        return images / (time.perf_counter() - started)
 
 
 def own_cpu_s(pid: int) -> float:
@@ -179,12 +188,47 @@ def measure(
     if proc.returncode != 0:
         raise RuntimeError(f"hey failed: {err}")
     result = parse_hey(out, concurrency, None)
-    batch = (
-        mean_batch(server.url)
-        if "/v2/" in route or (route == "/predict" and "vit_" in httpx.get(server.url + "/metrics", timeout=10).text)
-        else None
-    )
-    return Measured(result.requests_per_s * images, result.errors, batch, cpu, elapsed)
+    return Measured(result.requests_per_s * images, result.errors, mean_batch(server.url), cpu, elapsed)
+
+
+def profile(
+    server: ServerProcess, route: str, load: Load, seconds: float, pids: dict[str, list[int]]
+) -> dict[str, Any]:
+    """py-spy's samples of the engine and one front-end under the same load: the share of each role's samples
+    spent in each function (its own time), the largest first."""
+    pyspy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    targets = {role: ps[0] for role, ps in pids.items() if role in ("engine", "front-ends") and ps}
+    hey = start_hey(server.url + route, seconds + 3, load.concurrency, load.body, load.content_type, load.headers)
+    time.sleep(1.5)
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        record = [pyspy, "record", "-d", str(seconds), "-r", "200", "-f", "raw", "--nonblocking"]
+        runs = {
+            role: subprocess.Popen(
+                [*record, "-p", str(pid), "-o", f"{tmp}/{role}.txt"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for role, pid in targets.items()
+        }
+        for role, run in runs.items():
+            run.wait()
+            out[role] = own_time(Path(tmp) / f"{role}.txt")
+    hey.communicate()
+    return out
+
+
+def own_time(folded: Path, top: int = 15) -> list[tuple[float, str]]:
+    """From py-spy's folded stacks: (share of the samples, function) for the functions that ran themselves."""
+    counts: dict[str, int] = {}
+    total = 0
+    for line in folded.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        leaf = stack.rsplit(";", 1)[-1]
+        counts[leaf] = counts.get(leaf, 0) + int(n)
+        total += int(n)
+    ranked = sorted(counts.items(), key=lambda kv: -kv[1])[:top]
+    return [(round(n / total, 3), leaf) for leaf, n in ranked]
 
 
 def mean_batch(url: str) -> float | None:
@@ -269,7 +313,10 @@ def service_entry(
     with ServerProcess(argv, env, port) as server:
         route = path.format(model=checkpoint.stem)  # VIT_WEIGHTS serves the file under its stem
         m = measure(server, route, load, args.seconds, images, lambda: roles(server.proc.pid, workers))
+        sampled = profile(server, route, load, args.profile, roles(server.proc.pid, workers)) if args.profile else None
     entry = summary("vit-serve", args, workers, load, m, here_pil)
+    if sampled:
+        entry["profile"] = sampled
     entry["settings"] = {k: v for k, v in env.items() if k.startswith("VIT_") and k != "VIT_WEIGHTS"}
     if workers == 1 and (reference := H100_ONE_PROCESS.get((args.model, args.route))):
         entry["h100_measured_img_s"], entry["h100_measured_cores"] = reference
@@ -427,10 +474,17 @@ def markdown(entries: list[dict[str, Any]]) -> str:
             ],
         )
         lines.append("")
-    first = entries[0]
+    for e in (e for e in entries if e.get("profile")):
+        lines += [f"## Where the time goes: {e['server']}, {e['model']}, {e['route']}, {e['workers']} workers", ""]
+        for role, frames in e["profile"].items():
+            lines += [f"py-spy, {role}, own time (share of its samples):", ""]
+            lines += table(["share", "function"], [(f"{share:.1%}", f"`{leaf}`") for share, leaf in frames], "rl")
+            lines.append("")
+    pil = sorted({e["pil_one_core_here_img_s"] for e in entries})
+    scales = sorted({e["core_scale_to_h100_host"] for e in entries})
     lines.append(
-        f"Here: {cpu_model()}, {os.cpu_count()} cores; PIL on one core {first['pil_one_core_here_img_s']:.0f} img/s"
-        f" (H100 host: {H100_PIL_ONE_CORE:.0f}), so a µs here is {first['core_scale_to_h100_host']:.2f} µs there."
+        f"Here: {cpu_model()}, {os.cpu_count()} cores; PIL on one core {pil[0]:.0f} to {pil[-1]:.0f} img/s in"
+        f" the runs (H100 host: {H100_PIL_ONE_CORE:.0f}), so a µs here is {scales[0]:.2f} to {scales[-1]:.2f} µs there."
     )
     return "\n".join(lines) + "\n"
 
