@@ -22,9 +22,9 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeVar, cast
+from typing import cast
 
 import torch
 import zmq
@@ -68,7 +68,6 @@ from app.workers.shared_memory import Arena, aligned
 from model.preprocessing import Preprocessing
 
 log = logging.getLogger("app")
-T = TypeVar("T")
 ENGINE_GONE = "not ready: the engine process stopped and is being restarted; retry shortly"
 
 
@@ -241,7 +240,8 @@ class RemoteEngine(Front):
 
     async def computed(self, model: ModelDescription, request: InferenceRequest) -> Inference:
         """`request` computed by the engine: its inputs in, its outputs back, through a region of the arena."""
-        assert self.state is not None
+        if self.state is None:  # gone while this front-end decoded
+            raise NotReady(ENGINE_GONE)
         inputs = request.inputs
         count = inputs.shape[0] if isinstance(inputs, torch.Tensor) else len(inputs)
         in_bytes = (
@@ -298,9 +298,6 @@ class RemoteEngine(Front):
             p = Preprocessing(**model.preprocessing)
             preparer = self.preparers[key] = ImagePreparer(p, s.max_image_pixels, s.jpeg_draft, model.decode == "gpu")
         return preparer
-
-    async def run_in_pool(self, fn: Callable[..., T], *args: object) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self.cpu_pool, fn, *args)
 
     def store_inputs(
         self, inputs: Sequence[EncodedImage | DecodedImage] | torch.Tensor, region: tuple[int, int] | None
