@@ -232,6 +232,7 @@ def test_the_image_environment_serves_predictions(tmp_path: Path, venv: Path) ->
     cmd[cmd.index("--host") + 1] = "127.0.0.1"
     env = {k: v.replace("/srv", str(srv)) for k, v in DOCKERFILE.env.items() if k.startswith(("VIT_", "PYTHON"))}
     env |= {"PATH": f"{venv / 'bin'}:{os.environ['PATH']}", "HOME": str(tmp_path)}
+    env["VIT_GRPC_PORT"] = str(free_port())  # the image's 8001 may be taken by another server on this machine
     log = tmp_path / "server.log"
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, cwd=srv, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
