@@ -4,9 +4,11 @@ A single loop takes up to `max_batch_size` queued images, waiting at most `max_w
 first one arrived, and runs the batch on a dedicated worker thread so the event loop keeps
 accepting requests meanwhile. It waits only while more images are known to be coming (requests
 admitted and still decoding): a lone request is not held back for company that will not come.
-Images whose request was cancelled (client gone, timed out) or whose deadline passed are dropped
-before they are computed. A batch that fails is retried in
-halves, so one bad image fails only its own request.
+Each request gets one future for all its outputs, answered when its last image is computed (a batch
+may hold images of many requests, and a request's images may span batches). Images whose request was
+cancelled (client gone, timed out, another of its images failed) or whose deadline passed are dropped
+before they are computed. A batch that fails is retried in halves, so one bad image fails only its own
+request.
 
 With `in_flight` 2 (a predictor that decodes JPEGs on the device), the next batch is taken and handed to a
 second worker thread while one computes, so the device decodes one batch while it computes the other; the
@@ -25,7 +27,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar, cast
 
 from opentelemetry.trace import SpanContext, StatusCode
 from opentelemetry.util.types import AttributeValue
@@ -45,13 +47,37 @@ class BatchObserver(Protocol):
     def queue_depth(self, depth: int) -> None: ...
 
 
-@dataclass
-class Pending(Generic[In, Out]):
-    payload: In
+@dataclass(eq=False)
+class Request(Generic[Out]):
+    """One request's items in the batcher: its outputs, in item order, filled in as its batches finish."""
+
+    future: asyncio.Future[list[Out]]  # its outputs once all are computed; or the first item's error
+    outputs: list[Out | None]
     deadline: float  # time.monotonic() after which the result is no longer wanted
-    future: asyncio.Future[Out]
+    span: SpanContext | None  # the request's span, which its batches' spans link to
+    remaining: int
+
+    def answer(self, index: int, output: Out) -> None:
+        if self.future.done():
+            return
+        self.outputs[index] = output
+        self.remaining -= 1
+        if self.remaining == 0:
+            self.future.set_result(cast("list[Out]", self.outputs))
+
+    def fail(self, error: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+
+
+@dataclass(eq=False)
+class Pending(Generic[In, Out]):
+    """One queued item."""
+
+    payload: In
+    request: Request[Out]
+    index: int  # in its request
     enqueued: float = field(default_factory=time.monotonic)
-    span: SpanContext | None = None  # the request's span, which its batch's span links to
 
 
 class Admission(Generic[In, Out]):
@@ -61,7 +87,7 @@ class Admission(Generic[In, Out]):
         self.batcher = batcher
         self.count = count
 
-    def submit(self, payloads: Sequence[In], deadline: float) -> list[asyncio.Future[Out]]:
+    def submit(self, payloads: Sequence[In], deadline: float) -> asyncio.Future[list[Out]]:
         if len(payloads) > self.count:
             raise ValueError(f"{len(payloads)} items submitted on an admission for {self.count}")
         return self.batcher._enqueue(payloads, deadline)
@@ -138,22 +164,24 @@ class DynamicBatcher(Generic[In, Out]):
             self._incoming -= count
             self._arrived.set()  # the loop may be waiting for these items
 
-    def submit(self, payloads: Sequence[In], deadline: float) -> list[asyncio.Future[Out]]:
-        """Admit and queue all of one request's items at once, or raise NotReady/Overloaded."""
+    def submit(self, payloads: Sequence[In], deadline: float) -> asyncio.Future[list[Out]]:
+        """Admit and queue all of one request's items at once, or raise NotReady/Overloaded. The future
+        gives their outputs in order; cancelling it drops those not yet computed."""
         with self.admit(len(payloads)) as admission:
             return admission.submit(payloads, deadline)
 
-    def _enqueue(self, payloads: Sequence[In], deadline: float) -> list[asyncio.Future[Out]]:
-        loop = asyncio.get_running_loop()
-        futures: list[asyncio.Future[Out]] = []
-        span = current_span_context()
-        for payload in payloads:
-            future: asyncio.Future[Out] = loop.create_future()
-            self._queue.append(Pending(payload, deadline, future, span=span))
-            futures.append(future)
+    def _enqueue(self, payloads: Sequence[In], deadline: float) -> asyncio.Future[list[Out]]:
+        future: asyncio.Future[list[Out]] = asyncio.get_running_loop().create_future()
+        outputs: list[Out | None] = [None] * len(payloads)
+        request = Request(future, outputs, deadline, current_span_context(), len(payloads))
+        if not payloads:
+            future.set_result([])
+            return future
+        now = time.monotonic()
+        self._queue.extend(Pending(payload, request, i, now) for i, payload in enumerate(payloads))
         self._arrived.set()
         self._report_depth()
-        return futures
+        return future
 
     def retry_after_s(self) -> int:
         """Seconds until the current queue has likely cleared, at least 1."""
@@ -176,8 +204,7 @@ class DynamicBatcher(Generic[In, Out]):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         for item in self._queue:
-            if not item.future.done():
-                item.future.set_exception(NotReady("the service stopped before this image was computed"))
+            item.request.fail(NotReady("the service stopped before this image was computed"))
         self._queue.clear()
         self._executor.shutdown(wait=True)
 
@@ -226,11 +253,12 @@ class DynamicBatcher(Generic[In, Out]):
         gone = expired = 0
         while self._queue and len(batch) < self.max_batch_size:
             item = self._queue.popleft()
-            if item.future.done():  # cancelled: the client went away or stopped waiting
-                gone += 1
-            elif item.deadline <= now:
+            request = item.request
+            if request.deadline <= now:
                 expired += 1
-                item.future.set_exception(RequestTimeout("the request timed out before its image was computed"))
+                request.fail(RequestTimeout("the request timed out before its image was computed"))
+            elif request.future.done():  # cancelled (the client went away), or another of its images failed
+                gone += 1
             else:
                 batch.append(item)
         if self.observer is not None:
@@ -243,7 +271,7 @@ class DynamicBatcher(Generic[In, Out]):
     async def _run(self, batch: list[Pending[In, Out]]) -> None:
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
-        links = batch_links([i.span for i in batch])
+        links = batch_links([i.request.span for i in batch])
         attributes: dict[str, AttributeValue] = {**self.span_attributes, "vit.batch_size": len(batch)}
         span = tracer.start_span("batch", context=ROOT, links=links, attributes=attributes) if links else None
         try:
@@ -262,12 +290,10 @@ class DynamicBatcher(Generic[In, Out]):
                 await self._run(batch[half:])
                 return
             if isinstance(e, ServiceError):  # the image's own fault (a file only the forward step decodes)
-                if not batch[0].future.done():
-                    batch[0].future.set_exception(e)
+                batch[0].request.fail(e)
                 return
             log.error("inference failed for one image: %s", e)
-            if not batch[0].future.done():
-                batch[0].future.set_exception(InferenceFailed("inference failed for this image; see the server log"))
+            batch[0].request.fail(InferenceFailed("inference failed for this image; see the server log"))
             return
         if span is not None:
             span.end()
@@ -276,8 +302,7 @@ class DynamicBatcher(Generic[In, Out]):
         if self.observer is not None:
             self.observer.batch_done(len(batch), seconds, outputs)
         for item, output in zip(batch, outputs, strict=True):
-            if not item.future.done():
-                item.future.set_result(output)
+            item.request.answer(item.index, output)
 
     def _report_depth(self) -> None:
         if self.observer is not None:

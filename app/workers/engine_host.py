@@ -15,6 +15,7 @@ import contextlib
 import functools
 import logging
 import os
+import time
 import uuid
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
@@ -22,7 +23,6 @@ from typing import Any
 
 import torch
 import zmq
-import zmq.asyncio
 
 from app.core.contract.data_plane import Inference
 from app.core.contract.errors import ServiceError
@@ -33,6 +33,7 @@ from app.workers.link import (
     HEARTBEAT_S,
     Ack,
     Cancel,
+    Channel,
     Failure,
     Hello,
     InferCall,
@@ -71,13 +72,12 @@ class EngineHost:
         self.engine = engine
         self.address = address
         self.incarnation = uuid.uuid4().hex
-        self.context = zmq.asyncio.Context()
-        self.socket = self.context.socket(zmq.ROUTER)
-        self.socket.setsockopt(zmq.LINGER, 0)
+        self.context = zmq.Context()
+        self.channel: Channel | None = None  # while serving
         self.peers: dict[bytes, Peer] = {}
         self.seq = 0
         self.state = self.current_state()
-        self.acked = asyncio.Condition()
+        self.acked = asyncio.Event()  # set on each front-end's Ack
         self.tasks: set[asyncio.Task[None]] = set()
 
     def current_state(self) -> State:
@@ -86,26 +86,30 @@ class EngineHost:
 
     async def serve(self, stop: asyncio.Event) -> None:
         """Answer the front-ends until `stop` is set."""
-        self.socket.bind(self.address)
-        receiving = asyncio.create_task(self.receive())
+        socket = self.context.socket(zmq.ROUTER)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.bind(self.address)
+        self.channel = Channel(socket, self.receive)
         beating = asyncio.create_task(self.heartbeat())
         try:
             await stop.wait()
         finally:
-            receiving.cancel()
             beating.cancel()
+            self.channel.close()
             for peer in list(self.peers.values()):
                 self.forget(peer)
 
     def close(self) -> None:
-        self.socket.close(linger=0)
+        if self.channel is not None:
+            self.channel.close()
         self.context.term()
 
-    async def send(self, peer: Peer, message: object) -> None:
-        with contextlib.suppress(zmq.ZMQError):  # a front-end gone meanwhile
-            await self.socket.send_multipart([peer.identity, dumps(message)])
+    def send(self, peer: Peer, message: object) -> None:
+        """`message` to a front-end (dropped when it is gone, as ZeroMQ drops what no peer can take)."""
+        if self.channel is not None:
+            self.channel.send([peer.identity, dumps(message)])
 
-    async def broadcast(self) -> State:
+    def broadcast(self) -> State:
         """The current state to every front-end, with a new seq when it changed."""
         state = self.current_state()
         if (state.ready, state.taking_requests, state.models) != (
@@ -116,33 +120,32 @@ class EngineHost:
             self.seq += 1
             state = self.current_state()
         self.state = state
-        await asyncio.gather(*(self.send(p, state) for p in list(self.peers.values())))
+        for peer in list(self.peers.values()):
+            self.send(peer, state)
         return state
 
     async def heartbeat(self) -> None:
         while True:
-            await self.broadcast()
+            self.broadcast()
             await asyncio.sleep(HEARTBEAT_S)
 
-    async def receive(self) -> None:
-        while True:
-            identity, data = await self.socket.recv_multipart()
-            try:
-                await self.handle(identity, loads(data))
-            except Exception:  # one bad message (or a front-end's arena gone) never stops the engine answering
-                log.exception("engine: a message from a front-end could not be handled")
+    def receive(self, frames: list[bytes]) -> None:
+        try:
+            identity, data = frames
+            self.handle(identity, loads(data))
+        except Exception:  # one bad message (or a front-end's arena gone) never stops the engine answering
+            log.exception("engine: a message from a front-end could not be handled")
 
-    async def handle(self, identity: bytes, message: object) -> None:
+    def handle(self, identity: bytes, message: object) -> None:
         if isinstance(message, Hello):
-            await self.hello(identity, message)
+            self.hello(identity, message)
             return
         peer = self.peers.get(identity)
         if peer is None:
             return  # from a front-end this engine has not met: it says hello again first
         if isinstance(message, Ack):
             peer.acked = max(peer.acked, message.seq)
-            async with self.acked:
-                self.acked.notify_all()
+            self.acked.set()
         elif isinstance(message, InferCall) and message.incarnation == self.incarnation:
             running = self.spawn(self.infer(peer, message))
             peer.calls[message.id] = running
@@ -161,14 +164,14 @@ class EngineHost:
         task.add_done_callback(self.tasks.discard)
         return task
 
-    async def hello(self, identity: bytes, hello: Hello) -> None:
+    def hello(self, identity: bytes, hello: Hello) -> None:
         if identity not in self.peers:
             arena = Arena.attach(hello.arena) if hello.arena is not None else None
             peer = Peer(identity, hello.pid, arena)
             self.peers[identity] = peer
             self.watch(peer)
             log.info("engine: front-end pid %d connected", hello.pid)
-        await self.send(self.peers[identity], self.state)
+        self.send(self.peers[identity], self.state)
 
     def watch(self, peer: Peer) -> None:
         """Forget `peer` when its process exits."""
@@ -211,7 +214,7 @@ class EngineHost:
             peer.calls.pop(call.id, None)
             detach(token)
         if self.peers.get(peer.identity) is peer:
-            await self.send(peer, reply)
+            self.send(peer, reply)
 
     def answer_if_never_run(self, peer: Peer, call_id: int, task: asyncio.Task[None]) -> None:
         """A call cancelled before its task ran (its Cancel read in the same go) is answered all the same: the
@@ -220,7 +223,7 @@ class EngineHost:
             return  # `infer` answered it
         peer.calls.pop(call_id, None)
         if self.peers.get(peer.identity) is peer:
-            self.spawn(self.send(peer, Reply(call_id, failure=Failure("RequestTimeout", "cancelled"))))
+            self.send(peer, Reply(call_id, failure=Failure("RequestTimeout", "cancelled")))
 
     async def compute(self, peer: Peer, call: InferCall) -> Reply:
         arena = peer.arena
@@ -234,7 +237,9 @@ class EngineHost:
             )
         model = self.engine.model(call.model, call.version)
         done: Inference = await self.engine.run(model, inputs, call.options, call.timeout_s)
-        return Reply(call.id, done.model, store_outputs(done.predictions, RegionWriter(arena, call.region)))
+        outputs = store_outputs(done.predictions, RegionWriter(arena, call.region))
+        # the description (20 KB pickled with 1,000 class names) only where the front-end lacks it
+        return Reply(call.id, None if done.model.version == call.described else done.model, outputs)
 
     async def repository(self, peer: Peer, call: RepositoryCall) -> None:
         try:
@@ -245,23 +250,25 @@ class EngineHost:
             else:
                 assert call.name is not None
                 await (self.engine.load_model if call.op == "load" else self.engine.unload_model)(call.name)
-                await self.applied_everywhere(await self.broadcast())
+                await self.applied_everywhere(self.broadcast())
                 reply = Reply(call.id)
         except ServiceError as e:
             reply = Reply(call.id, failure=Failure.of(e))
         except Exception as e:
             log.exception("engine: unhandled error in a repository call")
             reply = Reply(call.id, failure=Failure.of(e))
-        await self.send(peer, reply)
+        self.send(peer, reply)
 
     async def applied_everywhere(self, state: State) -> None:
         """Wait (at most ACK_TIMEOUT_S) until every front-end has applied `state`."""
-        with contextlib.suppress(TimeoutError):
-            async with self.acked:
-                await asyncio.wait_for(
-                    self.acked.wait_for(lambda: all(p.acked >= state.seq for p in self.peers.values())),
-                    ACK_TIMEOUT_S,
-                )
+        deadline = time.monotonic() + ACK_TIMEOUT_S
+        while not all(p.acked >= state.seq for p in self.peers.values()):
+            self.acked.clear()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.acked.wait(), remaining)
 
 
 async def close_after(calls: list[asyncio.Task[None]], arena: Arena) -> None:

@@ -12,12 +12,14 @@ has since died is ignored by its successor, which could otherwise write into a r
 
 from __future__ import annotations
 
+import asyncio
 import pickle
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import zmq
 
 from app.core.contract import errors
 from app.core.contract.description import ModelDescription, ModelStatus
@@ -25,6 +27,7 @@ from app.core.contract.request import DecodedImage, EncodedImage, InferOptions, 
 from app.telemetry.statistics import ModelStatistics
 from app.workers.shared_memory import Arena, aligned, tensor_bytes
 
+READ_AT_ONCE = 64  # messages read in one go before the event loop runs anything else
 HEARTBEAT_S = 0.5  # the engine's state goes to every front-end at least this often
 ENGINE_SILENT_S = 5.0  # where a process cannot be watched through a pidfd: the engine is gone after this silence
 
@@ -83,6 +86,7 @@ class InferCall:
     images: list[StoredImage] | None  # None for pixels
     pixels: Stored | None
     region: tuple[int, int] | None  # (offset, size) in the front-end's arena: inputs in, outputs out
+    described: str  # the version the front-end looked up: a reply computed by it leaves its description out
     trace: dict[str, str] | None = None  # the request's trace context (W3C headers), when traced
 
 
@@ -116,12 +120,14 @@ class RepositoryCall:
 
 
 @dataclass(frozen=True)
-class StoredPrediction:
-    filename: str
-    probabilities: Stored
-    attention_map: Stored | None
-    overlay_png: StoredBytes | None
-    embedding: Stored | None
+class StoredOutputs:
+    """A request's outputs, each kind as one block of all its images (options are the same for every image)."""
+
+    filenames: list[str]
+    probabilities: Stored  # (N, classes)
+    attention_maps: Stored | None  # (N, grid, grid)
+    embeddings: Stored | None  # (N, dim)
+    overlays: list[StoredBytes] | None
 
 
 @dataclass(frozen=True)
@@ -148,11 +154,66 @@ class Failure:
 @dataclass(frozen=True)
 class Reply:
     id: int
-    model: ModelDescription | None = None  # infer: the version that computed it
-    predictions: list[StoredPrediction] | None = None
+    model: ModelDescription | None = None  # infer: the version that computed it, when not the one the call named
+    outputs: StoredOutputs | None = None
     index: list[ModelStatus] | None = None  # repository index
     statistics: list[ModelStatistics] | None = None
     failure: Failure | None = None
+
+
+class Channel:
+    """A ZeroMQ socket on the running event loop, without a future per message: each message read, as it
+    arrives, goes to `on_message` (its frames); a send never waits (it fails at once where ZeroMQ would block).
+
+    ZeroMQ's file descriptor signals edges, not levels: it turns readable when the socket's events may have
+    changed, and any call on the socket may take that edge. So every go reads until nothing is left, and a
+    send that leaves messages unread schedules a go.
+    """
+
+    def __init__(self, socket: zmq.Socket[bytes], on_message: Callable[[list[bytes]], None]) -> None:
+        self.socket = socket
+        self.on_message = on_message
+        self.loop = asyncio.get_running_loop()
+        fd = socket.getsockopt(zmq.FD)
+        assert isinstance(fd, int)
+        self.fd = fd
+        self.loop.add_reader(self.fd, self.read)
+        self.loop.call_soon(self.read)  # what arrived before the reader was added
+        self.closed = False
+
+    def read(self) -> None:
+        if self.closed:
+            return
+        for _ in range(READ_AT_ONCE):
+            try:
+                frames = self.socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self.on_message(frames)
+            if self.closed:
+                return
+        self.loop.call_soon(self.read)  # more may wait: after what else is ready to run
+
+    def send(self, frames: list[bytes]) -> bool:
+        """Whether ZeroMQ took the message (not when no peer is connected, or its queue is full)."""
+        try:
+            self.socket.send_multipart(frames, zmq.NOBLOCK)
+            sent = True
+        except zmq.ZMQError:  # Again: no peer, or its queue is full; or the socket is closing
+            sent = False
+        if not self.closed and self.unread():
+            self.loop.call_soon(self.read)  # this call may have taken the edge that said so
+        return sent
+
+    def unread(self) -> bool:
+        events = self.socket.getsockopt(zmq.EVENTS)
+        return isinstance(events, int) and bool(events & zmq.POLLIN)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.loop.remove_reader(self.fd)
+            self.socket.close(linger=0)
 
 
 def dumps(message: object) -> bytes:
@@ -165,12 +226,12 @@ def loads(data: bytes) -> object:
 
 def output_bytes(model: ModelDescription, options: InferOptions, images: int) -> int:
     """The arena room one request's outputs take (overlays aside: their size is known only once drawn)."""
-    per_image = tensor_bytes((len(model.classes),))
+    room = tensor_bytes((images, len(model.classes)))
     if options.attention != "none":
-        per_image += tensor_bytes((model.grid_size, model.grid_size))
+        room += tensor_bytes((images, model.grid_size, model.grid_size))
     if options.embedding:
-        per_image += tensor_bytes((model.embedding_dim,))
-    return per_image * images
+        room += tensor_bytes((images, model.embedding_dim))
+    return room
 
 
 class RegionWriter:
@@ -198,18 +259,30 @@ class RegionWriter:
         return stored
 
 
-def store_outputs(predictions: list[Prediction], into: RegionWriter) -> list[StoredPrediction]:
-    """The predictions written into the region where they fit, inline where they do not."""
-    return [
-        StoredPrediction(
-            p.filename,
-            into.tensor(p.probabilities),
-            None if p.attention_map is None else into.tensor(p.attention_map),
-            None if p.overlay_png is None else into.data(p.overlay_png),
-            None if p.embedding is None else into.tensor(p.embedding),
-        )
-        for p in predictions
-    ]
+def store_outputs(predictions: list[Prediction], into: RegionWriter) -> StoredOutputs:
+    """The predictions, each kind stacked into one block, written into the region where they fit, inline
+    where they do not."""
+    probabilities = stacked([p.probabilities for p in predictions])
+    maps = stacked([p.attention_map for p in predictions])
+    embeddings = stacked([p.embedding for p in predictions])
+    overlays = [p.overlay_png for p in predictions]
+    return StoredOutputs(
+        [p.filename for p in predictions],
+        into.tensor(probabilities if probabilities is not None else torch.empty(0, 0)),
+        None if maps is None else into.tensor(maps),
+        None if embeddings is None else into.tensor(embeddings),
+        None if all(o is None for o in overlays) else [into.data(o or b"") for o in overlays],
+    )
+
+
+def stacked(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
+    """One block of a request's tensors of one kind; None when no image has one."""
+    present = [t for t in tensors if t is not None]
+    if not present:
+        return None
+    if len(present) != len(tensors):
+        raise ValueError("some images of a request have this output and some do not")
+    return torch.stack(present)
 
 
 def read_tensor(arena: Arena | None, stored: Stored) -> torch.Tensor:
@@ -265,15 +338,19 @@ def load_images(stored: list[StoredImage], arena: Arena | None) -> list[EncodedI
     ]
 
 
-def load_predictions(stored: list[StoredPrediction], arena: Arena | None) -> list[Prediction]:
-    """The predictions, copied out of the arena."""
+def load_predictions(stored: StoredOutputs, arena: Arena | None) -> list[Prediction]:
+    """The predictions, copied out of the arena (each image's tensors are rows of its request's blocks)."""
+    probabilities = read_tensor(arena, stored.probabilities)
+    maps = None if stored.attention_maps is None else read_tensor(arena, stored.attention_maps)
+    embeddings = None if stored.embeddings is None else read_tensor(arena, stored.embeddings)
+    overlays = None if stored.overlays is None else [read_bytes(arena, o) for o in stored.overlays]
     return [
         Prediction(
-            s.filename,
-            read_tensor(arena, s.probabilities),
-            None if s.attention_map is None else read_tensor(arena, s.attention_map),
-            None if s.overlay_png is None else read_bytes(arena, s.overlay_png),
-            None if s.embedding is None else read_tensor(arena, s.embedding),
+            filename,
+            probabilities[i],
+            None if maps is None else maps[i],
+            None if overlays is None else overlays[i] or None,
+            None if embeddings is None else embeddings[i],
         )
-        for s in stored
+        for i, filename in enumerate(stored.filenames)
     ]

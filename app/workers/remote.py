@@ -24,11 +24,9 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import cast
 
 import torch
 import zmq
-import zmq.asyncio
 from PIL import Image
 
 from app.core.contract.data_plane import Inference, InferenceRequest
@@ -48,6 +46,7 @@ from app.workers.link import (
     HEARTBEAT_S,
     Ack,
     Cancel,
+    Channel,
     Hello,
     InferCall,
     Refused,
@@ -85,10 +84,8 @@ class RemoteEngine(Front):
         super().__init__(settings, metrics, cpu_threads=4)
         self.address = address
         self.arena = arena
-        self.context = zmq.asyncio.Context()
-        self.socket = self.context.socket(zmq.DEALER)
-        self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.setsockopt(zmq.IMMEDIATE, 1)  # nothing queued for an engine not connected
+        self.context = zmq.Context()
+        self.channel: Channel | None = None  # once started
         self.state: State | None = None  # the engine's, while it is up
         self.heard_at = 0.0
         self.draining = False
@@ -101,8 +98,12 @@ class RemoteEngine(Front):
         self.preparers: dict[tuple[str, str], ImagePreparer] = {}  # by model name and version
 
     async def start(self) -> None:
-        self.socket.connect(self.address)
-        self.tasks = [asyncio.create_task(self.receive()), asyncio.create_task(self.keep_in_touch())]
+        socket = self.context.socket(zmq.DEALER)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.IMMEDIATE, 1)  # nothing queued for an engine not connected
+        socket.connect(self.address)
+        self.channel = Channel(socket, self.receive)
+        self.tasks = [asyncio.create_task(self.keep_in_touch())]
 
     async def wait_engine(self, timeout_s: float) -> bool:
         """Whether the engine answered within `timeout_s`."""
@@ -116,7 +117,8 @@ class RemoteEngine(Front):
         for task in self.tasks:
             task.cancel()
         self.engine_gone("this front-end is stopping", stopping=True)
-        self.socket.close(linger=0)
+        if self.channel is not None:
+            self.channel.close()
         self.context.term()
         self.cpu_pool.shutdown(wait=False, cancel_futures=True)
         if self.arena is not None:
@@ -132,26 +134,20 @@ class RemoteEngine(Front):
                 self.engine_gone(f"no word from the engine for {ENGINE_SILENT_S:.0f} s")
             await asyncio.sleep(0.1 if self.state is None else HEARTBEAT_S)
 
-    async def receive(self) -> None:
-        while True:
-            data = await self.socket.recv()
-            try:
-                message = loads(data)
-                if isinstance(message, State):
-                    self.apply(message)
-                elif isinstance(message, Reply):
-                    self.answered(message)
-            except Exception:  # one bad message never leaves this front-end deaf
-                log.exception("front-end: a message from the engine could not be handled")
+    def receive(self, frames: list[bytes]) -> None:
+        try:
+            (data,) = frames
+            message = loads(data)
+            if isinstance(message, State):
+                self.apply(message)
+            elif isinstance(message, Reply):
+                self.answered(message)
+        except Exception:  # one bad message never leaves this front-end deaf
+            log.exception("front-end: a message from the engine could not be handled")
 
     def send(self, message: object) -> bool:
         """Whether `message` went to the engine (not when no engine is connected, or its queue is full)."""
-        # tried at once: done unless other sends are queued before it
-        sent = cast("asyncio.Future[None]", self.socket.send(dumps(message), zmq.NOBLOCK))
-        if sent.done():
-            return sent.exception() is None
-        sent.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved: never logged
-        return True
+        return self.channel is not None and self.channel.send([dumps(message)])
 
     def apply(self, state: State) -> None:
         if self.state is not None and state.incarnation != self.state.incarnation:
@@ -261,14 +257,15 @@ class RemoteEngine(Front):
             images,
             pixels,
             region,
+            model.version,
             carrier(),
         )
         reply = await self.call(call, offset, self.settings.request_timeout_s + 5)
         try:
             if reply.failure is not None:
                 raise reply.failure.exception()
-            assert reply.model is not None and reply.predictions is not None
-            return Inference(reply.model, load_predictions(reply.predictions, self.arena))
+            assert reply.outputs is not None
+            return Inference(reply.model or model, load_predictions(reply.outputs, self.arena))
         finally:
             self.release_call(call.id)
 

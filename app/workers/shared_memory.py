@@ -11,6 +11,7 @@ is an error then, not a crash when a page is first touched.
 from __future__ import annotations
 
 import bisect
+import math
 import mmap
 import os
 from pathlib import Path
@@ -116,11 +117,11 @@ class Arena:
 
     def read_tensor(self, offset: int, shape: tuple[int, ...], dtype: str) -> torch.Tensor:
         """A copy of the tensor `write_tensor` put at `offset`."""
-        count = int(np.prod(shape)) if shape else 1
+        count = math.prod(shape)
         values = np.frombuffer(self.map, dtype=dtype, count=count, offset=offset)
         return torch.from_numpy(values.copy()).reshape(shape)
 
 
 def tensor_bytes(shape: tuple[int, ...], itemsize: int = 4) -> int:
     """The aligned room a tensor of `shape` takes in an arena."""
-    return aligned(int(np.prod(shape)) * itemsize if shape else itemsize)
+    return aligned(math.prod(shape) * itemsize)

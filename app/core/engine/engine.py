@@ -336,7 +336,7 @@ def request_timing(
     started: float, submitted: float, received: float, done: float, outputs: list[ImageOutput]
 ) -> RequestTiming:
     """Where a request's time went (app.telemetry.statistics): it waits for the slowest of its batches."""
-    batches = [o.batch for o in outputs if o.batch is not None]
+    batches = list({id(o.batch): o.batch for o in outputs if o.batch is not None}.values())  # one or a few
     if not batches:
         return RequestTiming(0.0, submitted - started, received - submitted, done - received)
     return RequestTiming(

@@ -174,16 +174,6 @@ class ServedModel:
         """Rows (and columns) of the patch grid, the size of an attention map."""
         return self.checkpoint.config.grid_size
 
-    def prepared_already(self, image: EncodedImage | DecodedImage, keep_image: bool) -> Prepared | None:
-        """A front-end's `DecodedImage` as this version's input, when it was prepared for this version."""
-        if not isinstance(image, DecodedImage) or image.version != self.version or keep_image:
-            return None
-        if image.pixels is not None:
-            return Prepared(image.filename, None, image.pixels)
-        if self.predictor.jpeg_decoder is not None:
-            return Prepared(image.filename, None, Jpeg(image.data, image.filename))
-        return None
-
     def target_index(self, target: str | None) -> int | None:
         """A class label, or its index, as the class index a gradient map explains."""
         return self.description.class_index(target)
@@ -202,15 +192,24 @@ class ServedModel:
         with self.batcher.admit(len(images)) as admission:  # refused here, before any CPU is spent on decoding
             record_span("admission", asked, time.monotonic(), {"vit.images": len(images)})
             prepared = await self.prepare_all(images, keep_images, pool)
-            futures = admission.submit([wanted.input(p.pixels) for p in prepared], deadline)
+            outputs = admission.submit([wanted.input(p.pixels) for p in prepared], deadline)
             submitted = time.monotonic()
-        return prepared, await wait_for_outputs(futures, deadline), submitted
+        return prepared, await wait_for_outputs(outputs, deadline), submitted
 
     async def prepare_all(
         self, images: Sequence[EncodedImage | DecodedImage], keep_images: bool, pool: Executor
     ) -> list[Prepared]:
-        """Every file prepared: on the pool, all at once, except those a front-end prepared for this version."""
-        prepared = [self.prepared_already(i, keep_images) for i in images]
+        """Every file prepared: on the pool, all at once, except those a front-end prepared for this version
+        (its pixels; or, for a predictor that decodes JPEGs, its checked JPEG)."""
+        prepared: list[Prepared | None] = [None] * len(images)
+        if not keep_images:  # an overlay is drawn over the image itself: decoded here whatever the front-end did
+            version, decodes = self.version, self.predictor.jpeg_decoder is not None
+            for k, i in enumerate(images):
+                if isinstance(i, DecodedImage) and i.version == version:
+                    if i.pixels is not None:
+                        prepared[k] = Prepared(i.filename, None, i.pixels)
+                    elif decodes:
+                        prepared[k] = Prepared(i.filename, None, Jpeg(i.data, i.filename))
         if todo := [k for k, p in enumerate(prepared) if p is None]:
             done = await self.preparer.prepare_all([images[k] for k in todo], keep_images, pool)
             for k, p in zip(todo, done, strict=True):
@@ -219,17 +218,16 @@ class ServedModel:
 
     async def run_pixels(self, pixels: torch.Tensor, wanted: Wanted, deadline: float) -> list[ImageOutput]:
         """Already preprocessed images (N, C, H, W) through the same batcher."""
-        futures = self.batcher.submit([wanted.input(p) for p in pixels], deadline)
-        return await wait_for_outputs(futures, deadline)
+        outputs = self.batcher.submit([wanted.input(p) for p in pixels], deadline)
+        return await wait_for_outputs(outputs, deadline)
 
 
-async def wait_for_outputs(futures: list[asyncio.Future[ImageOutput]], deadline: float) -> list[ImageOutput]:
+async def wait_for_outputs(outputs: asyncio.Future[list[ImageOutput]], deadline: float) -> list[ImageOutput]:
     """All outputs of one request. When one image fails, time runs out or the request is cancelled (the
-    client left), its other queued images are cancelled too: the batcher skips them, never computing them."""
+    client left), its other queued images are dropped: the batcher skips them, never computing them."""
     try:
-        return list(await asyncio.wait_for(asyncio.gather(*futures), max(0.0, deadline - time.monotonic())))
+        return await asyncio.wait_for(outputs, max(0.0, deadline - time.monotonic()))
     except TimeoutError:
         raise RequestTimeout(TIMED_OUT) from None
     finally:
-        for f in futures:
-            f.cancel()  # a no-op for those already answered
+        outputs.cancel()  # a no-op once answered

@@ -158,10 +158,9 @@ async def test_a_call_cancelled_before_the_engine_ran_it_is_answered_all_the_sam
     answer: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
     linked.plane.pending[999] = remote.Pending(answer, None)
     images = [StoredImage(f.filename, f.data) for f in FILES]
-    await host.handle(
-        peer.identity, InferCall(999, host.incarnation, None, None, InferOptions(), None, images, None, None)
-    )
-    await host.handle(peer.identity, Cancel(999, host.incarnation))  # nothing awaited in between: it never ran
+    call = InferCall(999, host.incarnation, None, None, InferOptions(), None, images, None, None, "")
+    host.handle(peer.identity, call)
+    host.handle(peer.identity, Cancel(999, host.incarnation))  # nothing awaited in between: it never ran
     reply = await asyncio.wait_for(answer, 5)
     assert reply.failure is not None and reply.failure.kind == "RequestTimeout"
     assert 999 not in peer.calls
