@@ -113,6 +113,8 @@ class Arena:
     def write_tensor(self, offset: int, tensor: torch.Tensor) -> int:
         """A CPU tensor's values at `offset`, row-major; the offset after them, aligned."""
         values = tensor.detach().contiguous().numpy()
+        if values.size == 0:
+            return offset
         return self.write(offset, values.tobytes() if not values.flags.c_contiguous else values.data.cast("B"))
 
     def read_tensor(self, offset: int, shape: tuple[int, ...], dtype: str) -> torch.Tensor:

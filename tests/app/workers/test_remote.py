@@ -166,6 +166,23 @@ async def test_a_call_cancelled_before_the_engine_ran_it_is_answered_all_the_sam
     assert 999 not in peer.calls
 
 
+async def test_a_reply_describes_its_version_only_when_the_call_named_another(
+    make_linked: Callable[..., Awaitable[Linked]],
+) -> None:
+    """The description (with every class name) travels only where the front-end lacks it: a version
+    replaced between the front-end's lookup and the engine's answer."""
+    linked: Linked = await make_linked()
+    host = linked.host
+    [peer] = host.peers.values()
+    version = linked.engine.model(None).version
+    images = [StoredImage(f.filename, f.data) for f in FILES]
+    for described, expected in ((version, None), ("an older version", linked.engine.model(None).description)):
+        call = InferCall(1, host.incarnation, None, None, InferOptions(), None, images, None, None, described)
+        reply = await host.compute(peer, call)
+        assert reply.model == expected
+        assert reply.outputs is not None and reply.outputs.filenames == [f.filename for f in FILES]
+
+
 async def test_core_errors_come_back_as_themselves(make_linked: Callable[..., Awaitable[Linked]]) -> None:
     linked: Linked = await make_linked()
     with pytest.raises(ModelNotFound, match="nope"):
