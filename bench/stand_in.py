@@ -43,7 +43,7 @@ from typing import Any
 import httpx
 import torch
 
-from bench.common import RESULTS, cpu_model, photo_jpeg, table
+from bench.common import RESULTS, commit, cpu_model, photo_jpeg, table
 from bench.gpu.serving import bodies, random_checkpoint
 from harness.load import parse_hey, start_hey
 from harness.models import VIT_S16_PREPROCESSING
@@ -386,6 +386,7 @@ def summary(
     projection = project(args.model, workers, per_image, scale)
     return {
         "server": server,
+        "commit": commit(Path(__file__).resolve().parent.parent),
         "model": args.model,
         "route": args.route,
         "workers": workers,
@@ -425,6 +426,7 @@ def markdown(entries: list[dict[str, Any]]) -> str:
     rows = [
         (
             e["server"],
+            e.get("commit", ""),
             e["model"],
             e["route"],
             e["workers"],
@@ -442,7 +444,7 @@ def markdown(entries: list[dict[str, Any]]) -> str:
         for e in entries
     ]
     header = [
-        *("server", "model", "route", "workers", "served here img/s", "engine µs/img", "front-ends µs/img"),
+        *("server", "commit", "model", "route", "workers", "served here img/s", "engine µs/img", "front-ends µs/img"),
         *("supervisor µs/img", "hey µs/img", "device img/s", "engine ceiling", "front-end ceiling"),
         *("projected img/s", "of raw"),
     ]
@@ -453,7 +455,7 @@ def markdown(entries: list[dict[str, Any]]) -> str:
         "projection on the H100 host's 16 cores, CPU times scaled by the one-core PIL rate of the same JPEG.",
         "A projection with the device's work replaced by the H100's measured durations, not a GPU measurement.",
         "",
-        *table(header, rows, "lllr" + "r" * 10),
+        *table(header, rows, "llllr" + "r" * 10),
         "",
     ]
     calibration = [e for e in entries if "h100_measured_img_s" in e]
