@@ -202,17 +202,20 @@ def profile(
     time.sleep(1.5)
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        record = [pyspy, "record", "-d", str(seconds), "-r", "200", "-f", "raw", "--nonblocking"]
+        record = [pyspy, "record", "-d", str(max(1, round(seconds))), "-r", "200", "-f", "raw", "--nonblocking"]
         runs = {
             role: subprocess.Popen(
                 [*record, "-p", str(pid), "-o", f"{tmp}/{role}.txt"],
                 stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
             )
             for role, pid in targets.items()
         }
         for role, run in runs.items():
-            run.wait()
+            _, error = run.communicate()
+            if not (Path(tmp) / f"{role}.txt").exists():
+                raise RuntimeError(f"py-spy could not sample the {role} (pid {targets[role]}): {error.strip()}")
             out[role] = own_time(Path(tmp) / f"{role}.txt")
     hey.communicate()
     return out
