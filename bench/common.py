@@ -21,10 +21,14 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def commit(tree: Path) -> str:
-    """The short hash of the commit checked out in `tree`, marked "+changes" when its tracked files differ."""
+    """The short hash of the commit checked out in `tree`, marked "+changes" when its tracked files other than
+    results differ."""
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True)
     changed = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=tree, capture_output=True, text=True
+        ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results"],
+        cwd=tree,
+        capture_output=True,
+        text=True,
     )
     return head.stdout.strip() + ("+changes" if changed.stdout.strip() else "")
 

@@ -249,14 +249,17 @@ def print_profile(path: Path, top: int = 30) -> None:
 def markdown(report: dict[str, Any]) -> str:
     from bench.common import table
 
+    kinds = ["event loop", "other Python threads", "ZMQbg/IO"]
     rows = []
     for tree, runs in report["runs"].items():
         engine = [r["engine_us_per_image"] for r in runs]
+        threads = [statistics.median(r["engine_threads_us_per_image"].get(k, 0.0) for r in runs) for k in kinds]
         rows.append(
             [
                 report["trees"][tree],
                 f"{min(engine):.1f}",
                 f"{statistics.median(engine):.1f}",
+                *(f"{t:.1f}" for t in threads),
                 f"{statistics.median(r['driver_us_per_image'] for r in runs):.1f}",
                 f"{statistics.median(r['img_s'] for r in runs):.0f}",
             ]
@@ -269,10 +272,16 @@ def markdown(report: dict[str, Any]) -> str:
             f"`python -m bench.compare.engine_cost`: the engine over the device stand-in ({report['model']}), "
             f"{report['front_ends']} front-end data planes in one driver process, {report['concurrency']} requests "
             f"of {report['images_per_request']} JPEGs in flight, {report['seconds']:.0f} s per run, each tree run "
-            f"{report['repeats']} times, alternating. CPU time of the engine process (all its threads) per image."
-            + profiled,
+            f"{report['repeats']} times, alternating. CPU time of the engine process (all its threads) per image, "
+            "and by thread (medians)." + profiled,
             "",
-            *table(["tree", "engine best, µs/img", "engine median, µs/img", "driver median, µs/img", "img/s"], rows),
+            *table(
+                [
+                    *("tree", "engine best, µs/img", "engine median, µs/img", "of which: event loop"),
+                    *("forward and other threads", "ZeroMQ's I/O thread", "driver median, µs/img", "img/s"),
+                ],
+                rows,
+            ),
             "",
         ]
     )
