@@ -38,7 +38,7 @@ IMAGE, PIXELS = "image", "pixels"
 PROBABILITIES, ATTENTION, EMBEDDING = "probabilities", "attention", "embedding"
 OUTPUT_NAMES = (PROBABILITIES, ATTENTION, EMBEDDING)
 SERVER_NAME = "vit-serve"
-EXTENSIONS = ["binary_tensor_data", "classification", "model_repository", "statistics"]
+EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration", "model_repository", "statistics"]
 
 
 class V2Error(BaseModel):

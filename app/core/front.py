@@ -17,7 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from app.core.contract.data_plane import Inference, InferenceRequest, Limits, costly_to_encode
+from app.core.contract.data_plane import Batching, Inference, InferenceRequest, Limits, costly_to_encode
 from app.core.contract.description import ModelDescription, ModelStatus
 from app.core.contract.errors import ModelNotFound, Unauthorized
 from app.settings import Settings
@@ -72,6 +72,8 @@ class Front(ABC):
         self.settings = settings
         self.metrics = metrics
         self.limits = Limits(settings.max_upload_bytes, settings.max_files)
+        s = settings
+        self.batching = Batching(s.max_batch_size, s.max_wait_ms, s.max_queue, s.request_timeout_s, s.cache_bytes > 0)
         self.api_keys = ApiKeys(settings.api_key_set())
         # decoding, overlays and large responses: CPU work kept off the event loop
         self.cpu_pool = ThreadPoolExecutor(max_workers=min(cpu_threads, os.cpu_count() or 1), thread_name_prefix="cpu")

@@ -18,6 +18,7 @@ import grpc
 from google.protobuf.message import DecodeError, Message
 
 from app.codecs import v2_grpc
+from app.codecs.model_config import model_config
 from app.codecs.proto import messages_pb2 as pb
 from app.codecs.v2 import (
     Decoded,
@@ -186,6 +187,13 @@ class InferenceServicer:
         self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelMetadataResponse:
         return v2_grpc.model_metadata(model_metadata(self.plane.describe(request.name, request.version or None)))
+
+    @rpc(pb.ModelConfigRequest, serving=True)
+    async def ModelConfig(
+        self, request: pb.ModelConfigRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelConfigResponse:
+        model = self.plane.describe(request.name, request.version or None)
+        return pb.ModelConfigResponse(config=model_config(model, self.plane.batching, self.plane.limits))
 
     @rpc(pb.ModelInferRequest, serving=True, authorized=True)
     async def ModelInfer(

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
+from app.codecs.model_config import model_config_json
 from app.codecs.v2 import (
     HEADER_LENGTH,
     Decoded,
@@ -135,6 +136,14 @@ async def model_statistics(plane: ServingPlane, name: str, version: str | None =
 async def model_metadata_route(plane: ServingPlane, name: str, version: str | None = None) -> V2ModelMetadata:
     """A model's version, inputs (image or pixels) and outputs."""
     return model_metadata(plane.describe(name, version))
+
+
+@router.get("/models/{name}/config", responses=v2_errors(404, 503))
+@router.get("/models/{name}/versions/{version}/config", responses=v2_errors(404, 503))
+async def model_config_route(plane: ServingPlane, name: str, version: str | None = None) -> dict[str, Any]:
+    """The model configuration extension: how the service serves the model, in Triton's JSON form of
+    `ModelConfig` (what perf_analyzer and model_analyzer read first)."""
+    return model_config_json(plane.describe(name, version), plane.batching, plane.limits)
 
 
 @router.get("/models/{name}/ready", response_model=V2ModelReady, responses=v2_errors(404, 503))

@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton
 import tritonclient.http as triton_http
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
 from app.codecs.proto.service_pb2_grpc import GRPCInferenceServiceStub
@@ -61,6 +63,22 @@ def test_health_and_metadata(client: triton.InferenceServerClient) -> None:
         ("image", "BYTES", ["-1"]),
         ("pixels", "FP32", ["-1", "1", "64", "64"]),
     ]
+
+
+def test_the_model_configuration_is_the_rest_one_and_parses_as_tritons(
+    client: triton.InferenceServerClient, server: Server
+) -> None:
+    config = client.get_model_config(MODEL)  # tritonclient's own ModelConfigResponse: its schema parsed the bytes
+    assert config.config.name == MODEL and config.config.max_batch_size == 8  # VIT_MAX_FILES
+    assert [i.optional for i in config.config.input] == [False, True]  # pixels is the alternative to image
+    assert "model_configuration" in client.get_server_metadata(as_json=True)["extensions"]
+    rest = httpx.get(f"{server.url}/v2/models/{MODEL}/config").json()
+    over_rest = json_format.ParseDict(rest, model_config_pb2.ModelConfig(), ignore_unknown_fields=False)
+    assert over_rest == config.config
+    assert client.get_model_config(MODEL, VERSION).config == config.config
+    with pytest.raises(InferenceServerException) as raised:
+        client.get_model_config("nope")
+    assert raised.value.status() == "StatusCode.NOT_FOUND"
 
 
 def test_the_same_images_give_the_same_answers_on_every_protocol(

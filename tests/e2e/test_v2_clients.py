@@ -12,7 +12,9 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as triton
+from google.protobuf import json_format
 from PIL import Image
+from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
 from app.core.images.prepare import Preprocessor
@@ -54,6 +56,18 @@ def image_input(*files: bytes, binary: bool = True) -> triton.InferInput:
     elements = files if binary else tuple(base64.b64encode(f).decode() for f in files)
     tensor.set_data_from_numpy(np.array(elements, dtype=np.object_), binary_data=binary)
     return tensor
+
+
+def test_tritonclient_reads_the_model_configuration(client: triton.InferenceServerClient) -> None:
+    config = client.get_model_config(MODEL)
+    parsed = json_format.ParseDict(config, model_config_pb2.ModelConfig(), ignore_unknown_fields=False)
+    assert parsed.name == MODEL and parsed.max_batch_size == 16  # VIT_MAX_FILES' default
+    assert {i.name: i.optional for i in parsed.input} == {"image": False, "pixels": True}
+    assert client.get_model_config(MODEL, VERSION) == config
+    assert client.get_model_config("tiny")["name"] == "tiny"
+    with pytest.raises(InferenceServerException) as raised:
+        client.get_model_config("nope")
+    assert raised.value.status() == "404"
 
 
 def test_tritonclient_health_and_metadata(client: triton.InferenceServerClient) -> None:

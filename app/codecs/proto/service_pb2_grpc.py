@@ -59,6 +59,11 @@ class GRPCInferenceServiceStub:
                 request_serializer=app_dot_codecs_dot_proto_dot_messages__pb2.ModelMetadataRequest.SerializeToString,
                 response_deserializer=app_dot_codecs_dot_proto_dot_messages__pb2.ModelMetadataResponse.FromString,
                 _registered_method=True)
+        self.ModelConfig = channel.unary_unary(
+                '/inference.GRPCInferenceService/ModelConfig',
+                request_serializer=app_dot_codecs_dot_proto_dot_messages__pb2.ModelConfigRequest.SerializeToString,
+                response_deserializer=app_dot_codecs_dot_proto_dot_messages__pb2.ModelConfigResponse.FromString,
+                _registered_method=True)
         self.ModelInfer = channel.unary_unary(
                 '/inference.GRPCInferenceService/ModelInfer',
                 request_serializer=app_dot_codecs_dot_proto_dot_messages__pb2.ModelInferRequest.SerializeToString,
@@ -114,6 +119,12 @@ class GRPCInferenceServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ModelMetadata(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ModelConfig(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -176,6 +187,11 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
                     servicer.ModelMetadata,
                     request_deserializer=app_dot_codecs_dot_proto_dot_messages__pb2.ModelMetadataRequest.FromString,
                     response_serializer=app_dot_codecs_dot_proto_dot_messages__pb2.ModelMetadataResponse.SerializeToString,
+            ),
+            'ModelConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.ModelConfig,
+                    request_deserializer=app_dot_codecs_dot_proto_dot_messages__pb2.ModelConfigRequest.FromString,
+                    response_serializer=app_dot_codecs_dot_proto_dot_messages__pb2.ModelConfigResponse.SerializeToString,
             ),
             'ModelInfer': grpc.unary_unary_rpc_method_handler(
                     servicer.ModelInfer,
@@ -338,6 +354,33 @@ class GRPCInferenceService:
             '/inference.GRPCInferenceService/ModelMetadata',
             app_dot_codecs_dot_proto_dot_messages__pb2.ModelMetadataRequest.SerializeToString,
             app_dot_codecs_dot_proto_dot_messages__pb2.ModelMetadataResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ModelConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/ModelConfig',
+            app_dot_codecs_dot_proto_dot_messages__pb2.ModelConfigRequest.SerializeToString,
+            app_dot_codecs_dot_proto_dot_messages__pb2.ModelConfigResponse.FromString,
             options,
             channel_credentials,
             insecure,

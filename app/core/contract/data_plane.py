@@ -64,10 +64,22 @@ class Limits:
     max_files: int  # most images in one request
 
 
+@dataclass(frozen=True)
+class Batching:
+    """How every model's images are queued and batched (the settings served with), for the edges to describe."""
+
+    max_batch_size: int  # images in one forward pass
+    max_wait_ms: float  # longest wait after a batch's first image for more
+    max_queue: int  # images waiting before requests are refused
+    request_timeout_s: float  # a request's images not computed by then are dropped
+    response_cache: bool
+
+
 class DataPlane(Protocol):
     """What every edge calls. Errors are `app.core.contract.errors.ServiceError`s, which each edge maps to its protocol."""
 
     limits: Limits
+    batching: Batching
     metrics: Metrics
 
     def live(self) -> bool:
