@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(
-        f"wrote {output}: static int8 for {args.checkpoint.name} (version {checkpoint.version}), "
+        f"wrote {output}: static int8 for {args.checkpoint.name} (content hash {checkpoint.version}), "
         f"calibrated on {args.calibration} ({args.method}) in {time.perf_counter() - started:.1f} s"
     )
     return 0

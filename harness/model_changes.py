@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import torch
 
+from app.core.contract.description import numeric_version
 from harness.load import parse_hey, require_hey
 from harness.server import Server
 from model.checkpoint import load_checkpoint, save_checkpoint
@@ -77,7 +78,7 @@ class Load:
 
 
 def version_of(path: Path) -> str:
-    return load_checkpoint(path).version
+    return numeric_version(load_checkpoint(path).content_hash)
 
 
 def served_version(server: Server, name: str) -> str | None:

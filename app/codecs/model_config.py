@@ -9,8 +9,8 @@ JSON form of it (every field printed, enums by name, 64-bit integers as strings)
 - `max_batch_size` is VIT_MAX_FILES, the most images a request may carry (what a client of Triton reads it
   for); the batcher's own batch, VIT_MAX_BATCH_SIZE, which takes images of many requests, is the parameter
   `batcher_max_batch_size`.
-- `image` (one encoded file per batch element) has dims [1] reshaped to [], Triton's form of a tensor
-  with the batch dimension only; `pixels` is optional: a request sends one or the other.
+- `image` has dims [1], one encoded file per batch element (the metadata's [-1, 1]; perf_analyzer cannot
+  send a tensor without a dimension of its own); `pixels` is optional: a request sends one or the other.
 - The queue policy's `max_queue_size` counts images, as VIT_MAX_QUEUE does, where Triton counts requests.
 """
 
@@ -38,7 +38,7 @@ def model_config(model: ModelDescription, batching: Batching, limits: Limits) ->
         version_policy=pb.ModelVersionPolicy(latest=pb.ModelVersionPolicy.Latest(num_versions=1)),
         max_batch_size=limits.max_files,
         input=[
-            pb.ModelInput(name=IMAGE, data_type=pb.TYPE_STRING, dims=[1], reshape=pb.ModelTensorReshape(shape=[])),
+            pb.ModelInput(name=IMAGE, data_type=pb.TYPE_STRING, dims=[1]),
             pb.ModelInput(
                 name=PIXELS, data_type=pb.TYPE_FP32, format=pb.ModelInput.FORMAT_NCHW, dims=[c, h, w], optional=True
             ),

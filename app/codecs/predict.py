@@ -17,7 +17,10 @@ from app.core.contract.request import AttentionKind, Prediction
 
 class ModelRef(BaseModel):
     name: str = Field(examples=["vit-shapes"])
-    version: str = Field(description="Short content hash of the checkpoint's weights", examples=["3f2a9c1d0b7e"])
+    version: str = Field(
+        description="The version: the first 48 bits of the weights' content hash, in decimal",
+        examples=["19318223149253"],
+    )
 
 
 class TopK(BaseModel):

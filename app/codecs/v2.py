@@ -241,12 +241,13 @@ def model_metadata(model: ModelDescription) -> V2ModelMetadata:
         versions=[model.version],
         platform="pytorch" if model.backend == "torch" else "onnxruntime_onnx",
         parameters={
+            "content_hash": model.content_hash,
             "backend": model.backend,
             "precision": model.precision,
             **({"quantization": model.quantization} if model.quantization else {}),
         },
         inputs=[
-            V2TensorMetadata(name=IMAGE, datatype=Datatype.BYTES, shape=[-1]),
+            V2TensorMetadata(name=IMAGE, datatype=Datatype.BYTES, shape=[-1, 1]),
             V2TensorMetadata(name=PIXELS, datatype=Datatype.FP32, shape=[-1, c, h, w]),
         ],
         outputs=[
@@ -313,15 +314,14 @@ def decode_infer(
 ) -> Decoded:
     """A parsed infer request, from any transport, checked and decoded into the core's inputs and options;
     `data_of` finds the input's elements outside its JSON `data`, once the request itself is checked."""
-    embedding = request_flag(request, EMBEDDING) or any(o.name == EMBEDDING for o in request.outputs or [])
     options = InferOptions(
         request_attention(request),
         request_target(request),
-        embedding=embedding,
+        embedding=request_flag(request, EMBEDDING),
         normalize=request_flag(request, "normalize"),
     )
     check_one_input(request)
-    check_outputs(request, options.attention)  # before any compute is spent
+    check_outputs(request)  # before any compute is spent
     tensor = request.inputs[0]
     data = data_of(tensor)
     if tensor.name == IMAGE:
@@ -360,14 +360,10 @@ def request_flag(request: InferRequest, name: str) -> bool:
     return value
 
 
-def check_outputs(request: InferRequest, attention: AttentionKind) -> None:
+def check_outputs(request: InferRequest) -> None:
     for output in request.outputs or []:
         if output.name not in OUTPUT_NAMES:
             raise InvalidInput(f"unknown output {output.name!r}; this model gives {', '.join(map(repr, OUTPUT_NAMES))}")
-        if output.name == ATTENTION and attention == "none":
-            raise InvalidInput(
-                f"output {ATTENTION!r} needs the request parameter attention set to rollout, last or gradient"
-            )
         k = (output.parameters or {}).get("classification", 0)
         if output.name != PROBABILITIES and k:
             raise InvalidInput(f"classification applies to {PROBABILITIES!r}, not {output.name!r}")
@@ -515,13 +511,21 @@ class OutputTensor:
 
 
 def output_tensors(decoded: Decoded, predictions: list[Prediction], classes: list[str]) -> list[OutputTensor]:
-    """The requested outputs (default: probabilities, and attention and embedding when asked for), any transport."""
+    """The outputs computed, in the order requested (default: probabilities, and attention and embedding when
+    their parameters asked for them), any transport. An output that costs something is computed only when its
+    parameter asks: requested by name alone (as perf_analyzer requests every output the metadata lists), it
+    is left out."""
     request = decoded.request
-    wanted = request.outputs or [
-        OutputWanted(name=PROBABILITIES),
-        *([OutputWanted(name=ATTENTION)] if decoded.options.attention != "none" else []),
-        *([OutputWanted(name=EMBEDDING)] if decoded.options.embedding else []),
-    ]
+    computed = {
+        PROBABILITIES: True,
+        ATTENTION: decoded.options.attention != "none",
+        EMBEDDING: decoded.options.embedding,
+    }
+    wanted = (
+        [o for o in request.outputs if computed[o.name]]
+        if request.outputs
+        else [OutputWanted(name=name) for name, done in computed.items() if done]
+    )
     tensors = []
     for output in wanted:
         params = output.parameters or {}

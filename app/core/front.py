@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from app.core.contract.data_plane import Batching, Inference, InferenceRequest, Limits, costly_to_encode
-from app.core.contract.description import ModelDescription, ModelStatus
+from app.core.contract.description import ModelDescription, ModelStatus, canonical_version
 from app.core.contract.errors import ModelNotFound, Unauthorized
 from app.settings import Settings
 from app.telemetry.metrics import Metrics
@@ -56,7 +56,7 @@ def find_model(served: list[ModelDescription], name: str | None, version: str | 
     if model is None:
         asked = "no model is loaded" if name is None else f"no model named {name!r}"
         raise ModelNotFound(f"{asked}; this service serves: {served_names(served)}")
-    if version is not None and version != model.version:
+    if version is not None and canonical_version(version) != model.version:
         raise ModelNotFound(f"model {name!r} has no version {version!r}; it serves version {model.version}")
     return model
 
@@ -126,7 +126,8 @@ class Front(ABC):
         return find_model(self.models(), name, version)
 
     def model_ready(self, name: str, version: str | None = None) -> bool:
-        return self.ready() and any(m.name == name and version in (None, "", m.version) for m in self.models())
+        asked = canonical_version(version) if version else None
+        return self.ready() and any(m.name == name and asked in (None, m.version) for m in self.models())
 
     async def infer(self, request: InferenceRequest, encode: Callable[[Inference], T]) -> T:
         self.check_serving()

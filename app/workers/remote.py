@@ -31,7 +31,7 @@ from PIL import Image
 
 from app.core.contract.data_plane import Inference, InferenceRequest
 from app.core.contract.description import ModelDescription, ModelStatus
-from app.core.contract.errors import NOT_READY, TIMED_OUT, NotReady, RequestTimeout
+from app.core.contract.errors import NOT_READY, TIMED_OUT, NotReady, Overloaded, RequestTimeout
 from app.core.contract.request import DecodedImage, EncodedImage
 from app.core.front import Front
 from app.core.images.gpu_decode import Jpeg
@@ -68,6 +68,7 @@ from model.preprocessing import Preprocessing
 
 log = logging.getLogger("app")
 ENGINE_GONE = "not ready: the engine process stopped and is being restarted; retry shortly"
+ENGINE_BEHIND = "server overloaded: the engine has not yet read the calls sent to it"
 
 
 @dataclass(eq=False)
@@ -313,7 +314,10 @@ class RemoteEngine(Front):
         self.pending[message.id] = pending
         try:
             if not self.send(message):
-                raise NotReady(ENGINE_GONE)
+                if self.state is None:
+                    raise NotReady(ENGINE_GONE)
+                # connected, but ZeroMQ's queue to the engine is full: the engine is not keeping up
+                raise Overloaded(f"{ENGINE_BEHIND} ({len(self.pending)} calls under way); retry shortly", 1)
             return await asyncio.wait_for(asyncio.shield(future), timeout_s)
         except (asyncio.CancelledError, TimeoutError) as e:
             if future.done() and not future.cancelled() and future.exception() is None:

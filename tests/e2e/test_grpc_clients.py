@@ -19,6 +19,7 @@ from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
 from app.codecs.proto.service_pb2_grpc import GRPCInferenceServiceStub
+from app.core.contract.description import numeric_version
 from app.settings import BUNDLED_WEIGHTS
 from harness.images import encode
 from harness.server import Server
@@ -30,7 +31,7 @@ from tests.support.servers import ServerFactory
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 MODEL = "vit-shapes"
-VERSION = load_checkpoint(BUNDLED_WEIGHTS).version
+VERSION = numeric_version(load_checkpoint(BUNDLED_WEIGHTS).content_hash)
 PNGS = [encode(make_sample(20261123, i).image) for i in range(4)]
 
 
@@ -60,7 +61,7 @@ def test_health_and_metadata(client: triton.InferenceServerClient) -> None:
     model = client.get_model_metadata(MODEL, as_json=True)
     assert model["versions"] == [VERSION] and model["platform"] == "onnxruntime_onnx"
     assert [(t["name"], t["datatype"], t["shape"]) for t in model["inputs"]] == [
-        ("image", "BYTES", ["-1"]),
+        ("image", "BYTES", ["-1", "1"]),
         ("pixels", "FP32", ["-1", "1", "64", "64"]),
     ]
 

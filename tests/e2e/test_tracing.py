@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from app.codecs.proto.service_pb2_grpc import GRPCInferenceServiceStub
+from app.core.contract.description import numeric_version
 from app.settings import BUNDLED_WEIGHTS
 from app.telemetry.tracing import tracing_configured
 from harness.images import encode
@@ -35,7 +36,7 @@ PNG = encode(make_sample(3, 2).image)
 TRACE = "0af7651916cd43dd8448eb211c80319c"
 PARENT = "b7ad6b7169203331"
 UNSAMPLED = "5b8efff798038103d269b633813fc60c"
-VERSION = load_checkpoint(BUNDLED_WEIGHTS).version
+VERSION = numeric_version(load_checkpoint(BUNDLED_WEIGHTS).content_hash)
 
 
 def otel_env(receiver: Receiver, protocol: str = "grpc") -> dict[str, str]:

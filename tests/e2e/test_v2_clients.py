@@ -17,6 +17,7 @@ from PIL import Image
 from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
+from app.core.contract.description import numeric_version
 from app.core.images.prepare import Preprocessor
 from app.settings import BUNDLED_WEIGHTS
 from harness.images import encode
@@ -29,7 +30,7 @@ from tests.support.servers import ServerFactory
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 MODEL = "vit-shapes"
-VERSION = load_checkpoint(BUNDLED_WEIGHTS).version
+VERSION = numeric_version(load_checkpoint(BUNDLED_WEIGHTS).content_hash)
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +80,7 @@ def test_tritonclient_health_and_metadata(client: triton.InferenceServerClient) 
     model = client.get_model_metadata(MODEL)
     assert model["versions"] == [VERSION]
     assert {(t["name"], t["datatype"], tuple(t["shape"])) for t in model["inputs"]} == {
-        ("image", "BYTES", (-1,)),
+        ("image", "BYTES", (-1, 1)),
         ("pixels", "FP32", (-1, 1, 64, 64)),
     }
     assert {(t["name"], t["datatype"], tuple(t["shape"])) for t in model["outputs"]} == {
@@ -115,7 +116,7 @@ def test_tritonclient_embedding_output_equals_predict(client: triton.InferenceSe
         MODEL,
         [image_input(*pngs)],
         outputs=[triton.InferRequestedOutput("embedding", binary_data=True)],
-        parameters={"normalize": True},
+        parameters={"embedding": True, "normalize": True},
     )
     embedding = result.as_numpy("embedding")
     assert embedding.shape == (2, 128) and embedding.dtype == np.float32

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from PIL import Image
 
+from app.core.contract.description import numeric_version
 from model.checkpoint import load_checkpoint, save_checkpoint
 from model.convert.__main__ import main as convert_main
 from model.preprocessing import Preprocessing
@@ -47,7 +48,7 @@ def replace_checkpoint(path: Path, seed: int) -> str:
     returns the new version."""
     staged = write_tiny_checkpoint(path.with_name(f".{path.name}.{seed}.tmp"), seed)
     staged.replace(path)
-    return load_checkpoint(path).version
+    return numeric_version(load_checkpoint(path).content_hash)
 
 
 @dataclass

@@ -9,12 +9,28 @@ from app.choices import Backend, DecodedOn, ModelState, Precision, Quantization
 from app.core.contract.errors import InvalidInput
 
 
+def numeric_version(content_hash: str) -> str:
+    """A checkpoint's version as the service gives it on every protocol: the first 48 bits of its content hash,
+    in decimal. A number, as Triton's versions are (its tools parse them as integers), and the same wherever
+    the same weights serve: every replica, every restart (a count in load order would differ between replicas
+    that loaded models in another order). 48 bits fit a JSON number exactly."""
+    return str(int(content_hash[:12], 16))
+
+
+def canonical_version(version: str) -> str:
+    """A version as a client asked for it, as the service gives it: the number; or the checkpoint's short
+    (12 hex digits, what versions were before) or full content hash, still accepted. All digits is a number."""
+    if not version.isdigit() and len(version) in (12, 64) and all(c in "0123456789abcdef" for c in version):
+        return numeric_version(version)
+    return version
+
+
 @dataclass(frozen=True)
 class ModelDescription:
     """One served model version: its identity, its tensors and how it computes."""
 
     name: str
-    version: str  # the checkpoint's content-hash version
+    version: str  # numeric_version(content_hash)
     content_hash: str
     classes: list[str]  # the labels, by class index
     input_shape: tuple[int, int, int]  # (channels, height, width) of one preprocessed image

@@ -26,7 +26,7 @@ from opentelemetry.util.types import AttributeValue
 
 from app.core.backends.predictor import ImageOutput
 from app.core.contract.data_plane import Inference, InferenceRequest
-from app.core.contract.description import ModelDescription, ModelStatus
+from app.core.contract.description import ModelDescription, ModelStatus, canonical_version
 from app.core.contract.errors import NOT_READY, InvalidInput, ModelNotFound, NotReady
 from app.core.contract.request import DecodedImage, EncodedImage, InferOptions, Prediction
 from app.core.engine.cache import PredictionCache, digest_images, digest_pixels
@@ -155,7 +155,7 @@ class Engine(Front):
         return await self.run_in_pool(self.model_set.index, ready_only)
 
     async def statistics(self, name: str | None = None, version: str | None = None) -> list[ModelStatistics]:
-        found = self.book.select(name, version)
+        found = self.book.select(name, canonical_version(version) if version else version)
         if name is not None and not found:
             asked = f"model {name!r}" + (f" version {version!r}" if version is not None else "")
             raise ModelNotFound(f"{asked} has no statistics: it has never served here; known: {self.model_set.names()}")

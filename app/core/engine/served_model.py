@@ -24,7 +24,7 @@ from app.choices import BackendChoice
 from app.core.backends.onnx_runtime import ForeignGraph, OnnxExportError
 from app.core.backends.predictor import ImageInput, ImageOutput, Predictor, graph_sizes, resolve_backend
 from app.core.batcher import DynamicBatcher
-from app.core.contract.description import ModelDescription
+from app.core.contract.description import ModelDescription, numeric_version
 from app.core.contract.errors import TIMED_OUT, RequestTimeout
 from app.core.contract.request import AttentionKind, DecodedImage, EncodedImage
 from app.core.images.gpu_decode import GpuJpegDecoder, Jpeg
@@ -65,6 +65,7 @@ class ServedModel:
     ) -> ServedModel:
         """Load the checkpoint onto the device and warm it up (blocking; run off the event loop)."""
         checkpoint = load_checkpoint(path, device)
+        version = numeric_version(checkpoint.content_hash)
         p = checkpoint.preprocessing
         jpeg_decoder = None
         if device.type == "cuda" and settings.decode == "auto":
@@ -82,9 +83,11 @@ class ServedModel:
         gpu_jpegs = predictor.jpeg_decoder is not None
         preparer = ImagePreparer(p, settings.max_image_pixels, settings.jpeg_draft, gpu_jpegs)
         log.info(
-            "model %s: loaded %s (version %s, %d classes) on %s as %s, backend %s, JPEGs decoded on the %s",
+            "model %s: loaded %s (version %s, content hash %s, %d classes) on %s as %s, backend %s, JPEGs "
+            "decoded on the %s",
             name,
             path,
+            version,
             checkpoint.version,
             len(checkpoint.classes),
             device,
@@ -95,10 +98,10 @@ class ServedModel:
         if settings.warmup:
             predictor.warm_up(settings.max_batch_size)
         s = settings
-        metrics.bind_version(checkpoint.version)  # loaded and warm: from now on its statistics count
+        metrics.bind_version(version)  # loaded and warm: from now on its statistics count
         traced = {
             "vit.model.name": name,
-            "vit.model.version": checkpoint.version,
+            "vit.model.version": version,
             "vit.backend": predictor.backend,
             "vit.device": str(device),
         }
@@ -133,9 +136,9 @@ class ServedModel:
         self.retired = True
         self.successor = successor
 
-    @property
+    @functools.cached_property
     def version(self) -> str:
-        return self.checkpoint.version
+        return numeric_version(self.checkpoint.content_hash)
 
     @functools.cached_property
     def description(self) -> ModelDescription:
@@ -143,7 +146,7 @@ class ServedModel:
         c, p = self.checkpoint, self.predictor
         return ModelDescription(
             name=self.name,
-            version=c.version,
+            version=self.version,
             content_hash=c.content_hash,
             classes=c.classes,
             input_shape=p.input_shape,

@@ -43,7 +43,7 @@ def test_it_says_what_the_service_does(service: Engine) -> None:
     assert config["model_transaction_policy"] == {"decoupled": False}
     inputs = {i["name"]: i for i in config["input"]}
     assert inputs["image"]["data_type"] == "TYPE_STRING" and not inputs["image"]["optional"]
-    assert inputs["image"]["dims"] == ["1"] and inputs["image"]["reshape"] == {"shape": []}
+    assert inputs["image"]["dims"] == ["1"]  # one encoded file per batch element, as the metadata's [-1, 1]
     assert inputs["pixels"]["optional"] and inputs["pixels"]["dims"] == [str(d) for d in model.input_shape]
     assert {o["name"]: o["dims"] for o in config["output"]} == {
         "probabilities": [str(len(model.classes))],

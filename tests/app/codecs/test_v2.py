@@ -94,9 +94,9 @@ async def test_binary_outputs_and_classification(service: Engine) -> None:
     np.testing.assert_array_equal(np.frombuffer(raw, "<f4").reshape(4, 4), predictions[0].attention_map.numpy())
 
 
-def test_asking_for_the_embedding_output_or_parameter_computes_it() -> None:
-    header, binary = binary_request([b"x"], outputs=[{"name": "embedding"}])
-    assert decode_request(header, binary, SHAPE, 8).options.embedding
+def test_the_embedding_parameter_computes_it_and_the_output_alone_does_not() -> None:
+    header, binary = binary_request([b"x"], outputs=[{"name": "embedding"}])  # what perf_analyzer sends
+    assert not decode_request(header, binary, SHAPE, 8).options.embedding
     header, binary = binary_request([b"x"], {"embedding": True, "normalize": True})
     options = decode_request(header, binary, SHAPE, 8).options
     assert options.embedding and options.normalize
@@ -119,7 +119,7 @@ async def test_the_embedding_output(service: Engine) -> None:
 async def test_model_metadata_lists_both_inputs(service: Engine) -> None:
     meta = model_metadata(service.describe(None))
     assert [(t.name, t.datatype, t.shape) for t in meta.inputs] == [
-        ("image", "BYTES", [-1]),
+        ("image", "BYTES", [-1, 1]),
         ("pixels", "FP32", [-1, 3, 32, 32]),
     ]
     assert [(t.name, t.shape) for t in meta.outputs] == [

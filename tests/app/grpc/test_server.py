@@ -32,7 +32,7 @@ async def test_health_and_metadata(edge: Edge) -> None:
     meta = await edge.stub.ModelMetadata(pb.ModelMetadataRequest(name="tiny"))
     assert list(meta.versions) == [model.version] and meta.platform == "pytorch"
     assert [(t.name, t.datatype, list(t.shape)) for t in meta.inputs] == [
-        ("image", "BYTES", [-1]),
+        ("image", "BYTES", [-1, 1]),
         ("pixels", "FP32", [-1, 3, 32, 32]),
     ]
     await expect(

@@ -200,6 +200,19 @@ async def test_core_errors_come_back_as_themselves(make_linked: Callable[..., Aw
     assert linked.arena.in_use == 0
 
 
+async def test_a_call_zeromq_cannot_queue_is_refused_as_overload(
+    make_linked: Callable[..., Awaitable[Linked]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ZeroMQ refuses a send when its queue to a connected engine is full (the engine is not reading): a 503
+    to retry, and the region given back."""
+    linked: Linked = await make_linked()
+    assert linked.plane.channel is not None
+    monkeypatch.setattr(linked.plane.channel, "send", lambda frames: False)
+    with pytest.raises(Overloaded, match="engine has not yet read") as raised:
+        await linked.plane.infer(InferenceRequest(None, FILES, InferOptions()), identity)
+    assert raised.value.retry_after_s == 1 and linked.arena.in_use == 0
+
+
 async def test_a_silent_engine_makes_the_front_end_unready_and_fails_its_calls(
     make_linked: Callable[..., Awaitable[Linked]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
