@@ -1,0 +1,77 @@
+"""NVIDIA's perf_analyzer, unchanged (bin/perf-analyzer: tritonclient 2.41.1's binary), measures a real server
+over HTTP and gRPC: it reads the model's metadata and configuration, sends the encoded JPEG its input data
+gives and nothing else, and prints the server's own statistics for what it sent."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import re
+import struct
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.settings import BUNDLED_WEIGHTS
+from harness.server import ROOT, Server
+from model.shapes import make_sample
+from tests.support.servers import ServerFactory
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+MODEL = "vit-shapes"
+PERF_ANALYZER = ROOT / "bin" / "perf-analyzer"
+
+
+@pytest.fixture(scope="module")
+def installed() -> None:
+    done = subprocess.run([PERF_ANALYZER, "--install"], capture_output=True, text=True)
+    if done.returncode != 0:
+        missing = f"perf_analyzer could not be installed: {done.stderr.strip()[-500:]}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(missing)  # in CI a missing tool is a failure, never a silent skip
+        pytest.skip(missing)
+
+
+@pytest.fixture(scope="module")
+def server(serve: ServerFactory, installed: None) -> Server:
+    return serve(BUNDLED_WEIGHTS, VIT_MODELS=f"{MODEL}={BUNDLED_WEIGHTS}")
+
+
+@pytest.fixture(scope="module")
+def input_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """perf_analyzer's --input-data: one JPEG as the `image` tensor's serialized bytes (a 4-byte little-endian
+    length, then the file), base64 in "b64", as its docs give BYTES data."""
+    buf = io.BytesIO()
+    make_sample(20261125, 5).image.convert("RGB").save(buf, format="JPEG", quality=90)
+    element = struct.pack("<I", len(buf.getvalue())) + buf.getvalue()
+    path = tmp_path_factory.mktemp("perf") / "image.json"
+    path.write_text(json.dumps({"data": [{"image": {"b64": base64.b64encode(element).decode()}}]}))
+    return path
+
+
+def inference_count(server: Server) -> int:
+    stats = httpx.get(f"{server.url}/v2/models/{MODEL}/stats", timeout=10).json()["model_stats"]
+    return sum(s["inference_count"] for s in stats)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_perf_analyzer_measures_the_service_with_its_statistics(
+    server: Server, input_data: Path, protocol: str
+) -> None:
+    url = server.url.removeprefix("http://") if protocol == "http" else server.grpc_target
+    before = inference_count(server)
+    command = [PERF_ANALYZER, "-m", MODEL, "-u", url, "-i", protocol, "--input-data", str(input_data)]
+    # a shared 2-core machine: wide stability bounds, so that the run ends; the figures are not the test's
+    command += ["--measurement-interval", "1500", "--stability-percentage", "100", "--max-trials", "5"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "Server: " in out, out
+    sent = int(re.search(r"Client: \n\s+Request count: (\d+)", out).group(1))  # type: ignore[union-attr]
+    counted = int(re.search(r"Server: \n\s+Inference count: (\d+)", out).group(1))  # type: ignore[union-attr]
+    assert sent > 0 and abs(counted - sent) <= 2, out  # the window's edges may cut one request either way
+    assert inference_count(server) - before >= sent  # the service counted every request it was sent
