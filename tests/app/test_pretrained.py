@@ -74,7 +74,9 @@ async def test_served_embeddings_equal_timms_pre_logits(
         unit = await client.post("/predict", files=files[:1], params={"embedding": "true", "normalize": "true"})
         raw = b"".join(len(p).to_bytes(4, "little") + p for p in pngs)
         tensor = {"name": "image", "datatype": "BYTES", "shape": [3], "parameters": {"binary_data_size": len(raw)}}
-        header = json.dumps({"inputs": [tensor], "outputs": [{"name": "embedding"}]}).encode()
+        header = json.dumps(
+            {"inputs": [tensor], "outputs": [{"name": "embedding"}], "parameters": {"embedding": True}}
+        ).encode()
         v2 = await client.post(
             "/v2/models/timm-vit/infer",
             content=header + raw,

@@ -93,7 +93,12 @@ async def test_served_through_predict_and_v2(bundled_quantized: Path, make_clien
             answers[backend] = [res["probabilities"] for res in r.json()["results"]]
             if backend == "onnxruntime-int8":
                 assert (info["precision"], info["quantization"]) == ("int8", "static")
-                assert meta["parameters"] == {"backend": backend, "precision": "int8", "quantization": "static"}
+                assert meta["parameters"] == {
+                    "content_hash": info["content_hash"],
+                    "backend": backend,
+                    "precision": "int8",
+                    "quantization": "static",
+                }
             else:
                 assert info["quantization"] is None and "quantization" not in meta["parameters"]
     got, want = torch.tensor(answers["onnxruntime-int8"]), torch.tensor(answers["onnxruntime"])

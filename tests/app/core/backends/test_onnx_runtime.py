@@ -175,6 +175,7 @@ async def test_int8_serves_predict_and_v2_and_says_so(make_client: ClientFactory
                 assert info["backend"] == "onnxruntime-int8" and info["precision"] == "int8"
                 assert meta["platform"] == "onnxruntime_onnx"
                 assert meta["parameters"] == {
+                    "content_hash": info["content_hash"],
                     "backend": "onnxruntime-int8",
                     "precision": "int8",
                     "quantization": "dynamic",
