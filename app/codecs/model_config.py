@@ -21,7 +21,7 @@ from typing import Any
 from google.protobuf import json_format
 
 from app.codecs.proto import messages_pb2 as pb
-from app.codecs.v2 import ATTENTION, EMBEDDING, IMAGE, PIXELS, PROBABILITIES, model_metadata
+from app.codecs.v2 import ATTENTION, EMBEDDING, IMAGE, PIXELS, PROBABILITIES, platform
 from app.core.contract.data_plane import Batching, Limits
 from app.core.contract.description import ModelDescription
 
@@ -29,11 +29,10 @@ from app.core.contract.description import ModelDescription
 def model_config(model: ModelDescription, batching: Batching, limits: Limits) -> pb.ModelConfig:
     c, h, w = model.input_shape
     grid = model.grid_size
-    metadata = model_metadata(model)
     gpu = model.device.startswith("cuda")
     return pb.ModelConfig(
         name=model.name,
-        platform=metadata.platform,
+        platform=platform(model),
         backend="pytorch" if model.backend == "torch" else "onnxruntime",
         version_policy=pb.ModelVersionPolicy(latest=pb.ModelVersionPolicy.Latest(num_versions=1)),
         max_batch_size=limits.max_files,

@@ -232,6 +232,11 @@ def server_metadata() -> V2ServerMetadata:
     return V2ServerMetadata(name=SERVER_NAME, version=__version__, extensions=EXTENSIONS)
 
 
+def platform(model: ModelDescription) -> str:
+    """Triton's name for what computes the model: pytorch, or onnxruntime_onnx on the ONNX Runtime backends."""
+    return "pytorch" if model.backend == "torch" else "onnxruntime_onnx"
+
+
 def model_metadata(model: ModelDescription) -> V2ModelMetadata:
     """A model's version, inputs (image or pixels) and outputs."""
     c, h, w = model.input_shape
@@ -239,7 +244,7 @@ def model_metadata(model: ModelDescription) -> V2ModelMetadata:
     return V2ModelMetadata(
         name=model.name,
         versions=[model.version],
-        platform="pytorch" if model.backend == "torch" else "onnxruntime_onnx",
+        platform=platform(model),
         parameters={
             "content_hash": model.content_hash,
             "backend": model.backend,
