@@ -24,9 +24,9 @@ def is_model_name(name: str) -> bool:
 
 
 # VIT_WORKERS=auto on a GPU host: front-ends, leaving two cores to the engine process (and fewer where the
-# host has fewer cores). Four feed the engine all it can take, as the device stand-in measured
-# (python -m bench.stand_in; docs/deployment.md#serving-processes).
-AUTO_WORKERS_ON_GPU = 4
+# host has fewer cores). On an H200 host with 16 cores, eight served ViT-B/16 and ViT-S/16 best over both
+# routes, and twelve no better (python -m bench.gpu served; docs/deployment.md#serving-processes).
+AUTO_WORKERS_ON_GPU = 8
 DEFAULT_ONNX_CACHE = Path("~/.cache/vit-serve/onnx")  # under $XDG_CACHE_HOME when that is set
 
 

@@ -35,7 +35,8 @@ def parse_args() -> argparse.Namespace:
         type=Path,
         nargs="+",
         metavar="DIR",
-        help="write bench/results/<name>.json and .md from the parts' JSON in these folders (later wins)",
+        help="write bench/results/<name>.json and .md from the parts' JSON in these folders (later wins; served runs "
+        "of the same settings are put together)",
     )
     p.add_argument("--name", default="gpu-h100", help="results file name for --report")
     args = p.parse_args()

@@ -27,11 +27,20 @@ def summarize_profile(path: Path) -> dict[str, float]:
 
 
 def report(folders: list[Path], name: str) -> None:
+    """Each part from the last folder that has it; the served runs of every folder together (a later
+    folder's run of the same model and variant wins)."""
     data: dict[str, Any] = {}
     for folder in folders:
         for part in ("ceilings", "decode", "raw", "served", "tests"):
             if (folder / f"{part}.json").is_file():
-                data[part] = json.loads((folder / f"{part}.json").read_text())
+                found = json.loads((folder / f"{part}.json").read_text())
+                if part == "served" and "served" in data:  # runs of other variants add theirs, model by model
+                    if found["settings"] != data["served"]["settings"]:
+                        raise SystemExit(f"{folder}/served.json ran with other settings: {found['settings']}")
+                    for name, variants in models_in(found).items():
+                        data["served"].setdefault(name, {}).update(variants)
+                else:
+                    data[part] = found
         if (folder / "gpu.txt").is_file():
             data["machine"] = (folder / "gpu.txt").read_text().strip()
         for kind in ("v2", "predict"):
@@ -90,25 +99,25 @@ def targets(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def markdown(d: dict[str, Any]) -> str:
-    c, dec = d["ceilings"], d["decode"]
-    lines = [
-        f"{d.get('machine', '')}",
-        "",
-        "## Ceilings",
-        "",
-        f"bf16 matrix product (8192³): **{c['matmul_bf16_tflops']:.0f} TFLOP/s**; device-to-device copy: "
-        f"**{c['copy_tb_per_s']:.2f} TB/s** (bytes read + written).",
-        "",
-        "## Raw forward, bf16 (img/s; logits and embedding, random input)",
-        "",
-    ]
+    c, dec = d.get("ceilings"), d["decode"]
+    lines = [f"{d.get('machine', '')}", ""]
+    if c:  # a run may leave the ceilings out
+        lines += [
+            "## Ceilings",
+            "",
+            f"bf16 matrix product (8192³): **{c['matmul_bf16_tflops']:.0f} TFLOP/s**; device-to-device copy: "
+            f"**{c['copy_tb_per_s']:.2f} TB/s** (bytes read + written).",
+            "",
+        ]
+    lines += ["## Raw forward, bf16 (img/s; logits and embedding, random input)", ""]
     for name, r in models_in(d["raw"]).items():
         rates = r["img_per_s"]
         best = max(max(v.values()) for v in rates.values() if v)
+        tflops = best * r["gflops_per_image"] / 1e3
+        share = f" ({tflops / c['matmul_bf16_tflops']:.0%} of the matmul ceiling)" if c else ""
         lines += [
             f"**{name}**: {r['parameters_m']:.1f} M parameters, {r['gflops_per_image']:.2f} GFLOP/image; best "
-            f"{best:.0f} img/s = {best * r['gflops_per_image'] / 1e3:.0f} TFLOP/s "
-            f"({best * r['gflops_per_image'] / 1e3 / c['matmul_bf16_tflops']:.0%} of the matmul ceiling); "
+            f"{best:.0f} img/s = {tflops:.0f} TFLOP/s{share}; "
             f"relative error against fp32: eager {r['relative_error_vs_fp32']['eager']:.4f}, compiled "
             f"{r['relative_error_vs_fp32']['compiled']:.4f}",
             "",
@@ -145,7 +154,8 @@ def markdown(d: dict[str, Any]) -> str:
         f"{st['images_per_request']} images per binary request)",
         "",
         f"VIT_MAX_BATCH_SIZE={st['max_batch_size']}, VIT_MAX_WAIT_MS={st['wait_ms']}, {st['duration']} s per "
-        "level. *server cores*: CPU seconds the server process used per second; *GPU*: nvidia-smi utilisation.",
+        "level. *server cores*: CPU seconds the server's processes (with VIT_WORKERS, the supervisor, front-ends and "
+        "engine together) used per second; *GPU*: nvidia-smi utilisation.",
         "",
     ]
     rows: list[list[object]] = []
@@ -174,14 +184,13 @@ def markdown(d: dict[str, Any]) -> str:
         rows.append([name, "startup (process start to ready)", starts, *[""] * 7])
     header = ["model", "server", "route", "concurrency", "img/s", "p50 ms", "p99 ms", "mean batch", "GPU %"]
     lines += table([*header, "server cores"], rows, "lllrrrrrrr")
-    lines += [
-        "",
-        "## Targets",
-        "",
-        "LitServe decodes each upload with PIL on the CPU in its one inference worker: the fair ratio is against "
-        "the service's own CPU decoding (*cpu-decode*); the defaults decode JPEGs on the GPU (nvJPEG).",
-        "",
-    ]
+    lines += ["", "## Targets", ""]
+    if any("vs_litserve" in t for t in d["targets"].values()):
+        lines += [
+            "LitServe decodes each upload with PIL on the CPU in its one inference worker: the fair ratio is "
+            "against the service's own CPU decoding (*cpu-decode*); the defaults decode JPEGs on the GPU (nvJPEG).",
+            "",
+        ]
     rows = []
     for name, t in d["targets"].items():
         peer = t.get("vs_litserve", {})
