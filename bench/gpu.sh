@@ -37,6 +37,7 @@ run)
   export PYTHONPATH=/tmp/site:$PWD PATH=$PWD/.gpu:/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
   python3 -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__)" | tee -a "$OUT/gpu.txt"
+  echo "$(nproc) CPU cores: $(lscpu | sed -n 's/^Model name: *//p')" | tee -a "$OUT/gpu.txt"
   python3 -m bench.gpu --out "$OUT" "$@"
   ;;
 *)

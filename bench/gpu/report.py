@@ -37,8 +37,8 @@ def report(folders: list[Path], name: str) -> None:
                 if part == "served" and "served" in data:  # runs of other variants add theirs, model by model
                     if found["settings"] != data["served"]["settings"]:
                         raise SystemExit(f"{folder}/served.json ran with other settings: {found['settings']}")
-                    for name, variants in models_in(found).items():
-                        data["served"].setdefault(name, {}).update(variants)
+                    for model, variants in models_in(found).items():
+                        data["served"].setdefault(model, {}).update(variants)
                 else:
                     data[part] = found
         if (folder / "gpu.txt").is_file():
