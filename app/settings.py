@@ -85,6 +85,17 @@ class Settings(BaseSettings):
     max_upload_bytes: int = Field(10 * 1024 * 1024, ge=1, description="Largest request body accepted")
     max_image_pixels: int = Field(40_000_000, ge=1, description="Largest decoded image (width x height)")
     max_files: int = Field(16, ge=1, description="Most images in one request")
+    v2_pixels: bool = Field(
+        True,
+        description="V2 takes preprocessed pixels (the FP32 input `pixels`) as well as image files; false: only "
+        "`image`, which the metadata and configuration then list alone",
+    )
+    shared_memory_regions: int = Field(
+        64,
+        ge=0,
+        description="Most system shared-memory regions clients may register at once (V2's shared-memory "
+        "extension; 0: off)",
+    )
     warmup: bool = Field(True, description="Run each batch size once before reporting ready")
     cache_bytes: int = Field(
         0,

@@ -37,9 +37,20 @@ def model_config(model: ModelDescription, batching: Batching, limits: Limits) ->
         version_policy=pb.ModelVersionPolicy(latest=pb.ModelVersionPolicy.Latest(num_versions=1)),
         max_batch_size=limits.max_files,
         input=[
+            # `pixels` is optional where it is taken: a client sends one input or the other
             pb.ModelInput(name=IMAGE, data_type=pb.TYPE_STRING, dims=[1]),
-            pb.ModelInput(
-                name=PIXELS, data_type=pb.TYPE_FP32, format=pb.ModelInput.FORMAT_NCHW, dims=[c, h, w], optional=True
+            *(
+                [
+                    pb.ModelInput(
+                        name=PIXELS,
+                        data_type=pb.TYPE_FP32,
+                        format=pb.ModelInput.FORMAT_NCHW,
+                        dims=[c, h, w],
+                        optional=True,
+                    )
+                ]
+                if limits.takes_pixels
+                else []
             ),
         ],
         output=[

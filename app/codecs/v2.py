@@ -7,8 +7,10 @@ exactly as /predict does; or `pixels`, FP32 [N, C, H, W], already preprocessed. 
 default each image's top-1); and `embedding`, FP32 [N, D], the pooled representation the head
 receives, when the output is asked for or the parameter `embedding` is true (`normalize`: L2-normalised).
 Extensions: binary tensor data (`Inference-Header-Content-Length`,
-`binary_data_size`; BYTES elements as 4-byte little-endian length + bytes) and classification
-(`classification: k` on an output: BYTES [N, k] of Triton's "score:index:label").
+`binary_data_size`; BYTES elements as 4-byte little-endian length + bytes), classification
+(`classification: k` on an output: BYTES [N, k] of Triton's "score:index:label"), and system shared
+memory (`shared_memory_region`, `shared_memory_byte_size` and `shared_memory_offset` on an input, whose
+bytes are then read from that region in the binary layout, or on an output, which is then written there).
 In JSON, a BYTES element of `image` is the base64 of the file (raw image bytes are not valid JSON text).
 """
 
@@ -30,6 +32,7 @@ from app import __version__
 from app.choices import BACKENDS, Datatype, ModelState, Precision, Quantization, choices
 from app.core.contract.description import ModelDescription, ModelStatus
 from app.core.contract.errors import InvalidInput
+from app.core.contract.regions import SharedMemoryRegions
 from app.core.contract.request import ATTENTION_KINDS, AttentionKind, EncodedImage, InferOptions, Prediction
 from app.telemetry.statistics import Duration, ModelStatistics
 
@@ -38,7 +41,16 @@ IMAGE, PIXELS = "image", "pixels"
 PROBABILITIES, ATTENTION, EMBEDDING = "probabilities", "attention", "embedding"
 OUTPUT_NAMES = (PROBABILITIES, ATTENTION, EMBEDDING)
 SERVER_NAME = "vit-serve"
-EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration", "model_repository", "statistics"]
+EXTENSIONS = [
+    "binary_tensor_data",
+    "classification",
+    "model_configuration",
+    "model_repository",
+    "statistics",
+    "system_shared_memory",
+]
+# The parameters that place an input's or output's bytes in a registered shared-memory region.
+SHM_REGION, SHM_BYTE_SIZE, SHM_OFFSET = "shared_memory_region", "shared_memory_byte_size", "shared_memory_offset"
 
 
 class V2Error(BaseModel):
@@ -221,11 +233,25 @@ class TensorData:
 
 @dataclass(frozen=True)
 class Decoded:
-    """A parsed request: the core's inputs (files to decode, or preprocessed pixels) and options, and what to send back."""
+    """A parsed request: the core's inputs (files to decode, or preprocessed pixels) and options, and what to send
+    back, with the shared-memory regions any output is written to."""
 
     request: InferRequest
     options: InferOptions
     inputs: list[EncodedImage] | torch.Tensor
+    regions: SharedMemoryRegions | None = None
+
+
+@dataclass(frozen=True)
+class Intake:
+    """What decoding a request is checked against: the model's input shape (C, H, W), the most images and
+    bytes a request may bring, and the shared-memory regions its tensors may point into."""
+
+    input_shape: tuple[int, int, int]
+    max_images: int
+    max_bytes: int
+    regions: SharedMemoryRegions
+    takes_pixels: bool = True
 
 
 def server_metadata() -> V2ServerMetadata:
@@ -237,8 +263,8 @@ def platform(model: ModelDescription) -> str:
     return "pytorch" if model.backend == "torch" else "onnxruntime_onnx"
 
 
-def model_metadata(model: ModelDescription) -> V2ModelMetadata:
-    """A model's version, inputs (image or pixels) and outputs."""
+def model_metadata(model: ModelDescription, takes_pixels: bool = True) -> V2ModelMetadata:
+    """A model's version, inputs (image, or pixels where they are taken) and outputs."""
     c, h, w = model.input_shape
     grid = model.grid_size
     return V2ModelMetadata(
@@ -253,7 +279,7 @@ def model_metadata(model: ModelDescription) -> V2ModelMetadata:
         },
         inputs=[
             V2TensorMetadata(name=IMAGE, datatype=Datatype.BYTES, shape=[-1, 1]),
-            V2TensorMetadata(name=PIXELS, datatype=Datatype.FP32, shape=[-1, c, h, w]),
+            *([V2TensorMetadata(name=PIXELS, datatype=Datatype.FP32, shape=[-1, c, h, w])] if takes_pixels else []),
         ],
         outputs=[
             V2TensorMetadata(name=PROBABILITIES, datatype=Datatype.FP32, shape=[-1, len(model.classes)]),
@@ -300,10 +326,10 @@ def parse_request(header: bytes) -> InferRequest:
         raise InvalidInput(f"the inference request is not valid JSON ({e})") from None
 
 
-def decode_request(header: bytes, binary: bytes, input_shape: tuple[int, int, int], max_images: int) -> Decoded:
-    """Check and decode one REST infer request (JSON, then any binary data) against the model's input shape (C, H, W)."""
+def decode_request(header: bytes, binary: bytes, intake: Intake) -> Decoded:
+    """Check and decode one REST infer request (JSON, then any binary data)."""
     request = parse_request(header)
-    return decode_infer(request, lambda tensor: TensorData(raw=binary_chunk(tensor, binary)), input_shape, max_images)
+    return decode_infer(request, lambda tensor: TensorData(raw=binary_chunk(tensor, binary)), intake)
 
 
 def check_one_input(request: InferRequest) -> None:
@@ -311,14 +337,10 @@ def check_one_input(request: InferRequest) -> None:
         raise InvalidInput(f"send exactly one input, {IMAGE!r} (BYTES) or {PIXELS!r} (FP32); got {len(request.inputs)}")
 
 
-def decode_infer(
-    request: InferRequest,
-    data_of: Callable[[TensorIn], TensorData],
-    input_shape: tuple[int, int, int],
-    max_images: int,
-) -> Decoded:
+def decode_infer(request: InferRequest, data_of: Callable[[TensorIn], TensorData], intake: Intake) -> Decoded:
     """A parsed infer request, from any transport, checked and decoded into the core's inputs and options;
-    `data_of` finds the input's elements outside its JSON `data`, once the request itself is checked."""
+    `data_of` finds the input's elements outside its JSON `data` (and outside shared memory), once the request
+    itself is checked."""
     options = InferOptions(
         request_attention(request),
         request_target(request),
@@ -326,17 +348,30 @@ def decode_infer(
         normalize=request_flag(request, "normalize"),
     )
     check_one_input(request)
-    check_outputs(request)  # before any compute is spent
+    check_outputs(request, intake.regions)  # before any compute is spent
     tensor = request.inputs[0]
-    data = data_of(tensor)
+    if tensor.name not in ((IMAGE, PIXELS) if intake.takes_pixels else (IMAGE,)):
+        pixels = f"FP32 [N, {', '.join(map(str, intake.input_shape))}], preprocessed"
+        takes = f"{IMAGE!r} (BYTES [N], encoded image files) or {PIXELS!r} ({pixels})"
+        if not intake.takes_pixels:
+            takes = f"only {IMAGE!r} (BYTES [N], encoded image files): this server takes no pixels (VIT_V2_PIXELS)"
+        raise InvalidInput(f"unknown input {tensor.name!r}; this model takes {takes}")
+    params = tensor.parameters or {}
+    if SHM_REGION in params:
+        if tensor.data is not None or "binary_data_size" in params:
+            raise InvalidInput(f"input {tensor.name!r} is in shared memory ({SHM_REGION}): send no data with it")
+        what = f"input {tensor.name!r}"
+        if SHM_BYTE_SIZE not in params:
+            raise InvalidInput(f"{what}: {SHM_REGION} needs {SHM_BYTE_SIZE}, the byte count to read")
+        raw = intake.regions.read(
+            params[SHM_REGION], params.get(SHM_OFFSET, 0), params[SHM_BYTE_SIZE], what, intake.max_bytes
+        )
+        data = TensorData(raw=raw)
+    else:
+        data = data_of(tensor)
     if tensor.name == IMAGE:
-        return Decoded(request, options, decode_images(tensor, data, max_images))
-    if tensor.name == PIXELS:
-        return Decoded(request, options, decode_pixels(tensor, data, input_shape, max_images))
-    raise InvalidInput(
-        f"unknown input {tensor.name!r}; this model takes {IMAGE!r} (BYTES [N], encoded image files) "
-        f"or {PIXELS!r} (FP32 [N, {', '.join(map(str, input_shape))}], preprocessed)"
-    )
+        return Decoded(request, options, decode_images(tensor, data, intake.max_images), intake.regions)
+    return Decoded(request, options, decode_pixels(tensor, data, intake.input_shape, intake.max_images), intake.regions)
 
 
 def request_attention(request: InferRequest) -> AttentionKind:
@@ -365,10 +400,16 @@ def request_flag(request: InferRequest, name: str) -> bool:
     return value
 
 
-def check_outputs(request: InferRequest) -> None:
+def check_outputs(request: InferRequest, regions: SharedMemoryRegions) -> None:
     for output in request.outputs or []:
         if output.name not in OUTPUT_NAMES:
             raise InvalidInput(f"unknown output {output.name!r}; this model gives {', '.join(map(repr, OUTPUT_NAMES))}")
+        params = output.parameters or {}
+        if SHM_REGION in params:
+            what = f"output {output.name!r}"
+            if SHM_BYTE_SIZE not in params:
+                raise InvalidInput(f"{what}: {SHM_REGION} needs {SHM_BYTE_SIZE}, the bytes the region gives it")
+            regions.check(params[SHM_REGION], params.get(SHM_OFFSET, 0), params[SHM_BYTE_SIZE], what)
         k = (output.parameters or {}).get("classification", 0)
         if output.name != PROBABILITIES and k:
             raise InvalidInput(f"classification applies to {PROBABILITIES!r}, not {output.name!r}")
@@ -514,6 +555,20 @@ class OutputTensor:
     def raw(self) -> bytes:
         return to_bytes(self.datatype, self.values)
 
+    def in_shared_memory(self) -> bool:
+        return SHM_REGION in self.parameters
+
+    def write_to_region(self, regions: SharedMemoryRegions | None) -> None:
+        """Write the output's bytes (the binary layout) into the region its parameters name. Its entry in the
+        response then has a name, datatype and shape and nothing else, as Triton answers it (Triton's own
+        C++ client reads any output `parameters` as binary data that follows the JSON)."""
+        if regions is None:
+            raise AssertionError("an output in shared memory needs the request's regions")
+        params = self.parameters
+        regions.write(
+            params[SHM_REGION], params.get(SHM_OFFSET, 0), params[SHM_BYTE_SIZE], self.raw(), f"output {self.name!r}"
+        )
+
 
 def output_tensors(decoded: Decoded, predictions: list[Prediction], classes: list[str]) -> list[OutputTensor]:
     """The outputs computed, in the order requested (default: probabilities, and attention and embedding when
@@ -542,9 +597,13 @@ def encode_response(decoded: Decoded, predictions: list[Prediction], model: Mode
     """The REST infer response: JSON, each output in it or (binary_data) after it."""
     request = decoded.request
     binary_default = bool((request.parameters or {}).get("binary_data_output", False))
-    tensors, binaries = [], []
+    tensors: list[dict[str, Any]] = []
+    binaries: list[bytes] = []
     for t in output_tensors(decoded, predictions, model.classes):
-        if t.parameters.get("binary_data", binary_default):
+        if t.in_shared_memory():
+            t.write_to_region(decoded.regions)
+            tensors.append({"name": t.name, "datatype": t.datatype, "shape": t.shape})
+        elif t.parameters.get("binary_data", binary_default):
             raw = t.raw()
             described = {"binary_data_size": len(raw)}
             tensors.append({"name": t.name, "datatype": t.datatype, "shape": t.shape, "parameters": described})

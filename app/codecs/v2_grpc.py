@@ -17,8 +17,10 @@ from pydantic import ValidationError
 from app.choices import Datatype
 from app.codecs.proto import messages_pb2 as pb
 from app.codecs.v2 import (
+    SHM_REGION,
     Decoded,
     InferRequest,
+    Intake,
     OutputWanted,
     TensorData,
     TensorIn,
@@ -48,18 +50,25 @@ def parameters(entries: Mapping[str, Any]) -> dict[str, Any] | None:
     return out or None
 
 
-def decode(message: pb.ModelInferRequest, input_shape: tuple[int, int, int], max_images: int) -> Decoded:
-    """Check and decode one ModelInferRequest against the model's input shape (C, H, W), as V2 REST does."""
+def decode(message: pb.ModelInferRequest, intake: Intake) -> Decoded:
+    """Check and decode one ModelInferRequest, as V2 REST does."""
     raw = message.raw_input_contents
     if raw and any(t.HasField("contents") for t in message.inputs):
         raise InvalidInput("send input data in raw_input_contents or in contents, not both")
     if raw and len(raw) != len(message.inputs):
         raise InvalidInput(f"{len(raw)} raw_input_contents for {len(message.inputs)} inputs; send one per input")
 
+    if (
+        message.inputs
+        and SHM_REGION in message.inputs[0].parameters
+        and (raw or message.inputs[0].HasField("contents"))
+    ):
+        raise InvalidInput(f"input {message.inputs[0].name!r} is in shared memory ({SHM_REGION}): send no data with it")
+
     def data_of(_: TensorIn) -> TensorData:
         return TensorData(raw=raw[0]) if raw else typed_data(message.inputs[0])
 
-    return decode_infer(infer_request(message), data_of, input_shape, max_images)
+    return decode_infer(infer_request(message), data_of, intake)
 
 
 def infer_request(message: pb.ModelInferRequest) -> InferRequest:
@@ -96,15 +105,22 @@ def typed_data(tensor: pb.ModelInferRequest.InferInputTensor) -> TensorData:
 
 
 def infer_response(decoded: Decoded, predictions: list[Prediction], model: ModelDescription) -> pb.ModelInferResponse:
-    tensors = output_tensors(decoded, predictions, model.classes)
+    """The outputs in raw_output_contents, or written to shared memory (with empty contents there, so that the
+    contents keep the outputs' order)."""
+    outputs, contents = [], []
+    for t in output_tensors(decoded, predictions, model.classes):
+        outputs.append(pb.ModelInferResponse.InferOutputTensor(name=t.name, datatype=t.datatype, shape=t.shape))
+        if t.in_shared_memory():
+            t.write_to_region(decoded.regions)
+            contents.append(b"")
+        else:
+            contents.append(t.raw())
     return pb.ModelInferResponse(
         model_name=model.name,
         model_version=model.version,
         id=decoded.request.id or "",
-        outputs=[
-            pb.ModelInferResponse.InferOutputTensor(name=t.name, datatype=t.datatype, shape=t.shape) for t in tensors
-        ],
-        raw_output_contents=[t.raw() for t in tensors],
+        outputs=outputs,
+        raw_output_contents=contents,
     )
 
 

@@ -15,11 +15,13 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import TypeVar
 
 from app.core.contract.data_plane import Batching, Inference, InferenceRequest, Limits, costly_to_encode
 from app.core.contract.description import ModelDescription, ModelStatus, canonical_version
 from app.core.contract.errors import ModelNotFound, Unauthorized
+from app.core.contract.regions import SharedMemoryRegions
 from app.settings import Settings
 from app.telemetry.metrics import Metrics
 from app.telemetry.spans import child_span
@@ -68,13 +70,15 @@ def served_names(served: list[ModelDescription]) -> str:
 class Front(ABC):
     """A `DataPlane`: the edges' side written here, the compute step left to the subclass."""
 
-    def __init__(self, settings: Settings, metrics: Metrics, cpu_threads: int) -> None:
+    def __init__(self, settings: Settings, metrics: Metrics, cpu_threads: int, regions: Path | None = None) -> None:
         self.settings = settings
         self.metrics = metrics
-        self.limits = Limits(settings.max_upload_bytes, settings.max_files)
+        self.limits = Limits(settings.max_upload_bytes, settings.max_files, settings.v2_pixels)
         s = settings
         self.batching = Batching(s.max_batch_size, s.max_wait_ms, s.max_queue, s.request_timeout_s, s.cache_bytes > 0)
         self.api_keys = ApiKeys(settings.api_key_set())
+        # the system shared-memory regions clients register: in `regions`, shared with the other front-ends
+        self.regions = SharedMemoryRegions(regions, settings.shared_memory_regions)
         # decoding, overlays and large responses: CPU work kept off the event loop
         self.cpu_pool = ThreadPoolExecutor(max_workers=min(cpu_threads, os.cpu_count() or 1), thread_name_prefix="cpu")
 

@@ -20,8 +20,10 @@ from google.protobuf.message import DecodeError, Message
 from app.codecs import v2_grpc
 from app.codecs.model_config import model_config
 from app.codecs.proto import messages_pb2 as pb
+from app.codecs.shared_memory import cuda_status, system_status_message
 from app.codecs.v2 import (
     Decoded,
+    Intake,
     check_load_parameters,
     model_metadata,
     repository_index,
@@ -30,19 +32,23 @@ from app.codecs.v2 import (
 )
 from app.core.contract.data_plane import DataPlane, Inference, InferenceRequest
 from app.core.contract.errors import (
+    AlreadyExists,
     InferenceFailed,
     InvalidInput,
     LoadFailed,
     ModelNotFound,
     NotAllowed,
     NotReady,
+    NotSupported,
     Overloaded,
     PayloadTooLarge,
+    RegionNotFound,
     RequestTimeout,
     ServiceError,
     Unauthorized,
     UnsupportedMediaType,
 )
+from app.core.contract.regions import CUDA_NOT_SUPPORTED
 from app.telemetry.tracing import grpc_interceptors
 
 log = logging.getLogger("app")
@@ -61,6 +67,9 @@ STATUS: dict[type[ServiceError], grpc.StatusCode] = {
     InferenceFailed: Code.INTERNAL,
     LoadFailed: Code.INVALID_ARGUMENT,
     NotAllowed: Code.FAILED_PRECONDITION,
+    AlreadyExists: Code.ALREADY_EXISTS,
+    RegionNotFound: Code.NOT_FOUND,
+    NotSupported: Code.UNIMPLEMENTED,
 }
 
 Request = TypeVar("Request", bound=Message)
@@ -186,7 +195,8 @@ class InferenceServicer:
     async def ModelMetadata(
         self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelMetadataResponse:
-        return v2_grpc.model_metadata(model_metadata(self.plane.describe(request.name, request.version or None)))
+        model = self.plane.describe(request.name, request.version or None)
+        return v2_grpc.model_metadata(model_metadata(model, self.plane.limits.takes_pixels))
 
     @rpc(pb.ModelConfigRequest, serving=True)
     async def ModelConfig(
@@ -200,7 +210,10 @@ class InferenceServicer:
         self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelInferResponse:
         name, version = request.model_name, request.model_version or None
-        decoded = v2_grpc.decode(request, self.plane.describe(name, version).input_shape, self.plane.limits.max_files)
+        limits = self.plane.limits
+        shape = self.plane.describe(name, version).input_shape
+        intake = Intake(shape, limits.max_files, limits.max_upload_bytes, self.plane.regions, limits.takes_pixels)
+        decoded = v2_grpc.decode(request, intake)
         asked = InferenceRequest(name, decoded.inputs, decoded.options, version, timeout_s=context.time_remaining())
         return await self.plane.infer(asked, functools.partial(encode, decoded))
 
@@ -231,6 +244,45 @@ class InferenceServicer:
     ) -> pb.RepositoryModelUnloadResponse:
         await self.plane.unload_model(request.model_name)
         return pb.RepositoryModelUnloadResponse()
+
+    @rpc(pb.SystemSharedMemoryStatusRequest, serving=True, authorized=True)
+    async def SystemSharedMemoryStatus(
+        self, request: pb.SystemSharedMemoryStatusRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        return system_status_message(self.plane.regions.status(request.name or None))
+
+    @rpc(pb.SystemSharedMemoryRegisterRequest, serving=True, authorized=True)
+    async def SystemSharedMemoryRegister(
+        self, request: pb.SystemSharedMemoryRegisterRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        self.plane.regions.register(request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @rpc(pb.SystemSharedMemoryUnregisterRequest, serving=True, authorized=True)
+    async def SystemSharedMemoryUnregister(
+        self, request: pb.SystemSharedMemoryUnregisterRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        self.plane.regions.unregister(request.name or None)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    @rpc(pb.CudaSharedMemoryStatusRequest, serving=True, authorized=True)
+    async def CudaSharedMemoryStatus(
+        self, request: pb.CudaSharedMemoryStatusRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        cuda_status(request.name or None)  # none registered: RegionNotFound for a name
+        return pb.CudaSharedMemoryStatusResponse()
+
+    @rpc(pb.CudaSharedMemoryRegisterRequest, serving=True, authorized=True)
+    async def CudaSharedMemoryRegister(
+        self, request: pb.CudaSharedMemoryRegisterRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CudaSharedMemoryRegisterResponse:
+        raise NotSupported(CUDA_NOT_SUPPORTED)
+
+    @rpc(pb.CudaSharedMemoryUnregisterRequest, serving=True, authorized=True)
+    async def CudaSharedMemoryUnregister(
+        self, request: pb.CudaSharedMemoryUnregisterRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        return pb.CudaSharedMemoryUnregisterResponse()  # nothing is ever registered
 
 
 def encode(decoded: Decoded, done: Inference) -> pb.ModelInferResponse:

@@ -17,14 +17,17 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.core.contract.errors import (
+    AlreadyExists,
     InferenceFailed,
     InvalidInput,
     LoadFailed,
     ModelNotFound,
     NotAllowed,
     NotReady,
+    NotSupported,
     Overloaded,
     PayloadTooLarge,
+    RegionNotFound,
     RequestTimeout,
     ServiceError,
     Unauthorized,
@@ -45,6 +48,9 @@ PREDICT_STATUS: dict[type[ServiceError], int] = {
     InferenceFailed: 500,
     LoadFailed: 400,
     NotAllowed: 400,
+    AlreadyExists: 409,
+    RegionNotFound: 404,
+    NotSupported: 501,
 }
 # The Open Inference Protocol answers any malformed request or tensor with 400.
 V2_STATUS: dict[type[ServiceError], int] = {**PREDICT_STATUS, UnsupportedMediaType: 400, InvalidInput: 400}

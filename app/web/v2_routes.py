@@ -12,11 +12,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from app.codecs.model_config import model_config_json
+from app.codecs.shared_memory import V2RegisterSystemRegion, V2SystemRegionStatus, cuda_status, system_status
 from app.codecs.v2 import (
     HEADER_LENGTH,
     Decoded,
     Encoded,
     InferRequest,
+    Intake,
     V2Error,
     V2IndexRequest,
     V2InferResponse,
@@ -38,7 +40,8 @@ from app.codecs.v2 import (
     statistics_response,
 )
 from app.core.contract.data_plane import DataPlane, Inference, InferenceRequest
-from app.core.contract.errors import InvalidInput
+from app.core.contract.errors import InvalidInput, NotSupported
+from app.core.contract.regions import CUDA_NOT_SUPPORTED
 from app.web.dependencies import AuthorizedPlane, ReadyPlane, ServingPlane
 from app.web.disconnects import respond_unless_disconnected
 from app.web.errors import V2Route
@@ -54,8 +57,10 @@ def v2_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
         400: "Malformed request or tensor (shape, datatype, size, undecodable image); a model that failed to load, "
         "or a change the model control mode does not take",
         401: "API key missing or wrong (only when VIT_API_KEYS is set)",
-        404: "No model (or version) of that name",
+        404: "No model (or version), or shared-memory region, of that name",
+        409: "A shared-memory region of that name is already registered",
         413: "Body or image too large",
+        501: "CUDA shared memory (not supported), or system shared memory turned off",
         503: "Overloaded (with Retry-After) or not ready",
         504: "Not answered within VIT_REQUEST_TIMEOUT_S",
     }
@@ -135,7 +140,7 @@ async def model_statistics(plane: ServingPlane, name: str, version: str | None =
 @router.get("/models/{name}/versions/{version}", response_model=V2ModelMetadata, responses=v2_errors(404, 503))
 async def model_metadata_route(plane: ServingPlane, name: str, version: str | None = None) -> V2ModelMetadata:
     """A model's version, inputs (image or pixels) and outputs."""
-    return model_metadata(plane.describe(name, version))
+    return model_metadata(plane.describe(name, version), plane.limits.takes_pixels)
 
 
 @router.get("/models/{name}/config", responses=v2_errors(404, 503))
@@ -169,7 +174,9 @@ async def infer(request: Request, plane: AuthorizedPlane, name: str, version: st
     model = plane.describe(name, version)
     body = await read_body(request, plane.limits.max_upload_bytes)
     header, binary = split_body(body, request.headers.get(HEADER_LENGTH))
-    decoded = decode_request(header, binary, model.input_shape, plane.limits.max_files)
+    limits = plane.limits
+    intake = Intake(model.input_shape, limits.max_files, limits.max_upload_bytes, plane.regions, limits.takes_pixels)
+    decoded = decode_request(header, binary, intake)
     asked = InferenceRequest(name, decoded.inputs, decoded.options, version)
     return await respond_unless_disconnected(request, answer(plane, asked, decoded))
 
@@ -216,6 +223,55 @@ async def unload_model(request: Request, plane: AuthorizedPlane, name: str) -> R
     """Stop admitting requests for the model, answer those admitted, then free it (VIT_MODEL_CONTROL=explicit)."""
     await optional_body(request, V2RepositoryRequest, REPOSITORY_BODY_LIMIT)  # unload_dependents: none here
     await plane.unload_model(name)
+    return Response(status_code=200)
+
+
+@router.get("/systemsharedmemory/status", response_model=list[V2SystemRegionStatus], responses=v2_errors(401, 503))
+@router.get(
+    "/systemsharedmemory/region/{region}/status",
+    response_model=list[V2SystemRegionStatus],
+    responses=v2_errors(401, 404, 503),
+)
+async def system_shared_memory_status(plane: AuthorizedPlane, region: str | None = None) -> list[V2SystemRegionStatus]:
+    """The system shared-memory regions registered (every one, or the one named)."""
+    return system_status(plane.regions.status(region))
+
+
+@router.post("/systemsharedmemory/region/{region}/register", responses=v2_errors(400, 401, 409, 501, 503))
+async def register_system_shared_memory(request: Request, plane: AuthorizedPlane, region: str) -> Response:
+    """Register `byte_size` bytes of the POSIX shared-memory object `key` from `offset` as a region: inputs
+    may then be read from it and outputs written to it (parameters `shared_memory_region`,
+    `shared_memory_byte_size`, `shared_memory_offset`)."""
+    asked = await optional_body(request, V2RegisterSystemRegion, REPOSITORY_BODY_LIMIT)
+    plane.regions.register(region, asked.key, asked.offset, asked.byte_size)
+    return Response(status_code=200)
+
+
+@router.post("/systemsharedmemory/unregister", responses=v2_errors(401, 503))
+@router.post("/systemsharedmemory/region/{region}/unregister", responses=v2_errors(401, 503))
+async def unregister_system_shared_memory(plane: AuthorizedPlane, region: str | None = None) -> Response:
+    """Forget the region named (nothing when there is none of that name), or every region."""
+    plane.regions.unregister(region)
+    return Response(status_code=200)
+
+
+@router.get("/cudasharedmemory/status", responses=v2_errors(401, 503))
+@router.get("/cudasharedmemory/region/{region}/status", responses=v2_errors(401, 404, 503))
+async def cuda_shared_memory_status(plane: AuthorizedPlane, region: str | None = None) -> list[dict[str, object]]:
+    """CUDA shared memory is not supported: no region is ever registered."""
+    return cuda_status(region)
+
+
+@router.post("/cudasharedmemory/region/{region}/register", response_model=None, responses=v2_errors(401, 501, 503))
+async def register_cuda_shared_memory(plane: AuthorizedPlane, region: str) -> NoReturn:
+    """Not supported: 501."""
+    raise NotSupported(CUDA_NOT_SUPPORTED)
+
+
+@router.post("/cudasharedmemory/unregister", responses=v2_errors(401, 503))
+@router.post("/cudasharedmemory/region/{region}/unregister", responses=v2_errors(401, 503))
+async def unregister_cuda_shared_memory(plane: AuthorizedPlane, region: str | None = None) -> Response:
+    """Nothing to forget: succeeds, so that clients which clear both kinds of shared memory first go on."""
     return Response(status_code=200)
 
 

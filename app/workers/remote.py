@@ -24,6 +24,7 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import zmq
@@ -81,8 +82,10 @@ class Pending:
 class RemoteEngine(Front):
     """A `DataPlane` over the engine process listening at `address`."""
 
-    def __init__(self, settings: Settings, metrics: Metrics, address: str, arena: Arena | None) -> None:
-        super().__init__(settings, metrics, cpu_threads=4)
+    def __init__(
+        self, settings: Settings, metrics: Metrics, address: str, arena: Arena | None, regions: Path | None = None
+    ) -> None:
+        super().__init__(settings, metrics, cpu_threads=4, regions=regions)
         self.address = address
         self.arena = arena
         self.context = zmq.Context()
@@ -122,6 +125,7 @@ class RemoteEngine(Front):
             self.channel.close()
         self.context.term()
         self.cpu_pool.shutdown(wait=False, cancel_futures=True)
+        self.regions.close()
         if self.arena is not None:
             self.arena.unlink()
 

@@ -136,6 +136,7 @@ class Supervisor:
     async def run(self, stop: asyncio.Event) -> int:
         metrics_dir = self.directory / "metrics"
         metrics_dir.mkdir()
+        (self.directory / "regions").mkdir()  # the shared-memory regions clients register, seen by every front-end
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)  # read by every child as it starts
         try:
             held = hold_ports(self.host, self.port, self.settings)
@@ -203,7 +204,16 @@ class Supervisor:
         arena = self.directory / f"front-end-{slot}-{self.generation}.shm"
         process = self.fork.Process(
             target=front_end_main,
-            args=(self.host, self.port, self.settings, self.address, arena, arena_bytes(self.settings), os.getpid()),
+            args=(
+                self.host,
+                self.port,
+                self.settings,
+                self.address,
+                arena,
+                arena_bytes(self.settings),
+                self.directory / "regions",
+                os.getpid(),
+            ),
             name=f"vit-front-end-{slot}",
             daemon=False,
         )
@@ -371,13 +381,27 @@ async def serve_engine(settings: Settings, address: str, loaded: ProcessEvent, s
 
 
 def front_end_main(
-    host: str, port: int, settings: Settings, address: str, arena_path: Path, arena_size: int, supervisor: int
+    host: str,
+    port: int,
+    settings: Settings,
+    address: str,
+    arena_path: Path,
+    arena_size: int,
+    regions: Path,
+    supervisor: int,
 ) -> None:
-    run_child(serve_through_engine(host, port, settings, address, arena_path, arena_size, supervisor))
+    run_child(serve_through_engine(host, port, settings, address, arena_path, arena_size, regions, supervisor))
 
 
 async def serve_through_engine(
-    host: str, port: int, settings: Settings, address: str, arena_path: Path, arena_size: int, supervisor: int
+    host: str,
+    port: int,
+    settings: Settings,
+    address: str,
+    arena_path: Path,
+    arena_size: int,
+    regions: Path,
+    supervisor: int,
 ) -> int:
     stop = become_child(supervisor)
     configure_logging(settings.log_level, settings.log_format)
@@ -393,5 +417,5 @@ async def serve_through_engine(
         configure_tracing()
     except ValueError as e:
         return startup_failed(e)
-    plane = RemoteEngine(settings, Metrics(), address, arena)
+    plane = RemoteEngine(settings, Metrics(), address, arena, regions)
     return await serve_front_end(host, port, settings, plane, stop)

@@ -17,6 +17,7 @@ from typing import Protocol, TypeVar
 import torch
 
 from app.core.contract.description import ModelDescription, ModelStatus
+from app.core.contract.regions import SharedMemoryRegions
 from app.core.contract.request import DecodedImage, EncodedImage, InferOptions, Prediction
 from app.telemetry.metrics import Metrics
 from app.telemetry.statistics import ModelStatistics
@@ -62,6 +63,7 @@ class Limits:
 
     max_upload_bytes: int  # largest request body
     max_files: int  # most images in one request
+    takes_pixels: bool = True  # whether V2 takes preprocessed pixels (the input `pixels`) as well as image files
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,7 @@ class DataPlane(Protocol):
     limits: Limits
     batching: Batching
     metrics: Metrics
+    regions: SharedMemoryRegions  # the system shared-memory regions clients registered
 
     def live(self) -> bool:
         """True while the process serves."""

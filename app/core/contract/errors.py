@@ -62,3 +62,15 @@ class LoadFailed(ServiceError):
 
 class NotAllowed(ServiceError):
     """A repository change this server's VIT_MODEL_CONTROL does not take (load and unload are for explicit)."""
+
+
+class AlreadyExists(ServiceError):
+    """A name already taken, such as a shared-memory region's."""
+
+
+class RegionNotFound(ServiceError):
+    """No shared-memory region of that name is registered."""
+
+
+class NotSupported(ServiceError):
+    """A protocol feature this server does not offer (CUDA shared memory), or one turned off."""

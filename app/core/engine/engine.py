@@ -306,6 +306,7 @@ class Engine(Front):
                 log.warning("model %s: drain timed out after %.1fs with %d images queued", model.name, timeout, queued)
             await model.batcher.stop()
         self.cpu_pool.shutdown(wait=False, cancel_futures=True)
+        self.regions.close()
         if self.started:
             self.metrics.unwatch_gc()
         if self.froze_heap:

@@ -8,12 +8,17 @@ import numpy as np
 import pytest
 import torch
 
-from app.codecs.v2 import decode_request, encode_response, model_metadata, split_body, split_bytes_elements
+from app.codecs.v2 import Intake, decode_request, encode_response, model_metadata, split_body, split_bytes_elements
 from app.core.contract.errors import InvalidInput
+from app.core.contract.regions import SharedMemoryRegions
 from app.core.contract.request import EncodedImage, Prediction
 from app.core.engine.engine import Engine
 
 SHAPE = (3, 32, 32)
+
+
+def intake(shape: tuple[int, int, int] = SHAPE, max_images: int = 8) -> Intake:
+    return Intake(shape, max_images, 10 * 2**20, SharedMemoryRegions(None, 8))
 
 
 def binary_request(
@@ -28,7 +33,7 @@ def binary_request(
 
 def test_binary_bytes_elements_become_encoded_images() -> None:
     header, binary = binary_request([b"one", b"", b"three"], {"attention": "gradient", "target": "star"})
-    decoded = decode_request(header, binary, SHAPE, max_images=8)
+    decoded = decode_request(header, binary, intake())
     assert decoded.inputs == [
         EncodedImage("image[0]", b"one"),
         EncodedImage("image[1]", b""),
@@ -40,7 +45,7 @@ def test_binary_bytes_elements_become_encoded_images() -> None:
 def test_pixels_in_json() -> None:
     x = torch.randn(2, *SHAPE)
     tensor = {"name": "pixels", "datatype": "FP32", "shape": [2, *SHAPE], "data": x.flatten().tolist()}
-    decoded = decode_request(json.dumps({"inputs": [tensor]}).encode(), b"", SHAPE, max_images=8)
+    decoded = decode_request(json.dumps({"inputs": [tensor]}).encode(), b"", intake())
     assert isinstance(decoded.inputs, torch.Tensor)
     torch.testing.assert_close(decoded.inputs, x)
 
@@ -63,7 +68,7 @@ def test_pixels_in_json() -> None:
 )
 def test_malformed_requests_say_what_to_fix(body: bytes, message: str) -> None:
     with pytest.raises(InvalidInput, match=message):
-        decode_request(body, b"", SHAPE, max_images=8)
+        decode_request(body, b"", intake())
 
 
 def test_a_truncated_bytes_element_is_refused() -> None:
@@ -82,7 +87,7 @@ async def test_binary_outputs_and_classification(service: Engine) -> None:
         {"name": "attention", "parameters": {"binary_data": True}},
     ]
     header, binary = binary_request([b"x"], {"attention": "rollout"}, wanted)
-    decoded = decode_request(header, binary, model.input_shape, 8)
+    decoded = decode_request(header, binary, intake(model.input_shape))
     encoded = encode_response(decoded, predictions, model)
     assert encoded.header_length is not None
     response = json.loads(encoded.body[: encoded.header_length])
@@ -96,18 +101,18 @@ async def test_binary_outputs_and_classification(service: Engine) -> None:
 
 def test_the_embedding_parameter_computes_it_and_the_output_alone_does_not() -> None:
     header, binary = binary_request([b"x"], outputs=[{"name": "embedding"}])  # what perf_analyzer sends
-    assert not decode_request(header, binary, SHAPE, 8).options.embedding
+    assert not decode_request(header, binary, intake()).options.embedding
     header, binary = binary_request([b"x"], {"embedding": True, "normalize": True})
-    options = decode_request(header, binary, SHAPE, 8).options
+    options = decode_request(header, binary, intake()).options
     assert options.embedding and options.normalize
     header, binary = binary_request([b"x"])
-    assert not decode_request(header, binary, SHAPE, 8).options.embedding
+    assert not decode_request(header, binary, intake()).options.embedding
 
 
 async def test_the_embedding_output(service: Engine) -> None:
     model = service.describe(None)
     header, binary = binary_request([b"x", b"y"], {"embedding": True})
-    decoded = decode_request(header, binary, model.input_shape, 8)
+    decoded = decode_request(header, binary, intake(model.input_shape))
     embeddings = torch.randn(2, 32)
     predictions = [Prediction(f"image[{i}]", torch.full((10,), 0.1), None, None, embeddings[i]) for i in range(2)]
     response = json.loads(encode_response(decoded, predictions, model).body)
