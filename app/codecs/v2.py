@@ -405,16 +405,18 @@ def check_outputs(request: InferRequest, regions: SharedMemoryRegions) -> None:
         if output.name not in OUTPUT_NAMES:
             raise InvalidInput(f"unknown output {output.name!r}; this model gives {', '.join(map(repr, OUTPUT_NAMES))}")
         params = output.parameters or {}
-        if SHM_REGION in params:
-            what = f"output {output.name!r}"
-            if SHM_BYTE_SIZE not in params:
-                raise InvalidInput(f"{what}: {SHM_REGION} needs {SHM_BYTE_SIZE}, the bytes the region gives it")
-            regions.check(params[SHM_REGION], params.get(SHM_OFFSET, 0), params[SHM_BYTE_SIZE], what)
-        k = (output.parameters or {}).get("classification", 0)
+        k = params.get("classification", 0)
         if output.name != PROBABILITIES and k:
             raise InvalidInput(f"classification applies to {PROBABILITIES!r}, not {output.name!r}")
         if not isinstance(k, int) or isinstance(k, bool) or k < 0:
             raise InvalidInput(f"output {output.name!r}: classification must be a non-negative integer, got {k!r}")
+        if SHM_REGION in params:
+            what = f"output {output.name!r}"
+            if k:
+                raise InvalidInput(f"{what}: classification results are not written to shared memory (as in Triton)")
+            if SHM_BYTE_SIZE not in params:
+                raise InvalidInput(f"{what}: {SHM_REGION} needs {SHM_BYTE_SIZE}, the bytes the region gives it")
+            regions.check(params[SHM_REGION], params.get(SHM_OFFSET, 0), params[SHM_BYTE_SIZE], what)
 
 
 def binary_chunk(tensor: TensorIn, binary: bytes) -> bytes | None:

@@ -1,6 +1,7 @@
 """NVIDIA's perf_analyzer, unchanged (bin/perf-analyzer: tritonclient 2.41.1's binary), measures a real server
-over HTTP and gRPC: it reads the model's metadata and configuration, sends the encoded JPEG its input data
-gives and nothing else, and prints the server's own statistics for what it sent."""
+over HTTP and gRPC, and through system shared memory: it reads the model's metadata and configuration, sends
+the encoded JPEG its input data gives and nothing else, and prints the server's own statistics for what it
+sent."""
 
 from __future__ import annotations
 
@@ -42,6 +43,13 @@ def server(serve: ServerFactory, installed: None) -> Server:
 
 
 @pytest.fixture(scope="module")
+def image_only(serve: ServerFactory, installed: None) -> Server:
+    """Taking image files alone (perf_analyzer's shared-memory mode sends every input the metadata lists), from
+    two front-end processes: regions registered through one connection serve requests through any."""
+    return serve(BUNDLED_WEIGHTS, VIT_MODELS=f"{MODEL}={BUNDLED_WEIGHTS}", VIT_V2_PIXELS="false", VIT_WORKERS="2")
+
+
+@pytest.fixture(scope="module")
 def input_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """perf_analyzer's --input-data: one JPEG as the `image` tensor's serialized bytes (a 4-byte little-endian
     length, then the file), base64 in "b64", as its docs give BYTES data."""
@@ -58,13 +66,10 @@ def inference_count(server: Server) -> int:
     return sum(s["inference_count"] for s in stats)
 
 
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_perf_analyzer_measures_the_service_with_its_statistics(
-    server: Server, input_data: Path, protocol: str
-) -> None:
+def measure(server: Server, protocol: str, input_data: Path, *extra: str) -> None:
     url = server.url.removeprefix("http://") if protocol == "http" else server.grpc_target
     before = inference_count(server)
-    command = [PERF_ANALYZER, "-m", MODEL, "-u", url, "-i", protocol, "--input-data", str(input_data)]
+    command = [PERF_ANALYZER, "-m", MODEL, "-u", url, "-i", protocol, "--input-data", str(input_data), *extra]
     # a shared 2-core machine: wide stability bounds, so that the run ends; the figures are not the test's
     command += ["--measurement-interval", "1500", "--stability-percentage", "100", "--max-trials", "5"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=240)
@@ -75,3 +80,19 @@ def test_perf_analyzer_measures_the_service_with_its_statistics(
     counted = int(re.search(r"Server: \n\s+Inference count: (\d+)", out).group(1))  # type: ignore[union-attr]
     assert sent > 0 and abs(counted - sent) <= 2, out  # the window's edges may cut one request either way
     assert inference_count(server) - before >= sent  # the service counted every request it was sent
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_perf_analyzer_measures_the_service_with_its_statistics(
+    server: Server, input_data: Path, protocol: str
+) -> None:
+    measure(server, protocol, input_data)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_perf_analyzer_measures_through_system_shared_memory(
+    image_only: Server, input_data: Path, protocol: str
+) -> None:
+    measure(image_only, protocol, input_data, "--shape", "image:1", "--shared-memory=system")
+    # it unregisters what it registered when it ends, and unlinks its objects
+    assert httpx.get(f"{image_only.url}/v2/systemsharedmemory/status").json() == []

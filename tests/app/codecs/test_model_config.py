@@ -61,3 +61,9 @@ def test_one_instance_on_the_models_device(service: Engine, device: str, kind: s
     model = dataclasses.replace(service.describe(None), device=device)
     [group] = model_config_json(model, service.batching, service.limits)["instance_group"]
     assert (group["kind"], group["count"], group["gpus"]) == (kind, 1, gpus)
+
+
+def test_a_server_that_takes_no_pixels_configures_image_alone(service: Engine) -> None:
+    limits = dataclasses.replace(service.limits, takes_pixels=False)
+    config = model_config(service.describe(None), service.batching, limits)
+    assert [(i.name, i.optional) for i in config.input] == [("image", False)]

@@ -132,3 +132,46 @@ async def test_model_metadata_lists_both_inputs(service: Engine) -> None:
         ("attention", [-1, 4, 4]),
         ("embedding", [-1, 32]),
     ]
+
+
+async def test_a_server_that_takes_no_pixels_lists_and_takes_image_alone(service: Engine) -> None:
+    meta = model_metadata(service.describe(None), takes_pixels=False)
+    assert [t.name for t in meta.inputs] == ["image"]
+    tensor = {"name": "pixels", "datatype": "FP32", "shape": [1, *SHAPE], "data": [0.0] * (3 * 32 * 32)}
+    no_pixels = Intake(SHAPE, 8, 1 << 20, SharedMemoryRegions(None, 8), takes_pixels=False)
+    with pytest.raises(InvalidInput, match="takes no pixels"):
+        decode_request(json.dumps({"inputs": [tensor]}).encode(), b"", no_pixels)
+    assert decode_request(json.dumps({"inputs": [tensor]}).encode(), b"", intake()).inputs.shape == (1, *SHAPE)
+
+
+@pytest.mark.parametrize(
+    ("tensor_parameters", "outputs", "error"),
+    [
+        ({"shared_memory_region": "r", "shared_memory_byte_size": 8, "binary_data_size": 3}, None, "send no data"),
+        ({"shared_memory_region": "r"}, None, "needs shared_memory_byte_size"),
+        ({"shared_memory_region": "r", "shared_memory_byte_size": 8}, None, "no system shared-memory region named 'r'"),
+        (
+            {"binary_data_size": 7},
+            [
+                {
+                    "name": "probabilities",
+                    "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 64, "classification": 2},
+                }
+            ],
+            "classification results are not written to shared memory",
+        ),
+        (
+            {"binary_data_size": 7},
+            [{"name": "probabilities", "parameters": {"shared_memory_region": "r"}}],
+            "needs shared_memory_byte_size",
+        ),
+    ],
+)
+def test_shared_memory_parameters_are_checked_before_any_compute(
+    tensor_parameters: dict[str, object], outputs: list[dict[str, object]] | None, error: str
+) -> None:
+    tensor = {"name": "image", "datatype": "BYTES", "shape": [1], "parameters": tensor_parameters}
+    header = json.dumps({"inputs": [tensor], **({"outputs": outputs} if outputs else {})}).encode()
+    binary = b"\x03\x00\x00\x00abc" if "binary_data_size" in tensor_parameters else b""
+    with pytest.raises(InvalidInput, match=error):
+        decode_request(header, binary, intake())
