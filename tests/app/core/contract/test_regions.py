@@ -62,7 +62,7 @@ def test_a_key_that_names_a_path_or_no_object_name_is_refused(regions: SharedMem
 def test_a_key_that_is_no_object_is_refused(regions: SharedMemoryRegions, shm: tuple[str, Path]) -> None:
     with pytest.raises(InvalidInput, match="there is none of that name"):
         regions.register("r", f"/vit-test-missing-{uuid.uuid4().hex}", 0, 1)
-    key, path = shm
+    _, path = shm
     link = SHM_ROOT / f"vit-test-link-{uuid.uuid4().hex}"
     link.symlink_to(path)
     fifo = SHM_ROOT / f"vit-test-fifo-{uuid.uuid4().hex}"
