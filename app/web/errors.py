@@ -50,7 +50,7 @@ PREDICT_STATUS: dict[type[ServiceError], int] = {
     NotAllowed: 400,
     AlreadyExists: 409,
     RegionNotFound: 404,
-    NotSupported: 501,
+    NotSupported: 400,
 }
 # The Open Inference Protocol answers any malformed request or tensor with 400.
 V2_STATUS: dict[type[ServiceError], int] = {**PREDICT_STATUS, UnsupportedMediaType: 400, InvalidInput: 400}

@@ -55,12 +55,12 @@ REPOSITORY_BODY_LIMIT = 64 * 1024
 def v2_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     described = {
         400: "Malformed request or tensor (shape, datatype, size, undecodable image); a model that failed to load, "
-        "or a change the model control mode does not take",
+        "or a change the model control mode does not take; hostile or unknown shared memory, or CUDA shared memory "
+        "(not supported)",
         401: "API key missing or wrong (only when VIT_API_KEYS is set)",
         404: "No model (or version), or shared-memory region, of that name",
         409: "A shared-memory region of that name is already registered",
         413: "Body or image too large",
-        501: "CUDA shared memory (not supported), or system shared memory turned off",
         503: "Overloaded (with Retry-After) or not ready",
         504: "Not answered within VIT_REQUEST_TIMEOUT_S",
     }
@@ -227,17 +227,26 @@ async def unload_model(request: Request, plane: AuthorizedPlane, name: str) -> R
 
 
 @router.get("/systemsharedmemory/status", response_model=list[V2SystemRegionStatus], responses=v2_errors(401, 503))
+async def system_shared_memory_status(plane: AuthorizedPlane) -> list[V2SystemRegionStatus]:
+    """The system shared-memory regions registered."""
+    return system_status(plane.regions.status())
+
+
 @router.get(
     "/systemsharedmemory/region/{region}/status",
     response_model=list[V2SystemRegionStatus],
     responses=v2_errors(401, 404, 503),
 )
-async def system_shared_memory_status(plane: AuthorizedPlane, region: str | None = None) -> list[V2SystemRegionStatus]:
-    """The system shared-memory regions registered (every one, or the one named)."""
+async def system_shared_memory_region_status(plane: AuthorizedPlane, region: str) -> list[V2SystemRegionStatus]:
+    """The system shared-memory region named; 404 when none of that name is registered."""
     return system_status(plane.regions.status(region))
 
 
-@router.post("/systemsharedmemory/region/{region}/register", responses=v2_errors(400, 401, 409, 501, 503))
+@router.post(
+    "/systemsharedmemory/region/{region}/register",
+    response_class=Response,
+    responses=v2_errors(400, 401, 409, 413, 503),
+)
 async def register_system_shared_memory(request: Request, plane: AuthorizedPlane, region: str) -> Response:
     """Register `byte_size` bytes of the POSIX shared-memory object `key` from `offset` as a region: inputs
     may then be read from it and outputs written to it (parameters `shared_memory_region`,
@@ -247,30 +256,41 @@ async def register_system_shared_memory(request: Request, plane: AuthorizedPlane
     return Response(status_code=200)
 
 
-@router.post("/systemsharedmemory/unregister", responses=v2_errors(401, 503))
-@router.post("/systemsharedmemory/region/{region}/unregister", responses=v2_errors(401, 503))
-async def unregister_system_shared_memory(plane: AuthorizedPlane, region: str | None = None) -> Response:
-    """Forget the region named (nothing when there is none of that name), or every region."""
+@router.post("/systemsharedmemory/unregister", response_class=Response, responses=v2_errors(401, 503))
+async def unregister_all_system_shared_memory(plane: AuthorizedPlane) -> Response:
+    """Forget every system shared-memory region."""
+    plane.regions.unregister()
+    return Response(status_code=200)
+
+
+@router.post("/systemsharedmemory/region/{region}/unregister", response_class=Response, responses=v2_errors(401, 503))
+async def unregister_system_shared_memory(plane: AuthorizedPlane, region: str) -> Response:
+    """Forget the region named (nothing when there is none of that name)."""
     plane.regions.unregister(region)
     return Response(status_code=200)
 
 
 @router.get("/cudasharedmemory/status", responses=v2_errors(401, 503))
-@router.get("/cudasharedmemory/region/{region}/status", responses=v2_errors(401, 404, 503))
-async def cuda_shared_memory_status(plane: AuthorizedPlane, region: str | None = None) -> list[dict[str, object]]:
+async def cuda_shared_memory_status(plane: AuthorizedPlane) -> list[dict[str, object]]:
     """CUDA shared memory is not supported: no region is ever registered."""
+    return cuda_status(None)
+
+
+@router.get("/cudasharedmemory/region/{region}/status", responses=v2_errors(401, 404, 503))
+async def cuda_shared_memory_region_status(plane: AuthorizedPlane, region: str) -> list[dict[str, object]]:
+    """404: no CUDA shared-memory region is ever registered."""
     return cuda_status(region)
 
 
-@router.post("/cudasharedmemory/region/{region}/register", response_model=None, responses=v2_errors(401, 501, 503))
+@router.post("/cudasharedmemory/region/{region}/register", response_model=None, responses=v2_errors(400, 401, 503))
 async def register_cuda_shared_memory(plane: AuthorizedPlane, region: str) -> NoReturn:
-    """Not supported: 501."""
+    """Not supported: 400, saying so."""
     raise NotSupported(CUDA_NOT_SUPPORTED)
 
 
-@router.post("/cudasharedmemory/unregister", responses=v2_errors(401, 503))
-@router.post("/cudasharedmemory/region/{region}/unregister", responses=v2_errors(401, 503))
-async def unregister_cuda_shared_memory(plane: AuthorizedPlane, region: str | None = None) -> Response:
+@router.post("/cudasharedmemory/unregister", response_class=Response, responses=v2_errors(401, 503))
+@router.post("/cudasharedmemory/region/{region}/unregister", response_class=Response, responses=v2_errors(401, 503))
+async def unregister_cuda_shared_memory(plane: AuthorizedPlane) -> Response:
     """Nothing to forget: succeeds, so that clients which clear both kinds of shared memory first go on."""
     return Response(status_code=200)
 

@@ -211,7 +211,7 @@ def test_hostile_use_is_refused_with_the_protocols_error(server: Server, regions
     # CUDA shared memory: not supported, and clearing it succeeds
     raw_handle = b"\0" * 64
     if protocol == "http":
-        refused(lambda: c.register_cuda_shared_memory("g", raw_handle, 0, 16), protocol, 501, "", "not supported")
+        refused(lambda: c.register_cuda_shared_memory("g", raw_handle, 0, 16), protocol, 400, "", "not supported")
     else:
         refused(
             lambda: c.register_cuda_shared_memory("g", raw_handle, 0, 16), protocol, 0, "UNIMPLEMENTED", "not supported"
