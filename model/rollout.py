@@ -47,10 +47,14 @@ class Readout:
     prefix_tokens: int = 1  # CLS and register tokens before the patches
     pool: str = "cls"  # "cls" or "avg"
     axial: bool = False  # two attention layers per block (rows, then columns)
+    read_tokens: int = 1  # with pool "cls": the leading tokens the heads read (2: CLS and DeiT's distillation token)
 
     def row(self, relevance: Tensor) -> Tensor:
         """(B, T, T) token-to-token relevance -> (B, N) relevance of each patch to the prediction."""
-        rows = relevance[:, 0] if self.pool == "cls" else relevance[:, self.prefix_tokens :].mean(dim=1)
+        if self.pool == "cls":
+            rows = relevance[:, 0] if self.read_tokens == 1 else relevance[:, : self.read_tokens].mean(dim=1)
+        else:
+            rows = relevance[:, self.prefix_tokens :].mean(dim=1)
         return rows[:, self.prefix_tokens :]
 
 

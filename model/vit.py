@@ -8,6 +8,10 @@ The same network as timm's `VisionTransformer`, including the options pretrained
 register tokens, no CLS token with average pooling, `fc_norm`, layer scale, a pre-norm over the
 embeddings and positions added to patch tokens only. Each defaults to off, as in the original ViT.
 
+Variations pretrained ViTs of other families use are options as well: QuickGELU (OpenAI CLIP), qk-norm
+(queries and keys normalised per head), res-post-norm blocks x + LN(f(x)) (Swin V2, timm's ResPostBlock),
+and DeiT's distillation token, read by a head of its own and averaged with the CLS head's logits.
+
 The variants tutorials build are options too: post-norm blocks (the original Transformer's
 LN(x + f(x))), the ViT paper's MLP pre-training head, and axial attention (Ho et al. 2019) that
 attends along the rows of the patch grid, then along its columns.
@@ -28,7 +32,8 @@ from model.rollout import Readout
 PosEmbed = Literal["learned", "sincos1d", "sincos2d"]
 POS_EMBED_KINDS: tuple[str, ...] = get_args(PosEmbed)
 Pool = Literal["cls", "avg"]
-Norm = Literal["pre", "post"]
+Norm = Literal["pre", "post", "res_post"]
+Activation = Literal["gelu", "quick_gelu"]
 Head = Literal["linear", "mlp"]
 AttentionPattern = Literal["full", "axial"]
 
@@ -54,7 +59,10 @@ class ViTConfig:
     fc_norm: bool = False  # final LayerNorm after pooling instead of over all tokens (timm's fc_norm)
     layer_scale: bool = False  # learned per-channel scale on each residual branch (CaiT, DeiT III)
     pre_norm: bool = False  # LayerNorm over the embeddings before the first block (CLIP)
-    norm: Norm = "pre"  # pre: x + f(LN(x)) (ViT); post: LN(x + f(x)) (the original Transformer)
+    norm: Norm = "pre"  # pre: x + f(LN(x)) (ViT); post: LN(x + f(x)) (the original Transformer); res_post: x + LN(f(x))
+    activation: Activation = "gelu"  # the MLP's: exact GELU, or QuickGELU x * sigmoid(1.702 x) (OpenAI CLIP)
+    qk_norm: bool = False  # LayerNorm over each head's queries and keys before attention (ViT-22B, EVA-02)
+    dist_token: bool = False  # DeiT's distillation token after CLS, with its own head; logits: both heads' mean
     head: Head = "linear"  # linear, or the ViT paper's MLP head: LN -> Linear -> GELU -> Dropout -> Linear
     head_hidden: int = 0  # the MLP head's hidden width (0: 4 x num_classes)
     attention_pattern: AttentionPattern = "full"  # full, or axial: rows of the patch grid, then columns
@@ -89,11 +97,20 @@ class ViTConfig:
             raise ValueError(f"reg_tokens must be >= 0, got {self.reg_tokens}")
         if self.norm_eps <= 0:
             raise ValueError(f"norm_eps must be positive, got {self.norm_eps}")
-        for name, kinds in (("norm", Norm), ("head", Head), ("attention_pattern", AttentionPattern)):
+        for name, kinds in (
+            ("norm", Norm),
+            ("head", Head),
+            ("attention_pattern", AttentionPattern),
+            ("activation", Activation),
+        ):
             if getattr(self, name) not in get_args(kinds):
                 raise ValueError(f"{name} must be one of {get_args(kinds)}, got {getattr(self, name)!r}")
         if self.head_hidden < 0:
             raise ValueError(f"head_hidden must be >= 0, got {self.head_hidden}")
+        if self.qk_norm and self.attention_pattern != "full":
+            raise ValueError("qk_norm applies to full attention only")
+        if self.dist_token and not (self.pool == "cls" and self.head == "linear" and not self.fc_norm):
+            raise ValueError("dist_token needs pool='cls', a linear head and no fc_norm (DeiT's distilled layout)")
 
     @property
     def grid_size(self) -> int:
@@ -110,8 +127,8 @@ class ViTConfig:
 
     @property
     def num_prefix_tokens(self) -> int:
-        """Tokens before the patches: CLS (when present), then the registers."""
-        return int(self.class_token) + self.reg_tokens
+        """Tokens before the patches: CLS (when present), the distillation token, then the registers."""
+        return int(self.class_token) + int(self.dist_token) + self.reg_tokens
 
     @property
     def num_embedded_prefix_tokens(self) -> int:
@@ -194,12 +211,17 @@ class PatchEmbed(nn.Module):
 class Attention(nn.Module):
     """Multi-head self-attention: fused kernel by default, explicit softmax when weights are wanted."""
 
-    def __init__(self, dim: int, heads: int, dropout: float = 0.0, qkv_bias: bool = True) -> None:
+    def __init__(
+        self, dim: int, heads: int, dropout: float = 0.0, qkv_bias: bool = True, qk_norm_eps: float | None = None
+    ) -> None:
         super().__init__()
         self.heads = heads
         self.head_dim = dim // heads
         self.scale = self.head_dim**-0.5
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        # qk-norm: each head's queries and keys normalised before their product
+        self.q_norm = nn.LayerNorm(self.head_dim, eps=qk_norm_eps) if qk_norm_eps else nn.Identity()
+        self.k_norm = nn.LayerNorm(self.head_dim, eps=qk_norm_eps) if qk_norm_eps else nn.Identity()
         self.proj = nn.Linear(dim, dim)
         self.attn_drop = dropout
         self.proj_drop = nn.Dropout(dropout)
@@ -208,6 +230,7 @@ class Attention(nn.Module):
         B, N, C = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # each (B, nh, N, hs)
+        q, k = self.q_norm(q), self.k_norm(k)
         drop = self.attn_drop if self.training else 0.0
         attn: Tensor | None = None
         if return_attention:
@@ -219,11 +242,18 @@ class Attention(nn.Module):
         return self.proj_drop(self.proj(y)), attn
 
 
+class QuickGELU(nn.Module):
+    """x * sigmoid(1.702 x): the GELU approximation OpenAI's CLIP was trained with."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+
 class MLP(nn.Module):
-    def __init__(self, dim: int, hidden: int, dropout: float = 0.0) -> None:
+    def __init__(self, dim: int, hidden: int, dropout: float = 0.0, activation: Activation = "gelu") -> None:
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden)
-        self.act = nn.GELU()
+        self.act = QuickGELU() if activation == "quick_gelu" else nn.GELU()
         self.fc2 = nn.Linear(hidden, dim)
         self.drop = nn.Dropout(dropout)
 
@@ -315,21 +345,22 @@ class LayerScale(nn.Module):
 
 
 class Block(nn.Module):
-    """Attention then MLP, each a residual branch; pre-norm x + f(LN(x)) or post-norm LN(x + f(x)).
+    """Attention then MLP, each a residual branch: pre-norm x + f(LN(x)), post-norm LN(x + f(x)), or
+    res-post-norm x + LN(f(x)).
 
     With axial attention the attention branch is two: along the rows, then along the columns.
     """
 
     def __init__(self, c: ViTConfig) -> None:
         super().__init__()
-        self.post_norm = c.norm == "post"
+        self.norm = c.norm
 
         def layer_scale() -> nn.Module:
             return LayerScale(c.dim) if c.layer_scale else nn.Identity()
 
         def attention(axis: str) -> Attention:
             if c.attention_pattern == "full":
-                return Attention(c.dim, c.heads, c.dropout, c.qkv_bias)
+                return Attention(c.dim, c.heads, c.dropout, c.qkv_bias, c.norm_eps if c.qk_norm else None)
             return AxialAttention(c.dim, c.heads, c.dropout, c.qkv_bias, c.grid_size, c.num_prefix_tokens, axis)
 
         self.ln_1 = nn.LayerNorm(c.dim, eps=c.norm_eps)
@@ -341,7 +372,7 @@ class Block(nn.Module):
             self.attn_col = attention("col")
             self.ls_col = layer_scale()
         self.ln_2 = nn.LayerNorm(c.dim, eps=c.norm_eps)
-        self.mlp = MLP(c.dim, int(c.dim * c.mlp_ratio), c.dropout)
+        self.mlp = MLP(c.dim, int(c.dim * c.mlp_ratio), c.dropout, c.activation)
         self.ls_2 = layer_scale()
 
     def attention_layers(self) -> list[tuple[Attention, nn.Module, nn.Module]]:
@@ -352,10 +383,12 @@ class Block(nn.Module):
         return layers
 
     def branch_input(self, x: Tensor, norm: nn.Module) -> Tensor:
-        return x if self.post_norm else norm(x)
+        return norm(x) if self.norm == "pre" else x
 
     def add_branch(self, x: Tensor, y: Tensor, norm: nn.Module) -> Tensor:
-        return norm(x + y) if self.post_norm else x + y
+        if self.norm == "post":
+            return norm(x + y)
+        return x + norm(y) if self.norm == "res_post" else x + y
 
     def forward(self, x: Tensor, return_attention: bool = False) -> tuple[Tensor, list[Tensor]]:
         """Tokens (B, T, dim) -> tokens, and each attention layer's weights when asked for."""
@@ -391,6 +424,7 @@ class ViT(nn.Module):
         c = config
         self.patch_embed = PatchEmbed(c.patch_size, c.in_channels, c.dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.dim)) if c.class_token else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, c.dim)) if c.dist_token else None
         self.reg_token = nn.Parameter(torch.zeros(1, c.reg_tokens, c.dim)) if c.reg_tokens else None
         embedded = c.num_embedded_prefix_tokens
         self.pos_embed: Tensor
@@ -403,8 +437,9 @@ class ViT(nn.Module):
         self.norm_pre = nn.LayerNorm(c.dim, eps=c.norm_eps) if c.pre_norm else nn.Identity()
         self.blocks = nn.ModuleList([Block(c) for _ in range(c.depth)])
         # With fc_norm the final norm moves from all tokens to the pooled vector (timm's layout); a
-        # post-norm model's last block already ends in a LayerNorm, as the original Transformer's does.
-        final_norm = not c.fc_norm and c.norm == "pre"
+        # post-norm model's last block already ends in a LayerNorm, as the original Transformer's does
+        # (a res-post-norm block's ends in its branch, so that model keeps a final norm, as timm's does).
+        final_norm = not c.fc_norm and c.norm != "post"
         self.norm = nn.LayerNorm(c.dim, eps=c.norm_eps) if final_norm else nn.Identity()
         self.fc_norm = nn.LayerNorm(c.dim, eps=c.norm_eps) if c.fc_norm else nn.Identity()
         self.head: nn.Module = (
@@ -412,6 +447,7 @@ class ViT(nn.Module):
             if c.head == "linear"
             else MLPHead(c.dim, c.head_width, c.num_classes, c.dropout, c.norm_eps)
         )
+        self.head_dist = nn.Linear(c.dim, c.num_classes) if c.dist_token else None
         self._init_weights()
 
     @property
@@ -421,12 +457,13 @@ class ViT(nn.Module):
     @property
     def readout(self) -> Readout:
         """How attention maps are read out of this model: the way it pools for its prediction."""
-        return Readout(self.config.num_prefix_tokens, self.config.pool, self.config.attention_pattern == "axial")
+        c = self.config
+        return Readout(c.num_prefix_tokens, c.pool, c.attention_pattern == "axial", 2 if c.dist_token else 1)
 
     def _init_weights(self) -> None:
         if isinstance(self.pos_embed, nn.Parameter):
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
-        for token in (self.cls_token, self.reg_token):
+        for token in (self.cls_token, self.dist_token, self.reg_token):
             if token is not None:
                 nn.init.normal_(token, std=1e-6)
         # As timm: linear layers trunc-normal(0.02); the patch-embedding conv keeps PyTorch's
@@ -475,7 +512,7 @@ class ViT(nn.Module):
 
     def no_weight_decay(self) -> set[str]:
         """Parameter names that AdamW should not decay (besides biases and norm weights)."""
-        names = {"pos_embed", "cls_token", "reg_token"}
+        names = {"pos_embed", "cls_token", "dist_token", "reg_token"}
         return {n for n, _ in self.named_parameters() if n in names}
 
     def num_parameters(self) -> int:
@@ -497,7 +534,7 @@ class ViT(nn.Module):
     def add_prefix_and_positions(self, x: Tensor) -> Tensor:
         """Patch tokens (B, N, dim) -> CLS, registers and patches with positions (B, P + N, dim)."""
         B = x.shape[0]
-        prefix = [t.expand(B, -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
+        prefix = [t.expand(B, -1, -1) for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
         if self.config.no_embed_class:
             return torch.cat([*prefix, x + self.pos_embed], dim=1)
         return torch.cat([*prefix, x], dim=1) + self.pos_embed
@@ -506,8 +543,13 @@ class ViT(nn.Module):
         """Token features (B, P + N, dim) -> logits: from the CLS token, or the mean of the patches.
 
         With `pre_logits`, the embedding (B, dim) the head receives instead: pooled, after `fc_norm`
-        (timm's `forward_head(x, pre_logits=True)`).
+        (timm's `forward_head(x, pre_logits=True)`). With a distillation token, the CLS and distillation
+        tokens each go through their own head and the logits are the mean of the two (timm's DeiT at
+        evaluation); the embedding is the mean of the two tokens.
         """
+        if self.head_dist is not None:
+            cls, dist = x[:, 0], x[:, 1]
+            return (cls + dist) / 2 if pre_logits else (self.head(cls) + self.head_dist(dist)) / 2
         pooled = x[:, 0] if self.config.pool == "cls" else x[:, self.num_prefix_tokens :].mean(dim=1)
         embedding = self.fc_norm(pooled)
         return embedding if pre_logits else self.head(embedding)
@@ -521,7 +563,8 @@ class ViT(nn.Module):
         """Logits, the embedding (B, dim) and, when asked, every attention layer's weights: one pass."""
         features, attentions = self.forward_features(x, return_attention)
         embedding = self.forward_head(features, pre_logits=True)
-        return self.head(embedding), embedding, attentions
+        logits = self.head(embedding) if self.head_dist is None else self.forward_head(features)
+        return logits, embedding, attentions
 
     def forward_with_attention(self, x: Tensor) -> tuple[Tensor, list[Tensor]]:
         """Logits and every attention layer's weights, each (B, heads, P + N, P + N); two per axial block."""

@@ -20,7 +20,7 @@ from model.convert.converted import (
 )
 from model.convert.weights_file import read_state_dict
 from model.preprocessing import Preprocessing
-from model.vit import ViTConfig
+from model.vit import Activation, ViTConfig
 
 RENAMES: Renames = [  # timm name -> ours; everything else is already named alike
     (re.compile(r"^blocks\.(\d+)\.norm1\."), r"blocks.\1.ln_1."),
@@ -29,6 +29,11 @@ RENAMES: Renames = [  # timm name -> ours; everything else is already named alik
     (re.compile(r"^blocks\.(\d+)\.ls2\."), r"blocks.\1.ls_2."),
 ]
 CROP_MODES = {"center": "center_crop", "squash": "squash"}
+BLOCK_KINDS = {  # timm's other block types, by what they do
+    "ParallelScalingBlock": "attention and MLP in parallel from one fused projection",
+    "DiffParallelScalingBlock": "differential attention and MLP in parallel",
+    "ParallelThingsBlock": "several attention and MLP branches in parallel",
+}
 
 
 def convert_timm(arch: str, weights: Path | None, pretrained: bool) -> Converted:
@@ -98,14 +103,11 @@ def timm_config(m: Any) -> ViTConfig:
     """Our config for a timm ViT; raises ConversionError naming the first feature we lack."""
     from timm.layers import Mlp, PatchEmbed
     from timm.layers.attention import Attention
-    from timm.models.vision_transformer import Block, LayerScale, VisionTransformer
+    from timm.models.vision_transformer import Block, LayerScale, ResPostBlock, VisionTransformer
 
-    if type(m).__name__ == "VisionTransformerDistilled":
-        raise unsupported(
-            "a distillation token (DeiT distilled models)", "use a non-distilled DeiT such as deit_small_patch16_224"
-        )
-    if type(m) is not VisionTransformer:
-        raise unsupported(f"the model class {type(m).__name__} (only timm's VisionTransformer converts)")
+    distilled = type(m).__name__ == "VisionTransformerDistilled"  # DeiT: a distillation token and its head
+    if type(m) is not VisionTransformer and not distilled:
+        raise unsupported(f"the model class {type(m).__name__} (timm's VisionTransformer and DeiT distilled convert)")
     if m.global_pool not in ("token", "avg"):
         raise unsupported(f"global_pool={m.global_pool!r} (token and avg are supported)")
     if getattr(m, "attn_pool", None) is not None:
@@ -124,22 +126,33 @@ def timm_config(m: Any) -> ViTConfig:
     norms: list[nn.Module] = [m.norm_pre, m.norm, m.fc_norm]
     blocks: list[Any] = list(m.blocks)
     first = blocks[0]
-    layer_scale = isinstance(first.ls1, LayerScale)
+    for b in blocks:  # before any block's parts are read: other block types have other parts
+        if type(b) not in (Block, ResPostBlock):
+            raise unsupported(f"the block type {type(b).__name__} ({BLOCK_KINDS.get(type(b).__name__, 'block_fn')})")
+        if type(b) is not type(first):
+            raise unsupported("blocks of different types")
+    res_post = type(first) is ResPostBlock  # x + LN(f(x)); its init_values set the norms' weights, no layer scale
+    layer_scale = not res_post and isinstance(first.ls1, LayerScale)
+    qk_norm = isinstance(getattr(first.attn, "q_norm", None), nn.LayerNorm)
     for i, b in enumerate(blocks):
-        if type(b) is not Block:
-            raise unsupported(f"the block type {type(b).__name__} (block_fn)")
         a, mlp = b.attn, b.mlp
-        if type(a) is not Attention or not all(
-            isinstance(getattr(a, n, nn.Identity()), nn.Identity) for n in ("q_norm", "k_norm", "norm")
-        ):
-            raise unsupported(f"block {i}: attention with qk-norm or an inner norm (qk_norm, scale_attn_norm)")
+        if type(a) is not Attention:
+            raise unsupported(f"block {i}: attention of type {type(a).__name__}")
+        if not isinstance(getattr(a, "norm", nn.Identity()), nn.Identity):
+            raise unsupported(f"block {i}: a norm inside attention (scale_attn_norm, as in BEiT-3)")
+        if any(isinstance(n, nn.LayerNorm) != qk_norm for n in (a.q_norm, a.k_norm)):
+            raise unsupported(f"block {i}: qk-norm other than a LayerNorm on queries and keys of every block")
+        if qk_norm:
+            norms += [a.q_norm, a.k_norm]
         if a.proj.bias is None or (a.qkv.bias is None) != (first.attn.qkv.bias is None):
             raise unsupported(f"block {i}: attention projection without bias (proj_bias=False)")
         if type(mlp) is not Mlp or not isinstance(mlp.norm, nn.Identity) or not isinstance(mlp.fc1, nn.Linear):
             raise unsupported(f"block {i}: an MLP other than Linear-GELU-Linear (mlp_layer, scale_mlp_norm)")
-        if type(mlp.act) is not nn.GELU or mlp.act.approximate != "none":
-            raise unsupported(f"block {i}: the activation {mlp.act!r} (only exact GELU)")
-        if isinstance(b.ls1, LayerScale) != layer_scale or isinstance(b.ls2, LayerScale) != layer_scale:
+        if activation_of(mlp.act) != activation_of(first.mlp.act):
+            raise unsupported("different activations in different blocks")
+        if not res_post and (
+            isinstance(b.ls1, LayerScale) != layer_scale or isinstance(b.ls2, LayerScale) != layer_scale
+        ):
             raise unsupported("layer scale on some blocks only")
         norms += [b.norm1, b.norm2]
     eps = layer_norm_eps([n for n in norms if not isinstance(n, nn.Identity)])
@@ -164,7 +177,20 @@ def timm_config(m: Any) -> ViTConfig:
         fc_norm=isinstance(m.fc_norm, nn.LayerNorm),
         layer_scale=layer_scale,
         pre_norm=isinstance(m.norm_pre, nn.LayerNorm),
+        norm="res_post" if res_post else "pre",
+        activation=activation_of(first.mlp.act),
+        qk_norm=qk_norm,
+        dist_token=distilled,
     )
+
+
+def activation_of(act: nn.Module) -> Activation:
+    """The MLP's activation by our name: exact GELU, or QuickGELU (OpenAI CLIP)."""
+    if type(act) is nn.GELU and act.approximate == "none":
+        return "gelu"
+    if type(act).__name__ == "QuickGELU":
+        return "quick_gelu"
+    raise unsupported(f"the activation {act!r} (exact GELU and QuickGELU are supported)")
 
 
 def layer_norm_eps(norms: list[nn.Module]) -> float:

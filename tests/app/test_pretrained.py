@@ -146,3 +146,46 @@ print(sorted(m for m in sys.modules if m.startswith(banned)))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize(
+    "arch",
+    [
+        "deit_tiny_distilled_patch16_224",  # distillation token, two heads averaged
+        "vit_base_patch16_clip_quickgelu_224",  # QuickGELU, pre-norm over the embeddings
+        "vit_base_patch16_rpn_224",  # res-post-norm blocks, average pooling
+    ],
+)
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
+async def test_converted_variations_serve_timms_probabilities_and_maps(
+    make_client: ClientFactory, tmp_path: Path, photo: Image.Image, arch: str, backend: str
+) -> None:
+    """Two blocks of each, random weights jittered so that every branch counts, through /predict on each backend."""
+    from timm.data import create_transform, resolve_data_config
+
+    from model.checkpoint import save_checkpoint
+    from model.convert.coverage import build
+    from model.convert.timm_vit import from_timm_model
+
+    m = build(arch, small=True)
+    converted = from_timm_model(m)
+    path = tmp_path / f"{arch}.safetensors"
+    save_checkpoint(path, converted.build(), converted.classes, converted.preprocessing)
+    png = encode(photo)
+    with torch.inference_mode():
+        pixels = create_transform(**resolve_data_config(model=m))(Image.open(io.BytesIO(png)).convert("RGB"))
+        expected = m(pixels[None]).float().softmax(dim=-1)[0]
+    async with make_client(weights=path, warmup=False, backend=backend) as client:
+        plain = await client.post("/predict", files={"file": ("p.png", png, "image/png")})
+        maps = {
+            method: await client.post(
+                "/predict", files={"file": ("p.png", png, "image/png")}, params={"attention": method}
+            )
+            for method in ("rollout", "last")
+        }
+    assert plain.status_code == 200, plain.text
+    torch.testing.assert_close(torch.tensor(plain.json()["results"][0]["probabilities"]), expected, atol=1e-4, rtol=0)
+    for method, r in maps.items():
+        assert r.status_code == 200, (method, r.text)
+        grid = torch.tensor(r.json()["results"][0]["attention"]["map"])
+        assert grid.shape == (14, 14) and float(grid.max()) == 1.0, method

@@ -15,6 +15,7 @@ import timm
 import torch
 import torchvision
 from safetensors.torch import save_file
+from timm.models.vision_transformer import ParallelScalingBlock, ResPostBlock
 from torchvision.models import get_model_weights
 
 from model.checkpoint import load_checkpoint
@@ -76,12 +77,15 @@ def test_converted_logits_equal_the_library(pretrained: Callable[[str], Pretrain
     [
         ("deit3_small_patch16_224", {"layer_scale": True, "no_embed_class": True}),
         ("vit_little_patch16_reg1_gap_256", {"reg_tokens": 1, "pool": "avg", "fc_norm": True, "layer_scale": True}),
+        ("deit_tiny_distilled_patch16_224", {"dist_token": True, "pool": "cls"}),  # two tokens, two heads averaged
     ],
 )
 def test_timm_architectures_with_extra_features(tmp_path: Path, arch: str, features: dict[str, Any]) -> None:
     torch.manual_seed(0)
     m = timm.create_model(arch, pretrained=False, num_classes=7).eval()
     torch.nn.init.normal_(m.head.weight, std=0.5)
+    if hasattr(m, "head_dist"):
+        torch.nn.init.normal_(m.head_dist.weight, std=0.5)
     for name, p in m.named_parameters():
         if name.endswith("gamma"):  # layer scale starts at 1e-6: the blocks would hardly count
             torch.nn.init.uniform_(p, 0.5, 1.5)
@@ -99,6 +103,9 @@ def test_timm_architectures_with_extra_features(tmp_path: Path, arch: str, featu
         {"pre_norm": True, "qkv_bias": False},  # CLIP-style pre-norm
         {"class_token": False, "global_pool": "avg", "fc_norm": False, "reg_tokens": 2},  # no CLS: average pooling
         {"reg_tokens": 4, "no_embed_class": True, "init_values": 1e-3},
+        {"qk_norm": True},  # queries and keys normalised per head
+        {"act_layer": "quick_gelu"},  # OpenAI CLIP
+        {"block_fn": ResPostBlock, "class_token": False, "global_pool": "avg", "init_values": 0.5},  # x + LN(f(x))
     ],
 )
 def test_timm_options_convert_exactly(kwargs: dict[str, Any]) -> None:
@@ -118,11 +125,11 @@ def test_timm_options_convert_exactly(kwargs: dict[str, Any]) -> None:
 @pytest.mark.parametrize(
     ("build", "feature"),
     [
-        (lambda: timm.create_model("deit_tiny_distilled_patch16_224"), "distillation token"),
-        (lambda: timm.create_model("vit_tiny_patch16_224", qk_norm=True), "qk-norm"),
+        (lambda: timm.create_model("eva02_tiny_patch14_224"), "the model class Eva"),
+        (lambda: timm.create_model("vit_tiny_patch16_224", block_fn=ParallelScalingBlock), "ParallelScalingBlock"),
         (lambda: timm.create_model("vit_tiny_patch16_224", global_pool="map"), "global_pool='map'"),
         (lambda: timm.create_model("vit_tiny_patch16_224", num_classes=0), "no classification head"),
-        (lambda: timm.create_model("vit_tiny_patch16_224", act_layer="gelu_tanh"), "only exact GELU"),
+        (lambda: timm.create_model("vit_tiny_patch16_224", act_layer="gelu_tanh"), "exact GELU and QuickGELU"),
     ],
 )
 def test_timm_features_we_lack_are_refused_by_name(build: Callable[[], Any], feature: str) -> None:
@@ -131,8 +138,8 @@ def test_timm_features_we_lack_are_refused_by_name(build: Callable[[], Any], fea
 
 
 def test_refusal_through_the_cli_exits_2_with_one_line(tmp_path: Path) -> None:
-    m = timm.create_model("deit_tiny_distilled_patch16_224")
-    torch.save(m.state_dict(), tmp_path / "distilled.pth")
+    m = timm.create_model("eva02_tiny_patch14_336")
+    torch.save(m.state_dict(), tmp_path / "eva.pth")
     r = subprocess.run(
         [
             sys.executable,
@@ -140,9 +147,9 @@ def test_refusal_through_the_cli_exits_2_with_one_line(tmp_path: Path) -> None:
             "model.convert",
             "timm",
             "--arch",
-            "deit_tiny_distilled_patch16_224",
+            "eva02_tiny_patch14_336",
             "--weights",
-            str(tmp_path / "distilled.pth"),
+            str(tmp_path / "eva.pth"),
             "--output",
             str(tmp_path / "out.safetensors"),
         ],
@@ -151,7 +158,7 @@ def test_refusal_through_the_cli_exits_2_with_one_line(tmp_path: Path) -> None:
         timeout=120,
     )
     assert r.returncode == 2
-    assert "error: unsupported feature: a distillation token" in r.stderr and "Traceback" not in r.stderr
+    assert "error: unsupported feature: the model class Eva" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "out.safetensors").exists()
 
 

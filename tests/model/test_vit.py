@@ -145,6 +145,9 @@ OPTIONS: list[dict[str, object]] = [
     {"reg_tokens": 3, "no_embed_class": True, "pool": "avg", "fc_norm": True},
     {"layer_scale": True, "pre_norm": True, "qkv_bias": False, "norm_eps": 1e-6},
     {"reg_tokens": 1, "no_embed_class": True, "pos_embed": "sincos2d"},
+    {"qk_norm": True, "activation": "quick_gelu"},
+    {"norm": "res_post", "class_token": False, "pool": "avg", "fc_norm": True},
+    {"dist_token": True},
 ]
 
 
@@ -152,7 +155,7 @@ OPTIONS: list[dict[str, object]] = [
 def test_options_keep_fused_and_explicit_attention_equal(options: dict[str, object]) -> None:
     model = tiny_model(ViTConfig(**{**TINY.to_dict(), **options}))
     for name, p in model.named_parameters():  # layer scale starts tiny and tokens near zero: make every path count
-        if name.endswith("gamma") or name in ("cls_token", "reg_token"):
+        if name.endswith("gamma") or name in ("cls_token", "dist_token", "reg_token"):
             torch.nn.init.normal_(p, std=0.5)
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
@@ -309,8 +312,43 @@ def test_axial_cls_token_reaches_every_patch_in_one_block() -> None:
         ({"head": "conv"}, "head must be one of"),
         ({"attention_pattern": "local"}, "attention_pattern must be one of"),
         ({"head_hidden": -1}, "head_hidden"),
+        ({"activation": "relu"}, "activation must be one of"),
+        ({"qk_norm": True, "attention_pattern": "axial"}, "qk_norm applies to full attention only"),
+        ({"dist_token": True, "pool": "avg"}, "dist_token needs pool='cls'"),
+        ({"dist_token": True, "fc_norm": True}, "dist_token needs"),
     ],
 )
 def test_variant_config_errors_are_clear(changes: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ViTConfig(**{**TINY.to_dict(), **changes})
+
+
+def test_quick_gelu_is_clips() -> None:
+    model = tiny_model(ViTConfig(**{**TINY.to_dict(), "activation": "quick_gelu"}))
+    x = torch.linspace(-4, 4, 81)
+    torch.testing.assert_close(model.blocks[0].mlp.act(x), x * torch.sigmoid(1.702 * x))
+
+
+def test_res_post_norm_normalises_each_branch_before_adding_it() -> None:
+    config = ViTConfig(**{**TINY.to_dict(), "norm": "res_post"})
+    block = tiny_model(config).blocks[0].eval()
+    x = torch.randn(2, 5, TINY.dim)
+    with torch.no_grad():
+        y = x + block.ln_1(block.attn(x)[0])
+        expected = y + block.ln_2(block.mlp(y))
+        torch.testing.assert_close(block(x)[0], expected)
+
+
+def test_distillation_token_logits_average_two_heads_and_maps_read_both_tokens() -> None:
+    model = tiny_model(ViTConfig(**{**TINY.to_dict(), "dist_token": True}))
+    assert model.num_prefix_tokens == 2 and model.readout.read_tokens == 2
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        features, _ = model.forward_features(x)
+        logits, embedding, _ = model.forward_with_embedding(x)
+        both = (model.head(features[:, 0]) + model.head_dist(features[:, 1])) / 2
+    torch.testing.assert_close(logits, both)
+    torch.testing.assert_close(model(x), both)
+    torch.testing.assert_close(embedding, (features[:, 0] + features[:, 1]) / 2)
+    relevance = torch.rand(2, model.num_prefix_tokens + TINY.num_patches, model.num_prefix_tokens + TINY.num_patches)
+    torch.testing.assert_close(model.readout.row(relevance), relevance[:, :2, 2:].mean(dim=1))

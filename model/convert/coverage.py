@@ -1,0 +1,148 @@
+"""Which of timm's ViT-family architectures convert: `python -m model.convert.coverage`.
+
+Every architecture timm lists under `vit_*`, `deit*`, `beit*`, `eva02*`, `*siglip*` and `*dinov2*`, with at most
+`--max-params` million parameters and an input of at most `--max-size` pixels, is built with random weights
+(jittered, so that no branch is left at its zero or near-zero initial value) and handed to the converter. It
+either converts with logits equal to timm's, or is refused with a `ConversionError` that names the feature.
+Anything else is a bug: `differs` (converted, but the logits are not timm's) or `crashed` (another exception).
+
+    python -m model.convert.coverage                      # the table, as docs/pretrained.md holds it
+    python -m model.convert.coverage --small --json out.json   # two blocks each: the quick walk the tests do
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from model.convert.converted import ConversionError, check_equal
+from model.convert.timm_vit import from_timm_model
+
+FAMILY = ("vit_*", "deit*", "beit*", "eva02*", "*siglip*", "*dinov2*")
+Result = Literal["converted", "refused", "differs", "crashed"]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    arch: str
+    result: Result
+    detail: str  # converted: the relative logit difference; otherwise the error's message
+
+
+def family(max_params_m: float, max_size: int) -> list[str]:
+    """The architectures of the family within the limits, by name (parameters counted without allocating them)."""
+    import timm
+
+    names = []
+    for name in sorted(set(timm.list_models(list(FAMILY)))):
+        cfg = timm.models.get_pretrained_cfg(name)
+        size = max(cfg.input_size[1:]) if cfg is not None else 224
+        if size > max_size:
+            continue
+        if parameters(name) <= max_params_m * 1e6:
+            names.append(name)
+    return names
+
+
+def parameters(name: str) -> int:
+    import timm
+
+    try:
+        with torch.device("meta"):
+            model = timm.create_model(name, pretrained=False)
+    except Exception:  # a model whose construction computes on its tensors: count it for real
+        model = timm.create_model(name, pretrained=False)
+    return sum(p.numel() for p in model.parameters())
+
+
+def build(name: str, small: bool) -> Any:
+    """timm's model with seeded random weights; with `small`, two blocks where the architecture takes `depth`."""
+    import timm
+
+    torch.manual_seed(0)
+    try:
+        model = timm.create_model(name, pretrained=False, **({"depth": 2} if small else {}))
+    except TypeError:  # no `depth` argument: built whole
+        model = timm.create_model(name, pretrained=False)
+    except Exception:
+        if not small:
+            raise
+        # settings given per block (Sapiens2's heads) do not shorten: the whole model, on no memory, which
+        # the converter refuses from its structure alone or fails to check (and the walk reports it)
+        with torch.device("meta"):
+            return timm.create_model(name, pretrained=False).eval()
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():  # zero-initialised heads and tiny layer scales would hide a mismatch
+            p.add_(torch.randn(p.shape, generator=generator, dtype=p.dtype) * 0.02)
+    return model.eval()
+
+
+def convert(name: str, small: bool = False) -> Outcome:
+    """One architecture's outcome."""
+    try:
+        model = build(name, small)
+        converted = from_timm_model(model)
+        diff = check_equal(converted.build(), converted)
+    except ConversionError as e:
+        result: Result = "differs" if "logits differ" in str(e) else "refused"
+        return Outcome(name, result, str(e))
+    except Exception as e:  # what the test forbids: any other failure is a bug to fix
+        return Outcome(name, "crashed", f"{type(e).__name__}: {e}")
+    return Outcome(name, "converted", f"{diff:.1e}")
+
+
+def feature(outcome: Outcome) -> str:
+    """A refusal's feature, as the converter names it, without the per-model details."""
+    text = outcome.detail.removeprefix("unsupported feature: ").split(";")[0]
+    text = re.sub(r"^block \d+: ", "", text)
+    return re.sub(r" \(.*", "", text) if outcome.result == "refused" else outcome.result
+
+
+def table(outcomes: Iterable[Outcome]) -> str:
+    """Markdown: the outcomes counted by result and feature, most first, with the architectures of each."""
+    groups: dict[str, list[str]] = {}
+    for o in outcomes:
+        key = "converted, logits equal" if o.result == "converted" else feature(o)
+        groups.setdefault(key, []).append(o.arch)
+    lines = ["| result | architectures | which |", "|---|---:|---|"]
+    for key, archs in sorted(groups.items(), key=lambda kv: (kv[0] != "converted, logits equal", -len(kv[1]))):
+        shown = ", ".join(archs) if len(archs) <= 6 else ", ".join(archs[:6]) + f", and {len(archs) - 6} more"
+        lines.append(f"| {key} | {len(archs)} | {shown} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m model.convert.coverage", description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--max-params", type=float, default=120.0, help="most parameters, in millions (default 120)")
+    p.add_argument("--max-size", type=int, default=448, help="largest input side in pixels (default 448)")
+    p.add_argument("--small", action="store_true", help="two blocks each (quick; the tests' walk)")
+    p.add_argument("--only", nargs="+", metavar="ARCH", help="these architectures instead of the family")
+    p.add_argument("--json", type=Path, help="write every outcome here")
+    args = p.parse_args(argv)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    names = args.only or family(args.max_params, args.max_size)
+    outcomes = []
+    for name in names:
+        outcome = convert(name, args.small)
+        outcomes.append(outcome)
+        print(f"{outcome.result:<10} {name}: {outcome.detail[:160]}", file=sys.stderr, flush=True)
+    counts = Counter(o.result for o in outcomes)
+    print(table(outcomes))
+    print(f"\n{len(outcomes)} architectures: " + ", ".join(f"{n} {r}" for r, n in counts.most_common()))
+    if args.json:
+        args.json.write_text(json.dumps([asdict(o) for o in outcomes], indent=1) + "\n")
+    return 1 if counts["crashed"] or counts["differs"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
