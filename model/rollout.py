@@ -42,16 +42,22 @@ GRADIENT = "gradient"
 
 @dataclass(frozen=True)
 class Readout:
-    """Where a model's prediction is read from: the CLS row, or the mean of the patch rows."""
+    """Where a model's prediction is read from: the CLS row, the mean of the patch rows, or, with attention
+    pooling ("map"), the pooling query's attention over the tokens (the last of a model's attention layers)."""
 
     prefix_tokens: int = 1  # CLS and register tokens before the patches
-    pool: str = "cls"  # "cls" or "avg"
+    pool: str = "cls"  # "cls", "avg" or "map"
     axial: bool = False  # two attention layers per block (rows, then columns)
     read_tokens: int = 1  # with pool "cls": the leading tokens the heads read (2: CLS and DeiT's distillation token)
 
-    def row(self, relevance: Tensor) -> Tensor:
-        """(B, T, T) token-to-token relevance -> (B, N) relevance of each patch to the prediction."""
-        if self.pool == "cls":
+    def row(self, relevance: Tensor, pooling: Tensor | None = None) -> Tensor:
+        """(B, T, T) token-to-token relevance -> (B, N) relevance of each patch to the prediction; with
+        attention pooling, `pooling` (B, 1, N) is the query's row over the patch tokens."""
+        if self.pool == "map":
+            if pooling is None:
+                raise ValueError("a model that pools by attention reads its maps through the pooling's weights")
+            rows = (pooling @ relevance[:, self.prefix_tokens :])[:, 0]
+        elif self.pool == "cls":
             rows = relevance[:, 0] if self.read_tokens == 1 else relevance[:, : self.read_tokens].mean(dim=1)
         else:
             rows = relevance[:, self.prefix_tokens :].mean(dim=1)
@@ -104,7 +110,7 @@ def to_grid(patches: Tensor) -> Tensor:
 def block_attention(attentions: list[Tensor], head_fusion: HeadFusion, readout: Readout) -> list[Tensor]:
     """Per-layer (B, heads, T, T) weights -> one fused (B, T, T) matrix per block (axial: columns after rows)."""
     fused = [fuse_heads(a.float(), head_fusion) for a in attentions]
-    if not readout.axial:
+    if not readout.axial:  # (with attention pooling its (B, 1, T) weights come last, as they are)
         return fused
     if len(fused) % 2:
         raise ValueError(f"an axial model has two attention layers per block, got {len(fused)}")
@@ -122,18 +128,24 @@ def attention_rollout(
     B, _, N, _ = attentions[0].shape
     eye = torch.eye(N, dtype=torch.float32, device=attentions[0].device)
     result = eye.expand(B, N, N)
-    for block in block_attention(attentions, head_fusion, readout):
+    blocks = block_attention(attentions, head_fusion, readout)
+    pooling = blocks.pop() if readout.pool == "map" else None  # the pooling query reads the rolled-out tokens
+    for block in blocks:
         a = discard_lowest(block, discard_ratio) + eye  # the residual connection carries each token to itself
         a = a / a.sum(dim=-1, keepdim=True)
         result = a @ result
-    return to_grid(readout.row(result))
+    return to_grid(readout.row(result, pooling))
 
 
 def last_layer_attention(attentions: list[Tensor], head_fusion: HeadFusion = "mean", readout: Readout = CLS) -> Tensor:
     """Final block's attention from the readout token(s) to the patches -> (B, grid, grid) in [0, 1]."""
     if not attentions:
         raise ValueError("last_layer_attention needs at least one layer of attention weights")
-    return to_grid(readout.row(block_attention(attentions, head_fusion, readout)[-1]))
+    last = block_attention(attentions, head_fusion, readout)[-1]
+    if readout.pool == "map":  # the pooling's own attention over the tokens
+        eye = torch.eye(last.shape[-1], dtype=torch.float32, device=last.device).expand(last.shape[0], -1, -1)
+        return to_grid(readout.row(eye, last))
+    return to_grid(readout.row(last))
 
 
 def gradient_rollout(attentions: list[Tensor], gradients: list[Tensor], readout: Readout = CLS) -> Tensor:
@@ -142,10 +154,14 @@ def gradient_rollout(attentions: list[Tensor], gradients: list[Tensor], readout:
         raise ValueError(f"need one gradient per attention layer, got {len(gradients)} for {len(attentions)}")
     B, _, N, _ = attentions[0].shape
     relevance = torch.eye(N, dtype=torch.float32, device=attentions[0].device).expand(B, N, N)
+    pooling = None
     for a, g in zip(attentions, gradients, strict=True):  # axial layers one after another, as they run
-        weighted = (g.float() * a.float()).clamp_min(0).mean(dim=1)  # (B, N, N)
+        weighted = (g.float() * a.float()).clamp_min(0).mean(dim=1)  # (B, N, N); attention pooling's (B, 1, N)
+        if weighted.shape[1] != N:
+            pooling = weighted
+            continue
         relevance = relevance + weighted @ relevance
-    return to_grid(readout.row(relevance))
+    return to_grid(readout.row(relevance, pooling))
 
 
 class AttentionModel(Protocol):

@@ -10,7 +10,8 @@ embeddings and positions added to patch tokens only. Each defaults to off, as in
 
 Variations pretrained ViTs of other families use are options as well: QuickGELU (OpenAI CLIP), qk-norm
 (queries and keys normalised per head), res-post-norm blocks x + LN(f(x)) (Swin V2, timm's ResPostBlock),
-and DeiT's distillation token, read by a head of its own and averaged with the CLS head's logits.
+DeiT's distillation token, read by a head of its own and averaged with the CLS head's logits, and
+attention pooling (SigLIP's MAP head): a learned query attends over the tokens, then a residual MLP.
 
 The variants tutorials build are options too: post-norm blocks (the original Transformer's
 LN(x + f(x))), the ViT paper's MLP pre-training head, and axial attention (Ho et al. 2019) that
@@ -31,7 +32,7 @@ from model.rollout import Readout
 
 PosEmbed = Literal["learned", "sincos1d", "sincos2d"]
 POS_EMBED_KINDS: tuple[str, ...] = get_args(PosEmbed)
-Pool = Literal["cls", "avg"]
+Pool = Literal["cls", "avg", "map"]
 Norm = Literal["pre", "post", "res_post"]
 Activation = Literal["gelu", "quick_gelu"]
 Head = Literal["linear", "mlp"]
@@ -55,7 +56,7 @@ class ViTConfig:
     class_token: bool = True  # prepend a learned CLS token
     reg_tokens: int = 0  # learned register tokens after the CLS token (Darcet et al. 2023)
     no_embed_class: bool = False  # add positions to patch tokens only, not to CLS and registers
-    pool: Pool = "cls"  # classify from the CLS token, or from the mean of the patch tokens
+    pool: Pool = "cls"  # classify from the CLS token, the mean of the patch tokens, or attention pooling (SigLIP's MAP)
     fc_norm: bool = False  # final LayerNorm after pooling instead of over all tokens (timm's fc_norm)
     layer_scale: bool = False  # learned per-channel scale on each residual branch (CaiT, DeiT III)
     pre_norm: bool = False  # LayerNorm over the embeddings before the first block (CLIP)
@@ -109,6 +110,8 @@ class ViTConfig:
             raise ValueError(f"head_hidden must be >= 0, got {self.head_hidden}")
         if self.qk_norm and self.attention_pattern != "full":
             raise ValueError("qk_norm applies to full attention only")
+        if self.pool == "map" and (self.head != "linear" or self.attention_pattern != "full"):
+            raise ValueError("pool='map' needs a linear head and full attention")
         if self.dist_token and not (self.pool == "cls" and self.head == "linear" and not self.fc_norm):
             raise ValueError("dist_token needs pool='cls', a linear head and no fc_norm (DeiT's distilled layout)")
 
@@ -333,6 +336,37 @@ class AxialAttention(Attention):
         return torch.cat([prefix, y], dim=2)
 
 
+class AttentionPool(nn.Module):
+    """Multi-head attention pooling (SigLIP's MAP head; timm's `AttentionPoolLatent`): a learned query
+    attends over the patch tokens, then a residual MLP over what it gathered -> (B, dim), and its attention
+    (B, heads, 1, N) when asked for, the natural map of what the prediction reads."""
+
+    def __init__(self, dim: int, heads: int, mlp_ratio: float, eps: float, activation: Activation) -> None:
+        super().__init__()
+        self.heads, self.head_dim = heads, dim // heads
+        self.scale = self.head_dim**-0.5
+        self.latent = nn.Parameter(torch.zeros(1, 1, dim))
+        self.q = nn.Linear(dim, dim)
+        self.kv = nn.Linear(dim, 2 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.norm = nn.LayerNorm(dim, eps=eps)
+        self.mlp = MLP(dim, int(dim * mlp_ratio), activation=activation)
+
+    def forward(self, x: Tensor, return_attention: bool = False) -> tuple[Tensor, Tensor | None]:
+        B, N, C = x.shape
+        q = self.q(self.latent.expand(B, -1, -1)).reshape(B, 1, self.heads, self.head_dim).transpose(1, 2)
+        k, v = self.kv(x).reshape(B, N, 2, self.heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        attn: Tensor | None = None
+        if return_attention:
+            attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, nh, 1, N)
+            y = attn @ v
+        else:
+            y = F.scaled_dot_product_attention(q, k, v)
+        y = self.proj(y.transpose(1, 2).reshape(B, 1, C))
+        y = y + self.mlp(self.norm(y))
+        return y[:, 0], attn
+
+
 class LayerScale(nn.Module):
     """Learned per-channel scale of a residual branch (Touvron et al. 2021, CaiT)."""
 
@@ -448,6 +482,9 @@ class ViT(nn.Module):
             else MLPHead(c.dim, c.head_width, c.num_classes, c.dropout, c.norm_eps)
         )
         self.head_dist = nn.Linear(c.dim, c.num_classes) if c.dist_token else None
+        self.attn_pool = (
+            AttentionPool(c.dim, c.heads, c.mlp_ratio, c.norm_eps, c.activation) if c.pool == "map" else None
+        )
         self._init_weights()
 
     @property
@@ -466,6 +503,8 @@ class ViT(nn.Module):
         for token in (self.cls_token, self.dist_token, self.reg_token):
             if token is not None:
                 nn.init.normal_(token, std=1e-6)
+        if self.attn_pool is not None:
+            nn.init.trunc_normal_(self.attn_pool.latent, std=self.config.dim**-0.5)
         # As timm: linear layers trunc-normal(0.02); the patch-embedding conv keeps PyTorch's
         # fan-in scaled default, so patch content is not drowned by the positional table.
         for m in self.modules():
@@ -550,9 +589,16 @@ class ViT(nn.Module):
         if self.head_dist is not None:
             cls, dist = x[:, 0], x[:, 1]
             return (cls + dist) / 2 if pre_logits else (self.head(cls) + self.head_dist(dist)) / 2
-        pooled = x[:, 0] if self.config.pool == "cls" else x[:, self.num_prefix_tokens :].mean(dim=1)
-        embedding = self.fc_norm(pooled)
+        embedding = self.fc_norm(self.pool(x)[0])
         return embedding if pre_logits else self.head(embedding)
+
+    def pool(self, x: Tensor, return_attention: bool = False) -> tuple[Tensor, Tensor | None]:
+        """Token features (B, P + N, dim) -> (B, dim) as the config pools them, and the attention pooling's
+        weights over the patches (B, heads, 1, N) when it pools so and they are asked for (it reads the patch
+        tokens only, as timm's does unless `pool_include_prefix`)."""
+        if self.attn_pool is not None:
+            return self.attn_pool(x[:, self.num_prefix_tokens :], return_attention)
+        return (x[:, 0] if self.config.pool == "cls" else x[:, self.num_prefix_tokens :].mean(dim=1)), None
 
     def forward(self, x: Tensor) -> Tensor:
         """Images (B, C, H, W) -> logits (B, num_classes), through the fused attention path."""
@@ -562,12 +608,17 @@ class ViT(nn.Module):
     def forward_with_embedding(self, x: Tensor, return_attention: bool = False) -> tuple[Tensor, Tensor, list[Tensor]]:
         """Logits, the embedding (B, dim) and, when asked, every attention layer's weights: one pass."""
         features, attentions = self.forward_features(x, return_attention)
-        embedding = self.forward_head(features, pre_logits=True)
-        logits = self.head(embedding) if self.head_dist is None else self.forward_head(features)
-        return logits, embedding, attentions
+        if self.head_dist is not None:
+            return self.forward_head(features), self.forward_head(features, pre_logits=True), attentions
+        pooled, pooling = self.pool(features, return_attention)
+        embedding = self.fc_norm(pooled)
+        if pooling is not None:  # the attention pooling's weights come last: what the prediction reads
+            attentions = [*attentions, pooling]
+        return self.head(embedding), embedding, attentions
 
     def forward_with_attention(self, x: Tensor) -> tuple[Tensor, list[Tensor]]:
-        """Logits and every attention layer's weights, each (B, heads, P + N, P + N); two per axial block."""
+        """Logits and every attention layer's weights, each (B, heads, P + N, P + N); two per axial block; with
+        attention pooling, its weights over the patches (B, heads, 1, N) last."""
         logits, _, attentions = self.forward_with_embedding(x, return_attention=True)
         return logits, attentions
 

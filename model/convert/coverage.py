@@ -64,22 +64,23 @@ def parameters(name: str) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def build(name: str, small: bool) -> Any:
-    """timm's model with seeded random weights; with `small`, two blocks where the architecture takes `depth`."""
+def build(name: str, small: bool, **kwargs: Any) -> Any:
+    """timm's model with seeded random weights (and `kwargs`, such as num_classes); with `small`, two blocks where
+    the architecture takes `depth`."""
     import timm
 
     torch.manual_seed(0)
     try:
-        model = timm.create_model(name, pretrained=False, **({"depth": 2} if small else {}))
+        model = timm.create_model(name, pretrained=False, **({"depth": 2} if small else {}), **kwargs)
     except TypeError:  # no `depth` argument: built whole
-        model = timm.create_model(name, pretrained=False)
+        model = timm.create_model(name, pretrained=False, **kwargs)
     except Exception:
         if not small:
             raise
         # settings given per block (Sapiens2's heads) do not shorten: the whole model, on no memory, which
         # the converter refuses from its structure alone or fails to check (and the walk reports it)
         with torch.device("meta"):
-            return timm.create_model(name, pretrained=False).eval()
+            return timm.create_model(name, pretrained=False, **kwargs).eval()
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for p in model.parameters():  # zero-initialised heads and tiny layer scales would hide a mismatch

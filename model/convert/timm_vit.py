@@ -20,7 +20,7 @@ from model.convert.converted import (
 )
 from model.convert.weights_file import read_state_dict
 from model.preprocessing import Preprocessing
-from model.vit import Activation, ViTConfig
+from model.vit import Activation, Pool, ViTConfig
 
 RENAMES: Renames = [  # timm name -> ours; everything else is already named alike
     (re.compile(r"^blocks\.(\d+)\.norm1\."), r"blocks.\1.ln_1."),
@@ -29,6 +29,7 @@ RENAMES: Renames = [  # timm name -> ours; everything else is already named alik
     (re.compile(r"^blocks\.(\d+)\.ls2\."), r"blocks.\1.ls_2."),
 ]
 CROP_MODES = {"center": "center_crop", "squash": "squash"}
+POOLS: dict[str, Pool] = {"token": "cls", "avg": "avg", "map": "map"}  # timm's global_pool -> ours
 BLOCK_KINDS = {  # timm's other block types, by what they do
     "ParallelScalingBlock": "attention and MLP in parallel from one fused projection",
     "DiffParallelScalingBlock": "differential attention and MLP in parallel",
@@ -108,10 +109,8 @@ def timm_config(m: Any) -> ViTConfig:
     distilled = type(m).__name__ == "VisionTransformerDistilled"  # DeiT: a distillation token and its head
     if type(m) is not VisionTransformer and not distilled:
         raise unsupported(f"the model class {type(m).__name__} (timm's VisionTransformer and DeiT distilled convert)")
-    if m.global_pool not in ("token", "avg"):
-        raise unsupported(f"global_pool={m.global_pool!r} (token and avg are supported)")
-    if getattr(m, "attn_pool", None) is not None:
-        raise unsupported("attention pooling (global_pool='map')")
+    if m.global_pool not in ("token", "avg", "map"):
+        raise unsupported(f"global_pool={m.global_pool!r} (token, avg and map are supported)")
     if getattr(m, "pool_include_prefix", False):
         raise unsupported("pooling over the prefix tokens (pool_include_prefix=True)")
     if m.pos_embed is None:
@@ -155,6 +154,8 @@ def timm_config(m: Any) -> ViTConfig:
         ):
             raise unsupported("layer scale on some blocks only")
         norms += [b.norm1, b.norm2]
+    if m.global_pool == "map":
+        norms.append(check_attention_pool(m.attn_pool, first))
     eps = layer_norm_eps([n for n in norms if not isinstance(n, nn.Identity)])
     if isinstance(m.norm, nn.Identity) and isinstance(m.fc_norm, nn.Identity):
         raise unsupported("no final norm (final_norm=False)")
@@ -173,7 +174,7 @@ def timm_config(m: Any) -> ViTConfig:
         class_token=m.cls_token is not None,
         reg_tokens=int(m.num_reg_tokens),
         no_embed_class=bool(m.no_embed_class),
-        pool="cls" if m.global_pool == "token" else "avg",
+        pool=POOLS[m.global_pool],
         fc_norm=isinstance(m.fc_norm, nn.LayerNorm),
         layer_scale=layer_scale,
         pre_norm=isinstance(m.norm_pre, nn.LayerNorm),
@@ -182,6 +183,31 @@ def timm_config(m: Any) -> ViTConfig:
         qk_norm=qk_norm,
         dist_token=distilled,
     )
+
+
+def check_attention_pool(pool: Any, block: Any) -> nn.Module:
+    """SigLIP's MAP head as our AttentionPool has it (one learned query, the blocks' heads and MLP width);
+    returns its norm, whose epsilon must be the model's."""
+    from timm.layers import AttentionPoolLatent, Mlp
+
+    if type(pool) is not AttentionPoolLatent:
+        raise unsupported(f"attention pooling of type {type(pool).__name__}")
+    if pool.latent_len != 1 or pool.pos_embed is not None or pool.pool != "token" or not isinstance(pool.q, nn.Linear):
+        raise unsupported("attention pooling with several queries, positions or no query projection")
+    if not (isinstance(pool.q_norm, nn.Identity) and isinstance(pool.k_norm, nn.Identity)):
+        raise unsupported("attention pooling with qk-norm")
+    if pool.num_heads != block.attn.num_heads or pool.latent.shape[-1] != pool.kv.in_features:
+        raise unsupported("attention pooling with other heads or width than the blocks'")
+    mlp = pool.mlp
+    if (
+        type(mlp) is not Mlp
+        or not isinstance(mlp.norm, nn.Identity)
+        or mlp.fc1.out_features != block.mlp.fc1.out_features
+    ):
+        raise unsupported("attention pooling with another MLP than the blocks'")
+    if activation_of(mlp.act) != activation_of(block.mlp.act):
+        raise unsupported("attention pooling with another activation than the blocks'")
+    return pool.norm
 
 
 def activation_of(act: nn.Module) -> Activation:

@@ -154,20 +154,22 @@ print(sorted(m for m in sys.modules if m.startswith(banned)))
         "deit_tiny_distilled_patch16_224",  # distillation token, two heads averaged
         "vit_base_patch16_clip_quickgelu_224",  # QuickGELU, pre-norm over the embeddings
         "vit_base_patch16_rpn_224",  # res-post-norm blocks, average pooling
+        "vit_base_patch16_siglip_224",  # SigLIP's attention-pooling (MAP) head, given a classifier
     ],
 )
 @pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
 async def test_converted_variations_serve_timms_probabilities_and_maps(
     make_client: ClientFactory, tmp_path: Path, photo: Image.Image, arch: str, backend: str
 ) -> None:
-    """Two blocks of each, random weights jittered so that every branch counts, through /predict on each backend."""
+    """Two blocks of each, random weights jittered so that every branch counts, through /predict on each backend;
+    rollout, last and gradient maps for each."""
     from timm.data import create_transform, resolve_data_config
 
     from model.checkpoint import save_checkpoint
     from model.convert.coverage import build
     from model.convert.timm_vit import from_timm_model
 
-    m = build(arch, small=True)
+    m = build(arch, small=True, num_classes=5)
     converted = from_timm_model(m)
     path = tmp_path / f"{arch}.safetensors"
     save_checkpoint(path, converted.build(), converted.classes, converted.preprocessing)
@@ -181,7 +183,7 @@ async def test_converted_variations_serve_timms_probabilities_and_maps(
             method: await client.post(
                 "/predict", files={"file": ("p.png", png, "image/png")}, params={"attention": method}
             )
-            for method in ("rollout", "last")
+            for method in ("rollout", "last", "gradient")
         }
     assert plain.status_code == 200, plain.text
     torch.testing.assert_close(torch.tensor(plain.json()["results"][0]["probabilities"]), expected, atol=1e-4, rtol=0)

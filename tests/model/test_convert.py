@@ -104,6 +104,8 @@ def test_timm_architectures_with_extra_features(tmp_path: Path, arch: str, featu
         {"class_token": False, "global_pool": "avg", "fc_norm": False, "reg_tokens": 2},  # no CLS: average pooling
         {"reg_tokens": 4, "no_embed_class": True, "init_values": 1e-3},
         {"qk_norm": True},  # queries and keys normalised per head
+        {"global_pool": "map", "class_token": False},  # SigLIP's attention-pooling head
+        {"global_pool": "map", "reg_tokens": 2},  # pooling over CLS and registers too
         {"act_layer": "quick_gelu"},  # OpenAI CLIP
         {"block_fn": ResPostBlock, "class_token": False, "global_pool": "avg", "init_values": 0.5},  # x + LN(f(x))
     ],
@@ -127,7 +129,7 @@ def test_timm_options_convert_exactly(kwargs: dict[str, Any]) -> None:
     [
         (lambda: timm.create_model("eva02_tiny_patch14_224"), "the model class Eva"),
         (lambda: timm.create_model("vit_tiny_patch16_224", block_fn=ParallelScalingBlock), "ParallelScalingBlock"),
-        (lambda: timm.create_model("vit_tiny_patch16_224", global_pool="map"), "global_pool='map'"),
+        (lambda: timm.create_model("vit_tiny_patch16_224", global_pool="max"), "global_pool='max'"),
         (lambda: timm.create_model("vit_tiny_patch16_224", num_classes=0), "no classification head"),
         (lambda: timm.create_model("vit_tiny_patch16_224", act_layer="gelu_tanh"), "exact GELU and QuickGELU"),
     ],

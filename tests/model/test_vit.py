@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from model.rollout import attention_map
 from model.vit import ViT, ViTConfig, build_pos_embed, resample_pos_embed
 from tests.support.checkpoints import TINY, tiny_model
 
@@ -148,6 +149,8 @@ OPTIONS: list[dict[str, object]] = [
     {"qk_norm": True, "activation": "quick_gelu"},
     {"norm": "res_post", "class_token": False, "pool": "avg", "fc_norm": True},
     {"dist_token": True},
+    {"pool": "map", "class_token": False},
+    {"pool": "map", "reg_tokens": 1},
 ]
 
 
@@ -163,6 +166,8 @@ def test_options_keep_fused_and_explicit_attention_equal(options: dict[str, obje
         explicit, attentions = model.forward_with_attention(x)
     torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=1e-5)
     tokens = model.num_prefix_tokens + TINY.num_patches
+    if model.attn_pool is not None:  # the pooling's weights over the patches come last
+        assert attentions.pop().shape == (2, TINY.heads, 1, TINY.num_patches)
     assert all(a.shape == (2, TINY.heads, tokens, tokens) for a in attentions)
 
 
@@ -316,6 +321,7 @@ def test_axial_cls_token_reaches_every_patch_in_one_block() -> None:
         ({"qk_norm": True, "attention_pattern": "axial"}, "qk_norm applies to full attention only"),
         ({"dist_token": True, "pool": "avg"}, "dist_token needs pool='cls'"),
         ({"dist_token": True, "fc_norm": True}, "dist_token needs"),
+        ({"pool": "map", "head": "mlp"}, "pool='map' needs a linear head"),
     ],
 )
 def test_variant_config_errors_are_clear(changes: dict[str, object], message: str) -> None:
@@ -352,3 +358,21 @@ def test_distillation_token_logits_average_two_heads_and_maps_read_both_tokens()
     torch.testing.assert_close(embedding, (features[:, 0] + features[:, 1]) / 2)
     relevance = torch.rand(2, model.num_prefix_tokens + TINY.num_patches, model.num_prefix_tokens + TINY.num_patches)
     torch.testing.assert_close(model.readout.row(relevance), relevance[:, :2, 2:].mean(dim=1))
+
+
+def test_attention_pooling_reads_through_its_own_attention() -> None:
+    model = tiny_model(ViTConfig(**{**TINY.to_dict(), "pool": "map", "class_token": False}))
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        logits, embedding, attentions = model.forward_with_embedding(x, return_attention=True)
+        torch.testing.assert_close(logits, model(x), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(embedding, model.forward_head(model.forward_features(x)[0], pre_logits=True))
+    pooling = attentions[-1]
+    assert len(attentions) == TINY.depth + 1 and pooling.shape == (2, TINY.heads, 1, TINY.num_patches)
+    last = attention_map(attentions, "last", model.readout)
+    expected = pooling.mean(dim=1)[:, 0].reshape(2, TINY.grid_size, TINY.grid_size)
+    expected = (expected - expected.amin(dim=(1, 2), keepdim=True)) / (
+        expected.amax(dim=(1, 2), keepdim=True) - expected.amin(dim=(1, 2), keepdim=True)
+    )
+    torch.testing.assert_close(last, expected)
+    assert attention_map(attentions, "rollout", model.readout).shape == (2, TINY.grid_size, TINY.grid_size)
