@@ -7,6 +7,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 from dotenv import dotenv_values
 from pydantic import Field, SecretStr, field_validator, model_validator
@@ -28,6 +29,27 @@ def is_model_name(name: str) -> bool:
 # routes, and twelve no better (python -m bench.gpu served; docs/deployment.md#serving-processes).
 AUTO_WORKERS_ON_GPU = 8
 DEFAULT_ONNX_CACHE = Path("~/.cache/vit-serve/onnx")  # under $XDG_CACHE_HOME when that is set
+DEFAULT_HUB_CACHE = Path("~/.cache/vit-serve/converted")  # likewise
+HUBS = ("timm", "hf")
+
+
+class HubName(NamedTuple):
+    """A model named on a hub in VIT_MODELS (`timm:<model name>` or `hf:<repo id>`), converted at startup."""
+
+    hub: str
+    id: str
+
+    def __str__(self) -> str:
+        return f"{self.hub}:{self.id}"
+
+    @classmethod
+    def parse(cls, text: str) -> HubName | None:
+        hub, sep, ident = text.partition(":")
+        return cls(hub, ident.strip()) if sep and hub in HUBS and ident.strip() else None
+
+    def default_name(self) -> str:
+        """The model's name when the entry gives none: the id's last part."""
+        return self.id.rsplit("/", 1)[-1][:64]
 
 
 class Settings(BaseSettings):
@@ -54,6 +76,12 @@ class Settings(BaseSettings):
         description="What computes probabilities: onnxruntime (a graph exported at startup; CPU only), "
         "onnxruntime-int8 (that graph quantized to int8; faster, slightly different results), torch, "
         "or auto (onnxruntime on the CPU, torch on a GPU); attention maps always use torch",
+    )
+    hub_cache: Path | None = Field(
+        DEFAULT_HUB_CACHE,
+        validate_default=True,
+        description="A directory where models named by hub in VIT_MODELS (timm:NAME, hf:REPO) are kept once "
+        "converted, one per hub revision, so a restart converts nothing; empty turns it off",
     )
     onnx_cache: Path | None = Field(
         DEFAULT_ONNX_CACHE,
@@ -158,16 +186,16 @@ class Settings(BaseSettings):
     def empty_models_means_unset(cls, v: str | None) -> str | None:
         return v if v and v.strip() else None  # compose passes VIT_MODELS= when it is not set
 
-    @field_validator("model_repository", "grpc_max_message_bytes", "onnx_cache", mode="before")
+    @field_validator("model_repository", "grpc_max_message_bytes", "onnx_cache", "hub_cache", mode="before")
     @classmethod
     def empty_means_unset(cls, v: object) -> object:
         return None if isinstance(v, str) and not v.strip() else v  # compose passes VIT_X= when it is not set
 
-    @field_validator("onnx_cache")
+    @field_validator("onnx_cache", "hub_cache")
     @classmethod
     def expand_cache(cls, v: Path | None) -> Path | None:
-        if v == DEFAULT_ONNX_CACHE and os.environ.get("XDG_CACHE_HOME"):
-            return Path(os.environ["XDG_CACHE_HOME"]) / "vit-serve" / "onnx"
+        if v in (DEFAULT_ONNX_CACHE, DEFAULT_HUB_CACHE) and os.environ.get("XDG_CACHE_HOME"):
+            return Path(os.environ["XDG_CACHE_HOME"]) / "vit-serve" / v.name
         try:
             return None if v is None else v.expanduser()
         except RuntimeError:  # `~` for a user with no home directory: no cache
@@ -214,21 +242,27 @@ class Settings(BaseSettings):
             raise ValueError("VIT_MODELS names a model twice")
         return names
 
-    def model_paths(self) -> dict[str, Path]:
-        """Model name -> checkpoint, in VIT_MODELS order (the first is the default); not used with a repository."""
+    def model_paths(self) -> dict[str, Path | HubName]:
+        """Model name -> checkpoint, or a model on a hub to convert, in VIT_MODELS order (the first is the
+        default); not used with a repository. An entry is name=path, name=timm:NAME or name=hf:REPO, or a hub
+        name alone (named after its last part)."""
         if self.model_repository is not None:
             return {}
         if self.models is None:
             return {self.weights.stem: self.weights}
-        paths: dict[str, Path] = {}
+        paths: dict[str, Path | HubName] = {}
         for entry in (e.strip() for e in self.models.split(",")):
-            name, sep, path = entry.partition("=")
+            alone = HubName.parse(entry)
+            name, sep, path = (alone.default_name(), "=", entry) if alone else entry.partition("=")
             name, path = name.strip(), path.strip()
             if not sep or not path or not MODEL_NAME.fullmatch(name):
-                raise ValueError(f"VIT_MODELS entry {entry!r} is not name=path (names: letters, digits, '.', '_', '-')")
+                raise ValueError(
+                    f"VIT_MODELS entry {entry!r} is not name=path, name=timm:NAME, name=hf:REPO or a hub name "
+                    "(names: letters, digits, '.', '_', '-')"
+                )
             if name in paths:
                 raise ValueError(f"VIT_MODELS names {name!r} twice")
-            paths[name] = Path(path)
+            paths[name] = HubName.parse(path) or Path(path)
         return paths
 
     def api_key_set(self) -> frozenset[str]:

@@ -35,7 +35,7 @@ from app.core.engine.repository import FileStamp, Repository
 from app.core.engine.served_model import ServedModel, Wanted
 from app.core.front import Front
 from app.core.images.overlay import with_overlays
-from app.settings import Settings
+from app.settings import HubName, Settings
 from app.telemetry.metrics import Metrics, ModelMetrics
 from app.telemetry.spans import child_span, record_span
 from app.telemetry.statistics import ModelStatistics, RequestTiming, StatisticsBook
@@ -320,7 +320,10 @@ def startup_models(settings: Settings, repository: Repository | None, files: dic
     control mode is explicit, every other model file in it.
     """
     if repository is None:
-        return settings.model_paths()
+        return {
+            name: hub_checkpoint(settings, name, path) if isinstance(path, HubName) else path
+            for name, path in settings.model_paths().items()
+        }
     named = settings.model_names()
     if missing := [n for n in named if n not in files]:
         raise ValueError(
@@ -331,6 +334,20 @@ def startup_models(settings: Settings, repository: Repository | None, files: dic
     if not names and settings.model_control == "none":
         raise ValueError(f"VIT_MODEL_REPOSITORY {repository.root} holds no model file (NAME.safetensors) to serve")
     return {name: repository.path(name) for name in names}
+
+
+def hub_checkpoint(settings: Settings, name: str, hub: HubName) -> Path:
+    """The converted checkpoint of a model VIT_MODELS names on a hub: from VIT_HUB_CACHE, or fetched (or read
+    from the hub's local cache) and converted now; ValueError, one line, when it cannot be."""
+    from model.convert.converted import ConversionError  # here: only a hub name brings in the converters
+    from model.convert.hub import converted_checkpoint
+
+    try:
+        path, fresh = converted_checkpoint(hub.hub, hub.id, settings.hub_cache)
+    except (ConversionError, OSError) as e:
+        raise ValueError(f"VIT_MODELS {name}={hub}: {e}") from None
+    log.info("model %s: %s %s %s", name, hub, "converted to" if fresh else "converted before:", path)
+    return path
 
 
 def request_timing(

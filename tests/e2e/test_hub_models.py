@@ -1,0 +1,149 @@
+"""Models named by hub in VIT_MODELS (`timm:NAME`, `hf:REPO`), served offline from a local Hugging Face hub cache
+the test makes (random weights, the hub's own layout: refs/main and a snapshot folder), converted once with the
+parity check and kept in VIT_HUB_CACHE; a name that cannot be fetched or converted fails the start with one line."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+from PIL import Image
+
+from app.settings import BUNDLED_WEIGHTS
+from harness.images import encode
+from harness.server import ROOT, Server, free_port
+from model.shapes import make_sample
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+TIMM_NAME = "vit_tiny_patch16_224.augreg_in21k_ft_in1k"
+HF_REPO = "someone/tiny-vit"
+EVA_NAME = "eva02_tiny_patch14_336.mim_in22k_ft_in1k"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def snapshot(hub: Path, repo_id: str) -> Path:
+    """The hub cache's folder for `repo_id` at COMMIT, with refs/main pointing at it, as huggingface_hub keeps it."""
+    repo = hub / ("models--" + repo_id.replace("/", "--"))
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(COMMIT)
+    folder = repo / "snapshots" / COMMIT
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """A hub cache holding timm's TIMM_NAME and a small transformers ViT; timm's model is returned to compare with."""
+    import timm
+    from safetensors.torch import save_file
+    from transformers import ViTConfig, ViTForImageClassification
+
+    root = tmp_path_factory.mktemp("hub")
+    torch.manual_seed(0)
+    m = timm.create_model(TIMM_NAME.split(".")[0], pretrained=False).eval()
+    torch.nn.init.normal_(m.head.weight, std=0.5)
+    save_file(
+        m.state_dict(), str(snapshot(root, timm.models.get_pretrained_cfg(TIMM_NAME).hf_hub_id) / "model.safetensors")
+    )
+    labels = {0: "a", 1: "b", 2: "c"}
+    config = ViTConfig(
+        image_size=32,
+        patch_size=8,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        num_labels=3,
+        id2label=labels,
+        label2id={v: k for k, v in labels.items()},
+    )
+    ViTForImageClassification(config).save_pretrained(snapshot(root, HF_REPO))
+    eva = timm.create_model(EVA_NAME.split(".")[0], pretrained=False)  # a family the converter does not map yet
+    save_file(
+        eva.state_dict(), str(snapshot(root, timm.models.get_pretrained_cfg(EVA_NAME).hf_hub_id) / "model.safetensors")
+    )
+    return root, m
+
+
+def hub_env(root: Path, cache: Path, models: str) -> dict[str, str]:
+    return {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(root), "VIT_HUB_CACHE": str(cache), "VIT_MODELS": models}
+
+
+def test_hub_names_serve_offline_converted_once(hub: tuple[Path, Any], tmp_path: Path) -> None:
+    root, timm_model = hub
+    cache = tmp_path / "converted"
+    env = hub_env(root, cache, f"timm:{TIMM_NAME},tiny=hf:{HF_REPO}")
+    photo = make_sample(3, 4).image.convert("RGB").resize((300, 200))
+    png = encode(photo)
+    with Server(BUNDLED_WEIGHTS, **env) as server:
+        listed = httpx.get(f"{server.url}/v1/models").json()
+        r = httpx.post(
+            f"{server.url}/predict", files={"file": ("p.png", png, "image/png")}, params={"model": TIMM_NAME}
+        )
+        tiny = httpx.post(
+            f"{server.url}/predict", files={"file": ("p.png", png, "image/png")}, params={"model": "tiny"}
+        )
+        first_log = server.stop()
+    assert [m["name"] for m in listed["models"]] == [TIMM_NAME, "tiny"]
+    assert r.status_code == 200 and tiny.status_code == 200, (r.text, tiny.text)
+    from timm.data import create_transform, resolve_data_config
+
+    with torch.inference_mode():
+        pixels = create_transform(**resolve_data_config(model=timm_model))(Image.open(io.BytesIO(png)).convert("RGB"))
+        expected = timm_model(pixels[None]).softmax(dim=-1)[0]
+    torch.testing.assert_close(torch.tensor(r.json()["results"][0]["probabilities"]), expected, atol=1e-4, rtol=0)
+    assert [c["label"] for c in tiny.json()["results"][0]["top_k"]][:1][0] in ("a", "b", "c")
+    kept = sorted(p.relative_to(cache).as_posix() for p in cache.rglob("*.safetensors"))
+    assert kept == [f"hf/someone--tiny-vit@{COMMIT[:16]}.safetensors", f"timm/{TIMM_NAME}@{COMMIT[:16]}.safetensors"]
+    assert first_log.count(" converted to ") == 2, first_log
+    stamps = {p: p.stat().st_mtime_ns for p in cache.rglob("*.safetensors")}
+
+    with Server(BUNDLED_WEIGHTS, **env) as again:  # a restart converts nothing
+        assert httpx.get(f"{again.url}/health/ready").status_code == 200
+        second_log = again.stop()
+    assert " converted to " not in second_log and second_log.count("converted before") == 2, second_log
+    assert {p: p.stat().st_mtime_ns for p in cache.rglob("*.safetensors")} == stamps
+
+    gone = {**env, "HF_HUB_CACHE": str(tmp_path / "empty-hub")}  # offline, and the hub's own cache lost
+    with Server(BUNDLED_WEIGHTS, **gone) as kept:
+        assert httpx.get(f"{kept.url}/v1/models").json()["default"] == TIMM_NAME
+        third_log = kept.stop()
+    assert third_log.count("cannot be fetched now; serving the conversion kept in") == 2, third_log
+
+
+@pytest.mark.parametrize(
+    ("models", "message"),
+    [
+        (
+            "x=timm:vit_small_patch16_224.augreg_in21k_ft_in1k",
+            "VIT_MODELS x=timm:vit_small_patch16_224.augreg_in21k_ft_in1k: could not fetch",
+        ),
+        ("x=hf:nobody/nothing", "VIT_MODELS x=hf:nobody/nothing: could not fetch nobody/nothing"),
+        ("x=timm:no_such_model", "timm has no model 'no_such_model'"),
+        (f"x=timm:{EVA_NAME}", f"VIT_MODELS x=timm:{EVA_NAME}: unsupported feature: the model class Eva"),
+    ],
+)
+def test_a_hub_name_that_cannot_be_served_fails_the_start_with_one_line(
+    hub: tuple[Path, Any], tmp_path: Path, models: str, message: str
+) -> None:
+    root, _ = hub
+    env = {**hub_env(root, tmp_path / "converted", models), "VIT_WEIGHTS": str(BUNDLED_WEIGHTS), "VIT_DEVICE": "cpu"}
+    done = subprocess.run(
+        [sys.executable, "-m", "app", "--port", str(free_port())],
+        cwd=ROOT,
+        env={**os.environ, **env, "VIT_GRPC_PORT": "0"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 3, done.stderr[-2000:]
+    failures = [line for line in done.stderr.splitlines() if "startup failed" in line]
+    assert len(failures) == 1 and message in failures[0], done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
