@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from app.settings import AUTO_WORKERS_ON_GPU, Settings, available_cpus, configured_names, unknown_variables
+from app.settings import AUTO_WORKERS_ON_GPU, HubName, Settings, available_cpus, configured_names, unknown_variables
 from app.startup import read_settings
 
 
@@ -100,3 +100,19 @@ def test_the_cores_available_follow_a_containers_cpu_limit(tmp_path: Path) -> No
     limit.write_text("max 100000\n")
     assert available_cpus(limit) == len(os.sched_getaffinity(0))
     assert available_cpus(tmp_path / "none") == len(os.sched_getaffinity(0))
+
+
+def test_models_may_be_named_by_hub() -> None:
+    paths = Settings(
+        models="timm:vit_tiny_patch16_224.augreg_in21k_ft_in1k, d=hf:facebook/deit-tiny-patch16-224, f=/w/f.safetensors"
+    ).model_paths()
+    assert paths == {
+        "vit_tiny_patch16_224.augreg_in21k_ft_in1k": HubName("timm", "vit_tiny_patch16_224.augreg_in21k_ft_in1k"),
+        "d": HubName("hf", "facebook/deit-tiny-patch16-224"),
+        "f": Path("/w/f.safetensors"),
+    }
+    assert str(paths["d"]) == "hf:facebook/deit-tiny-patch16-224"
+    assert HubName.parse("hf:org/some-repo").default_name() == "some-repo"  # type: ignore[union-attr]
+    assert HubName.parse("s3:bucket/x") is None and HubName.parse("timm:") is None
+    with pytest.raises(ValueError, match="names 'deit-tiny-patch16-224' twice"):
+        Settings(models="hf:a/deit-tiny-patch16-224,hf:b/deit-tiny-patch16-224").model_paths()

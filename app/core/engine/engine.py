@@ -346,6 +346,8 @@ def hub_checkpoint(settings: Settings, name: str, hub: HubName) -> Path:
         path, fresh = converted_checkpoint(hub.hub, hub.id, settings.hub_cache)
     except (ConversionError, OSError) as e:
         raise ValueError(f"VIT_MODELS {name}={hub}: {e}") from None
+    except Exception as e:  # a library's own failure on what it fetched: still one line, never a traceback
+        raise ValueError(f"VIT_MODELS {name}={hub}: {type(e).__name__}: {e}") from None
     log.info("model %s: %s %s %s", name, hub, "converted to" if fresh else "converted before:", path)
     return path
 
