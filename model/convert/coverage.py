@@ -130,7 +130,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", nargs="+", metavar="ARCH", help="these architectures instead of the family")
     p.add_argument("--json", type=Path, help="write every outcome here")
     args = p.parse_args(argv)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     names = args.only or family(args.max_params, args.max_size)
     outcomes = []
     for name in names:

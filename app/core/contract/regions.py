@@ -103,6 +103,11 @@ class SharedMemoryRegions:
             self.made = Path(tempfile.mkdtemp(prefix="vit-serve-regions-"))
         return self.made
 
+    @property
+    def in_use(self) -> bool:
+        """Whether there is a directory to look in: a shared one, or this object's own once made."""
+        return self.given is not None or self.made is not None
+
     def close(self) -> None:
         """Forget every region this object's own directory holds (a shared one is its owner's to remove)."""
         if self.made is not None:
@@ -159,8 +164,8 @@ class SharedMemoryRegions:
 
     def unregister(self, name: str | None = None) -> None:
         """Forget region `name` (nothing when there is none of that name), or every region (None)."""
-        if self.given is None and self.made is None:
-            return  # nothing was ever registered here
+        if not self.in_use:
+            return
         lock = self.lock()
         try:
             records = [self.record(name)] if name is not None else list(self.directory.glob("*.json"))
@@ -170,7 +175,7 @@ class SharedMemoryRegions:
             os.close(lock)
 
     def find(self, name: str) -> Region | None:
-        if self.given is None and self.made is None:
+        if not self.in_use:
             return None
         try:
             found = Region(**json.loads(self.record(name).read_text()))
@@ -185,7 +190,7 @@ class SharedMemoryRegions:
             if found is None:
                 raise RegionNotFound(f"no system shared-memory region named {name!r} is registered")
             return [found]
-        if self.given is None and self.made is None:
+        if not self.in_use:
             return []
         regions = []
         for record in self.directory.glob("*.json"):
