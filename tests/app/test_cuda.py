@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import gc
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -94,7 +95,7 @@ async def test_cuda_graphs_answer_as_the_eager_model_at_every_batch_size(make_cl
 
 
 # The network's variations, each as a converted family uses it (small sizes): served from CUDA graphs in bf16.
-VARIATIONS = {
+VARIATIONS: dict[str, dict[str, Any]] = {
     "deit-distilled": {"dist_token": True},
     "clip-quickgelu": {"activation": "quick_gelu", "pre_norm": True},
     "res-post-norm": {"norm": "res_post", "class_token": False, "pool": "avg", "fc_norm": True},
@@ -118,15 +119,15 @@ async def test_each_variation_answers_from_cuda_graphs_as_in_fp32_on_the_cpu(
     with torch.no_grad():
         for p in model.parameters():  # zero-initialised tokens and tiny layer scales would hide a mismatch
             p.add_(torch.randn(p.shape, generator=generator) * 0.02)
-        for m in model.modules():  # larger queries and keys: attention as peaked as a trained model's, not flat
-            if isinstance(m, Attention):
-                m.qkv.weight[: 2 * config.dim] *= 4
-            elif isinstance(m, AttentionPool):
-                m.latent.normal_(generator=generator)
-                m.q.weight *= 4
-                m.kv.weight[: config.dim] *= 4
+        for module in model.modules():  # larger queries and keys: attention as peaked as a trained model's
+            if isinstance(module, Attention):
+                module.qkv.weight[: 2 * config.dim] *= 4
+            elif isinstance(module, AttentionPool):
+                module.latent.normal_(generator=generator)
+                module.q.weight *= 4
+                module.kv.weight[: config.dim] *= 4
     for head in (model.head, model.head_dist):
-        if head is not None:
+        if isinstance(head, torch.nn.Linear):
             sharpen_head(head, seed=2)
     preprocessing = Preprocessing(64, 3, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
     path = tmp_path / f"{variation}.safetensors"
