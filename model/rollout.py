@@ -52,11 +52,11 @@ class Readout:
 
     def row(self, relevance: Tensor, pooling: Tensor | None = None) -> Tensor:
         """(B, T, T) token-to-token relevance -> (B, N) relevance of each patch to the prediction; with
-        attention pooling, `pooling` (B, 1, N) is the query's row over the patch tokens."""
+        attention pooling, `pooling` (B, 1, T) is the query's row over the tokens."""
         if self.pool == "map":
             if pooling is None:
                 raise ValueError("a model that pools by attention reads its maps through the pooling's weights")
-            rows = (pooling @ relevance[:, self.prefix_tokens :])[:, 0]
+            rows = (pooling @ relevance)[:, 0]
         elif self.pool == "cls":
             rows = relevance[:, 0] if self.read_tokens == 1 else relevance[:, : self.read_tokens].mean(dim=1)
         else:

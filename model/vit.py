@@ -12,6 +12,9 @@ Variations pretrained ViTs of other families use are options as well: QuickGELU 
 (queries and keys normalised per head), res-post-norm blocks x + LN(f(x)) (Swin V2, timm's ResPostBlock),
 DeiT's distillation token, read by a head of its own and averaged with the CLS head's logits, and
 attention pooling (SigLIP's MAP head): a learned query attends over the tokens, then a residual MLP.
+EVA-02's: rotary position embeddings (2-D, on the patch tokens' queries and keys; one table for every block,
+or RoPE-Mixed's table per block and head), SwiGLU MLPs and sub-LayerNorms inside attention and MLP. BEiT's:
+a learned relative position bias added to each block's attention scores.
 
 The variants tutorials build are options too: post-norm blocks (the original Transformer's
 LN(x + f(x))), the ViT paper's MLP pre-training head, and axial attention (Ho et al. 2019) that
@@ -30,11 +33,12 @@ from torch import Tensor, nn
 
 from model.rollout import Readout
 
-PosEmbed = Literal["learned", "sincos1d", "sincos2d"]
+PosEmbed = Literal["learned", "sincos1d", "sincos2d", "none"]
 POS_EMBED_KINDS: tuple[str, ...] = get_args(PosEmbed)
 Pool = Literal["cls", "avg", "map"]
 Norm = Literal["pre", "post", "res_post"]
-Activation = Literal["gelu", "quick_gelu"]
+Activation = Literal["gelu", "quick_gelu", "swiglu"]
+Rope = Literal["none", "axial", "mixed"]
 Head = Literal["linear", "mlp"]
 AttentionPattern = Literal["full", "axial"]
 
@@ -57,11 +61,20 @@ class ViTConfig:
     reg_tokens: int = 0  # learned register tokens after the CLS token (Darcet et al. 2023)
     no_embed_class: bool = False  # add positions to patch tokens only, not to CLS and registers
     pool: Pool = "cls"  # classify from the CLS token, the mean of the patch tokens, or attention pooling (SigLIP's MAP)
+    pool_heads: int = 0  # attention pooling's heads (0: as many as the blocks'; Perception Encoder has its own)
+    pool_prefix: bool = False  # attention pooling reads the prefix tokens too, not the patches alone (EVA's)
     fc_norm: bool = False  # final LayerNorm after pooling instead of over all tokens (timm's fc_norm)
     layer_scale: bool = False  # learned per-channel scale on each residual branch (CaiT, DeiT III)
     pre_norm: bool = False  # LayerNorm over the embeddings before the first block (CLIP)
     norm: Norm = "pre"  # pre: x + f(LN(x)) (ViT); post: LN(x + f(x)) (the original Transformer); res_post: x + LN(f(x))
-    activation: Activation = "gelu"  # the MLP's: exact GELU, or QuickGELU x * sigmoid(1.702 x) (OpenAI CLIP)
+    activation: Activation = "gelu"  # the MLP's: exact GELU, QuickGELU x * sigmoid(1.702 x) (OpenAI CLIP), or
+    # SwiGLU silu(gate) * value with the first layer giving both (EVA-02); mlp_ratio sets the gated width
+    mlp_norm: bool = False  # LayerNorm over the MLP's hidden units before its second layer (EVA-02's sub-LN)
+    attn_norm: bool = False  # LayerNorm over the attention's output before its projection (EVA-02 CLIP, BEiT-3)
+    rope: Rope = "none"  # rotary positions on the patch tokens' queries and keys: one 2-D table (EVA-02), or one
+    # per block and head (RoPE-Mixed); the table is part of the weights
+    rope_half: bool = False  # rotate the two halves of each head (DINOv3) instead of neighbouring pairs
+    rel_pos_bias: bool = False  # a learned bias per head and relative offset on each block's attention (BEiT)
     qk_norm: bool = False  # LayerNorm over each head's queries and keys before attention (ViT-22B, EVA-02)
     dist_token: bool = False  # DeiT's distillation token after CLS, with its own head; logits: both heads' mean
     head: Head = "linear"  # linear, or the ViT paper's MLP head: LN -> Linear -> GELU -> Dropout -> Linear
@@ -110,10 +123,18 @@ class ViTConfig:
             raise ValueError(f"head_hidden must be >= 0, got {self.head_hidden}")
         if self.qk_norm and self.attention_pattern != "full":
             raise ValueError("qk_norm applies to full attention only")
+        if self.pool_heads < 0 or (self.pool_heads and self.dim % self.pool_heads != 0):
+            raise ValueError(f"pool_heads must be 0 or divide dim {self.dim}, got {self.pool_heads}")
         if self.pool == "map" and (self.head != "linear" or self.attention_pattern != "full"):
             raise ValueError("pool='map' needs a linear head and full attention")
         if self.dist_token and not (self.pool == "cls" and self.head == "linear" and not self.fc_norm):
             raise ValueError("dist_token needs pool='cls', a linear head and no fc_norm (DeiT's distilled layout)")
+        if self.rope not in get_args(Rope):
+            raise ValueError(f"rope must be one of {get_args(Rope)}, got {self.rope!r}")
+        if (self.rope != "none" or self.rel_pos_bias) and self.attention_pattern != "full":
+            raise ValueError("rotary positions and relative position bias apply to full attention only")
+        if self.rope != "none" and (self.dim // self.heads) % 4 != 0:
+            raise ValueError(f"rotary positions need a head width divisible by 4, got {self.dim // self.heads}")
 
     @property
     def grid_size(self) -> int:
@@ -199,6 +220,70 @@ def resample_pos_embed(pos_embed: Tensor, new_grid: int, prefix: int) -> Tensor:
     return torch.cat([head, patches], dim=1)
 
 
+def axial_rope(grid: int, head_dim: int, half: bool = False, temperature: float = 10000.0) -> Tensor:
+    """EVA-02's 2-D rotary table for grid x grid patches -> (N, 2 * head_dim): sines, then cosines.
+
+    A quarter of each head's channels turns with the row, a quarter with the column, at frequencies
+    temperature^(-j / (head_dim / 4)); each angle is laid out twice, for neighbouring pairs (or both halves).
+    """
+    bands = 1.0 / temperature ** (torch.arange(head_dim // 4, dtype=torch.float32) / (head_dim // 4))
+    ys, xs = torch.meshgrid(
+        torch.arange(grid, dtype=torch.float32), torch.arange(grid, dtype=torch.float32), indexing="ij"
+    )
+    angles = torch.stack([ys, xs], dim=-1)[..., None] * bands  # (g, g, 2, head_dim / 4)
+    return rope_table(angles.reshape(grid * grid, head_dim // 2), half)
+
+
+def mixed_rope(depth: int, heads: int, grid: int, head_dim: int, temperature: float = 10.0) -> Tensor:
+    """RoPE-Mixed's tables (Heo et al. 2024) at initialisation -> (depth, heads, N, 2 * head_dim): 2-D frequencies
+    of head_dim / 4 magnitudes, turned by a random angle per block and head (learned in training, kept here)."""
+    magnitude = 1.0 / temperature ** (torch.arange(0, head_dim, 4, dtype=torch.float32) / head_dim)
+    turn = torch.rand(depth, heads, 1) * 2 * math.pi
+    fx = torch.cat([magnitude * torch.cos(turn), magnitude * torch.cos(turn + math.pi / 2)], dim=-1)
+    fy = torch.cat([magnitude * torch.sin(turn), magnitude * torch.sin(turn + math.pi / 2)], dim=-1)
+    ys, xs = torch.meshgrid(
+        torch.arange(grid, dtype=torch.float32), torch.arange(grid, dtype=torch.float32), indexing="ij"
+    )
+    angles = xs.flatten()[:, None] * fx[..., None, :] + ys.flatten()[:, None] * fy[..., None, :]
+    return rope_table(angles, half=False)  # (depth, heads, N, head_dim / 2) angles
+
+
+def rope_table(angles: Tensor, half: bool) -> Tensor:
+    """Angles (..., N, head_dim / 2) -> (..., N, 2 * head_dim): their sines, then cosines, each laid out for a head."""
+
+    def layout(t: Tensor) -> Tensor:
+        return torch.cat([t, t], dim=-1) if half else t.repeat_interleave(2, dim=-1)
+
+    return torch.cat([layout(angles.sin()), layout(angles.cos())], dim=-1)
+
+
+def apply_rope(t: Tensor, table: Tensor, prefix: int, half: bool) -> Tensor:
+    """Rotate the patch tokens of queries or keys (B, nh, P + N, hs) by the table's angles; prefix tokens stay."""
+    sin, cos = table.chunk(2, dim=-1)
+    patches = t[:, :, prefix:]
+    if half:
+        a, b = patches.chunk(2, dim=-1)
+        turned = torch.cat([-b, a], dim=-1)
+    else:
+        turned = torch.stack([-patches[..., 1::2], patches[..., ::2]], dim=-1).reshape(patches.shape)
+    return torch.cat([t[:, :, :prefix], (patches * cos + turned * sin).to(t.dtype)], dim=2)
+
+
+def rel_pos_index(grid: int, prefix: int) -> Tensor:
+    """(P + N, P + N) index into a relative position table of (2g - 1)^2 + 3 rows (BEiT's layout): patch pairs by
+    their offset; then one row each for a prefix token attending to a patch, a patch to a prefix token, and
+    prefix tokens to each other."""
+    ys, xs = torch.meshgrid(torch.arange(grid), torch.arange(grid), indexing="ij")
+    coords = torch.stack([ys.flatten(), xs.flatten()])  # (2, N)
+    offsets = (coords[:, :, None] - coords[:, None, :]).permute(1, 2, 0) + grid - 1  # (N, N, 2), each in [0, 2g - 2]
+    pairs = (2 * grid - 1) ** 2
+    index = torch.full((prefix + grid * grid,) * 2, pairs + 2, dtype=torch.long)
+    index[prefix:, prefix:] = offsets[..., 0] * (2 * grid - 1) + offsets[..., 1]
+    index[:prefix, prefix:] = pairs
+    index[prefix:, :prefix] = pairs + 1
+    return index
+
+
 class PatchEmbed(nn.Module):
     """Split the image into non-overlapping patches and project each to `dim` with one conv."""
 
@@ -215,7 +300,17 @@ class Attention(nn.Module):
     """Multi-head self-attention: fused kernel by default, explicit softmax when weights are wanted."""
 
     def __init__(
-        self, dim: int, heads: int, dropout: float = 0.0, qkv_bias: bool = True, qk_norm_eps: float | None = None
+        self,
+        dim: int,
+        heads: int,
+        dropout: float = 0.0,
+        qkv_bias: bool = True,
+        qk_norm_eps: float | None = None,
+        *,
+        out_norm_eps: float | None = None,
+        prefix: int = 0,
+        rope_half: bool = False,
+        rel_pos_rows: int = 0,
     ) -> None:
         super().__init__()
         self.heads = heads
@@ -225,23 +320,38 @@ class Attention(nn.Module):
         # qk-norm: each head's queries and keys normalised before their product
         self.q_norm = nn.LayerNorm(self.head_dim, eps=qk_norm_eps) if qk_norm_eps else nn.Identity()
         self.k_norm = nn.LayerNorm(self.head_dim, eps=qk_norm_eps) if qk_norm_eps else nn.Identity()
+        self.norm = nn.LayerNorm(dim, eps=out_norm_eps) if out_norm_eps else nn.Identity()  # EVA-02's sub-LN
         self.proj = nn.Linear(dim, dim)
         self.attn_drop = dropout
         self.proj_drop = nn.Dropout(dropout)
+        self.prefix, self.rope_half = prefix, rope_half  # rotary positions turn the patch tokens only
+        # relative position bias: one learned value per head and relative offset (rows of rel_pos_index)
+        self.rel_pos_table = nn.Parameter(torch.zeros(rel_pos_rows, heads)) if rel_pos_rows else None
 
-    def forward(self, x: Tensor, return_attention: bool = False) -> tuple[Tensor, Tensor | None]:
+    def forward(
+        self, x: Tensor, return_attention: bool = False, rope: Tensor | None = None, rel_pos: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None]:
+        """Tokens (B, N, dim) -> (B, N, dim), and the weights when asked for; `rope` is this block's rotary table
+        and `rel_pos` the (N, N) index into the relative position table, for the models that have them."""
         B, N, C = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # each (B, nh, N, hs)
         q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q = apply_rope(q, rope, self.prefix, self.rope_half)
+            k = apply_rope(k, rope, self.prefix, self.rope_half)
+        bias = None
+        if self.rel_pos_table is not None and rel_pos is not None:
+            bias = self.rel_pos_table[rel_pos].permute(2, 0, 1).to(q.dtype)  # (nh, N, N)
         drop = self.attn_drop if self.training else 0.0
         attn: Tensor | None = None
         if return_attention:
-            attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, nh, N, N)
+            scores = (q * self.scale) @ k.transpose(-2, -1)
+            attn = (scores if bias is None else scores + bias).softmax(dim=-1)  # (B, nh, N, N)
             y = F.dropout(attn, drop, self.training) @ v
         else:
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop)
-        y = y.transpose(1, 2).reshape(B, N, C)  # (B, N, nh*hs)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=drop)
+        y = self.norm(y.transpose(1, 2).reshape(B, N, C))  # (B, N, nh*hs)
         return self.proj_drop(self.proj(y)), attn
 
 
@@ -252,16 +362,33 @@ class QuickGELU(nn.Module):
         return x * torch.sigmoid(1.702 * x)
 
 
+class SwiGLU(nn.Module):
+    """silu(gate) * value, from the first layer's output laid out as [gate, value] (Shazeer 2020)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, value = x.chunk(2, dim=-1)
+        return F.silu(gate) * value
+
+
 class MLP(nn.Module):
-    def __init__(self, dim: int, hidden: int, dropout: float = 0.0, activation: Activation = "gelu") -> None:
+    def __init__(
+        self,
+        dim: int,
+        hidden: int,
+        dropout: float = 0.0,
+        activation: Activation = "gelu",
+        norm_eps: float | None = None,
+    ) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(dim, hidden)
-        self.act = QuickGELU() if activation == "quick_gelu" else nn.GELU()
+        gated = activation == "swiglu"
+        self.fc1 = nn.Linear(dim, 2 * hidden if gated else hidden)
+        self.act = SwiGLU() if gated else QuickGELU() if activation == "quick_gelu" else nn.GELU()
+        self.norm = nn.LayerNorm(hidden, eps=norm_eps) if norm_eps else nn.Identity()  # EVA-02's sub-LN
         self.fc2 = nn.Linear(hidden, dim)
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.drop(self.fc2(self.act(self.fc1(x))))
+        return self.drop(self.fc2(self.norm(self.act(self.fc1(x)))))
 
 
 def axial_mask(grid: int, prefix: int, axis: str) -> Tensor:
@@ -295,8 +422,10 @@ class AxialAttention(Attention):
         self.mask: Tensor
         self.register_buffer("mask", axial_mask(grid, prefix, axis), persistent=False)
 
-    def forward(self, x: Tensor, return_attention: bool = False) -> tuple[Tensor, Tensor | None]:
-        B, N, C = x.shape
+    def forward(
+        self, x: Tensor, return_attention: bool = False, rope: Tensor | None = None, rel_pos: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None]:
+        B, N, C = x.shape  # (rotary and relative positions are for full attention: the config refuses them here)
         qkv = self.qkv(x).reshape(B, N, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # each (B, nh, P + g*g, hs)
         drop = self.attn_drop if self.training else 0.0
@@ -394,7 +523,17 @@ class Block(nn.Module):
 
         def attention(axis: str) -> Attention:
             if c.attention_pattern == "full":
-                return Attention(c.dim, c.heads, c.dropout, c.qkv_bias, c.norm_eps if c.qk_norm else None)
+                return Attention(
+                    c.dim,
+                    c.heads,
+                    c.dropout,
+                    c.qkv_bias,
+                    c.norm_eps if c.qk_norm else None,
+                    out_norm_eps=c.norm_eps if c.attn_norm else None,
+                    prefix=c.num_prefix_tokens,
+                    rope_half=c.rope_half,
+                    rel_pos_rows=(2 * c.grid_size - 1) ** 2 + 3 if c.rel_pos_bias else 0,
+                )
             return AxialAttention(c.dim, c.heads, c.dropout, c.qkv_bias, c.grid_size, c.num_prefix_tokens, axis)
 
         self.ln_1 = nn.LayerNorm(c.dim, eps=c.norm_eps)
@@ -406,7 +545,7 @@ class Block(nn.Module):
             self.attn_col = attention("col")
             self.ls_col = layer_scale()
         self.ln_2 = nn.LayerNorm(c.dim, eps=c.norm_eps)
-        self.mlp = MLP(c.dim, int(c.dim * c.mlp_ratio), c.dropout, c.activation)
+        self.mlp = MLP(c.dim, int(c.dim * c.mlp_ratio), c.dropout, c.activation, c.norm_eps if c.mlp_norm else None)
         self.ls_2 = layer_scale()
 
     def attention_layers(self) -> list[tuple[Attention, nn.Module, nn.Module]]:
@@ -424,11 +563,13 @@ class Block(nn.Module):
             return norm(x + y)
         return x + norm(y) if self.norm == "res_post" else x + y
 
-    def forward(self, x: Tensor, return_attention: bool = False) -> tuple[Tensor, list[Tensor]]:
+    def forward(
+        self, x: Tensor, return_attention: bool = False, rope: Tensor | None = None, rel_pos: Tensor | None = None
+    ) -> tuple[Tensor, list[Tensor]]:
         """Tokens (B, T, dim) -> tokens, and each attention layer's weights when asked for."""
         attentions: list[Tensor] = []
         for attention, norm, scale in self.attention_layers():
-            y, attn = attention(self.branch_input(x, norm), return_attention)
+            y, attn = attention(self.branch_input(x, norm), return_attention, rope, rel_pos)
             x = self.add_branch(x, scale(y), norm)
             if attn is not None:
                 attentions.append(attn)
@@ -461,12 +602,25 @@ class ViT(nn.Module):
         self.dist_token = nn.Parameter(torch.zeros(1, 1, c.dim)) if c.dist_token else None
         self.reg_token = nn.Parameter(torch.zeros(1, c.reg_tokens, c.dim)) if c.reg_tokens else None
         embedded = c.num_embedded_prefix_tokens
-        self.pos_embed: Tensor
+        self.pos_embed: Tensor | None
         if c.pos_embed == "learned":
             self.pos_embed = nn.Parameter(torch.zeros(1, embedded + c.num_patches, c.dim))
+        elif c.pos_embed == "none":  # positions from rotary embeddings or relative bias alone
+            self.pos_embed = None
         else:  # fixed tables are rebuilt from the config, so they stay out of the state dict
             table = build_pos_embed(c.pos_embed, c.grid_size, c.dim, embedded)
             self.register_buffer("pos_embed", table, persistent=False)
+        self.rope: Tensor | None  # a buffer in the weights: converted models carry their source's exact table
+        head_dim = c.dim // c.heads
+        if c.rope == "axial":
+            self.register_buffer("rope", axial_rope(c.grid_size, head_dim, c.rope_half))
+        elif c.rope == "mixed":
+            self.register_buffer("rope", mixed_rope(c.depth, c.heads, c.grid_size, head_dim))
+        else:
+            self.register_buffer("rope", None)
+        self.rel_pos: Tensor | None
+        index = rel_pos_index(c.grid_size, c.num_prefix_tokens) if c.rel_pos_bias else None
+        self.register_buffer("rel_pos", index, persistent=False)
         self.drop = nn.Dropout(c.dropout)
         self.norm_pre = nn.LayerNorm(c.dim, eps=c.norm_eps) if c.pre_norm else nn.Identity()
         self.blocks = nn.ModuleList([Block(c) for _ in range(c.depth)])
@@ -483,7 +637,9 @@ class ViT(nn.Module):
         )
         self.head_dist = nn.Linear(c.dim, c.num_classes) if c.dist_token else None
         self.attn_pool = (
-            AttentionPool(c.dim, c.heads, c.mlp_ratio, c.norm_eps, c.activation) if c.pool == "map" else None
+            AttentionPool(c.dim, c.pool_heads or c.heads, c.mlp_ratio, c.norm_eps, c.activation)
+            if c.pool == "map"
+            else None
         )
         self._init_weights()
 
@@ -552,7 +708,7 @@ class ViT(nn.Module):
     def no_weight_decay(self) -> set[str]:
         """Parameter names that AdamW should not decay (besides biases and norm weights)."""
         names = {"pos_embed", "cls_token", "dist_token", "reg_token"}
-        return {n for n, _ in self.named_parameters() if n in names}
+        return {n for n, _ in self.named_parameters() if n in names or n.endswith(".rel_pos_table")}
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -565,8 +721,9 @@ class ViT(nn.Module):
         x = self.patch_embed(x)  # (B, N, dim)
         x = self.norm_pre(self.drop(self.add_prefix_and_positions(x)))  # (B, P + N, dim)
         attentions: list[Tensor] = []
-        for block in self.blocks:
-            x, attns = block(x, return_attention)
+        for i, block in enumerate(self.blocks):
+            rope = self.rope[i] if self.rope is not None and self.config.rope == "mixed" else self.rope
+            x, attns = block(x, return_attention, rope, self.rel_pos)
             attentions += attns
         return self.norm(x), attentions
 
@@ -574,6 +731,8 @@ class ViT(nn.Module):
         """Patch tokens (B, N, dim) -> CLS, registers and patches with positions (B, P + N, dim)."""
         B = x.shape[0]
         prefix = [t.expand(B, -1, -1) for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
+        if self.pos_embed is None:
+            return torch.cat([*prefix, x], dim=1)
         if self.config.no_embed_class:
             return torch.cat([*prefix, x + self.pos_embed], dim=1)
         return torch.cat([*prefix, x], dim=1) + self.pos_embed
@@ -594,11 +753,16 @@ class ViT(nn.Module):
 
     def pool(self, x: Tensor, return_attention: bool = False) -> tuple[Tensor, Tensor | None]:
         """Token features (B, P + N, dim) -> (B, dim) as the config pools them, and the attention pooling's
-        weights over the patches (B, heads, 1, N) when it pools so and they are asked for (it reads the patch
-        tokens only, as timm's does unless `pool_include_prefix`)."""
+        weights over all tokens (B, heads, 1, P + N) when it pools so and they are asked for: it reads the patch
+        tokens only, as timm's VisionTransformer does unless `pool_include_prefix` (the prefix tokens' weights
+        are then zero), or every token, as timm's Eva does."""
+        P = self.num_prefix_tokens
         if self.attn_pool is not None:
-            return self.attn_pool(x[:, self.num_prefix_tokens :], return_attention)
-        return (x[:, 0] if self.config.pool == "cls" else x[:, self.num_prefix_tokens :].mean(dim=1)), None
+            pooled, weights = self.attn_pool(x if self.config.pool_prefix else x[:, P:], return_attention)
+            if weights is not None and not self.config.pool_prefix:
+                weights = F.pad(weights, (P, 0))
+            return pooled, weights
+        return (x[:, 0] if self.config.pool == "cls" else x[:, P:].mean(dim=1)), None
 
     def forward(self, x: Tensor) -> Tensor:
         """Images (B, C, H, W) -> logits (B, num_classes), through the fused attention path."""
@@ -618,7 +782,7 @@ class ViT(nn.Module):
 
     def forward_with_attention(self, x: Tensor) -> tuple[Tensor, list[Tensor]]:
         """Logits and every attention layer's weights, each (B, heads, P + N, P + N); two per axial block; with
-        attention pooling, its weights over the patches (B, heads, 1, N) last."""
+        attention pooling, its weights over the tokens (B, heads, 1, P + N) last."""
         logits, _, attentions = self.forward_with_embedding(x, return_attention=True)
         return logits, attentions
 

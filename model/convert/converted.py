@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -109,6 +110,8 @@ def numbered_classes(num_classes: int) -> list[str]:
 def mlp_ratio(dim: int, hidden: int) -> float:
     """The ratio that makes int(dim * ratio) == hidden, as our MLP computes its width."""
     ratio = hidden / dim
+    if int(dim * ratio) != hidden:  # hidden / dim rounded down a hair (512 / 192): the next float up
+        ratio = math.nextafter(ratio, math.inf)
     if int(dim * ratio) != hidden:
         raise unsupported(f"an MLP width of {hidden} for width {dim} (not expressible as a ratio)")
     return ratio

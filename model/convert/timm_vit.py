@@ -18,9 +18,17 @@ from model.convert.converted import (
     rename_key,
     unsupported,
 )
+from model.convert.timm_eva import eva_config, eva_state
+from model.convert.timm_parts import (
+    activation_of,
+    check_attention_pool,
+    check_patch_embed,
+    layer_norm_eps,
+    pool_heads,
+)
 from model.convert.weights_file import read_state_dict
 from model.preprocessing import Preprocessing
-from model.vit import Activation, Pool, ViTConfig
+from model.vit import Pool, ViTConfig
 
 RENAMES: Renames = [  # timm name -> ours; everything else is already named alike
     (re.compile(r"^blocks\.(\d+)\.norm1\."), r"blocks.\1.ln_1."),
@@ -91,8 +99,12 @@ def from_timm_model(m: Any) -> Converted:
     import timm
     from timm.data import resolve_data_config
 
-    config = timm_config(m)
-    state = {rename_key(k, RENAMES): v for k, v in m.state_dict().items()}
+    if type(m).__name__ == "Eva":  # EVA-02 and the rotary ViTs
+        config = eva_config(m)
+        state = eva_state(m, config)
+    else:
+        config = timm_config(m)
+        state = {rename_key(k, RENAMES): v for k, v in m.state_dict().items()}
     if m.patch_embed.proj.bias is None:  # CLIP-style bias-free patch embedding: a zero bias is the same
         state["patch_embed.proj.bias"] = torch.zeros(config.dim)
     preprocessing = timm_preprocessing(resolve_data_config(model=m), config)
@@ -102,24 +114,24 @@ def from_timm_model(m: Any) -> Converted:
 
 def timm_config(m: Any) -> ViTConfig:
     """Our config for a timm ViT; raises ConversionError naming the first feature we lack."""
-    from timm.layers import Mlp, PatchEmbed
+    from timm.layers import Mlp
     from timm.layers.attention import Attention
     from timm.models.vision_transformer import Block, LayerScale, ResPostBlock, VisionTransformer
 
     distilled = type(m).__name__ == "VisionTransformerDistilled"  # DeiT: a distillation token and its head
     if type(m) is not VisionTransformer and not distilled:
-        raise unsupported(f"the model class {type(m).__name__} (timm's VisionTransformer and DeiT distilled convert)")
+        raise unsupported(
+            f"the model class {type(m).__name__} (timm's VisionTransformer, DeiT distilled and Eva convert)"
+        )
     if m.global_pool not in ("token", "avg", "map"):
         raise unsupported(f"global_pool={m.global_pool!r} (token, avg and map are supported)")
-    if getattr(m, "pool_include_prefix", False):
-        raise unsupported("pooling over the prefix tokens (pool_include_prefix=True)")
+    include_prefix = bool(getattr(m, "pool_include_prefix", False))
+    if include_prefix and m.global_pool != "map":
+        raise unsupported(f"{m.global_pool} pooling over the prefix tokens (pool_include_prefix=True)")
     if m.pos_embed is None:
         raise unsupported("no absolute position embedding (pos_embed='none')")
     pe = m.patch_embed
-    if type(pe) is not PatchEmbed or not isinstance(pe.norm, nn.Identity) or not isinstance(pe.proj, nn.Conv2d):
-        raise unsupported("a patch embedding other than one convolution (embed_layer, embed_norm_layer)")
-    if pe.proj.kernel_size != pe.proj.stride or pe.img_size[0] != pe.img_size[1]:
-        raise unsupported(f"overlapping patches or a non-square input {tuple(pe.img_size)}")
+    check_patch_embed(pe)
     if not isinstance(m.head, nn.Linear):
         raise unsupported("no classification head (num_classes=0)", "convert a model with a head")
     norms: list[nn.Module] = [m.norm_pre, m.norm, m.fc_norm]
@@ -155,7 +167,7 @@ def timm_config(m: Any) -> ViTConfig:
             raise unsupported("layer scale on some blocks only")
         norms += [b.norm1, b.norm2]
     if m.global_pool == "map":
-        norms.append(check_attention_pool(m.attn_pool, first))
+        norms.append(check_attention_pool(m.attn_pool, int(first.mlp.fc1.out_features), activation_of(first.mlp.act)))
     eps = layer_norm_eps([n for n in norms if not isinstance(n, nn.Identity)])
     if isinstance(m.norm, nn.Identity) and isinstance(m.fc_norm, nn.Identity):
         raise unsupported("no final norm (final_norm=False)")
@@ -175,6 +187,8 @@ def timm_config(m: Any) -> ViTConfig:
         reg_tokens=int(m.num_reg_tokens),
         no_embed_class=bool(m.no_embed_class),
         pool=POOLS[m.global_pool],
+        pool_heads=pool_heads(m),
+        pool_prefix=include_prefix,
         fc_norm=isinstance(m.fc_norm, nn.LayerNorm),
         layer_scale=layer_scale,
         pre_norm=isinstance(m.norm_pre, nn.LayerNorm),
@@ -183,51 +197,6 @@ def timm_config(m: Any) -> ViTConfig:
         qk_norm=qk_norm,
         dist_token=distilled,
     )
-
-
-def check_attention_pool(pool: Any, block: Any) -> nn.Module:
-    """SigLIP's MAP head as our AttentionPool has it (one learned query, the blocks' heads and MLP width);
-    returns its norm, whose epsilon must be the model's."""
-    from timm.layers import AttentionPoolLatent, Mlp
-
-    if type(pool) is not AttentionPoolLatent:
-        raise unsupported(f"attention pooling of type {type(pool).__name__}")
-    if pool.latent_len != 1 or pool.pos_embed is not None or pool.pool != "token" or not isinstance(pool.q, nn.Linear):
-        raise unsupported("attention pooling with several queries, positions or no query projection")
-    if not (isinstance(pool.q_norm, nn.Identity) and isinstance(pool.k_norm, nn.Identity)):
-        raise unsupported("attention pooling with qk-norm")
-    if pool.num_heads != block.attn.num_heads or pool.latent.shape[-1] != pool.kv.in_features:
-        raise unsupported("attention pooling with other heads or width than the blocks'")
-    mlp = pool.mlp
-    if (
-        type(mlp) is not Mlp
-        or not isinstance(mlp.norm, nn.Identity)
-        or mlp.fc1.out_features != block.mlp.fc1.out_features
-    ):
-        raise unsupported("attention pooling with another MLP than the blocks'")
-    if activation_of(mlp.act) != activation_of(block.mlp.act):
-        raise unsupported("attention pooling with another activation than the blocks'")
-    return pool.norm
-
-
-def activation_of(act: nn.Module) -> Activation:
-    """The MLP's activation by our name: exact GELU, or QuickGELU (OpenAI CLIP)."""
-    if type(act) is nn.GELU and act.approximate == "none":
-        return "gelu"
-    if type(act).__name__ == "QuickGELU":
-        return "quick_gelu"
-    raise unsupported(f"the activation {act!r} (exact GELU and QuickGELU are supported)")
-
-
-def layer_norm_eps(norms: list[nn.Module]) -> float:
-    """The one epsilon all the model's norms share (each must be an affine LayerNorm)."""
-    for n in norms:
-        if not isinstance(n, nn.LayerNorm) or not n.elementwise_affine or n.bias is None:
-            raise unsupported(f"the norm layer {type(n).__name__} (only affine LayerNorm)")
-    eps = {float(n.eps) for n in norms}  # type: ignore[arg-type]
-    if len(eps) != 1:
-        raise unsupported(f"LayerNorms with different epsilons {sorted(eps)}")
-    return eps.pop()
 
 
 def timm_classes(m: Any, num_classes: int) -> list[str]:

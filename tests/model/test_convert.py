@@ -23,6 +23,7 @@ from model.convert.__main__ import main as convert_main
 from model.convert.converted import ConversionError, check_equal
 from model.convert.timm_vit import from_timm_model
 from model.convert.torchvision_vit import matching_recipe, torchvision_preprocessing
+from model.rollout import attention_map
 from model.vit import ViTConfig
 from tests.support.checkpoints import Pretrained
 
@@ -125,9 +126,47 @@ def test_timm_options_convert_exactly(kwargs: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize(
+    ("arch", "kwargs"),
+    [
+        ("eva02_tiny_patch14_224", {}),  # EVA-02: rotary positions, packed SwiGLU, EVA's q and v biases
+        ("eva02_tiny_patch14_224", {"qkv_fused": False, "swiglu_mlp": True, "scale_mlp": True}),  # EVA-02 base's
+        ("eva02_tiny_patch14_224", {"scale_attn_inner": True, "global_pool": "token"}),  # EVA-02 CLIP's sub-LN
+        ("vit_small_patch16_rope_mixed_ape_224", {}),  # RoPE-Mixed: a table per block and head; no_embed_class
+        ("vit_small_patch16_dinov3", {}),  # DINOv3's rotate-half rotary layout, registers, layer scale
+        ("vit_medium_patch16_rope_reg1_gap_256", {}),  # no CLS, no absolute positions
+        ("vit_pe_core_tiny_patch16_384", {}),  # Perception Encoder: pooling over every token with its own heads
+    ],
+)
+def test_timm_eva_models_convert_exactly(arch: str, kwargs: dict[str, Any]) -> None:
+    """Logits, embeddings and attention maps of timm's Eva class (two blocks, jittered random weights)."""
+    torch.manual_seed(0)
+    m = timm.create_model(arch, pretrained=False, num_classes=5, depth=2, **kwargs).eval()
+    with torch.no_grad():
+        for p in m.parameters():  # zero-initialised biases and tiny layer scales would hide a mismatch
+            p.add_(torch.randn_like(p) * 0.02)
+    converted = from_timm_model(m)
+    model = converted.build()
+    assert check_equal(model, converted) <= 1e-5
+    size = converted.config.image_size
+    x = torch.randn(2, 3, size, size)
+    with torch.inference_mode():
+        torch.testing.assert_close(model(x), m(x), atol=ATOL, rtol=0)
+        pre_logits = m.forward_head(m.forward_features(x), pre_logits=True)
+        logits, embedding, attentions = model.forward_with_embedding(x, return_attention=True)
+        torch.testing.assert_close(embedding, pre_logits, atol=ATOL, rtol=0)
+        torch.testing.assert_close(logits, m(x), atol=ATOL, rtol=0)  # the explicit-softmax path too
+    grid = converted.config.grid_size
+    for method in ("rollout", "last"):
+        maps = attention_map(attentions, method, model.readout)
+        assert maps.shape == (2, grid, grid) and float(maps.amax()) == 1.0
+
+
+@pytest.mark.parametrize(
     ("build", "feature"),
     [
-        (lambda: timm.create_model("eva02_tiny_patch14_224"), "the model class Eva"),
+        (lambda: timm.create_model("vit_dwee_patch16_reg1_gap_256"), "attention of type DiffAttention"),
+        (lambda: timm.create_model("eva02_tiny_patch14_224", num_classes=5, global_pool="avgmax"), "'avgmax'"),
+        (lambda: timm.create_model("vit_small_patch16_rope_224", depth=2, use_post_norm=True), "EvaBlockPostNorm"),
         (lambda: timm.create_model("vit_tiny_patch16_224", block_fn=ParallelScalingBlock), "ParallelScalingBlock"),
         (lambda: timm.create_model("vit_tiny_patch16_224", global_pool="max"), "global_pool='max'"),
         (lambda: timm.create_model("vit_tiny_patch16_224", num_classes=0), "no classification head"),
@@ -140,8 +179,8 @@ def test_timm_features_we_lack_are_refused_by_name(build: Callable[[], Any], fea
 
 
 def test_refusal_through_the_cli_exits_2_with_one_line(tmp_path: Path) -> None:
-    m = timm.create_model("eva02_tiny_patch14_336")
-    torch.save(m.state_dict(), tmp_path / "eva.pth")
+    m = timm.create_model("vit_dwee_patch16_reg1_gap_256")  # differential attention
+    torch.save(m.state_dict(), tmp_path / "dwee.pth")
     r = subprocess.run(
         [
             sys.executable,
@@ -149,9 +188,9 @@ def test_refusal_through_the_cli_exits_2_with_one_line(tmp_path: Path) -> None:
             "model.convert",
             "timm",
             "--arch",
-            "eva02_tiny_patch14_336",
+            "vit_dwee_patch16_reg1_gap_256",
             "--weights",
-            str(tmp_path / "eva.pth"),
+            str(tmp_path / "dwee.pth"),
             "--output",
             str(tmp_path / "out.safetensors"),
         ],
@@ -160,7 +199,8 @@ def test_refusal_through_the_cli_exits_2_with_one_line(tmp_path: Path) -> None:
         timeout=120,
     )
     assert r.returncode == 2
-    assert "error: unsupported feature: the model class Eva" in r.stderr and "Traceback" not in r.stderr
+    assert "error: unsupported feature: block 0: attention of type DiffAttention" in r.stderr
+    assert "Traceback" not in r.stderr
     assert not (tmp_path / "out.safetensors").exists()
 
 
