@@ -151,6 +151,10 @@ OPTIONS: list[dict[str, object]] = [
     {"dist_token": True},
     {"pool": "map", "class_token": False},
     {"pool": "map", "reg_tokens": 1},
+    {"pool": "map", "pool_prefix": True, "pool_heads": 4},
+    {"rope": "axial", "activation": "swiglu", "mlp_norm": True, "attn_norm": True},
+    {"rope": "mixed", "rope_half": True, "pos_embed": "none", "reg_tokens": 2},
+    {"rel_pos_bias": True, "pos_embed": "none", "layer_scale": True, "pool": "avg", "fc_norm": True},
 ]
 
 
@@ -158,7 +162,7 @@ OPTIONS: list[dict[str, object]] = [
 def test_options_keep_fused_and_explicit_attention_equal(options: dict[str, object]) -> None:
     model = tiny_model(ViTConfig(**{**TINY.to_dict(), **options}))
     for name, p in model.named_parameters():  # layer scale starts tiny and tokens near zero: make every path count
-        if name.endswith("gamma") or name in ("cls_token", "dist_token", "reg_token"):
+        if name.endswith(("gamma", "rel_pos_table")) or name in ("cls_token", "dist_token", "reg_token"):
             torch.nn.init.normal_(p, std=0.5)
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
@@ -166,8 +170,11 @@ def test_options_keep_fused_and_explicit_attention_equal(options: dict[str, obje
         explicit, attentions = model.forward_with_attention(x)
     torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=1e-5)
     tokens = model.num_prefix_tokens + TINY.num_patches
-    if model.attn_pool is not None:  # the pooling's weights over the patches come last
-        assert attentions.pop().shape == (2, TINY.heads, 1, TINY.num_patches)
+    if model.attn_pool is not None:  # the pooling's weights over the tokens come last
+        pooling = attentions.pop()
+        assert pooling.shape == (2, model.config.pool_heads or TINY.heads, 1, tokens)
+        prefix = pooling[..., : model.num_prefix_tokens]  # zero where it reads the patches alone
+        assert bool((prefix == 0).all()) != model.config.pool_prefix
     assert all(a.shape == (2, TINY.heads, tokens, tokens) for a in attentions)
 
 
