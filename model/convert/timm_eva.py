@@ -10,13 +10,16 @@ from torch import Tensor, nn
 
 from model.convert.converted import mlp_ratio, unsupported
 from model.convert.timm_parts import (
-    activation_of,
+    block_state,
     check_attention_pool,
     check_patch_embed,
     layer_norm_eps,
+    mlp_hidden,
+    mlp_kind,
     pool_heads,
+    qkv_weight_and_bias,
 )
-from model.vit import Activation, Pool, Rope, ViTConfig
+from model.vit import Pool, Rope, ViTConfig
 
 POOLS: dict[str, Pool] = {"token": "cls", "avg": "avg", "map": "map"}  # timm's global_pool -> ours
 ROPES: dict[str, Rope] = {  # timm's rotary modules that give one table per model, or one per block and head
@@ -125,39 +128,6 @@ def rope_table(m: Any) -> Tensor:
     return m.rope.get_embed(shape=list(m.patch_embed.grid_size)).float()
 
 
-def mlp_kind(mlp: Any) -> Activation:
-    """The MLP's activation by our name: GELU or QuickGELU MLPs, and SwiGLU packed or in two layers."""
-    from timm.layers import GluMlp, Mlp, SwiGLU
-
-    if type(mlp) is Mlp and isinstance(mlp.fc1, nn.Linear):
-        return activation_of(mlp.act)
-    if type(mlp) is GluMlp and isinstance(mlp.act, nn.SiLU) and not mlp.gate_last and mlp.chunk_dim == -1:
-        return "swiglu"
-    if type(mlp) is SwiGLU and isinstance(mlp.act, nn.SiLU):
-        return "swiglu"
-    raise unsupported(f"an MLP of type {type(mlp).__name__} (GELU, QuickGELU and SwiGLU MLPs convert)")
-
-
-def mlp_hidden(mlp: Any) -> int:
-    """Width of the MLP's hidden units (after the gate)."""
-    return int(mlp.fc2.in_features)
-
-
-def qkv_weight_and_bias(a: Any) -> tuple[Tensor, Tensor | None]:
-    """One fused query-key-value projection, from a fused one with EVA's separate q and v biases (the key has
-    none), or from three projections."""
-    if a.qkv is not None:
-        weight = a.qkv.weight
-        if getattr(a, "q_bias", None) is not None:
-            return weight, torch.cat([a.q_bias, torch.zeros_like(a.q_bias), a.v_bias])
-        return weight, a.qkv.bias
-    weight = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
-    projections = (a.q_proj, a.k_proj, a.v_proj)
-    if all(p.bias is None for p in projections):
-        return weight, None
-    return weight, torch.cat([p.bias if p.bias is not None else torch.zeros(p.out_features) for p in projections])
-
-
 def eva_state(m: Any, config: ViTConfig) -> dict[str, Tensor]:
     """Our state dict from a timm Eva's modules."""
     state: dict[str, Tensor] = {}
@@ -170,28 +140,5 @@ def eva_state(m: Any, config: ViTConfig) -> dict[str, Tensor]:
     if config.rope != "none":
         state["rope"] = rope_table(m)
     for i, b in enumerate(m.blocks):
-        ours = f"blocks.{i}."
-        for theirs, mine in (("norm1", "ln_1"), ("norm2", "ln_2")):
-            for name, p in getattr(b, theirs).state_dict().items():
-                state[f"{ours}{mine}.{name}"] = p
-        if b.gamma_1 is not None:
-            state[f"{ours}ls_1.gamma"], state[f"{ours}ls_2.gamma"] = b.gamma_1, b.gamma_2
-        a = b.attn
-        weight, bias = qkv_weight_and_bias(a)
-        state[f"{ours}attn.qkv.weight"] = weight
-        if bias is not None:
-            state[f"{ours}attn.qkv.bias"] = bias
-        for part in ("q_norm", "k_norm", "norm", "proj"):
-            for name, p in getattr(a, part, nn.Identity()).state_dict().items():
-                state[f"{ours}attn.{part}.{name}"] = p
-        mlp = b.mlp
-        if hasattr(mlp, "fc1_g"):  # SwiGLU in two layers: packed as [gate, value]
-            state[f"{ours}mlp.fc1.weight"] = torch.cat([mlp.fc1_g.weight, mlp.fc1_x.weight])
-            state[f"{ours}mlp.fc1.bias"] = torch.cat([mlp.fc1_g.bias, mlp.fc1_x.bias])
-        else:
-            for name, p in mlp.fc1.state_dict().items():
-                state[f"{ours}mlp.fc1.{name}"] = p
-        for part in ("norm", "fc2"):
-            for name, p in getattr(mlp, part).state_dict().items():
-                state[f"{ours}mlp.{part}.{name}"] = p
+        state |= block_state(b, f"blocks.{i}.", (b.gamma_1, b.gamma_2))
     return state

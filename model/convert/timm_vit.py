@@ -1,41 +1,31 @@
-"""timm `VisionTransformer` -> our ViT: the same network, so the weights map almost name for name."""
+"""timm's ViTs -> our ViT: `VisionTransformer` and DeiT distilled (the same network, so the weights map almost name
+for name) here; `Eva` (timm_eva.py), and `Beit` and `VisionTransformerRelPos` (timm_relpos.py) through theirs."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from model.convert.converted import (
-    ConversionError,
-    Converted,
-    Renames,
-    mlp_ratio,
-    numbered_classes,
-    rename_key,
-    unsupported,
-)
+from model.convert.converted import ConversionError, Converted, mlp_ratio, numbered_classes, unsupported
 from model.convert.timm_eva import eva_config, eva_state
 from model.convert.timm_parts import (
-    activation_of,
+    block_state,
     check_attention_pool,
     check_patch_embed,
     layer_norm_eps,
+    layer_scales,
+    mlp_hidden,
+    mlp_kind,
     pool_heads,
 )
+from model.convert.timm_relpos import relpos_config, relpos_state
 from model.convert.weights_file import read_state_dict
 from model.preprocessing import Preprocessing
 from model.vit import Pool, ViTConfig
 
-RENAMES: Renames = [  # timm name -> ours; everything else is already named alike
-    (re.compile(r"^blocks\.(\d+)\.norm1\."), r"blocks.\1.ln_1."),
-    (re.compile(r"^blocks\.(\d+)\.norm2\."), r"blocks.\1.ln_2."),
-    (re.compile(r"^blocks\.(\d+)\.ls1\."), r"blocks.\1.ls_1."),
-    (re.compile(r"^blocks\.(\d+)\.ls2\."), r"blocks.\1.ls_2."),
-]
 CROP_MODES = {"center": "center_crop", "squash": "squash"}
 POOLS: dict[str, Pool] = {"token": "cls", "avg": "avg", "map": "map"}  # timm's global_pool -> ours
 BLOCK_KINDS = {  # timm's other block types, by what they do
@@ -102,9 +92,14 @@ def from_timm_model(m: Any) -> Converted:
     if type(m).__name__ == "Eva":  # EVA-02 and the rotary ViTs
         config = eva_config(m)
         state = eva_state(m, config)
+    elif type(m).__name__ in ("Beit", "VisionTransformerRelPos"):  # relative position bias
+        config = relpos_config(m)
+        state = relpos_state(m, config)
     else:
         config = timm_config(m)
-        state = {rename_key(k, RENAMES): v for k, v in m.state_dict().items()}
+        state = {k: v for k, v in m.state_dict().items() if not k.startswith("blocks.")}
+        for i, b in enumerate(m.blocks):
+            state |= block_state(b, f"blocks.{i}.", layer_scales(b))
     if m.patch_embed.proj.bias is None:  # CLIP-style bias-free patch embedding: a zero bias is the same
         state["patch_embed.proj.bias"] = torch.zeros(config.dim)
     preprocessing = timm_preprocessing(resolve_data_config(model=m), config)
@@ -114,14 +109,13 @@ def from_timm_model(m: Any) -> Converted:
 
 def timm_config(m: Any) -> ViTConfig:
     """Our config for a timm ViT; raises ConversionError naming the first feature we lack."""
-    from timm.layers import Mlp
     from timm.layers.attention import Attention
     from timm.models.vision_transformer import Block, LayerScale, ResPostBlock, VisionTransformer
 
     distilled = type(m).__name__ == "VisionTransformerDistilled"  # DeiT: a distillation token and its head
     if type(m) is not VisionTransformer and not distilled:
         raise unsupported(
-            f"the model class {type(m).__name__} (timm's VisionTransformer, DeiT distilled and Eva convert)"
+            f"the model class {type(m).__name__} (timm's VisionTransformer, DeiT distilled, Eva, Beit and VisionTransformerRelPos convert)"
         )
     if m.global_pool not in ("token", "avg", "map"):
         raise unsupported(f"global_pool={m.global_pool!r} (token, avg and map are supported)")
@@ -149,25 +143,28 @@ def timm_config(m: Any) -> ViTConfig:
         a, mlp = b.attn, b.mlp
         if type(a) is not Attention:
             raise unsupported(f"block {i}: attention of type {type(a).__name__}")
-        if not isinstance(getattr(a, "norm", nn.Identity()), nn.Identity):
-            raise unsupported(f"block {i}: a norm inside attention (scale_attn_norm, as in BEiT-3)")
+        inner = getattr(a, "norm", nn.Identity())  # a norm before the output projection (BEiT-3's scale_attn_norm)
+        if isinstance(inner, nn.Identity) != isinstance(getattr(first.attn, "norm", nn.Identity()), nn.Identity):
+            raise unsupported("a norm inside attention on some blocks only")
+        norms.append(inner)
         if any(isinstance(n, nn.LayerNorm) != qk_norm for n in (a.q_norm, a.k_norm)):
             raise unsupported(f"block {i}: qk-norm other than a LayerNorm on queries and keys of every block")
         if qk_norm:
             norms += [a.q_norm, a.k_norm]
         if a.proj.bias is None or (a.qkv.bias is None) != (first.attn.qkv.bias is None):
             raise unsupported(f"block {i}: attention projection without bias (proj_bias=False)")
-        if type(mlp) is not Mlp or not isinstance(mlp.norm, nn.Identity) or not isinstance(mlp.fc1, nn.Linear):
-            raise unsupported(f"block {i}: an MLP other than Linear-GELU-Linear (mlp_layer, scale_mlp_norm)")
-        if activation_of(mlp.act) != activation_of(first.mlp.act):
-            raise unsupported("different activations in different blocks")
+        if mlp_kind(mlp) != mlp_kind(first.mlp) or mlp_hidden(mlp) != mlp_hidden(first.mlp):
+            raise unsupported("MLPs that differ between blocks")
+        if isinstance(mlp.norm, nn.Identity) != isinstance(first.mlp.norm, nn.Identity):
+            raise unsupported("an MLP norm on some blocks only")
+        norms.append(mlp.norm)
         if not res_post and (
             isinstance(b.ls1, LayerScale) != layer_scale or isinstance(b.ls2, LayerScale) != layer_scale
         ):
             raise unsupported("layer scale on some blocks only")
         norms += [b.norm1, b.norm2]
     if m.global_pool == "map":
-        norms.append(check_attention_pool(m.attn_pool, int(first.mlp.fc1.out_features), activation_of(first.mlp.act)))
+        norms.append(check_attention_pool(m.attn_pool, mlp_hidden(first.mlp), mlp_kind(first.mlp)))
     eps = layer_norm_eps([n for n in norms if not isinstance(n, nn.Identity)])
     if isinstance(m.norm, nn.Identity) and isinstance(m.fc_norm, nn.Identity):
         raise unsupported("no final norm (final_norm=False)")
@@ -180,7 +177,7 @@ def timm_config(m: Any) -> ViTConfig:
         dim=dim,
         depth=len(blocks),
         heads=int(first.attn.num_heads),
-        mlp_ratio=mlp_ratio(dim, int(first.mlp.fc1.out_features)),
+        mlp_ratio=mlp_ratio(dim, mlp_hidden(first.mlp)),
         norm_eps=eps,
         qkv_bias=first.attn.qkv.bias is not None,
         class_token=m.cls_token is not None,
@@ -193,7 +190,9 @@ def timm_config(m: Any) -> ViTConfig:
         layer_scale=layer_scale,
         pre_norm=isinstance(m.norm_pre, nn.LayerNorm),
         norm="res_post" if res_post else "pre",
-        activation=activation_of(first.mlp.act),
+        activation=mlp_kind(first.mlp),
+        mlp_norm=not isinstance(first.mlp.norm, nn.Identity),
+        attn_norm=not isinstance(getattr(first.attn, "norm", nn.Identity()), nn.Identity),
         qk_norm=qk_norm,
         dist_token=distilled,
     )

@@ -20,7 +20,7 @@ from torchvision.models import get_model_weights
 
 from model.checkpoint import load_checkpoint
 from model.convert.__main__ import main as convert_main
-from model.convert.converted import ConversionError, check_equal
+from model.convert.converted import MAX_RELATIVE_LOGIT_DIFF, ConversionError, check_equal
 from model.convert.timm_vit import from_timm_model
 from model.convert.torchvision_vit import matching_recipe, torchvision_preprocessing
 from model.rollout import attention_map
@@ -135,10 +135,17 @@ def test_timm_options_convert_exactly(kwargs: dict[str, Any]) -> None:
         ("vit_small_patch16_dinov3", {}),  # DINOv3's rotate-half rotary layout, registers, layer scale
         ("vit_medium_patch16_rope_reg1_gap_256", {}),  # no CLS, no absolute positions
         ("vit_pe_core_tiny_patch16_384", {}),  # Perception Encoder: pooling over every token with its own heads
+        ("beit_base_patch16_224", {"embed_dim": 192, "num_heads": 3}),  # BEiT: relative position bias per block
+        ("beit_base_patch16_224", {"embed_dim": 192, "num_heads": 3, "use_shared_rel_pos_bias": True}),
+        ("vit_relpos_small_patch16_224", {}),  # bias from an MLP over log-spaced offsets (Swin V2's)
+        ("vit_relpos_medium_patch16_rpn_224", {}),  # res-post-norm blocks with that bias
+        ("vit_relpos_base_patch16_plus_240", {"embed_dim": 192, "num_heads": 3}),  # one bias shared by the blocks
+        ("beit3_base_patch16_224", {"embed_dim": 192, "num_heads": 3}),  # BEiT-3: a norm inside attention
     ],
 )
-def test_timm_eva_models_convert_exactly(arch: str, kwargs: dict[str, Any]) -> None:
-    """Logits, embeddings and attention maps of timm's Eva class (two blocks, jittered random weights)."""
+def test_timm_eva_and_relative_position_models_convert_exactly(arch: str, kwargs: dict[str, Any]) -> None:
+    """Logits, embeddings and attention maps of timm's Eva, Beit and VisionTransformerRelPos classes and BEiT-3's
+    VisionTransformer (two blocks, jittered random weights)."""
     torch.manual_seed(0)
     m = timm.create_model(arch, pretrained=False, num_classes=5, depth=2, **kwargs).eval()
     with torch.no_grad():
@@ -146,7 +153,7 @@ def test_timm_eva_models_convert_exactly(arch: str, kwargs: dict[str, Any]) -> N
             p.add_(torch.randn_like(p) * 0.02)
     converted = from_timm_model(m)
     model = converted.build()
-    assert check_equal(model, converted) <= 1e-5
+    assert check_equal(model, converted) <= MAX_RELATIVE_LOGIT_DIFF  # float rounding: 0 to 2e-5 measured
     size = converted.config.image_size
     x = torch.randn(2, 3, size, size)
     with torch.inference_mode():
