@@ -75,6 +75,7 @@ class ViTConfig:
     # per block and head (RoPE-Mixed); the table is part of the weights
     rope_half: bool = False  # rotate the two halves of each head (DINOv3) instead of neighbouring pairs
     rel_pos_bias: bool = False  # a learned bias per head and relative offset on each block's attention (BEiT)
+    parallel: bool = False  # attention and MLP side by side from the same input: x + f(LN(x)) + g(LN'(x)) (ViT-22B)
     qk_norm: bool = False  # LayerNorm over each head's queries and keys before attention (ViT-22B, EVA-02)
     dist_token: bool = False  # DeiT's distillation token after CLS, with its own head; logits: both heads' mean
     head: Head = "linear"  # linear, or the ViT paper's MLP head: LN -> Linear -> GELU -> Dropout -> Linear
@@ -129,6 +130,8 @@ class ViTConfig:
             raise ValueError("pool='map' needs a linear head and full attention")
         if self.dist_token and not (self.pool == "cls" and self.head == "linear" and not self.fc_norm):
             raise ValueError("dist_token needs pool='cls', a linear head and no fc_norm (DeiT's distilled layout)")
+        if self.parallel and (self.norm != "pre" or self.attention_pattern != "full"):
+            raise ValueError("parallel blocks are pre-norm blocks of full attention")
         if self.rope not in get_args(Rope):
             raise ValueError(f"rope must be one of {get_args(Rope)}, got {self.rope!r}")
         if (self.rope != "none" or self.rel_pos_bias) and self.attention_pattern != "full":
@@ -509,14 +512,14 @@ class LayerScale(nn.Module):
 
 class Block(nn.Module):
     """Attention then MLP, each a residual branch: pre-norm x + f(LN(x)), post-norm LN(x + f(x)), or
-    res-post-norm x + LN(f(x)).
+    res-post-norm x + LN(f(x)); or, in a parallel block, both branches on the block's input.
 
     With axial attention the attention branch is two: along the rows, then along the columns.
     """
 
     def __init__(self, c: ViTConfig) -> None:
         super().__init__()
-        self.norm = c.norm
+        self.norm, self.parallel = c.norm, c.parallel
 
         def layer_scale() -> nn.Module:
             return LayerScale(c.dim) if c.layer_scale else nn.Identity()
@@ -568,11 +571,14 @@ class Block(nn.Module):
     ) -> tuple[Tensor, list[Tensor]]:
         """Tokens (B, T, dim) -> tokens, and each attention layer's weights when asked for."""
         attentions: list[Tensor] = []
+        inputs = x
         for attention, norm, scale in self.attention_layers():
             y, attn = attention(self.branch_input(x, norm), return_attention, rope, rel_pos)
             x = self.add_branch(x, scale(y), norm)
             if attn is not None:
                 attentions.append(attn)
+        if self.parallel:  # the MLP reads the block's input, beside the attention, not after it
+            return x + self.ls_2(self.mlp(self.ln_2(inputs))), attentions
         x = self.add_branch(x, self.ls_2(self.mlp(self.branch_input(x, self.ln_2))), self.ln_2)
         return x, attentions
 

@@ -1,4 +1,7 @@
-"""Hugging Face `ViTForImageClassification` (a `save_pretrained` directory) -> our ViT.
+"""Hugging Face image classifiers of the ViT family (a `save_pretrained` directory) -> our ViT:
+`ViTForImageClassification`, DeiT's two (`DeiTForImageClassification`, whose distillation token rides along as a
+register token, and `DeiTForImageClassificationWithTeacher`, whose two heads are averaged, as ours) and
+`BeitForImageClassification` (layer scale, relative position bias per layer or shared, mean pooling).
 
 transformers loads the directory (model.safetensors or pytorch_model.bin, with its own handling of
 older key names); its separate query, key and value projections are stacked into our fused qkv.
@@ -19,18 +22,25 @@ from model.convert.converted import ConversionError, Converted, Renames, mlp_rat
 from model.preprocessing import Interpolation, Preprocessing
 from model.vit import ViTConfig
 
-LAYER = r"^vit\.layers\.(\d+)\."
+MODEL_TYPES = ("vit", "deit", "beit")
+BODY = r"^(?:vit|deit|beit)\."
+LAYER = BODY + r"layers\.(\d+)\."
 RENAMES: Renames = [
-    (re.compile(r"^vit\.embeddings\.cls_token$"), "cls_token"),
-    (re.compile(r"^vit\.embeddings\.position_embeddings$"), "pos_embed"),
-    (re.compile(r"^vit\.embeddings\.patch_embeddings\.projection\."), "patch_embed.proj."),
+    (re.compile(BODY + r"embeddings\.cls_token$"), "cls_token"),
+    (re.compile(BODY + r"embeddings\.position_embeddings$"), "pos_embed"),
+    (re.compile(BODY + r"embeddings\.patch_embeddings\.projection\."), "patch_embed.proj."),
     (re.compile(LAYER + r"attention\.o_proj\."), r"blocks.\1.attn.proj."),
     (re.compile(LAYER + r"layernorm_before\."), r"blocks.\1.ln_1."),
     (re.compile(LAYER + r"layernorm_after\."), r"blocks.\1.ln_2."),
     (re.compile(LAYER + r"mlp\.(fc\d)\."), r"blocks.\1.mlp.\2."),
-    (re.compile(r"^vit\.layernorm\."), "norm."),
-    (re.compile(r"^classifier\."), "head."),
+    (re.compile(LAYER + r"lambda_(\d)$"), r"blocks.\1.ls_\2.gamma"),  # BEiT's layer scale
+    (re.compile(LAYER + r"relative_position_bias\.relative_position_bias_table$"), r"blocks.\1.attn.rel_pos_table"),
+    (re.compile(BODY + r"layernorm\."), "norm."),
+    (re.compile(BODY + r"pooler\.layernorm\."), "fc_norm."),  # BEiT's mean pooling
+    (re.compile(r"^(?:classifier|cls_classifier)\."), "head."),
+    (re.compile(r"^distillation_classifier\."), "head_dist."),
 ]
+SHARED_BIAS = re.compile(BODY + r"shared_position_bias\.relative_position_bias_table$")  # one for every layer
 QKV = re.compile(LAYER + r"attention\.([qkv])_proj\.(weight|bias)$")
 RESAMPLE: dict[int, Interpolation] = {2: "bilinear", 3: "bicubic"}  # PIL's resampling filter numbers
 
@@ -38,20 +48,20 @@ RESAMPLE: dict[int, Interpolation] = {2: "bilinear", 3: "bicubic"}  # PIL's resa
 def convert_hf(model_dir: Path) -> Converted:
     """Load a ViTForImageClassification directory with transformers and convert it."""
     import transformers
-    from transformers import AutoConfig, ViTForImageClassification
+    from transformers import AutoConfig, AutoModelForImageClassification
 
     if not (model_dir / "config.json").is_file():
         raise ConversionError(f"{model_dir}: no config.json; pass a directory written by save_pretrained")
     hf_config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
-    if hf_config.model_type == "deit":
-        raise unsupported("a distillation token (DeiT models)", "only model_type 'vit' converts")
-    if hf_config.model_type != "vit":
-        raise ConversionError(f"{model_dir}: model_type {hf_config.model_type!r} is not a ViT (expected 'vit')")
+    if hf_config.model_type not in MODEL_TYPES:
+        raise ConversionError(
+            f"{model_dir}: model_type {hf_config.model_type!r} is not a ViT (expected one of {', '.join(MODEL_TYPES)})"
+        )
     if hf_config.hidden_act != "gelu":
         raise unsupported(f"the activation {hf_config.hidden_act!r} (only exact GELU, 'gelu')")
     try:
         # float32 whatever dtype it was saved in: the checkpoint and the logit check are float32
-        model = ViTForImageClassification.from_pretrained(model_dir, local_files_only=True).float().eval()
+        model = AutoModelForImageClassification.from_pretrained(model_dir, local_files_only=True).float().eval()
     except (OSError, ValueError) as e:
         raise ConversionError(f"{model_dir}: transformers could not load it ({e})") from e
     config = hf_vit_config(hf_config, model)
@@ -63,14 +73,29 @@ def convert_hf(model_dir: Path) -> Converted:
         return logits
 
     source = {"source": "huggingface", "model_dir": model_dir.name, "transformers_version": transformers.__version__}
-    return Converted(config, map_state_dict(model.state_dict()), classes, preprocessing, reference, source)
+    state = map_state_dict(model.state_dict(), config)
+    return Converted(config, state, classes, preprocessing, reference, source)
 
 
 def hf_vit_config(c: Any, model: Any) -> ViTConfig:
-    if not isinstance(model.classifier, torch.nn.Linear):
+    teacher = type(model).__name__ == "DeiTForImageClassificationWithTeacher"  # two heads, averaged
+    head = model.cls_classifier if teacher else getattr(model, "classifier", None)
+    if not isinstance(head, torch.nn.Linear):
         raise unsupported("no classification head (num_labels=0)")
     if not isinstance(c.image_size, int) or not isinstance(c.patch_size, int):
         raise unsupported(f"a non-square image or patch size ({c.image_size}, {c.patch_size})")
+    beit: dict[str, Any] = {}
+    if c.model_type == "beit":
+        if not (c.use_relative_position_bias or c.use_shared_relative_position_bias):
+            raise unsupported("BEiT without relative position bias")
+        beit = dict(
+            qkv_bias=True,  # query and value biases; the key has none
+            pos_embed="learned" if c.use_absolute_position_embeddings else "none",
+            layer_scale=c.layer_scale_init_value > 0,
+            pool="avg" if c.use_mean_pooling else "cls",
+            fc_norm=bool(c.use_mean_pooling),
+            rel_pos_bias=True,
+        )
     return ViTConfig(
         image_size=c.image_size,
         patch_size=c.patch_size,
@@ -81,12 +106,15 @@ def hf_vit_config(c: Any, model: Any) -> ViTConfig:
         heads=int(c.num_attention_heads),
         mlp_ratio=mlp_ratio(int(c.hidden_size), int(c.intermediate_size)),
         norm_eps=float(c.layer_norm_eps),
-        qkv_bias=bool(c.qkv_bias),
+        dist_token=teacher,
+        reg_tokens=int(c.model_type == "deit" and not teacher),  # the distillation token, unread
+        **({"qkv_bias": bool(c.qkv_bias)} if c.model_type != "beit" else beit),
     )
 
 
-def map_state_dict(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Rename to our keys; stack each layer's q, k and v projections into one qkv."""
+def map_state_dict(state: dict[str, Tensor], config: ViTConfig) -> dict[str, Tensor]:
+    """Rename to our keys; stack each layer's q, k and v projections into one qkv (a missing key bias is zero);
+    DeiT's distillation token goes where the config reads it, a shared relative position table to every layer."""
     out: dict[str, Tensor] = {}
     parts: dict[tuple[str, str], dict[str, Tensor]] = {}
     for key, value in state.items():
@@ -94,10 +122,16 @@ def map_state_dict(state: dict[str, Tensor]) -> dict[str, Tensor]:
         if match:
             layer, which, kind = match.groups()
             parts.setdefault((layer, kind), {})[which] = value
-            continue
-        out[rename_key(key, RENAMES)] = value
+        elif key.endswith("embeddings.distillation_token"):
+            out["dist_token" if config.dist_token else "reg_token"] = value
+        elif SHARED_BIAS.match(key):
+            for layer in range(config.depth):
+                out[f"blocks.{layer}.attn.rel_pos_table"] = value
+        else:
+            out[rename_key(key, RENAMES)] = value
     for (layer, kind), p in parts.items():
-        out[f"blocks.{layer}.attn.qkv.{kind}"] = torch.cat([p["q"], p["k"], p["v"]], dim=0)
+        zeros = torch.zeros_like(p["q"])
+        out[f"blocks.{layer}.attn.qkv.{kind}"] = torch.cat([p["q"], p.get("k", zeros), p["v"]], dim=0)
     return out
 
 

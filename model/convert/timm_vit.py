@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from model.convert.converted import ConversionError, Converted, mlp_ratio, numbered_classes, unsupported
 from model.convert.timm_eva import eva_config, eva_state
+from model.convert.timm_parallel import parallel_block_state, parallel_blocks
 from model.convert.timm_parts import (
     block_state,
     check_attention_pool,
@@ -29,7 +30,6 @@ from model.vit import Pool, ViTConfig
 CROP_MODES = {"center": "center_crop", "squash": "squash"}
 POOLS: dict[str, Pool] = {"token": "cls", "avg": "avg", "map": "map"}  # timm's global_pool -> ours
 BLOCK_KINDS = {  # timm's other block types, by what they do
-    "ParallelScalingBlock": "attention and MLP in parallel from one fused projection",
     "DiffParallelScalingBlock": "differential attention and MLP in parallel",
     "ParallelThingsBlock": "several attention and MLP branches in parallel",
 }
@@ -99,7 +99,8 @@ def from_timm_model(m: Any) -> Converted:
         config = timm_config(m)
         state = {k: v for k, v in m.state_dict().items() if not k.startswith("blocks.")}
         for i, b in enumerate(m.blocks):
-            state |= block_state(b, f"blocks.{i}.", layer_scales(b))
+            ours = f"blocks.{i}."
+            state |= parallel_block_state(b, ours) if config.parallel else block_state(b, ours, layer_scales(b))
     if m.patch_embed.proj.bias is None:  # CLIP-style bias-free patch embedding: a zero bias is the same
         state["patch_embed.proj.bias"] = torch.zeros(config.dim)
     preprocessing = timm_preprocessing(resolve_data_config(model=m), config)
@@ -110,7 +111,7 @@ def from_timm_model(m: Any) -> Converted:
 def timm_config(m: Any) -> ViTConfig:
     """Our config for a timm ViT; raises ConversionError naming the first feature we lack."""
     from timm.layers.attention import Attention
-    from timm.models.vision_transformer import Block, LayerScale, ResPostBlock, VisionTransformer
+    from timm.models.vision_transformer import Block, LayerScale, ParallelScalingBlock, ResPostBlock, VisionTransformer
 
     distilled = type(m).__name__ == "VisionTransformerDistilled"  # DeiT: a distillation token and its head
     if type(m) is not VisionTransformer and not distilled:
@@ -132,14 +133,25 @@ def timm_config(m: Any) -> ViTConfig:
     blocks: list[Any] = list(m.blocks)
     first = blocks[0]
     for b in blocks:  # before any block's parts are read: other block types have other parts
-        if type(b) not in (Block, ResPostBlock):
+        if type(b) not in (Block, ResPostBlock, ParallelScalingBlock):
             raise unsupported(f"the block type {type(b).__name__} ({BLOCK_KINDS.get(type(b).__name__, 'block_fn')})")
         if type(b) is not type(first):
             raise unsupported("blocks of different types")
+    dim = m.embed_dim
+    parallel = type(first) is ParallelScalingBlock
+    if parallel:
+        heads, hidden, qkv_bias, qk_norm, layer_scale, activation, block_norms = parallel_blocks(blocks, dim)
+        norms += block_norms
+        mlp_norm = attn_norm = False
+    else:
+        heads, hidden, qkv_bias = int(first.attn.num_heads), mlp_hidden(first.mlp), first.attn.qkv.bias is not None
+        activation, mlp_norm = mlp_kind(first.mlp), not isinstance(first.mlp.norm, nn.Identity)
+        attn_norm = not isinstance(getattr(first.attn, "norm", nn.Identity()), nn.Identity)
     res_post = type(first) is ResPostBlock  # x + LN(f(x)); its init_values set the norms' weights, no layer scale
-    layer_scale = not res_post and isinstance(first.ls1, LayerScale)
-    qk_norm = isinstance(getattr(first.attn, "q_norm", None), nn.LayerNorm)
-    for i, b in enumerate(blocks):
+    if not parallel:
+        layer_scale = not res_post and isinstance(first.ls1, LayerScale)
+        qk_norm = isinstance(getattr(first.attn, "q_norm", None), nn.LayerNorm)
+    for i, b in enumerate([] if parallel else blocks):
         a, mlp = b.attn, b.mlp
         if type(a) is not Attention:
             raise unsupported(f"block {i}: attention of type {type(a).__name__}")
@@ -164,11 +176,10 @@ def timm_config(m: Any) -> ViTConfig:
             raise unsupported("layer scale on some blocks only")
         norms += [b.norm1, b.norm2]
     if m.global_pool == "map":
-        norms.append(check_attention_pool(m.attn_pool, mlp_hidden(first.mlp), mlp_kind(first.mlp)))
+        norms.append(check_attention_pool(m.attn_pool, hidden, activation))
     eps = layer_norm_eps([n for n in norms if not isinstance(n, nn.Identity)])
     if isinstance(m.norm, nn.Identity) and isinstance(m.fc_norm, nn.Identity):
         raise unsupported("no final norm (final_norm=False)")
-    dim = m.embed_dim
     return ViTConfig(
         image_size=int(pe.img_size[0]),
         patch_size=int(pe.proj.kernel_size[0]),
@@ -176,10 +187,10 @@ def timm_config(m: Any) -> ViTConfig:
         num_classes=int(m.head.out_features),
         dim=dim,
         depth=len(blocks),
-        heads=int(first.attn.num_heads),
-        mlp_ratio=mlp_ratio(dim, mlp_hidden(first.mlp)),
+        heads=heads,
+        mlp_ratio=mlp_ratio(dim, hidden),
         norm_eps=eps,
-        qkv_bias=first.attn.qkv.bias is not None,
+        qkv_bias=qkv_bias,
         class_token=m.cls_token is not None,
         reg_tokens=int(m.num_reg_tokens),
         no_embed_class=bool(m.no_embed_class),
@@ -190,11 +201,12 @@ def timm_config(m: Any) -> ViTConfig:
         layer_scale=layer_scale,
         pre_norm=isinstance(m.norm_pre, nn.LayerNorm),
         norm="res_post" if res_post else "pre",
-        activation=mlp_kind(first.mlp),
-        mlp_norm=not isinstance(first.mlp.norm, nn.Identity),
-        attn_norm=not isinstance(getattr(first.attn, "norm", nn.Identity()), nn.Identity),
+        activation=activation,
+        mlp_norm=mlp_norm,
+        attn_norm=attn_norm,
         qk_norm=qk_norm,
         dist_token=distilled,
+        parallel=parallel,
     )
 
 

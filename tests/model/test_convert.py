@@ -15,7 +15,7 @@ import timm
 import torch
 import torchvision
 from safetensors.torch import save_file
-from timm.models.vision_transformer import ParallelScalingBlock, ResPostBlock
+from timm.models.vision_transformer import ParallelScalingBlock, ParallelThingsBlock, ResPostBlock
 from torchvision.models import get_model_weights
 
 from model.checkpoint import load_checkpoint
@@ -109,6 +109,8 @@ def test_timm_architectures_with_extra_features(tmp_path: Path, arch: str, featu
         {"global_pool": "map", "reg_tokens": 2},  # pooling over CLS and registers too
         {"act_layer": "quick_gelu"},  # OpenAI CLIP
         {"block_fn": ResPostBlock, "class_token": False, "global_pool": "avg", "init_values": 0.5},  # x + LN(f(x))
+        {"block_fn": ParallelScalingBlock, "init_values": 0.5},  # ViT-22B's parallel block, its MLP bias apart
+        {"block_fn": ParallelScalingBlock, "qkv_bias": True, "qk_norm": True},  # one bias for the fused projection
     ],
 )
 def test_timm_options_convert_exactly(kwargs: dict[str, Any]) -> None:
@@ -174,7 +176,7 @@ def test_timm_eva_and_relative_position_models_convert_exactly(arch: str, kwargs
         (lambda: timm.create_model("vit_dwee_patch16_reg1_gap_256"), "attention of type DiffAttention"),
         (lambda: timm.create_model("eva02_tiny_patch14_224", num_classes=5, global_pool="avgmax"), "'avgmax'"),
         (lambda: timm.create_model("vit_small_patch16_rope_224", depth=2, use_post_norm=True), "EvaBlockPostNorm"),
-        (lambda: timm.create_model("vit_tiny_patch16_224", block_fn=ParallelScalingBlock), "ParallelScalingBlock"),
+        (lambda: timm.create_model("vit_tiny_patch16_224", block_fn=ParallelThingsBlock), "ParallelThingsBlock"),
         (lambda: timm.create_model("vit_tiny_patch16_224", global_pool="max"), "global_pool='max'"),
         (lambda: timm.create_model("vit_tiny_patch16_224", num_classes=0), "no classification head"),
         (lambda: timm.create_model("vit_tiny_patch16_224", act_layer="gelu_tanh"), "exact GELU and QuickGELU"),
@@ -298,6 +300,47 @@ def test_hf_transformers4_directory_with_pytorch_model_bin(tmp_path: Path) -> No
     assert ckpt.classes == ["LABEL_0", "LABEL_1", "LABEL_2"] and not ckpt.config.qkv_bias
     assert ckpt.preprocessing.interpolation == "bilinear" and ckpt.preprocessing.mean == (0.5, 0.5, 0.5)
     same_logits(out, lambda x: m(pixel_values=x).logits)
+
+
+@pytest.mark.parametrize(
+    ("family", "options"),
+    [
+        ("deit-teacher", {}),  # DeiTForImageClassificationWithTeacher: CLS and distillation heads averaged
+        ("deit", {}),  # DeiTForImageClassification: the distillation token is in the sequence, unread
+        ("beit", {"use_relative_position_bias": True, "use_mean_pooling": True}),
+        ("beit", {"use_shared_relative_position_bias": True, "use_absolute_position_embeddings": True}),
+    ],
+)
+def test_hf_deit_and_beit_convert_exactly(tmp_path: Path, family: str, options: dict[str, Any]) -> None:
+    """Each class saved by save_pretrained with random weights (jittered: zero biases and small layer scales
+    would hide a mismatch), converted through the CLI: logits equal transformers', and maps from every block."""
+    import transformers
+
+    sizes = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=3, intermediate_size=96)
+    sizes |= dict(image_size=32, patch_size=8, num_labels=4)
+    if family == "beit":
+        m = transformers.BeitForImageClassification(transformers.BeitConfig(**sizes, **options))
+    else:
+        config = transformers.DeiTConfig(**sizes)
+        kind = "DeiTForImageClassificationWithTeacher" if family == "deit-teacher" else "DeiTForImageClassification"
+        m = getattr(transformers, kind)(config)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+        for name in ("classifier", "cls_classifier", "distillation_classifier"):  # logits far from constant
+            if hasattr(m, name):
+                torch.nn.init.normal_(getattr(m, name).weight, std=2.0)
+    m.eval().save_pretrained(tmp_path / "d")
+    out = convert_main(["hf", "--model-dir", str(tmp_path / "d"), "--output", str(tmp_path / "o.safetensors")])
+    same_logits(out, lambda x: m(pixel_values=x).logits)
+    model = load_checkpoint(out).model
+    assert model.config.dist_token == (family == "deit-teacher")
+    assert model.config.reg_tokens == (family == "deit") and model.config.rel_pos_bias == (family == "beit")
+    with torch.inference_mode():
+        _, attentions = model.forward_with_attention(torch.randn(2, 3, 32, 32))
+    for method in ("rollout", "last"):
+        assert attention_map(attentions, method, model.readout).shape == (2, 4, 4)
 
 
 def transformers4_name(key: str) -> str:
