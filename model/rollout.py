@@ -52,11 +52,12 @@ class Readout:
 
     def row(self, relevance: Tensor, pooling: Tensor | None = None) -> Tensor:
         """(B, T, T) token-to-token relevance -> (B, N) relevance of each patch to the prediction; with
-        attention pooling, `pooling` (B, 1, T) is the query's row over the tokens."""
+        attention pooling, `pooling` (B, 1, K) is the query's row over the last K tokens it reads (the patches, or
+        every token)."""
         if self.pool == "map":
             if pooling is None:
                 raise ValueError("a model that pools by attention reads its maps through the pooling's weights")
-            rows = (pooling @ relevance)[:, 0]
+            rows = (pooling @ relevance[:, relevance.shape[1] - pooling.shape[-1] :])[:, 0]
         elif self.pool == "cls":
             rows = relevance[:, 0] if self.read_tokens == 1 else relevance[:, : self.read_tokens].mean(dim=1)
         else:
@@ -143,7 +144,8 @@ def last_layer_attention(attentions: list[Tensor], head_fusion: HeadFusion = "me
         raise ValueError("last_layer_attention needs at least one layer of attention weights")
     last = block_attention(attentions, head_fusion, readout)[-1]
     if readout.pool == "map":  # the pooling's own attention over the tokens
-        eye = torch.eye(last.shape[-1], dtype=torch.float32, device=last.device).expand(last.shape[0], -1, -1)
+        tokens = attentions[0].shape[-1]
+        eye = torch.eye(tokens, dtype=torch.float32, device=last.device).expand(last.shape[0], -1, -1)
         return to_grid(readout.row(eye, last))
     return to_grid(readout.row(last))
 

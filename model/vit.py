@@ -759,15 +759,12 @@ class ViT(nn.Module):
 
     def pool(self, x: Tensor, return_attention: bool = False) -> tuple[Tensor, Tensor | None]:
         """Token features (B, P + N, dim) -> (B, dim) as the config pools them, and the attention pooling's
-        weights over all tokens (B, heads, 1, P + N) when it pools so and they are asked for: it reads the patch
-        tokens only, as timm's VisionTransformer does unless `pool_include_prefix` (the prefix tokens' weights
-        are then zero), or every token, as timm's Eva does."""
+        weights when it pools so and they are asked for: over the patch tokens (B, heads, 1, N), as timm's
+        VisionTransformer reads them unless `pool_include_prefix`, or over every token (B, heads, 1, P + N) with
+        `pool_prefix`, as timm's Eva does."""
         P = self.num_prefix_tokens
         if self.attn_pool is not None:
-            pooled, weights = self.attn_pool(x if self.config.pool_prefix else x[:, P:], return_attention)
-            if weights is not None and not self.config.pool_prefix:
-                weights = F.pad(weights, (P, 0))
-            return pooled, weights
+            return self.attn_pool(x if self.config.pool_prefix else x[:, P:], return_attention)
         return (x[:, 0] if self.config.pool == "cls" else x[:, P:].mean(dim=1)), None
 
     def forward(self, x: Tensor) -> Tensor:
@@ -788,7 +785,7 @@ class ViT(nn.Module):
 
     def forward_with_attention(self, x: Tensor) -> tuple[Tensor, list[Tensor]]:
         """Logits and every attention layer's weights, each (B, heads, P + N, P + N); two per axial block; with
-        attention pooling, its weights over the tokens (B, heads, 1, P + N) last."""
+        attention pooling, its weights over the tokens it reads (B, heads, 1, N or P + N) last."""
         logits, _, attentions = self.forward_with_embedding(x, return_attention=True)
         return logits, attentions
 

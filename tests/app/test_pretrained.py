@@ -155,6 +155,12 @@ print(sorted(m for m in sys.modules if m.startswith(banned)))
         "vit_base_patch16_clip_quickgelu_224",  # QuickGELU, pre-norm over the embeddings
         "vit_base_patch16_rpn_224",  # res-post-norm blocks, average pooling
         "vit_base_patch16_siglip_224",  # SigLIP's attention-pooling (MAP) head, given a classifier
+        "eva02_small_patch14_336",  # EVA-02: rotary positions, SwiGLU
+        "vit_small_patch16_rope_mixed_224",  # RoPE-Mixed: a rotary table per block and head
+        "vit_pe_core_tiny_patch16_384",  # Perception Encoder: attention pooling over every token, its own heads
+        "beitv2_base_patch16_224",  # BEiT v2: relative position bias per block, layer scale, mean pooling
+        "vit_relpos_small_patch16_rpn_224",  # bias from an MLP over offsets, res-post-norm blocks
+        "vit_pwee_patch16_reg1_gap_256",  # parallel blocks (ViT-22B), registers, average pooling
     ],
 )
 @pytest.mark.parametrize("backend", ["torch", "onnxruntime", "onnxruntime-int8"])
@@ -192,4 +198,5 @@ async def test_converted_variations_serve_timms_probabilities_and_maps(
     for method, r in maps.items():
         assert r.status_code == 200, (method, r.text)
         grid = torch.tensor(r.json()["results"][0]["attention"]["map"])
-        assert grid.shape == (14, 14) and float(grid.max()) == 1.0, method
+        side = converted.config.grid_size
+        assert grid.shape == (side, side) and float(grid.max()) == 1.0, method

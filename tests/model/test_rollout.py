@@ -203,3 +203,20 @@ def test_every_map_works_for_axial_models(variant: dict[str, object]) -> None:
     for method in ("rollout", "last"):
         assert attention_map(attentions, method, model.readout).shape == (2, 4, 4)
     assert gradient_attention_map(model, x)[1].shape == (2, 4, 4)
+
+
+@pytest.mark.parametrize("pool_prefix", [False, True])
+def test_attention_pooled_models_with_prefix_tokens_read_their_maps_through_the_pooling(pool_prefix: bool) -> None:
+    """CLS and registers before the patches; the pooling reads the patches alone (timm's VisionTransformer) or
+    every token (timm's Eva): its `last` map is its own weights on the patches, and every method runs."""
+    config = ViTConfig(**{**TINY.to_dict(), "pool": "map", "reg_tokens": 2, "pool_prefix": pool_prefix})
+    model = tiny_model(config)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        _, attentions = model.forward_with_attention(x)
+    pooling = attentions[-1].mean(dim=1)[:, 0]  # (B, K): heads fused
+    patches = pooling[:, -TINY.num_patches :]
+    expected = scale_to_unit(patches.reshape(2, 4, 4))
+    torch.testing.assert_close(attention_map(attentions, "last", model.readout), expected)
+    assert attention_map(attentions, "rollout", model.readout).shape == (2, 4, 4)
+    assert gradient_attention_map(model, x)[1].shape == (2, 4, 4)

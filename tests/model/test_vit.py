@@ -170,11 +170,9 @@ def test_options_keep_fused_and_explicit_attention_equal(options: dict[str, obje
         explicit, attentions = model.forward_with_attention(x)
     torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=1e-5)
     tokens = model.num_prefix_tokens + TINY.num_patches
-    if model.attn_pool is not None:  # the pooling's weights over the tokens come last
-        pooling = attentions.pop()
-        assert pooling.shape == (2, model.config.pool_heads or TINY.heads, 1, tokens)
-        prefix = pooling[..., : model.num_prefix_tokens]  # zero where it reads the patches alone
-        assert bool((prefix == 0).all()) != model.config.pool_prefix
+    if model.attn_pool is not None:  # the pooling's weights over the tokens it reads come last
+        read = tokens if model.config.pool_prefix else TINY.num_patches
+        assert attentions.pop().shape == (2, model.config.pool_heads or TINY.heads, 1, read)
     assert all(a.shape == (2, TINY.heads, tokens, tokens) for a in attentions)
 
 
