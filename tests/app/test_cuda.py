@@ -102,6 +102,11 @@ VARIATIONS: dict[str, dict[str, Any]] = {
     "siglip-map": {"pool": "map", "class_token": False},
     "qk-norm": {"qk_norm": True, "layer_scale": True},
     "registers": {"reg_tokens": 4, "no_embed_class": True},
+    "eva02": {"rope": "axial", "activation": "swiglu", "mlp_norm": True, "attn_norm": True, "mlp_ratio": 8 / 3},
+    "rope-mixed": {"rope": "mixed", "pos_embed": "none", "layer_scale": True},
+    "beit": {"rel_pos_bias": True, "layer_scale": True, "pool": "avg", "fc_norm": True},
+    "perception-encoder": {"pool": "map", "pool_prefix": True, "pool_heads": 4, "rope": "axial", "pre_norm": True},
+    "parallel": {"parallel": True, "class_token": False, "pool": "avg", "reg_tokens": 1},
 }
 
 
@@ -122,6 +127,8 @@ async def test_each_variation_answers_from_cuda_graphs_as_in_fp32_on_the_cpu(
         for module in model.modules():  # larger queries and keys: attention as peaked as a trained model's
             if isinstance(module, Attention):
                 module.qkv.weight[: 2 * config.dim] *= 4
+                if module.rel_pos_table is not None:  # a bias that moves the attention
+                    module.rel_pos_table.normal_(generator=generator)
             elif isinstance(module, AttentionPool):
                 module.latent.normal_(generator=generator)
                 module.q.weight *= 4
@@ -147,14 +154,15 @@ async def test_each_variation_answers_from_cuda_graphs_as_in_fp32_on_the_cpu(
     assert plain.status_code == 200, plain.text
     assert float(expected.max()) > 2 / len(SHAPE_CLASSES)  # sharpened: near-uniform vectors would prove little
     # Peaked attention and a sharpened head give logits several times the bundled model's, and bf16's error
-    # grows with them (on an H200 up to 0.024 per probability and 0.064 per cell of a `last` map, as the model
-    # cast to bf16 on the CPU gives): twice the trained model's tolerances. A wrong network is off by far more.
-    # Random weights make near ties (torch's initialisation differs between versions), so the top-1 is compared
-    # where the reference's margin is wider than the tolerance.
+    # grows with them: up to 0.043 per probability for these models cast to bf16 on the CPU (EVA-02's sub-LNs the
+    # most), up to 0.024 from the graphs on an H200, and 0.064 per cell of a `last` map. Hence three times the
+    # trained model's tolerance for probabilities and twice for maps; a wrong network is off by far more. Random
+    # weights make near ties (torch's initialisation differs between versions), so the top-1 is compared where
+    # the reference's margin is wider than the tolerance.
     for i, result in enumerate(plain.json()["results"]):
-        assert (torch.tensor(result["probabilities"]) - expected[i]).abs().max() < 2 * PROBABILITY_TOLERANCE, variation
+        assert (torch.tensor(result["probabilities"]) - expected[i]).abs().max() < 3 * PROBABILITY_TOLERANCE, variation
         first, second = expected[i].topk(2).values.tolist()
-        if first - second > 2 * PROBABILITY_TOLERANCE:
+        if first - second > 3 * PROBABILITY_TOLERANCE:
             assert result["top_k"][0]["index"] == int(expected[i].argmax()), variation
     for m, r in mapped.items():
         assert r.status_code == 200, (m, r.text)
