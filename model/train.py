@@ -220,7 +220,13 @@ def finetune_model(args: argparse.Namespace, source: Checkpoint, data: DataBundl
     new_head = data.classes != source.classes  # another label set: the old head's outputs mean nothing here
     if new_head:
         state = {k: v for k, v in state.items() if not k.startswith("head.")}
-    if "pos_embed" in state and config.grid_size != source.config.grid_size:
+    resized = config.grid_size != source.config.grid_size
+    if resized and (config.rope != "none" or config.rel_pos_bias):
+        raise SystemExit(
+            f"cannot fine-tune {args.init_from} at another size: its rotary or relative position tables are for "
+            f"its own {source.config.image_size} px; keep --image-size {source.config.image_size}"
+        )
+    if "pos_embed" in state and resized:
         state["pos_embed"] = resample_pos_embed(state["pos_embed"], config.grid_size, config.num_embedded_prefix_tokens)
     model = ViT(config)
     missing, unexpected = model.load_state_dict(state, strict=False)

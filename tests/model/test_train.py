@@ -281,6 +281,27 @@ def test_fine_tuning_errors_are_clear(
     assert message in error, error
 
 
+@pytest.mark.parametrize("options", [{"rope": "axial"}, {"rel_pos_bias": True}])
+def test_rotary_and_relative_position_models_fine_tune_at_their_own_size_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], options: dict[str, object]
+) -> None:
+    """Their tables are the source's, for its grid: another --image-size is refused; the same size trains."""
+    from model.checkpoint import save_checkpoint
+    from model.shapes import SHAPE_CLASSES
+    from model.vit import ViT, ViTConfig
+    from tests.support.checkpoints import TINY, TINY_PREPROCESSING
+
+    path = tmp_path / "positions.safetensors"
+    save_checkpoint(path, ViT(ViTConfig(**{**TINY.to_dict(), **options})), list(SHAPE_CLASSES), TINY_PREPROCESSING)
+    write_imagefolder(tmp_path / "data")
+    data = ["--dataset", "imagefolder", "--data-dir", str(tmp_path / "data")]
+    common = ["--init-from", str(path), *data, "--epochs", "1", "--batch-size", "8", "--workers", "0", "--no-progress"]
+    error = refusal(capsys, *common, "--image-size", "48")
+    assert "cannot fine-tune" in error and "keep --image-size 32" in error
+    train.main([*common, "--image-size", "32", "--output", str(tmp_path / "out.safetensors")])
+    assert load_checkpoint(tmp_path / "out.safetensors").config.image_size == 32
+
+
 @pytest.mark.parametrize(
     "flags",
     [
