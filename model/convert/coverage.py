@@ -122,6 +122,22 @@ def table(outcomes: Iterable[Outcome]) -> str:
     return "\n".join(lines)
 
 
+HEADLESS = "no classification head"
+STEM = "a patch embedding other than one convolution"  # hybrid CNN stems, which may stay refused
+
+
+def head_coverage(outcomes: list[Outcome]) -> str:
+    """The share of the architectures with a classification head that convert, with and without hybrid stems."""
+    headed = [o for o in outcomes if feature(o) != HEADLESS]
+    plain = [o for o in headed if feature(o) != STEM]
+
+    def share(group: list[Outcome]) -> str:
+        done = sum(o.result == "converted" for o in group)
+        return f"{done} of {len(group)} ({100 * done / max(len(group), 1):.0f} %)"
+
+    return f"with a classification head: {share(headed)} convert; without the hybrid stems: {share(plain)}"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m model.convert.coverage", description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--max-params", type=float, default=120.0, help="most parameters, in millions (default 120)")
@@ -139,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     counts = Counter(o.result for o in outcomes)
     print(table(outcomes))
     print(f"\n{len(outcomes)} architectures: " + ", ".join(f"{n} {r}" for r, n in counts.most_common()))
+    print(head_coverage(outcomes))
     if args.json:
         args.json.write_text(json.dumps([asdict(o) for o in outcomes], indent=1) + "\n")
     return 1 if counts["crashed"] or counts["differs"] else 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from model.convert.coverage import FAMILY, Outcome, convert, feature, table
+from model.convert.coverage import FAMILY, Outcome, convert, feature, head_coverage, table
 
 pytestmark = pytest.mark.slow  # builds every architecture of the family (about two minutes on two cores)
 
@@ -36,3 +36,15 @@ def test_the_table_groups_refusals_by_feature() -> None:
         "| converted, logits equal | 1 | a |",
         "| the activation QuickGELU() | 2 | b, c |",
     ]
+
+
+def test_head_coverage_leaves_out_headless_models_and_counts_stems_apart() -> None:
+    outcomes = [
+        Outcome("a", "converted", "0.0e+00"),
+        Outcome("b", "refused", "unsupported feature: no classification head (num_classes=0); convert a model"),
+        Outcome("c", "refused", "unsupported feature: a patch embedding other than one convolution (embed_layer)"),
+        Outcome("d", "refused", "unsupported feature: block 0: attention of type DiffAttention"),
+    ]
+    assert head_coverage(outcomes) == (
+        "with a classification head: 1 of 3 (33 %) convert; without the hybrid stems: 1 of 2 (50 %)"
+    )
