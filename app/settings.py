@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -50,6 +51,21 @@ class HubName(NamedTuple):
     def default_name(self) -> str:
         """The model's name when the entry gives none: the id's last part."""
         return self.id.rsplit("/", 1)[-1][:64]
+
+
+def parse_thresholds(text: str) -> dict[str, float]:
+    """VIT_OOD_THRESHOLD: `4.5` (every model, kept under "*") or `name=4.5,other=6`; ValueError otherwise."""
+    out: dict[str, float] = {}
+    for part in (p.strip() for p in text.split(",")):
+        name, _, value = part.rpartition("=")
+        try:
+            number = float(value)
+        except ValueError:
+            raise ValueError(f"VIT_OOD_THRESHOLD: {part!r} is not a number or name=number") from None
+        if not math.isfinite(number) or number < 0:
+            raise ValueError(f"VIT_OOD_THRESHOLD: {part!r}: a threshold is a non-negative number")
+        out[name.strip() or "*"] = number
+    return out
 
 
 class Settings(BaseSettings):
@@ -124,6 +140,11 @@ class Settings(BaseSettings):
         description="Most system shared-memory regions clients may register at once (V2's shared-memory "
         "extension; 0: off)",
     )
+    ood_threshold: str | None = Field(
+        None,
+        description='Out-of-distribution scores above this are flagged ("ood": true) where clients ask for scores: '
+        "a number for every model, or name=number,name=number; unset: scores only, no flag",
+    )
     warmup: bool = Field(True, description="Run each batch size once before reporting ready")
     cache_bytes: int = Field(
         0,
@@ -180,6 +201,21 @@ class Settings(BaseSettings):
                 "or a full-size request could never be accepted"
             )
         return self
+
+    @field_validator("ood_threshold")
+    @classmethod
+    def check_ood_threshold(cls, v: str | None) -> str | None:
+        if v is None or not v.strip():
+            return None
+        parse_thresholds(v)
+        return v
+
+    def ood_threshold_for(self, model: str) -> float | None:
+        """The out-of-distribution threshold of one model, or None (no flag)."""
+        if self.ood_threshold is None:
+            return None
+        thresholds = parse_thresholds(self.ood_threshold)
+        return thresholds.get(model, thresholds.get("*"))
 
     @field_validator("models")
     @classmethod

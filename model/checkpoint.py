@@ -1,8 +1,10 @@
 """The checkpoint format: safetensors tensors plus JSON metadata in the same file.
 
 A checkpoint is self-describing: the ViTConfig, class names, preprocessing and a training summary
-travel in the safetensors header, with a SHA-256 content hash over the tensors. Loading never
-unpickles anything; every way a file can be wrong raises `CheckpointError` naming the file.
+travel in the safetensors header, with a SHA-256 content hash over the model's tensors. Reference
+statistics of its embeddings (model/reference.py), when present, are tensors of their own with a hash
+of their own, so adding them leaves the model's version as it is. Loading never unpickles anything;
+every way a file can be wrong raises `CheckpointError` naming the file.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from model.preprocessing import Preprocessing
+from model.reference import PREFIX as REFERENCE_PREFIX
+from model.reference import Reference
 from model.vit import ViT, ViTConfig
 
 FORMAT_NAME = "vit-serve-checkpoint"
@@ -43,6 +47,7 @@ class Checkpoint:
     training: dict[str, Any] = field(default_factory=dict)
     content_hash: str = ""
     path: str = ""
+    reference: Reference | None = None  # statistics of the embeddings, for out-of-distribution scores
 
     @property
     def version(self) -> str:
@@ -66,12 +71,21 @@ def save_checkpoint(
     classes: list[str],
     preprocessing: Preprocessing,
     training: dict[str, Any] | None = None,
+    reference: Reference | None = None,
 ) -> str:
-    """Write model weights and metadata to one safetensors file; returns the content hash."""
+    """Write model weights, metadata and any reference statistics to one safetensors file; returns the
+    content hash (of the model's tensors)."""
     if len(classes) != model.config.num_classes:
         raise ValueError(f"{len(classes)} class names for a model with {model.config.num_classes} classes")
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     digest = content_hash(tensors)
+    extra: dict[str, str] = {}
+    if reference is not None:
+        if reference.means.shape != (model.config.num_classes, model.config.dim):
+            raise ValueError(f"reference means {tuple(reference.means.shape)} do not fit the model")
+        statistics = {k: v.detach().cpu() for k, v in reference.tensors().items()}
+        extra["reference_hash"] = content_hash(statistics)
+        tensors |= statistics
     metadata = {
         "format": FORMAT_NAME,
         "format_version": str(FORMAT_VERSION),
@@ -80,6 +94,7 @@ def save_checkpoint(
         "preprocessing": json.dumps(asdict(preprocessing)),
         "training": json.dumps(training or {}),
         "content_hash": digest,
+        **extra,
     }
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -131,6 +146,17 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Che
     path = Path(path)
     tensors, metadata = read_checkpoint_file(path)
     config, classes, preprocessing, training = parse_metadata(path, metadata)
+    statistics = {k: tensors.pop(k) for k in [k for k in tensors if k.startswith(REFERENCE_PREFIX)]}
+    reference = None
+    if statistics or "reference_hash" in metadata:
+        if content_hash(statistics) != metadata.get("reference_hash"):
+            raise CheckpointError(path, "reference statistics hash mismatch: modified or corrupted")
+        try:
+            reference = Reference.from_tensors(statistics)
+        except (KeyError, ValueError, IndexError) as e:
+            raise CheckpointError(path, f"invalid reference statistics: {e}") from e
+        if reference.means.shape != (config.num_classes, config.dim):
+            raise CheckpointError(path, f"reference means {tuple(reference.means.shape)} do not fit the model")
     digest = content_hash(tensors)
     if digest != metadata.get("content_hash"):
         raise CheckpointError(path, "content hash mismatch: the tensors were modified or corrupted")
@@ -149,4 +175,4 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Che
             )
     model.load_state_dict(tensors)
     model.to(device).eval()
-    return Checkpoint(model, config, classes, preprocessing, training, digest, str(path))
+    return Checkpoint(model, config, classes, preprocessing, training, digest, str(path), reference)

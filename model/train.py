@@ -35,6 +35,7 @@ from model.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_
 from model.data import DATASETS, DEFAULT_GEOMETRY, DataBundle, DataOptions, DatasetNotFoundError, build_data
 from model.device import resolve_device
 from model.preprocessing import Preprocessing
+from model.reference import from_labelled
 from model.vit import (
     POS_EMBED_KINDS,
     PRESETS,
@@ -495,7 +496,21 @@ def main(argv: list[str] | None = None) -> History:
         dist.destroy_process_group()
     if ddp.is_main:
         print(f"best test accuracy {history.best_accuracy:.4f} (epoch {history.best_epoch}) -> {args.output}")
+        if history.best_epoch:
+            add_reference(args, data, device)
     return history
+
+
+def add_reference(args: argparse.Namespace, data: DataBundle, device: torch.device) -> None:
+    """Reference statistics of the best checkpoint's embeddings, from the held-out split (in-distribution images,
+    labelled, preprocessed as served), written into it for out-of-distribution scores (model/reference.py)."""
+    best = load_checkpoint(args.output, device)
+    loader = DataLoader(data.test, batch_size=args.batch_size, num_workers=0)
+    reference = from_labelled(best.model, loader, best.config.num_classes, device)
+    described = f"{reference.images} {args.dataset} test images, labelled"
+    training = {**best.training, "reference": described}
+    save_checkpoint(args.output, best.model, best.classes, best.preprocessing, training, reference=reference)
+    print(f"reference statistics from {described} -> {args.output}")
 
 
 def end_of_epoch(

@@ -21,7 +21,7 @@ from typing import Any
 from google.protobuf import json_format
 
 from app.codecs.proto import messages_pb2 as pb
-from app.codecs.v2 import ATTENTION, EMBEDDING, IMAGE, PIXELS, PROBABILITIES, platform
+from app.codecs.v2 import ATTENTION, EMBEDDING, IMAGE, OOD_SCORE, PIXELS, PROBABILITIES, platform
 from app.core.contract.data_plane import Batching, Limits
 from app.core.contract.description import ModelDescription
 
@@ -57,6 +57,11 @@ def model_config(model: ModelDescription, batching: Batching, limits: Limits) ->
             pb.ModelOutput(name=PROBABILITIES, data_type=pb.TYPE_FP32, dims=[len(model.classes)]),
             pb.ModelOutput(name=ATTENTION, data_type=pb.TYPE_FP32, dims=[grid, grid]),
             pb.ModelOutput(name=EMBEDDING, data_type=pb.TYPE_FP32, dims=[model.embedding_dim]),
+            *(  # one value per image: [N], as Triton writes a per-item scalar (dims [1], reshaped to [])
+                [pb.ModelOutput(name=OOD_SCORE, data_type=pb.TYPE_FP32, dims=[1], reshape=pb.ModelTensorReshape())]
+                if model.reference
+                else []
+            ),
         ],
         instance_group=[
             pb.ModelInstanceGroup(

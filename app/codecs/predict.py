@@ -46,6 +46,15 @@ class ImageResult(BaseModel):
         description="The pooled representation the classification head receives (model width values); "
         "only when embedding=true, L2-normalised with normalize=true",
     )
+    ood_score: float | None = Field(
+        None,
+        description="Distance of the image from the data the model's reference statistics came from (the "
+        "Mahalanobis distance of its embedding to the nearest class mean; higher: further); only when ood=true",
+        examples=[7.3],
+    )
+    ood: bool | None = Field(
+        None, description="ood_score above the model's threshold (VIT_OOD_THRESHOLD); only when ood=true and one is set"
+    )
 
 
 class PredictResponse(BaseModel):
@@ -77,6 +86,7 @@ class ModelInfo(BaseModel):
         examples=["static"],
     )
     embedding_dim: int = Field(description="Length of an image's embedding (embedding=true)", examples=[192])
+    reference: bool = Field(description="Whether the checkpoint has reference statistics, so ood=true scores images")
     decode: DecodedOn = Field(
         description="Where plain JPEGs are decoded: gpu (nvJPEG, a batch at a time; VIT_DECODE=auto on a GPU) or cpu",
         examples=["cpu"],
@@ -116,6 +126,7 @@ def model_info(model: ModelDescription) -> ModelInfo:
         precision=model.precision,
         quantization=model.quantization,
         embedding_dim=model.embedding_dim,
+        reference=model.reference,
         decode=model.decode,
     )
 
@@ -140,6 +151,10 @@ def image_result(prediction: Prediction, classes: list[str], top_k: int, attenti
         result["overlay_png"] = base64.b64encode(prediction.overlay_png).decode("ascii")
     if prediction.embedding is not None:
         result["embedding"] = prediction.embedding.tolist()
+    if prediction.ood_score is not None:
+        result["ood_score"] = prediction.ood_score
+    if prediction.ood is not None:
+        result["ood"] = prediction.ood
     return result
 
 

@@ -5,7 +5,9 @@ exactly as /predict does; or `pixels`, FP32 [N, C, H, W], already preprocessed. 
 `probabilities`, FP32 [N, classes], and `attention`, FP32 [N, grid, grid], when the request parameter
 `attention` names a map (`rollout`, `last`, or `gradient` for the class in the parameter `target`,
 default each image's top-1); and `embedding`, FP32 [N, D], the pooled representation the head
-receives, when the output is asked for or the parameter `embedding` is true (`normalize`: L2-normalised).
+receives, when the output is asked for or the parameter `embedding` is true (`normalize`: L2-normalised);
+and `ood_score`, FP32 [N], each image's distance from the model's reference data, when the parameter `ood` is
+true.
 Extensions: binary tensor data (`Inference-Header-Content-Length`,
 `binary_data_size`; BYTES elements as 4-byte little-endian length + bytes), classification
 (`classification: k` on an output: BYTES [N, k] of Triton's "score:index:label"), and system shared
@@ -39,7 +41,8 @@ from app.telemetry.statistics import Duration, ModelStatistics
 HEADER_LENGTH = "inference-header-content-length"
 IMAGE, PIXELS = "image", "pixels"
 PROBABILITIES, ATTENTION, EMBEDDING = "probabilities", "attention", "embedding"
-OUTPUT_NAMES = (PROBABILITIES, ATTENTION, EMBEDDING)
+OOD_SCORE = "ood_score"
+OUTPUT_NAMES = (PROBABILITIES, ATTENTION, EMBEDDING, OOD_SCORE)
 SERVER_NAME = "vit-serve"
 EXTENSIONS = [
     "binary_tensor_data",
@@ -285,6 +288,7 @@ def model_metadata(model: ModelDescription, takes_pixels: bool = True) -> V2Mode
             V2TensorMetadata(name=PROBABILITIES, datatype=Datatype.FP32, shape=[-1, len(model.classes)]),
             V2TensorMetadata(name=ATTENTION, datatype=Datatype.FP32, shape=[-1, grid, grid]),
             V2TensorMetadata(name=EMBEDDING, datatype=Datatype.FP32, shape=[-1, model.embedding_dim]),
+            *([V2TensorMetadata(name=OOD_SCORE, datatype=Datatype.FP32, shape=[-1])] if model.reference else []),
         ],
     )
 
@@ -346,6 +350,7 @@ def decode_infer(request: InferRequest, data_of: Callable[[TensorIn], TensorData
         request_target(request),
         embedding=request_flag(request, EMBEDDING),
         normalize=request_flag(request, "normalize"),
+        ood=request_flag(request, "ood"),
     )
     check_one_input(request)
     check_outputs(request, intake.regions)  # before any compute is spent
@@ -582,6 +587,7 @@ def output_tensors(decoded: Decoded, predictions: list[Prediction], classes: lis
         PROBABILITIES: True,
         ATTENTION: decoded.options.attention != "none",
         EMBEDDING: decoded.options.embedding,
+        OOD_SCORE: decoded.options.ood,
     }
     wanted = (
         [o for o in request.outputs if computed[o.name]]
@@ -646,6 +652,8 @@ def output_tensor(
     if name == EMBEDDING:
         embeddings = torch.stack([p.embedding for p in predictions if p.embedding is not None])  # (N, D)
         return name, Datatype.FP32, list(embeddings.shape), embeddings.float().flatten().numpy()
+    if name == OOD_SCORE:
+        return name, Datatype.FP32, [n], np.array([p.ood_score for p in predictions], dtype=np.float32)
     raise AssertionError(f"unchecked output {name!r}")
 
 

@@ -69,6 +69,11 @@ class PredictQuery(BaseModel):
         False, description="Also return each image's embedding (what the classification head receives)"
     )
     normalize: bool = Field(False, description="With embedding=true: L2-normalise it")
+    ood: bool = Field(
+        False,
+        description="Also score how far each image lies from the model's reference data (ood_score; higher: "
+        "further) and, where VIT_OOD_THRESHOLD is set, flag it (ood)",
+    )
 
 
 @router.post(
@@ -81,7 +86,7 @@ class PredictQuery(BaseModel):
 )
 async def predict(request: Request, plane: AuthorizedPlane, query: Annotated[PredictQuery, Query()]) -> Response:
     """Classify one or more images; optionally return attention maps, overlays and embeddings."""
-    options = InferOptions(query.attention, query.target, query.overlay, query.embedding, query.normalize)
+    options = InferOptions(query.attention, query.target, query.overlay, query.embedding, query.normalize, query.ood)
     plane.describe(query.model)  # an unknown model is answered before the body is read
     images = await read_images(request, plane.limits.max_upload_bytes, plane.limits.max_files)
     return await respond_unless_disconnected(

@@ -17,6 +17,7 @@ import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import zmq
@@ -128,6 +129,8 @@ class StoredOutputs:
     attention_maps: Stored | None  # (N, grid, grid)
     embeddings: Stored | None  # (N, dim)
     overlays: list[StoredBytes] | None
+    ood_scores: list[float] | None = None  # per image, when asked for
+    ood: list[bool] | None = None  # per image, where a threshold is set
 
 
 @dataclass(frozen=True)
@@ -272,7 +275,14 @@ def store_outputs(predictions: list[Prediction], into: RegionWriter) -> StoredOu
         None if maps is None else into.tensor(maps),
         None if embeddings is None else into.tensor(embeddings),
         None if all(o is None for o in overlays) else [into.data(o or b"") for o in overlays],
+        present([p.ood_score for p in predictions]),
+        present([p.ood for p in predictions]),
     )
+
+
+def present(values: list[Any]) -> list[Any] | None:
+    """A request's values of one kind (every image has one, or none has)."""
+    return None if all(v is None for v in values) else values
 
 
 def stacked(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
@@ -351,6 +361,8 @@ def load_predictions(stored: StoredOutputs, arena: Arena | None) -> list[Predict
             None if maps is None else maps[i],
             None if overlays is None else overlays[i] or None,
             None if embeddings is None else embeddings[i],
+            None if stored.ood_scores is None else stored.ood_scores[i],
+            None if stored.ood is None else stored.ood[i],
         )
         for i, filename in enumerate(stored.filenames)
     ]

@@ -24,7 +24,7 @@ from model.shapes import make_sample
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 TIMM_NAME = "vit_tiny_patch16_224.augreg_in21k_ft_in1k"
 HF_REPO = "someone/tiny-vit"
-EVA_NAME = "eva02_tiny_patch14_336.mim_in22k_ft_in1k"
+REFUSED_NAME = "vit_dwee_patch16_reg1_gap_256.sbb_in1k"  # differential attention: refused by name
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
@@ -65,10 +65,9 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
         label2id={v: k for k, v in labels.items()},
     )
     ViTForImageClassification(config).save_pretrained(snapshot(root, HF_REPO))
-    eva = timm.create_model(EVA_NAME.split(".")[0], pretrained=False)  # a family the converter does not map yet
-    save_file(
-        eva.state_dict(), str(snapshot(root, timm.models.get_pretrained_cfg(EVA_NAME).hf_hub_id) / "model.safetensors")
-    )
+    refused = timm.create_model(REFUSED_NAME.split(".")[0], pretrained=False)  # a feature the converter lacks
+    hub_id = timm.models.get_pretrained_cfg(REFUSED_NAME).hf_hub_id
+    save_file(refused.state_dict(), str(snapshot(root, hub_id) / "model.safetensors"))
     return root, m
 
 
@@ -127,7 +126,10 @@ def test_hub_names_serve_offline_converted_once(hub: tuple[Path, Any], tmp_path:
         ),
         ("x=hf:nobody/nothing", "VIT_MODELS x=hf:nobody/nothing: could not fetch nobody/nothing"),
         ("x=timm:no_such_model", "timm has no model 'no_such_model'"),
-        (f"x=timm:{EVA_NAME}", f"VIT_MODELS x=timm:{EVA_NAME}: unsupported feature: the model class Eva"),
+        (
+            f"x=timm:{REFUSED_NAME}",
+            f"VIT_MODELS x=timm:{REFUSED_NAME}: unsupported feature: block 0: attention of type DiffAttention",
+        ),
     ],
 )
 def test_a_hub_name_that_cannot_be_served_fails_the_start_with_one_line(

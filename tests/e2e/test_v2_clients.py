@@ -87,6 +87,7 @@ def test_tritonclient_health_and_metadata(client: triton.InferenceServerClient) 
         ("probabilities", "FP32", (-1, 10)),
         ("attention", "FP32", (-1, 8, 8)),
         ("embedding", "FP32", (-1, 128)),
+        ("ood_score", "FP32", (-1,)),  # the bundled checkpoint has reference statistics
     }
     with pytest.raises(InferenceServerException, match="has no version 'abc'"):
         client.get_model_metadata(MODEL, "abc")

@@ -44,6 +44,8 @@ def test_train_imagefolder_writes_checkpoint_metrics_and_plot(tmp_path: Path) ->
     assert ckpt.training["dataset"] == "imagefolder"
     assert ckpt.training["init"] == "mimetic"  # the default
     assert ckpt.training["test_accuracy"] == pytest.approx(history.best_accuracy, abs=1e-6)
+    assert ckpt.reference is not None and ckpt.reference.means.shape == (3, 32)  # statistics of the val images
+    assert ckpt.training["reference"] == f"{ckpt.reference.images} imagefolder test images, labelled"
     metrics = json.loads((out.parent / "vit.metrics.json").read_text())
     assert len(metrics["epochs"]) == 2 and {"train_loss", "train_accuracy", "test_accuracy"} <= set(
         metrics["epochs"][0]

@@ -45,6 +45,7 @@ class ModelDescription:
     config: dict[str, Any]  # the architecture, as the checkpoint stores it
     preprocessing: dict[str, Any]
     training: dict[str, Any]
+    reference: bool = False  # the checkpoint has reference statistics: out-of-distribution scores
 
     def class_index(self, target: str | None) -> int | None:
         """A class label, or its index, as the class index a gradient map explains; None for None (the top-1)."""

@@ -44,6 +44,7 @@ class InferOptions:
     overlay: bool = False  # also draw the map over the image as a PNG
     embedding: bool = False  # also return the embedding the classification head receives
     normalize: bool = False  # with embedding: L2-normalised
+    ood: bool = False  # also score how far each image lies from the model's reference data
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_KINDS:
@@ -65,3 +66,5 @@ class Prediction:
     attention_map: Tensor | None  # (grid, grid) in [0, 1], when asked for
     overlay_png: bytes | None  # the map over the image, when asked for
     embedding: Tensor | None = None  # (dim,) float32 on the CPU, when asked for
+    ood_score: float | None = None  # distance from the reference data (higher: further), when asked for
+    ood: bool | None = None  # the score above the model's threshold, where one is set

@@ -259,7 +259,13 @@ class Engine(Front):
         started: float,
     ) -> tuple[Inference, RequestTiming]:
         """Through the model's batcher into predictions (overlays drawn on the pool), and where the time went."""
-        wanted = Wanted(options.attention, model.target_index(options.target), options.embedding)
+        reference = model.checkpoint.reference
+        if options.ood and reference is None:
+            raise InvalidInput(
+                f"model {model.name} (version {model.version}) has no reference statistics to score images by; "
+                "add them with: python -m model.reference CHECKPOINT --images DIR (in-distribution images)"
+            )
+        wanted = Wanted(options.attention, model.target_index(options.target), options.embedding or options.ood)
         deadline = time.monotonic() + self.time_limit(timeout_s)
         if isinstance(inputs, torch.Tensor):
             if options.overlay:
@@ -279,7 +285,13 @@ class Engine(Front):
             )
             received = time.monotonic()
             names = [p.filename for p in prepared]
-        predictions = [prediction(n, o, options.normalize) for n, o in zip(names, outputs, strict=True)]
+        scores: list[float | None] = [None] * len(outputs)
+        if options.ood and reference is not None:
+            scores = reference.scores(torch.stack([o.embedding for o in outputs if o.embedding is not None])).tolist()
+        threshold = self.settings.ood_threshold_for(model.name) if options.ood else None
+        predictions = [
+            prediction(n, o, options, score, threshold) for n, o, score in zip(names, outputs, scores, strict=True)
+        ]
         if options.overlay and not isinstance(inputs, torch.Tensor):  # PNG encoding of every map: milliseconds each
             predictions = await self.run_in_pool(with_overlays, predictions, [p.image for p in prepared])
         record_span("queue", submitted, max((o.batch.started for o in outputs if o.batch), default=submitted))
@@ -387,8 +399,11 @@ def pick(
     return [inputs[i] for i in indices]
 
 
-def prediction(filename: str, output: ImageOutput, normalize: bool) -> Prediction:
-    embedding = output.embedding
-    if embedding is not None and normalize:
+def prediction(
+    filename: str, output: ImageOutput, options: InferOptions, ood_score: float | None, threshold: float | None
+) -> Prediction:
+    embedding = output.embedding if options.embedding else None  # (also computed for an ood score alone)
+    if embedding is not None and options.normalize:
         embedding = torch.nn.functional.normalize(embedding, dim=0)
-    return Prediction(filename, output.probabilities, output.attention_map, None, embedding)
+    flagged = None if ood_score is None or threshold is None else ood_score > threshold
+    return Prediction(filename, output.probabilities, output.attention_map, None, embedding, ood_score, flagged)

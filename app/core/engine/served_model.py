@@ -161,6 +161,7 @@ class ServedModel:
             config=c.config.to_dict(),
             preprocessing=asdict(c.preprocessing),
             training=c.training,
+            reference=c.reference is not None,
         )
 
     @property

@@ -256,6 +256,7 @@ async def test_openapi_documents_the_api(client: httpx.AsyncClient) -> None:
         "target",
         "embedding",
         "normalize",
+        "ood",
     }
     top_k = next(p for p in predict["parameters"] if p["name"] == "top_k")
     assert top_k["in"] == "query" and not top_k["required"]

@@ -1,0 +1,178 @@
+"""How well the out-of-distribution score separates a model's own data from what it never saw: AUROC.
+
+    python -m bench.ood [--weights PATH] [--n 1000]
+
+The score is the one the service gives (`ood=true`): the Mahalanobis distance of an image's embedding to the
+nearest class mean, under the checkpoint's reference statistics (model/reference.py). In-distribution: held-out
+shapes (the evaluation stream, which neither training nor the reference statistics used). Against:
+- `noisy shapes`: the same kind of shapes under heavy Gaussian noise (sigma 64 of 255);
+- `low-contrast shapes`: shapes in a colour of the background's luminance (training shapes always differ from
+  their background by 0.3 or more);
+- `photographs`: scikit-image's sample photographs, random crops of 20 to 100 % of their shorter side, rescaled;
+- `uniform noise`: every pixel uniform in [0, 255].
+
+Each set's AUROC (the chance that a shifted image scores above an in-distribution one) for that score and for
+the maximum-softmax baseline (1 - the top probability), the score Fort et al. compare against.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from app.settings import BUNDLED_WEIGHTS
+from bench.common import write_results
+from model.checkpoint import Checkpoint, load_checkpoint
+from model.evaluate import DEFAULT_SHAPES_EVAL_SEED
+from model.preprocessing import EvalTransform
+from model.shapes import IMAGE_SIZE, background, luminance, make_sample, random_colour, render_shape
+
+PHOTOS = ["astronaut", "chelsea", "coffee", "rocket", "camera", "immunohistochemistry", "retina", "hubble_deep_field"]
+NOISE_SIGMA = 64.0
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.ood", description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--weights", type=Path, default=BUNDLED_WEIGHTS, help="a checkpoint with reference statistics")
+    p.add_argument("--n", type=int, default=1000, help="images in each set")
+    p.add_argument("--name", default="ood", help="results file name")
+    return p.parse_args()
+
+
+def auroc(inside: np.ndarray, outside: np.ndarray) -> float:
+    """P(an outside score > an inside score), ties counted half (the Mann-Whitney statistic)."""
+    o, i = outside[:, None], inside[None, :]
+    return float((o > i).mean() + 0.5 * (o == i).mean())
+
+
+def held_out_shapes(i: int) -> Image.Image:
+    return make_sample(DEFAULT_SHAPES_EVAL_SEED, i).image.convert("RGB")
+
+
+def noisy_shapes(i: int) -> Image.Image:
+    pixels = np.asarray(held_out_shapes(100_000 + i), dtype=np.float64)
+    pixels = pixels + np.random.default_rng([11, i]).normal(0, NOISE_SIGMA, pixels.shape)
+    return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
+
+
+def low_contrast_shapes(i: int) -> Image.Image:
+    """A shape as the dataset draws it, but in a colour within 0.05 of the background's luminance."""
+    rng = np.random.default_rng([13, i])
+    label = int(rng.integers(10))
+    bg = background(rng, IMAGE_SIZE)
+    colour = random_colour(rng)
+    for _ in range(1000):
+        if abs(luminance(colour) - luminance(bg)) < 0.05:
+            break
+        colour = random_colour(rng)
+    coverage, _ = render_shape(label, rng)
+    alpha = np.asarray(coverage.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BOX), dtype=np.float64)[..., None]
+    pixels = bg * (1 - alpha / 255) + colour * alpha / 255
+    return Image.fromarray(np.clip(pixels + 0.5, 0, 255).astype(np.uint8))
+
+
+def photograph_crops(photos: list[Image.Image]) -> Callable[[int], Image.Image]:
+    def crop(i: int) -> Image.Image:
+        rng = np.random.default_rng([17, i])
+        photo = photos[i % len(photos)]
+        side = int(min(photo.size) * rng.uniform(0.2, 1.0))
+        left, top = rng.integers(0, photo.width - side + 1), rng.integers(0, photo.height - side + 1)
+        return photo.crop((int(left), int(top), int(left) + side, int(top) + side))
+
+    return crop
+
+
+def uniform_noise(i: int) -> Image.Image:
+    pixels = np.random.default_rng([19, i]).integers(0, 256, (IMAGE_SIZE, IMAGE_SIZE, 3), dtype=np.uint8)
+    return Image.fromarray(pixels)
+
+
+def skimage_photos() -> list[Image.Image]:
+    try:
+        from skimage import data
+    except ImportError:
+        raise SystemExit("the photographs need scikit-image: .venv/bin/pip install -e '.[bench]'") from None
+    return [Image.fromarray(getattr(data, name)()).convert("RGB") for name in PHOTOS]
+
+
+@torch.inference_mode()
+def scores(ckpt: Checkpoint, make: Callable[[int], Image.Image], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(Mahalanobis scores, 1 - max softmax) of n images."""
+    assert ckpt.reference is not None
+    transform = EvalTransform(ckpt.preprocessing)
+    mahalanobis, softmax = [], []
+    for start in range(0, n, 100):
+        x = torch.stack([transform(make(i)) for i in range(start, min(n, start + 100))])
+        logits, embedding, _ = ckpt.model.forward_with_embedding(x)
+        mahalanobis.append(ckpt.reference.scores(embedding))
+        softmax.append(1 - logits.softmax(-1).amax(-1))
+    return torch.cat(mahalanobis).numpy(), torch.cat(softmax).numpy()
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(2)
+    ckpt = load_checkpoint(args.weights)
+    if ckpt.reference is None:
+        raise SystemExit(f"{args.weights} has no reference statistics: python -m model.reference {args.weights} ...")
+    sets: dict[str, Callable[[int], Image.Image]] = {
+        "noisy shapes": noisy_shapes,
+        "low-contrast shapes": low_contrast_shapes,
+        "photographs": photograph_crops(skimage_photos()),
+        "uniform noise": uniform_noise,
+    }
+    started = time.perf_counter()
+    inside_m, inside_s = scores(ckpt, held_out_shapes, args.n)
+    rows: list[dict[str, Any]] = []
+    by_photo: dict[str, float] = {}
+    for name, make in sets.items():
+        outside_m, outside_s = scores(ckpt, make, args.n)
+        rows.append(
+            {
+                "set": name,
+                "auroc": auroc(inside_m, outside_m),
+                "auroc_max_softmax": auroc(inside_s, outside_s),
+                "median_score": float(np.median(outside_m)),
+            }
+        )
+        if name == "photographs":  # crop i comes from photo i % len(PHOTOS)
+            by_photo = {photo: auroc(inside_m, outside_m[k :: len(PHOTOS)]) for k, photo in enumerate(PHOTOS)}
+    report = {
+        "weights": str(args.weights),
+        "version": ckpt.version,
+        "reference": ckpt.training.get("reference"),
+        "images_per_set": args.n,
+        "in_distribution_median_score": float(np.median(inside_m)),
+        "in_distribution_p95_score": float(np.percentile(inside_m, 95)),
+        "sets": rows,
+        "photographs_by_source": by_photo,
+        "seconds": time.perf_counter() - started,
+    }
+    lines = [
+        f"# Out-of-distribution AUROC: {args.weights.name} (version {ckpt.version})",
+        "",
+        f"`python -m bench.ood --n {args.n}`; reference statistics from {report['reference']}. In-distribution: "
+        f"{args.n} held-out shapes, median score {report['in_distribution_median_score']:.2f} (95th percentile "
+        f"{report['in_distribution_p95_score']:.2f}).",
+        "",
+        "| shifted set | AUROC, Mahalanobis (served) | AUROC, max softmax | median score |",
+        "|---|---:|---:|---:|",
+        *(f"| {r['set']} | {r['auroc']:.3f} | {r['auroc_max_softmax']:.3f} | {r['median_score']:.2f} |" for r in rows),
+        "",
+        "Photographs by source (AUROC, Mahalanobis): "
+        + ", ".join(f"{photo} {value:.3f}" for photo, value in by_photo.items()),
+        "",
+    ]
+    write_results(args.name, report, "\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""Reference statistics: the fit and the score against the Mahalanobis distance computed the long way, the
+checkpoint round trip (the model's version kept, tampering caught, older checkpoints still loading), the
+command over image folders, and training writing them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from model.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from model.reference import Reference, fit
+from model.shapes import SHAPE_CLASSES, make_sample
+from tests.support.checkpoints import TINY_PREPROCESSING, tiny_model
+
+
+def test_the_score_is_the_mahalanobis_distance_to_the_nearest_class_mean() -> None:
+    g = torch.Generator().manual_seed(0)
+    labels = torch.arange(300) % 3
+    embeddings = torch.randn(300, 5, generator=g) * torch.tensor([1.0, 2.0, 0.5, 1.0, 3.0]) + labels[:, None] * 4.0
+    reference = fit(embeddings, labels, num_classes=4, ridge=0.0)  # class 3: no images
+    assert reference.prior.tolist() == pytest.approx([1 / 3, 1 / 3, 1 / 3, 0.0])
+    means = torch.stack([embeddings[labels == c].double().mean(0) for c in range(3)])
+    centred = embeddings.double() - means[labels]
+    covariance = centred.T @ centred / 300
+    queries = torch.randn(7, 5, generator=g) * 5
+    long_way = torch.stack(
+        [
+            torch.stack([((q.double() - m) @ torch.linalg.solve(covariance, q.double() - m)).sqrt() for m in means])
+            for q in queries
+        ]
+    ).amin(1)
+    torch.testing.assert_close(reference.scores(queries).double(), long_way, rtol=1e-4, atol=1e-4)
+    far = reference.scores(means.float().mean(0, keepdim=True) + 100)
+    assert float(far) > float(reference.scores(means[:1].float()))  # further from the data: higher
+
+
+def test_reference_statistics_travel_in_the_checkpoint_and_keep_its_version(tmp_path: Path) -> None:
+    model = tiny_model()
+    plain, with_reference = tmp_path / "plain.safetensors", tmp_path / "ref.safetensors"
+    save_checkpoint(plain, model, list(SHAPE_CLASSES), TINY_PREPROCESSING)
+    embeddings, labels = torch.randn(50, 32), torch.arange(50) % 10
+    reference = fit(embeddings, labels, 10)
+    save_checkpoint(with_reference, model, list(SHAPE_CLASSES), TINY_PREPROCESSING, reference=reference)
+    assert load_checkpoint(plain).reference is None  # a checkpoint without them loads as before
+    loaded = load_checkpoint(with_reference)
+    assert loaded.version == load_checkpoint(plain).version and loaded.reference is not None
+    torch.testing.assert_close(loaded.reference.scores(embeddings), reference.scores(embeddings))
+    assert loaded.reference.images == 50
+    with safe_open(str(with_reference), framework="pt") as f:  # tamper with the statistics alone
+        tensors, metadata = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()  # noqa: SIM118
+    tensors["reference.means"] = tensors["reference.means"] + 1
+    save_file(tensors, str(tmp_path / "tampered.safetensors"), metadata=metadata)
+    with pytest.raises(CheckpointError, match="reference statistics hash mismatch"):
+        load_checkpoint(tmp_path / "tampered.safetensors")
+    with pytest.raises(ValueError, match="do not fit the model"):
+        save_checkpoint(
+            tmp_path / "x.safetensors",
+            model,
+            list(SHAPE_CLASSES),
+            TINY_PREPROCESSING,
+            reference=fit(torch.randn(10, 8), torch.arange(10) % 10, 10),
+        )
+
+
+def test_mismatched_statistics_are_refused() -> None:
+    with pytest.raises(ValueError, match="disagree"):
+        Reference(torch.zeros(3, 4), torch.eye(5), torch.ones(3) / 3, 10)
+    with pytest.raises(ValueError, match="at least 2 images"):
+        fit(torch.randn(1, 4), torch.zeros(1), 3)
+
+
+def write_shapes(folder: Path, by_class: bool, n: int = 24) -> None:
+    for i in range(n):
+        sample = make_sample(99, i)
+        where = folder / SHAPE_CLASSES[sample.label] if by_class else folder
+        where.mkdir(parents=True, exist_ok=True)
+        sample.image.save(where / f"{i}.png")
+
+
+@pytest.mark.parametrize("by_class", [True, False])
+def test_the_command_labels_by_class_folders_or_by_the_model(tmp_path: Path, by_class: bool) -> None:
+    ckpt = tmp_path / "tiny.safetensors"
+    save_checkpoint(ckpt, tiny_model(), list(SHAPE_CLASSES), TINY_PREPROCESSING)
+    write_shapes(tmp_path / "images", by_class)
+    r = subprocess.run(
+        [sys.executable, "-m", "model.reference", str(ckpt), "--images", str(tmp_path / "images")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    how = "labelled by their class folders" if by_class else "labelled by the model's top-1"
+    assert f"24 images in images/, {how}" in r.stdout and "(version" in r.stdout
+    loaded = load_checkpoint(ckpt)  # written in place
+    assert loaded.reference is not None and loaded.reference.images == 24
+    assert loaded.training["reference"].endswith(how)
+
+
+def test_the_command_refuses_what_it_cannot_use(tmp_path: Path) -> None:
+    ckpt = tmp_path / "tiny.safetensors"
+    save_checkpoint(ckpt, tiny_model(), list(SHAPE_CLASSES), TINY_PREPROCESSING)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "bad").mkdir()
+    Image.new("RGB", (8, 8)).save(tmp_path / "bad" / "a.png")
+    (tmp_path / "bad" / "b.png").write_bytes(b"not a png")
+    for args, message in (
+        (["--images", str(tmp_path / "none")], "not a folder"),
+        (["--images", str(tmp_path / "empty")], "fewer than 2 image files"),
+        (["--images", str(tmp_path / "bad")], "not a readable image"),
+        (["--shapes", "1"], "at least 2"),
+    ):
+        r = subprocess.run(
+            [sys.executable, "-m", "model.reference", str(ckpt), *args], capture_output=True, text=True, timeout=120
+        )
+        assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+    assert load_checkpoint(ckpt).reference is None
