@@ -68,6 +68,28 @@ def parse_thresholds(text: str) -> dict[str, float]:
     return out
 
 
+def parse_shadow(text: str) -> list[tuple[str, str, float]]:
+    """VIT_SHADOW: `champion:challenger[:fraction]`, comma-separated; ValueError otherwise."""
+    pairs: list[tuple[str, str, float]] = []
+    for part in (p.strip() for p in text.split(",")):
+        fields = part.split(":")
+        if len(fields) not in (2, 3) or not all(f.strip() for f in fields[:2]):
+            raise ValueError(f"VIT_SHADOW: {part!r} is not champion:challenger or champion:challenger:fraction")
+        champion, challenger = fields[0].strip(), fields[1].strip()
+        try:
+            fraction = float(fields[2]) if len(fields) == 3 else 1.0
+        except ValueError:
+            raise ValueError(f"VIT_SHADOW: {part!r}: the fraction must be a number from 0 to 1") from None
+        if not 0.0 <= fraction <= 1.0:
+            raise ValueError(f"VIT_SHADOW: {part!r}: the fraction must be from 0 to 1")
+        if champion == challenger:
+            raise ValueError(f"VIT_SHADOW: {part!r}: a model cannot shadow itself")
+        if champion in (c for c, _, _ in pairs):
+            raise ValueError(f"VIT_SHADOW: {champion!r} has more than one challenger")
+        pairs.append((champion, challenger, fraction))
+    return pairs
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="VIT_", env_file=".env", extra="ignore")
 
@@ -145,6 +167,17 @@ class Settings(BaseSettings):
         description='Out-of-distribution scores above this are flagged ("ood": true) where clients ask for scores: '
         "a number for every model, or name=number,name=number; unset: scores only, no flag",
     )
+    drift_window: int = Field(
+        1000,
+        ge=0,
+        description="Images per model the drift gauges (vit_drift_score) are taken over, for models with reference "
+        "statistics (0: off)",
+    )
+    shadow: str | None = Field(
+        None,
+        description="Shadow challengers: champion:challenger[:fraction],... of served models; that fraction (default "
+        "1.0) of the champion's images is also computed by the challenger after the champion answers, and compared",
+    )
     warmup: bool = Field(True, description="Run each batch size once before reporting ready")
     cache_bytes: int = Field(
         0,
@@ -209,6 +242,18 @@ class Settings(BaseSettings):
             return None
         parse_thresholds(v)
         return v
+
+    @field_validator("shadow")
+    @classmethod
+    def check_shadow(cls, v: str | None) -> str | None:
+        if v is None or not v.strip():
+            return None
+        parse_shadow(v)
+        return v
+
+    def shadow_pairs(self) -> list[tuple[str, str, float]]:
+        """VIT_SHADOW as (champion, challenger, fraction) triples."""
+        return parse_shadow(self.shadow) if self.shadow else []
 
     def ood_threshold_for(self, model: str) -> float | None:
         """The out-of-distribution threshold of one model, or None (no flag)."""

@@ -100,6 +100,26 @@ class ModelList(BaseModel):
     models: list[ModelInfo]
 
 
+class ShadowComparison(BaseModel):
+    champion: str = Field(examples=["vit-shapes"])
+    challenger: str = Field(examples=["vit-shapes-next"])
+    fraction: float = Field(
+        description="Share of the champion's images also computed by the challenger", examples=[1.0]
+    )
+    compared: int = Field(description="Images both models computed", examples=[1000])
+    top1_agreement: float | None = Field(
+        description="Share of the compared images with the same top-1 class (null before the first)", examples=[0.97]
+    )
+    mean_tv_distance: float | None = Field(
+        description="Mean total variation distance between the two probability vectors, 0 to 1", examples=[0.021]
+    )
+    shed: int = Field(
+        description="Images picked for the challenger but not computed (load, or a failure)", examples=[0]
+    )
+    champion_p50_ms: float | None = Field(description="Median time from submission to answer, per request")
+    challenger_p50_ms: float | None = Field(description="The same for the challenger's shadow requests")
+
+
 class ErrorBody(BaseModel):
     detail: str = Field(examples=["photo.tif: TIFF images are not supported; send one of image/bmp, image/gif, ..."])
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from app.core.contract.data_plane import Batching, Inference, InferenceRequest, Limits, costly_to_encode
-from app.core.contract.description import ModelDescription, ModelStatus, canonical_version
+from app.core.contract.description import ModelDescription, ModelStatus, ShadowReport, canonical_version
 from app.core.contract.errors import ModelNotFound, Unauthorized
 from app.core.contract.regions import SharedMemoryRegions
 from app.settings import Settings
@@ -104,6 +104,9 @@ class Front(ABC):
 
     @abstractmethod
     async def statistics(self, name: str | None = None, version: str | None = None) -> list[ModelStatistics]: ...
+
+    @abstractmethod
+    async def shadow_report(self, champion: str) -> ShadowReport: ...
 
     @abstractmethod
     async def load_model(self, name: str) -> None: ...

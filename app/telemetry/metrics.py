@@ -83,6 +83,31 @@ class Metrics:
         self.cache_bytes = Gauge(
             "vit_cache_bytes", "Bytes the response cache holds", registry=r, multiprocess_mode="livesum"
         )
+        self.drift = Gauge(
+            "vit_drift_score",
+            "Drift of the last VIT_DRIFT_WINDOW images from the model's reference data: kind=prediction, the total "
+            "variation distance of the predicted classes from the reference prior (0 to 1); kind=embedding, their "
+            "mean out-of-distribution score",
+            ["model", "kind"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        pair = ["champion", "challenger"]
+        self.shadow_compared = Counter(
+            "vit_shadow_compared", "Images both the champion and its shadow challenger computed", pair, registry=r
+        )
+        self.shadow_agreed = Counter(
+            "vit_shadow_top1_agreements", "Shadow-compared images with the same top-1 class", pair, registry=r
+        )
+        self.shadow_tv_distance = Counter(
+            "vit_shadow_tv_distance",
+            "Sum over shadow-compared images of the total variation distance between the two probability vectors",
+            pair,
+            registry=r,
+        )
+        self.shadow_shed = Counter(
+            "vit_shadow_shed", "Images picked for the shadow challenger but shed (load, or a failure)", pair, registry=r
+        )
         self.gc_pause = Histogram(
             "vit_gc_pause_seconds",
             "Garbage collections (every thread waits meanwhile), by generation",

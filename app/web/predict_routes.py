@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
@@ -9,7 +10,15 @@ from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, Field
 
-from app.codecs.predict import ErrorBody, Health, ModelInfo, ModelList, PredictResponse, encode_predict_response
+from app.codecs.predict import (
+    ErrorBody,
+    Health,
+    ModelInfo,
+    ModelList,
+    PredictResponse,
+    ShadowComparison,
+    encode_predict_response,
+)
 from app.codecs.predict import model_info as describe
 from app.core.contract.data_plane import DataPlane, Inference, InferenceRequest
 from app.core.contract.request import AttentionKind, InferOptions
@@ -112,6 +121,12 @@ async def list_models(plane: ServingPlane) -> ModelList:
     """Every served model, the default first."""
     models = plane.models()
     return ModelList(default=models[0].name if models else None, models=[describe(m) for m in models])
+
+
+@router.get("/v1/models/{name}/shadow", response_model=ShadowComparison, responses={404: ERRORS[404], 503: ERRORS[503]})
+async def shadow(name: str, plane: ServingPlane) -> ShadowComparison:
+    """How the model's shadow challenger (VIT_SHADOW) compares with it on the same live images so far."""
+    return ShadowComparison(**dataclasses.asdict(await plane.shadow_report(name)))
 
 
 @router.get("/health/live", response_model=Health)

@@ -247,6 +247,9 @@ class EngineHost:
                 reply = Reply(call.id, index=await self.engine.repository_index(call.ready_only))
             elif call.op == "statistics":
                 reply = Reply(call.id, statistics=await self.engine.statistics(call.name, call.version))
+            elif call.op == "shadow":
+                assert call.name is not None
+                reply = Reply(call.id, shadow=await self.engine.shadow_report(call.name))
             else:
                 assert call.name is not None
                 await (self.engine.load_model if call.op == "load" else self.engine.unload_model)(call.name)

@@ -23,7 +23,7 @@ import torch
 import zmq
 
 from app.core.contract import errors
-from app.core.contract.description import ModelDescription, ModelStatus
+from app.core.contract.description import ModelDescription, ModelStatus, ShadowReport
 from app.core.contract.request import DecodedImage, EncodedImage, InferOptions, Prediction
 from app.telemetry.statistics import ModelStatistics
 from app.workers.shared_memory import Arena, aligned, tensor_bytes
@@ -114,7 +114,7 @@ class Refused:
 class RepositoryCall:
     id: int
     incarnation: str
-    op: str  # index, load, unload or statistics
+    op: str  # index, load, unload, statistics or shadow
     name: str | None = None
     ready_only: bool = False
     version: str | None = None  # statistics of one version
@@ -161,6 +161,7 @@ class Reply:
     outputs: StoredOutputs | None = None
     index: list[ModelStatus] | None = None  # repository index
     statistics: list[ModelStatistics] | None = None
+    shadow: ShadowReport | None = None
     failure: Failure | None = None
 
 

@@ -31,7 +31,7 @@ import zmq
 from PIL import Image
 
 from app.core.contract.data_plane import Inference, InferenceRequest
-from app.core.contract.description import ModelDescription, ModelStatus
+from app.core.contract.description import ModelDescription, ModelStatus, ShadowReport
 from app.core.contract.errors import NOT_READY, TIMED_OUT, NotReady, Overloaded, RequestTimeout
 from app.core.contract.request import DecodedImage, EncodedImage
 from app.core.front import Front
@@ -358,6 +358,11 @@ class RemoteEngine(Front):
 
     async def statistics(self, name: str | None = None, version: str | None = None) -> list[ModelStatistics]:
         return (await self.repository("statistics", name, version=version)).statistics or []
+
+    async def shadow_report(self, champion: str) -> ShadowReport:
+        report = (await self.repository("shadow", champion)).shadow
+        assert report is not None
+        return report
 
     async def load_model(self, name: str) -> None:
         await self.repository("load", name)

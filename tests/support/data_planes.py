@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from app.core.contract.data_plane import Inference, InferenceRequest, Limits
-from app.core.contract.description import ModelDescription, ModelStatus
+from app.core.contract.description import ModelDescription, ModelStatus, ShadowReport
 from app.core.contract.errors import NotReady
 from app.telemetry.metrics import Metrics
 from app.telemetry.statistics import ModelStatistics
@@ -56,6 +56,9 @@ class UnreadyDataPlane:
 
     async def statistics(self, name: str | None = None, version: str | None = None) -> list[ModelStatistics]:
         raise self.refuse("statistics")
+
+    async def shadow_report(self, champion: str) -> ShadowReport:
+        raise self.refuse("shadow_report")
 
     async def load_model(self, name: str) -> None:
         raise self.refuse("load_model")

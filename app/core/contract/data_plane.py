@@ -16,7 +16,7 @@ from typing import Protocol, TypeVar
 
 import torch
 
-from app.core.contract.description import ModelDescription, ModelStatus
+from app.core.contract.description import ModelDescription, ModelStatus, ShadowReport
 from app.core.contract.regions import SharedMemoryRegions
 from app.core.contract.request import DecodedImage, EncodedImage, InferOptions, Prediction
 from app.telemetry.metrics import Metrics
@@ -127,6 +127,10 @@ class DataPlane(Protocol):
     async def statistics(self, name: str | None = None, version: str | None = None) -> list[ModelStatistics]:
         """Triton's statistics (app.telemetry.statistics) of every model version that has served (no name), of one
         model's versions, or of one version; ModelNotFound when none has served under that name (and version)."""
+        ...
+
+    async def shadow_report(self, champion: str) -> ShadowReport:
+        """How the champion's shadow challenger (VIT_SHADOW) compares with it so far; ModelNotFound without one."""
         ...
 
     async def load_model(self, name: str) -> None:

@@ -75,3 +75,18 @@ class ModelStatus:
     state: ModelState
     version: str = ""  # the version serving (or loading, or last served)
     reason: str = ""  # why it is UNAVAILABLE
+
+
+@dataclass(frozen=True)
+class ShadowReport:
+    """What GET /v1/models/{champion}/shadow answers."""
+
+    champion: str
+    challenger: str
+    fraction: float
+    compared: int  # images both models computed
+    top1_agreement: float | None  # share of those with the same top-1 class (None before the first)
+    mean_tv_distance: float | None  # mean of 0.5 * sum |p_champion - p_challenger| over them
+    shed: int  # images picked for the shadow but not computed by the challenger (load, or a failure)
+    champion_p50_ms: float | None  # median time from submission to answer, per request
+    challenger_p50_ms: float | None

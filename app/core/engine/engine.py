@@ -20,19 +20,22 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 from opentelemetry.util.types import AttributeValue
 
 from app.core.backends.predictor import ImageOutput
 from app.core.contract.data_plane import Inference, InferenceRequest
-from app.core.contract.description import ModelDescription, ModelStatus, canonical_version
+from app.core.contract.description import ModelDescription, ModelStatus, ShadowReport, canonical_version
 from app.core.contract.errors import NOT_READY, InvalidInput, ModelNotFound, NotReady
 from app.core.contract.request import DecodedImage, EncodedImage, InferOptions, Prediction
 from app.core.engine.cache import PredictionCache, digest_images, digest_pixels
+from app.core.engine.drift import DriftWindow
 from app.core.engine.model_set import ModelSet
 from app.core.engine.repository import FileStamp, Repository
 from app.core.engine.served_model import ServedModel, Wanted
+from app.core.engine.shadow import Shadow, ShadowPair
 from app.core.front import Front
 from app.core.images.overlay import with_overlays
 from app.settings import HubName, Settings
@@ -58,6 +61,10 @@ class Engine(Front):
         self.taking_requests = False  # whether requests are taken (also while draining)
         self.started = False
         self.froze_heap = False  # by `start`, for its owner
+        self.drift: dict[str, tuple[str, DriftWindow]] = {}  # by model: (the version it watches, its window)
+        self.shadows = {c: Shadow(ShadowPair(c, d, f), metrics) for c, d, f in settings.shadow_pairs()}
+        self.shadow_tasks: set[asyncio.Task[None]] = set()
+        check_shadows(self.shadows, models.served)
 
     @classmethod
     def load(cls, settings: Settings, metrics: Metrics | None = None) -> Engine:
@@ -260,12 +267,14 @@ class Engine(Front):
     ) -> tuple[Inference, RequestTiming]:
         """Through the model's batcher into predictions (overlays drawn on the pool), and where the time went."""
         reference = model.checkpoint.reference
+        watched = reference is not None and self.settings.drift_window > 0
         if options.ood and reference is None:
             raise InvalidInput(
                 f"model {model.name} (version {model.version}) has no reference statistics to score images by; "
                 "add them with: python -m model.reference CHECKPOINT --images DIR (in-distribution images)"
             )
-        wanted = Wanted(options.attention, model.target_index(options.target), options.embedding or options.ood)
+        embedding = options.embedding or options.ood or watched
+        wanted = Wanted(options.attention, model.target_index(options.target), embedding)
         deadline = time.monotonic() + self.time_limit(timeout_s)
         if isinstance(inputs, torch.Tensor):
             if options.overlay:
@@ -286,17 +295,95 @@ class Engine(Front):
             received = time.monotonic()
             names = [p.filename for p in prepared]
         scores: list[float | None] = [None] * len(outputs)
-        if options.ood and reference is not None:
+        if (options.ood or watched) and reference is not None and outputs:
             scores = reference.scores(torch.stack([o.embedding for o in outputs if o.embedding is not None])).tolist()
+            if watched:
+                self.watch(model, outputs, scores)
         threshold = self.settings.ood_threshold_for(model.name) if options.ood else None
         predictions = [
             prediction(n, o, options, score, threshold) for n, o, score in zip(names, outputs, scores, strict=True)
         ]
         if options.overlay and not isinstance(inputs, torch.Tensor):  # PNG encoding of every map: milliseconds each
             predictions = await self.run_in_pool(with_overlays, predictions, [p.image for p in prepared])
+        if (shadow := self.shadows.get(model.name)) is not None and shadow.pair.fraction > 0:
+            self.shadow(shadow, model, inputs, predictions, received - submitted)
         record_span("queue", submitted, max((o.batch.started for o in outputs if o.batch), default=submitted))
         timing = request_timing(started, submitted, received, time.monotonic(), outputs)
         return Inference(model.description, predictions), timing
+
+    def watch(self, model: ServedModel, outputs: list[ImageOutput], scores: list[Any]) -> None:
+        """Add a request's images to the model's drift window and set its gauges."""
+        assert model.checkpoint.reference is not None
+        version, window = self.drift.get(model.name, ("", None))
+        if window is None or version != model.version:  # a new version: a new reference, a new window
+            window = DriftWindow(self.settings.drift_window, model.checkpoint.reference.prior)
+            self.drift[model.name] = (model.version, window)
+        window.add([int(o.probabilities.argmax()) for o in outputs], scores)
+        self.metrics.drift.labels(model.name, "prediction").set(window.prediction_drift())
+        self.metrics.drift.labels(model.name, "embedding").set(window.embedding_drift())
+
+    def shadow(
+        self,
+        shadow: Shadow,
+        champion: ServedModel,
+        inputs: Sequence[EncodedImage | DecodedImage] | torch.Tensor,
+        predictions: list[Prediction],
+        champion_s: float,
+    ) -> None:
+        """Hand the picked images of a request the champion has answered to its challenger, unless shadow work
+        would compete with the champion's: then they are shed."""
+        picked = shadow.sample(len(predictions))
+        if not picked:
+            return
+        challenger = self.served.get(shadow.pair.challenger)
+        limit = self.settings.max_batch_size
+        busy = champion.batcher.queue_depth >= limit or shadow.in_flight + len(picked) > limit
+        if challenger is None or challenger.retired or busy or not self.taking_requests:
+            shadow.shed(len(picked))
+            return
+        if isinstance(inputs, torch.Tensor) and tuple(inputs.shape[1:]) != challenger.input_shape:
+            shadow.shed(len(picked))  # pixels preprocessed for the champion do not fit the challenger
+            return
+        mine = torch.stack([predictions[i].probabilities for i in picked])
+        task = asyncio.create_task(self.shadow_run(shadow, challenger, pick(inputs, picked), mine, champion_s))
+        self.shadow_tasks.add(task)
+        task.add_done_callback(self.shadow_tasks.discard)
+
+    async def shadow_run(
+        self,
+        shadow: Shadow,
+        challenger: ServedModel,
+        inputs: Sequence[EncodedImage | DecodedImage] | torch.Tensor,
+        champion: torch.Tensor,
+        champion_s: float,
+    ) -> None:
+        n = len(inputs)
+        shadow.in_flight += n
+        plain = Wanted("none", None, False)
+        deadline = time.monotonic() + self.settings.request_timeout_s
+        try:
+            started = time.monotonic()
+            if isinstance(inputs, torch.Tensor):
+                outputs = await challenger.run_pixels(inputs, plain, deadline)
+            else:
+                _, outputs, started = await challenger.run_images(inputs, plain, False, self.cpu_pool, deadline)
+            theirs = torch.stack([o.probabilities for o in outputs])
+            shadow.record(champion, theirs, champion_s, time.monotonic() - started)
+        except asyncio.CancelledError:
+            shadow.shed(n)
+            raise
+        except Exception as e:  # never the champion's failure: counted, logged, and the shadow goes on
+            shadow.shed(n)
+            log.debug("shadow %s -> %s: %d images shed: %s", shadow.pair.champion, shadow.pair.challenger, n, e)
+        finally:
+            shadow.in_flight -= n
+
+    async def shadow_report(self, champion: str) -> ShadowReport:
+        shadow = self.shadows.get(champion)
+        if shadow is None:
+            pairs = ", ".join(f"{c}:{s.pair.challenger}" for c, s in self.shadows.items()) or "none (VIT_SHADOW)"
+            raise ModelNotFound(f"model {champion!r} has no shadow challenger; the pairs are: {pairs}")
+        return shadow.report()
 
     def begin_drain(self) -> None:
         self.is_ready = False
@@ -307,6 +394,8 @@ class Engine(Front):
         VIT_DRAIN_TIMEOUT_S), then stop."""
         self.begin_drain()
         self.taking_requests = False
+        for task in list(self.shadow_tasks):  # shadow work is never waited for: the champions' answers are
+            task.cancel()
         await self.model_set.close()  # a change under way finishes first
         timeout = self.settings.drain_timeout_s if timeout_s is None else timeout_s
         if not self.started:  # loaded, never served: nothing was admitted
@@ -323,6 +412,20 @@ class Engine(Front):
             self.metrics.unwatch_gc()
         if self.froze_heap:
             gc.unfreeze()  # back to the collector: the program may go on (the batch runner's caller, a test)
+
+
+def check_shadows(shadows: dict[str, Shadow], served: dict[str, ServedModel]) -> None:
+    """Every VIT_SHADOW pair names two served models with the same classes; ValueError, one line, otherwise."""
+    for shadow in shadows.values():
+        pair = shadow.pair
+        for name in (pair.champion, pair.challenger):
+            if name not in served:
+                raise ValueError(f"VIT_SHADOW {pair.champion}:{pair.challenger}: no model {name!r} is served")
+        if served[pair.champion].classes != served[pair.challenger].classes:
+            raise ValueError(
+                f"VIT_SHADOW {pair.champion}:{pair.challenger}: the models' classes differ, so their answers "
+                "cannot be compared"
+            )
 
 
 def startup_models(settings: Settings, repository: Repository | None, files: dict[str, FileStamp]) -> dict[str, Path]:

@@ -1,0 +1,78 @@
+"""Drift gauges: the window's arithmetic, and the gauges through the service as traffic moves from the model's own
+kind of images to noise and back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from prometheus_client.parser import text_string_to_metric_families
+
+from app.core.engine.drift import DriftWindow
+from app.settings import BUNDLED_WEIGHTS
+from harness.images import encode
+from tests.support.clients import ClientFactory, client_factory
+
+
+def test_the_window_keeps_the_last_images_and_measures_them() -> None:
+    window = DriftWindow(4, torch.tensor([0.5, 0.5, 0.0]))
+    assert window.prediction_drift() == 0.0 and window.embedding_drift() == 0.0  # empty
+    window.add([0, 1], [1.0, 3.0])
+    assert window.prediction_drift() == 0.0 and window.embedding_drift() == 2.0  # the prior's own mix
+    window.add([2, 2, 2], [10.0, 10.0, 10.0])  # the first image leaves: classes 1, 2, 2, 2
+    assert len(window) == 4 and window.embedding_drift() == pytest.approx(33 / 4)
+    assert window.prediction_drift() == pytest.approx(0.5 * (0.5 + 0.25 + 0.75))
+    for _ in range(10):  # the running sum, refreshed now and then, stays the window's
+        window.add([1], [float(np.pi)])
+    assert window.embedding_drift() == pytest.approx(np.pi) and window.prediction_drift() == pytest.approx(0.5)
+
+
+def drift(text: str, model: str) -> dict[str, float]:
+    return {
+        s.labels["kind"]: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "vit_drift_score" and s.labels["model"] == model
+    }
+
+
+@pytest.fixture
+def make_bundled() -> ClientFactory:
+    return client_factory(Path(BUNDLED_WEIGHTS))  # with reference statistics of 5,000 shapes
+
+
+async def test_the_gauges_rise_when_traffic_shifts_and_fall_when_it_returns(make_bundled: ClientFactory) -> None:
+    from model.shapes import make_sample
+
+    shapes = [encode(make_sample(20261121, i).image) for i in range(64)]
+    noise = [
+        encode(Image.fromarray(np.random.default_rng(i).integers(0, 256, (64, 64, 3), np.uint8))) for i in range(32)
+    ]
+
+    async def send(files: list[bytes]) -> dict[str, float]:
+        for k in range(0, len(files), 16):
+            upload = [("files", (f"{i}.png", f, "image/png")) for i, f in enumerate(files[k : k + 16])]
+            assert (await client.post("/predict", files=upload)).status_code == 200
+        return drift((await client.get("/metrics")).text, "vit-shapes")
+
+    async with make_bundled(drift_window=32, max_files=16) as client:
+        before = await send(shapes[:32])
+        during = await send(noise)
+        after = await send(shapes[32:])
+    assert during["embedding"] > 2 * before["embedding"] and during["embedding"] > 2 * after["embedding"]
+    assert during["prediction"] > before["prediction"] + 0.2 and after["prediction"] < during["prediction"] - 0.2
+
+
+async def test_no_gauges_without_reference_statistics_or_with_the_window_off(
+    make_client: ClientFactory, make_bundled: ClientFactory
+) -> None:
+    png = encode(Image.new("RGB", (32, 32)))
+    async with make_client() as client:  # a checkpoint without statistics
+        await client.post("/predict", files={"file": ("a.png", png, "image/png")})
+        assert drift((await client.get("/metrics")).text, "tiny") == {}
+    async with make_bundled(drift_window=0) as client:
+        await client.post("/predict", files={"file": ("a.png", png, "image/png")})
+        assert drift((await client.get("/metrics")).text, "vit-shapes") == {}
