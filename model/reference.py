@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -38,6 +38,9 @@ class Reference:
     precision: Tensor  # (D, D) float32: the inverse of the shared covariance
     prior: Tensor  # (C,) float32: each class's share of the images
     images: int  # how many images the statistics came from
+    _terms: dict[torch.device, tuple[Tensor, Tensor, Tensor]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         C, D = self.means.shape
@@ -48,13 +51,23 @@ class Reference:
             )
 
     def scores(self, embeddings: Tensor) -> Tensor:
-        """(B, D) embeddings -> (B,) Mahalanobis distance to the nearest class mean (classes seen only)."""
+        """(B, D) embeddings -> (B,) Mahalanobis distance to the nearest class mean (classes seen only):
+        sqrt(min_c (z - mu_c)^T P (z - mu_c)), as z^T P z - 2 z^T (P mu_c) + mu_c^T P mu_c."""
         z = embeddings.float()
-        P, mu = self.precision.to(z.device), self.means.to(z.device)
-        projected = mu @ P  # (C, D)
-        squared = (z @ P * z).sum(-1, keepdim=True) - 2 * z @ projected.T + (projected * mu).sum(-1)  # (B, C)
-        squared = squared.masked_fill(self.prior.to(z.device) == 0, float("inf"))
+        precision, projected, offset = self.terms(z.device)
+        squared = (z @ precision * z).sum(-1, keepdim=True) - 2 * z @ projected + offset  # (B, C)
         return squared.amin(dim=-1).clamp_min(0).sqrt()
+
+    def terms(self, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+        """P, (P mu_c) as columns (D, C), and mu_c^T P mu_c (C,) on `device`, +inf for classes never seen;
+        made once per device."""
+        cached = self._terms.get(device)
+        if cached is None:
+            projected = self.means @ self.precision  # (C, D)
+            offset = (projected * self.means).sum(-1).masked_fill(self.prior == 0, float("inf"))
+            cached = (self.precision.to(device), projected.T.contiguous().to(device), offset.to(device))
+            self._terms[device] = cached
+        return cached
 
     def tensors(self) -> dict[str, Tensor]:
         return {
