@@ -137,6 +137,10 @@ class DynamicBatcher(Generic[In, Out]):
     def queue_depth(self) -> int:
         return len(self._queue)
 
+    async def wait_idle(self) -> None:
+        """Until nothing is queued, arriving or computing (at once when that is so now)."""
+        await self._idle.wait()
+
     def start(self) -> None:
         self._accepting = True
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="dynamic-batcher")

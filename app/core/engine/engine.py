@@ -63,7 +63,7 @@ class Engine(Front):
         self.froze_heap = False  # by `start`, for its owner
         self.drift: dict[str, tuple[str, DriftWindow]] = {}  # by model: (the version it watches, its window)
         self.shadows = {c: Shadow(ShadowPair(c, d, f), metrics) for c, d, f in settings.shadow_pairs()}
-        self.shadow_tasks: set[asyncio.Task[None]] = set()
+        self.shadow_pumps: dict[str, asyncio.Task[None]] = {}  # by champion: the task feeding its challenger
         check_shadows(self.shadows, models.served)
 
     @classmethod
@@ -330,24 +330,38 @@ class Engine(Front):
         predictions: list[Prediction],
         champion_s: float,
     ) -> None:
-        """Hand the picked images of a request the champion has answered to its challenger, unless shadow work
-        would compete with the champion's: then they are shed."""
+        """Queue the picked images of a request the champion has answered for its challenger; shed them when
+        a batch of them is already waiting, the challenger is gone, or its input does not fit."""
         picked = shadow.sample(len(predictions))
         if not picked:
             return
         challenger = self.served.get(shadow.pair.challenger)
-        limit = self.settings.max_batch_size
-        busy = champion.batcher.queue_depth >= limit or shadow.in_flight + len(picked) > limit
-        if challenger is None or challenger.retired or busy or not self.taking_requests:
+        full = shadow.waiting + len(picked) > self.settings.max_batch_size
+        if challenger is None or challenger.retired or full or not self.taking_requests:
             shadow.shed(len(picked))
             return
         if isinstance(inputs, torch.Tensor) and tuple(inputs.shape[1:]) != challenger.input_shape:
             shadow.shed(len(picked))  # pixels preprocessed for the champion do not fit the challenger
             return
         mine = torch.stack([predictions[i].probabilities for i in picked])
-        task = asyncio.create_task(self.shadow_run(shadow, challenger, pick(inputs, picked), mine, champion_s))
-        self.shadow_tasks.add(task)
-        task.add_done_callback(self.shadow_tasks.discard)
+        shadow.put(pick(inputs, picked), mine, champion_s)
+        if shadow.pair.champion not in self.shadow_pumps:
+            task = asyncio.create_task(self.pump(shadow), name=f"shadow-{shadow.pair.champion}")
+            self.shadow_pumps[shadow.pair.champion] = task
+
+    async def pump(self, shadow: Shadow) -> None:
+        """Hand the waiting shadow images to the challenger, a request's at a time, each only once the champion
+        has nothing queued, arriving or computing: shadow work runs in the champion's idle time."""
+        while True:
+            inputs, mine, champion_s = await shadow.take()
+            champion = self.served.get(shadow.pair.champion)
+            if champion is not None:
+                await champion.batcher.wait_idle()
+            challenger = self.served.get(shadow.pair.challenger)
+            if challenger is None or challenger.retired or not self.taking_requests:
+                shadow.shed(len(inputs))
+                continue
+            await self.shadow_run(shadow, challenger, inputs, mine, champion_s)
 
     async def shadow_run(
         self,
@@ -357,8 +371,8 @@ class Engine(Front):
         champion: torch.Tensor,
         champion_s: float,
     ) -> None:
+        """The challenger's answers for one request's picked images, compared with the champion's."""
         n = len(inputs)
-        shadow.in_flight += n
         plain = Wanted("none", None, False)
         deadline = time.monotonic() + self.settings.request_timeout_s
         try:
@@ -375,8 +389,6 @@ class Engine(Front):
         except Exception as e:  # never the champion's failure: counted, logged, and the shadow goes on
             shadow.shed(n)
             log.debug("shadow %s -> %s: %d images shed: %s", shadow.pair.champion, shadow.pair.challenger, n, e)
-        finally:
-            shadow.in_flight -= n
 
     async def shadow_report(self, champion: str) -> ShadowReport:
         shadow = self.shadows.get(champion)
@@ -394,8 +406,10 @@ class Engine(Front):
         VIT_DRAIN_TIMEOUT_S), then stop."""
         self.begin_drain()
         self.taking_requests = False
-        for task in list(self.shadow_tasks):  # shadow work is never waited for: the champions' answers are
+        for task in self.shadow_pumps.values():  # shadow work is never waited for: the champions' answers are
             task.cancel()
+        for shadow in self.shadows.values():
+            shadow.shed(shadow.waiting)
         await self.model_set.close()  # a change under way finishes first
         timeout = self.settings.drain_timeout_s if timeout_s is None else timeout_s
         if not self.started:  # loaded, never served: nothing was admitted

@@ -9,9 +9,11 @@ between the two probability vectors, each model's median time from submission to
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -34,7 +36,9 @@ class Shadow:
     def __init__(self, pair: ShadowPair, metrics: Metrics) -> None:
         self.pair = pair
         self.carry = 0.0  # of the fraction: an image is picked each time it reaches 1
-        self.in_flight = 0  # shadow images submitted to the challenger and not yet answered
+        self.queue: deque[tuple[Any, torch.Tensor, float]] = deque()  # (inputs, champion's probabilities, its time)
+        self.waiting = 0  # images in the queue
+        self.arrived = asyncio.Event()
         self.compared = self.agreed = self.shed_count = 0
         self.tv_sum = 0.0
         self.champion_s: deque[float] = deque(maxlen=LATENCY_WINDOW)
@@ -54,6 +58,20 @@ class Shadow:
                 self.carry -= 1.0
                 picked.append(i)
         return picked
+
+    def put(self, inputs: Any, champion: torch.Tensor, champion_s: float) -> None:
+        """One request's picked images (files or pixels), the champion's probabilities for them and its time."""
+        self.queue.append((inputs, champion, champion_s))
+        self.waiting += len(champion)
+        self.arrived.set()
+
+    async def take(self) -> tuple[Any, torch.Tensor, float]:
+        while not self.queue:
+            self.arrived.clear()
+            await self.arrived.wait()
+        item = self.queue.popleft()
+        self.waiting -= len(item[1])
+        return item
 
     def shed(self, n: int) -> None:
         self.shed_count += n
