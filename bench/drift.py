@@ -19,9 +19,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.settings import BUNDLED_WEIGHTS
 from bench.common import write_results
-from bench.ood import held_out_shapes, photograph_crops, skimage_photos
 from harness.images import encode
 from harness.server import Server
+from harness.shifted import held_out_shapes, photograph_crops, skimage_photos
 
 PLOT = Path(__file__).resolve().parent.parent / "docs" / "drift.png"
 

@@ -25,9 +25,8 @@ import torch
 
 from app.core.backends.predictor import ImageInput, ImageOutput, embeddings_asked
 from app.core.engine.engine import Engine
-from app.settings import BUNDLED_WEIGHTS
+from app.settings import BUNDLED_WEIGHTS, Settings
 from bench.common import RESULTS, cpu_model, table, write_results
-from tests.support.settings import cpu_settings
 
 
 def added_us(engine: Engine, requests: int, batch: int) -> float:
@@ -79,7 +78,8 @@ def main() -> None:
     p.add_argument("--name", default="monitoring-cost-cpu")
     args = p.parse_args()
     torch.set_num_threads(1)
-    settings = cpu_settings(models=f"a={BUNDLED_WEIGHTS},b={BUNDLED_WEIGHTS}", shadow="a:b:0", ood_threshold="30")
+    models = f"a={BUNDLED_WEIGHTS},b={BUNDLED_WEIGHTS}"
+    settings = Settings(models=models, shadow="a:b:0", ood_threshold="30", device="cpu", backend="torch", warmup=False)
     engine = Engine.load(settings)
     report: dict[str, Any] = {
         "cpu": cpu_model(),

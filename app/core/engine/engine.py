@@ -299,6 +299,8 @@ class Engine(Front):
             scores = reference.scores(torch.stack([o.embedding for o in outputs if o.embedding is not None])).tolist()
             if watched:
                 self.watch(model, outputs, scores)
+        if not options.ood:  # scored for the drift gauges alone: not part of the answer
+            scores = [None] * len(outputs)
         threshold = self.settings.ood_threshold_for(model.name) if options.ood else None
         predictions = [
             prediction(n, o, options, score, threshold) for n, o, score in zip(names, outputs, scores, strict=True)
