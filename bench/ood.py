@@ -29,16 +29,7 @@ from PIL import Image
 
 from app.settings import BUNDLED_WEIGHTS
 from bench.common import write_results
-from harness.shifted import (
-    PHOTOS,
-    auroc,
-    held_out_shapes,
-    low_contrast_shapes,
-    noisy_shapes,
-    photograph_crops,
-    skimage_photos,
-    uniform_noise,
-)
+from harness.shifted import PHOTOS, auroc, held_out_shapes, shifted_sets
 from model.checkpoint import Checkpoint, load_checkpoint
 from model.preprocessing import EvalTransform
 
@@ -71,12 +62,7 @@ def main() -> None:
     ckpt = load_checkpoint(args.weights)
     if ckpt.reference is None:
         raise SystemExit(f"{args.weights} has no reference statistics: python -m model.reference {args.weights} ...")
-    sets: dict[str, Callable[[int], Image.Image]] = {
-        "noisy shapes": noisy_shapes,
-        "low-contrast shapes": low_contrast_shapes,
-        "photographs": photograph_crops(skimage_photos()),
-        "uniform noise": uniform_noise,
-    }
+    sets = shifted_sets()
     started = time.perf_counter()
     inside_m, inside_s = scores(ckpt, held_out_shapes, args.n)
     rows: list[dict[str, Any]] = []

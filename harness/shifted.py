@@ -71,3 +71,13 @@ def skimage_photos() -> list[Image.Image]:
     except ImportError:
         raise SystemExit("the photographs need scikit-image: .venv/bin/pip install -e '.[dev]'") from None
     return [Image.fromarray(getattr(data, name)()).convert("RGB") for name in PHOTOS]
+
+
+def shifted_sets() -> dict[str, Callable[[int], Image.Image]]:
+    """The shifted sets by name, each image i of a set made on demand."""
+    return {
+        "noisy shapes": noisy_shapes,
+        "low-contrast shapes": low_contrast_shapes,
+        "photographs": photograph_crops(skimage_photos()),
+        "uniform noise": uniform_noise,
+    }

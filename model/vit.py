@@ -239,7 +239,8 @@ def axial_rope(grid: int, head_dim: int, half: bool = False, temperature: float 
 
 def mixed_rope(depth: int, heads: int, grid: int, head_dim: int, temperature: float = 10.0) -> Tensor:
     """RoPE-Mixed's tables (Heo et al. 2024) at initialisation -> (depth, heads, N, 2 * head_dim): 2-D frequencies
-    of head_dim / 4 magnitudes, turned by a random angle per block and head (learned in training, kept here)."""
+    of head_dim / 4 magnitudes, turned by a random angle per block and head. RoPE-Mixed learns the frequencies;
+    a model trained here keeps these tables as they are, and a converted one carries its source's learned ones."""
     magnitude = 1.0 / temperature ** (torch.arange(0, head_dim, 4, dtype=torch.float32) / head_dim)
     turn = torch.rand(depth, heads, 1) * 2 * math.pi
     fx = torch.cat([magnitude * torch.cos(turn), magnitude * torch.cos(turn + math.pi / 2)], dim=-1)

@@ -13,6 +13,7 @@ from model.convert.timm_parts import (
     block_state,
     check_attention_pool,
     check_patch_embed,
+    geometry,
     layer_norm_eps,
     mlp_hidden,
     mlp_kind,
@@ -81,12 +82,8 @@ def eva_config(m: Any) -> ViTConfig:
         norms.append(check_attention_pool(m.attn_pool, mlp_hidden(first.mlp), mlp_kind(first.mlp)))
     rope = rope_kind(m.rope)
     eps = layer_norm_eps([n for n in norms if not isinstance(n, nn.Identity)])
-    pe = m.patch_embed
     return ViTConfig(
-        image_size=int(pe.img_size[0]),
-        patch_size=int(pe.proj.kernel_size[0]),
-        in_channels=int(pe.proj.in_channels),
-        num_classes=int(m.head.out_features),
+        **geometry(m),
         dim=dim,
         depth=len(blocks),
         heads=heads,

@@ -3,7 +3,7 @@ the norms' epsilon, and the parts of blocks that several model classes build ali
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 from torch import Tensor, nn
@@ -141,3 +141,21 @@ def layer_scales(b: Any) -> tuple[Tensor | None, Tensor | None]:
         return b.gamma_1, b.gamma_2
     scales = [getattr(b, name, None) for name in ("ls1", "ls2")]
     return tuple(s.gamma if s is not None and hasattr(s, "gamma") else None for s in scales)  # type: ignore[return-value]
+
+
+class Geometry(TypedDict):
+    image_size: int
+    patch_size: int
+    in_channels: int
+    num_classes: int
+
+
+def geometry(m: Any) -> Geometry:
+    """The ViTConfig fields a timm model's patch embedding and head fix: input size, patch size, channels, classes."""
+    pe = m.patch_embed
+    return Geometry(
+        image_size=int(pe.img_size[0]),
+        patch_size=int(pe.proj.kernel_size[0]),
+        in_channels=int(pe.proj.in_channels),
+        num_classes=int(m.head.out_features),
+    )

@@ -13,6 +13,7 @@ from model.convert.converted import mlp_ratio, unsupported
 from model.convert.timm_parts import (
     block_state,
     check_patch_embed,
+    geometry,
     layer_norm_eps,
     layer_scales,
     mlp_hidden,
@@ -72,12 +73,8 @@ def relpos_config(m: Any) -> ViTConfig:
     if not isinstance(m.norm, nn.Identity) and not isinstance(m.fc_norm, nn.Identity):
         raise unsupported("a final norm over all tokens and another after pooling")
     eps = layer_norm_eps([n for n in norms if not isinstance(n, nn.Identity)])
-    pe = m.patch_embed
     return ViTConfig(
-        image_size=int(pe.img_size[0]),
-        patch_size=int(pe.proj.kernel_size[0]),
-        in_channels=int(pe.proj.in_channels),
-        num_classes=int(m.head.out_features),
+        **geometry(m),
         dim=dim,
         depth=len(blocks),
         heads=heads,

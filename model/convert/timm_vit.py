@@ -16,6 +16,7 @@ from model.convert.timm_parts import (
     block_state,
     check_attention_pool,
     check_patch_embed,
+    geometry,
     layer_norm_eps,
     layer_scales,
     mlp_hidden,
@@ -181,10 +182,7 @@ def timm_config(m: Any) -> ViTConfig:
     if isinstance(m.norm, nn.Identity) and isinstance(m.fc_norm, nn.Identity):
         raise unsupported("no final norm (final_norm=False)")
     return ViTConfig(
-        image_size=int(pe.img_size[0]),
-        patch_size=int(pe.proj.kernel_size[0]),
-        in_channels=int(pe.proj.in_channels),
-        num_classes=int(m.head.out_features),
+        **geometry(m),
         dim=dim,
         depth=len(blocks),
         heads=heads,

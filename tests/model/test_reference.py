@@ -132,15 +132,7 @@ def test_the_bundled_models_scores_put_each_shifted_set_above_its_own_data() -> 
     import numpy as np
 
     from app.settings import BUNDLED_WEIGHTS
-    from harness.shifted import (
-        auroc,
-        held_out_shapes,
-        low_contrast_shapes,
-        noisy_shapes,
-        photograph_crops,
-        skimage_photos,
-        uniform_noise,
-    )
+    from harness.shifted import auroc, held_out_shapes, shifted_sets
     from model.preprocessing import EvalTransform
 
     ckpt = load_checkpoint(BUNDLED_WEIGHTS)
@@ -154,13 +146,7 @@ def test_the_bundled_models_scores_put_each_shifted_set_above_its_own_data() -> 
         return ckpt.reference.scores(embedding).numpy()
 
     inside = scores(held_out_shapes, 200)
-    shifted = {
-        "noisy shapes": noisy_shapes,
-        "low-contrast shapes": low_contrast_shapes,
-        "photographs": photograph_crops(skimage_photos()),
-        "uniform noise": uniform_noise,
-    }
-    for name, make in shifted.items():
+    for name, make in shifted_sets().items():
         outside = scores(make, 200)
         assert auroc(inside, outside) > 0.85, name
         assert np.median(outside) > np.median(inside) * 2, name
