@@ -1,12 +1,14 @@
 """Out-of-distribution scores over every protocol, against real servers: reference statistics added by
 `python -m model.reference`, then `/predict?ood=true`, V2's `ood` parameter and `ood_score` output through
 tritonclient over HTTP and gRPC, with one process and with front-end processes; a model without statistics
-answers each protocol's client error."""
+answers each protocol's client error. The same servers watch drift and shadow `vit-shapes` with `plain`."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -56,7 +58,14 @@ def plain(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module", params=["1", "2"], ids=["one-process", "front-ends"])
 def server(request: pytest.FixtureRequest, serve: ServerFactory, referenced: Path, plain: Path) -> Server:
     models = f"vit-shapes={referenced},plain={plain}"
-    return serve(referenced, VIT_MODELS=models, VIT_WORKERS=request.param, VIT_OOD_THRESHOLD="vit-shapes=40")
+    return serve(
+        referenced,
+        VIT_MODELS=models,
+        VIT_WORKERS=request.param,
+        VIT_OOD_THRESHOLD="vit-shapes=40",
+        VIT_SHADOW="vit-shapes:plain",  # the same weights: they must agree entirely
+        VIT_DRIFT_WINDOW="50",
+    )
 
 
 def predict(server: Server, files: list[bytes], **params: str) -> httpx.Response:
@@ -117,3 +126,20 @@ def test_a_model_without_reference_statistics_is_a_client_error_that_says_how_to
         grpc.infer("plain", [tensor_g], parameters={"ood": True})
     assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
     assert predict(server, SHAPES[:1]).status_code == 200  # and the service serves on
+
+
+def test_drift_gauges_and_the_shadow_report_reach_every_front_end(server: Server) -> None:
+    for _ in range(3):
+        assert predict(server, SHAPES + NOISE).status_code == 200
+    for _ in range(200):  # shadow work runs after the answers
+        report = httpx.get(f"{server.url}/v1/models/vit-shapes/shadow", timeout=10).json()
+        if report["compared"] + report["shed"] >= 24:
+            break
+        time.sleep(0.05)
+    assert report["challenger"] == "plain" and report["compared"] + report["shed"] >= 24 and report["compared"] > 0
+    assert report["top1_agreement"] == 1.0 and report["mean_tv_distance"] == pytest.approx(0.0, abs=1e-6)
+    assert httpx.get(f"{server.url}/v1/models/plain/shadow", timeout=10).status_code == 404
+    metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
+    embedding = re.search(r'vit_drift_score\{kind="embedding",model="vit-shapes"\} (\S+)', metrics)
+    assert embedding is not None and float(embedding.group(1)) > 0
+    assert 'vit_drift_score{kind="prediction",model="plain"}' not in metrics  # no reference statistics: no gauges
