@@ -356,9 +356,12 @@ class Engine(Front):
         has nothing queued, arriving or computing: shadow work runs in the champion's idle time."""
         while True:
             inputs, mine, champion_s = await shadow.take()
-            champion = self.served.get(shadow.pair.champion)
-            if champion is not None:
-                await champion.batcher.wait_idle()
+            while (champion := self.served.get(shadow.pair.champion)) is not None:
+                try:  # a second at a time: a champion replaced meanwhile is waited for in its new version
+                    await asyncio.wait_for(champion.batcher.wait_idle(), 1.0)
+                    break
+                except TimeoutError:
+                    continue
             challenger = self.served.get(shadow.pair.challenger)
             if challenger is None or challenger.retired or not self.taking_requests:
                 shadow.shed(len(inputs))
