@@ -15,9 +15,7 @@ server's CPU per computed request in `bench/results/cache-cpu.json` (`python -m 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
 import time
 from typing import Any
 
@@ -26,7 +24,8 @@ import torch
 from app.core.backends.predictor import ImageInput, ImageOutput, embeddings_asked
 from app.core.engine.engine import Engine
 from app.settings import BUNDLED_WEIGHTS, Settings
-from bench.common import RESULTS, cpu_model, table, write_results
+from bench.common import cpu_model, table, write_results
+from bench.compare.statistics_cost import server_cpu_us
 
 
 def added_us(engine: Engine, requests: int, batch: int) -> float:
@@ -57,15 +56,6 @@ def added_us(engine: Engine, requests: int, batch: int) -> float:
     bare = time.process_time() - began
     assert shadow.compared == 0
     return (monitored - bare) / requests * 1e6
-
-
-def server_cpu_us() -> dict[str, float]:
-    """The server's CPU per computed /predict request from the last `bench.cache` run (median, cache off)."""
-    path = RESULTS / "cache-cpu.json"
-    if not path.exists():
-        return {}
-    off = [r["predict_cpu_us"] for r in json.loads(path.read_text())["runs"] if r["cache_bytes"] == 0]
-    return {"computed": statistics.median(off)} if off else {}
 
 
 def main() -> None:

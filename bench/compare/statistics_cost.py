@@ -21,15 +21,12 @@ import json
 import os
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 from app.core.engine.engine import request_timing
 from app.telemetry.metrics import Metrics, ModelMetrics
 from app.telemetry.statistics import BatchTiming, StatisticsBook
-from bench.common import cpu_model, table, write_results
-
-RESULTS = Path(__file__).parent / "results"
+from bench.common import RESULTS, cpu_model, table, write_results
 
 
 class Output:
