@@ -6,7 +6,7 @@
 #
 # The GPU machine has no network and its own torch (2.11 with CUDA 13): the web stack and the load
 # generator travel as wheels and a static binary and are installed with --no-deps beside its torch.
-# PARTS: tests, smoke, ceilings, raw, decode, served, profile (see python -m bench.gpu --help); results go to $OUT.
+# PARTS: tests, smoke, ceilings, raw, decode, hwdecode, served, profile (see python -m bench.gpu --help); results go to $OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +17,7 @@ WHEELS=(
   opentelemetry-api==1.45.2 uvicorn==0.54.0 httptools==0.9.0 python-multipart==0.0.34 fastapi-offline==1.7.7
   protobuf==6.33.6 grpcio==1.85.1 asgi-lifespan==2.1.0 sniffio==1.3.1 pytest-asyncio==1.5.0
   litserve==0.2.19 pyzmq==27.3.0 py-spy==0.4.3
+  nvidia-nvimgcodec-cu13==0.9.0.20 nvidia-nvjpeg==13.0.3.75
 )
 
 case "${1:-}" in

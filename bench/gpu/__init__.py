@@ -12,6 +12,9 @@ Parts, each writing DIR/<part>.json (and a log) as it finishes, so a run cut sho
   raw       FLOPs per image, and the forward rate of ViT-S/16 and ViT-B/16 in bf16 at batch 1 to 512:
             eager, torch.compile, and compiled + CUDA graphs
   decode    preprocessing rate of 500x375 JPEGs: PIL on N CPU threads, and nvJPEG + tensor resize on the GPU
+  hwdecode  nvImageCodec's decoders (the hardware JPEG engines, the CUDA decoder, splits between them): img/s
+            alone and beside a CUDA-graphed ViT-B/16 forward, pixels against nvJPEG's and the CPU path's, and
+            which kinds of JPEG the hardware engines take
   served    the service under `hey` (/predict multipart, V2 binary with several images per request), per
             variant, and LitServe with the same model and batch settings as the peer
   profile   py-spy samples of the served process at saturation, all threads and those holding the GIL

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from bench.gpu.common import BATCHES, MODELS, PARTS, VARIANTS, save
-from bench.gpu.decoding import decode
+from bench.gpu.decoding import decode, hardware
 from bench.gpu.kernels import ceilings, raw
 from bench.gpu.launch import smoke, tests
 from bench.gpu.report import report
@@ -66,6 +66,8 @@ def main() -> None:
                     result = raw(args.models, args.batches, args.compile_batches)
                 elif part == "decode":
                     result = decode()
+                elif part == "hwdecode":
+                    result = hardware()
                 elif part == "profile":
                     result = profile(args, Path(tmp))
                 else:

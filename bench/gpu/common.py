@@ -16,7 +16,7 @@ from model.vit import ViTConfig
 
 VIT_B16 = ViTConfig(image_size=224, patch_size=16, dim=768, depth=12, heads=12, num_classes=1000, norm_eps=1e-6)
 MODELS = {"vit-s16": VIT_S16, "vit-b16": VIT_B16}
-PARTS = ("tests", "smoke", "ceilings", "raw", "decode", "served", "profile")
+PARTS = ("tests", "smoke", "ceilings", "raw", "decode", "hwdecode", "served", "profile")
 BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 # What each served variant sets beyond the common settings (VIT_DEVICE=auto, batch size, wait, queue).
 VARIANTS: dict[str, dict[str, str]] = {

@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+import functools
+import io
 import json
+import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
+from PIL import Image
 
+from app.core.images.decode import decode_image
+from app.core.images.prepare import Preprocessor
 from bench.common import photo_jpeg
 from harness.models import VIT_S16_PREPROCESSING
 
 
 def decode(images: int = 512, batch: int = 64) -> dict[str, Any]:
-    from app.core.images.decode import decode_image
     from app.core.images.gpu_decode import GpuJpegDecoder, Jpeg
-    from app.core.images.prepare import Preprocessor
 
     files = [photo_jpeg(i) for i in range(images)]
     cpu = Preprocessor(VIT_S16_PREPROCESSING)
@@ -52,4 +57,157 @@ def decode(images: int = 512, batch: int = 64) -> dict[str, Any]:
     result["max_abs_diff_vs_cpu"] = float((got - want).abs().max())
     result["mean_abs_diff_vs_cpu"] = float((got - want).abs().mean())
     print("decode:", json.dumps(result))
+    return result
+
+
+def hardware(images: int = 1024, batches: tuple[int, ...] = (64, 256), seconds: float = 2.0) -> dict[str, Any]:
+    """nvImageCodec's decoders on 500x375 JPEGs: the hardware JPEG engines (NVJPG), the CUDA decoder, splits
+    between them, each alone and each beside a ViT-B/16 forward on the same GPU; their pixels against the
+    CUDA path's and PIL's; which kinds of JPEG the hardware takes."""
+    from nvidia import nvimgcodec as nv
+
+    from app.core.images.gpu_decode import GpuJpegDecoder
+    from bench.gpu.common import VIT_B16
+    from model.vit import ViT
+
+    files = [photo_jpeg(i) for i in range(images)]
+    streams = [nv.CodeStream(f) for f in files]
+    params = nv.DecodeParams(apply_exif_orientation=False, color_spec=nv.ColorSpec.SRGB)
+    hw, cuda = nv.BackendKind.HW_GPU_ONLY, nv.BackendKind.HYBRID_CPU_GPU
+    configs: dict[str, list[Any]] = {
+        "hardware": [nv.Backend(hw)],
+        "cuda": [nv.Backend(cuda)],
+        "split-0.5": [nv.Backend(hw, load_hint=0.5), nv.Backend(cuda)],
+        "split-0.75": [nv.Backend(hw, load_hint=0.75), nv.Backend(cuda)],
+        "split-0.9": [nv.Backend(hw, load_hint=0.9), nv.Backend(cuda)],
+        "adaptive": [
+            nv.Backend(hw, load_hint=0.75, load_hint_policy=nv.LoadHintPolicy.ADAPTIVE_MINIMIZE_IDLE_TIME),
+            nv.Backend(cuda, load_hint_policy=nv.LoadHintPolicy.ADAPTIVE_MINIMIZE_IDLE_TIME),
+        ],
+    }
+    result: dict[str, Any] = {"image": "500x375 JPEG, quality 90, 4:2:0", "nvimgcodec": nv.__version__, "alone": {}}
+    decoders = {name: nv.Decoder(device_id=0, backends=backends) for name, backends in configs.items()}
+
+    def decode_all(decoder: Any, batch: int, stream: int = 0) -> int:
+        done = 0
+        for i in range(0, images, batch):
+            out = decoder.decode(streams[i : i + batch], params=params, cuda_stream=stream)
+            done += sum(o is not None for o in out)
+        return done
+
+    for name, decoder in decoders.items():
+        result["alone"][name] = {}
+        for batch in batches:
+            try:
+                decode_all(decoder, batch)
+                torch.cuda.synchronize()
+                started = time.perf_counter()
+                done = decode_all(decoder, batch)
+                torch.cuda.synchronize()
+                result["alone"][name][batch] = {"img_per_s": images / (time.perf_counter() - started), "decoded": done}
+            except Exception as e:  # a backend this GPU lacks: say so, keep measuring the others
+                result["alone"][name][batch] = {"error": repr(e)}
+        print("hwdecode:", name, json.dumps(result["alone"][name]), flush=True)
+
+    # Beside the forward: a CUDA-graphed ViT-B/16 at batch 256 in bf16 on one stream, decoding on another.
+    model = ViT(VIT_B16).cuda().to(torch.bfloat16).eval()
+    x = torch.randn(256, 3, 224, 224, device="cuda", dtype=torch.bfloat16)
+    graph = torch.cuda.CUDAGraph()
+    with torch.inference_mode():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                model(x)
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(graph):
+            model(x)
+
+    def forwards(stop: threading.Event, count: list[int]) -> None:
+        while not stop.is_set():
+            graph.replay()
+            torch.cuda.current_stream().synchronize()
+            count[0] += 256
+
+    def decodes(decoder: Any, stop: threading.Event, count: list[int]) -> None:
+        stream = torch.cuda.Stream()
+        i = 0
+        while not stop.is_set():
+            chunk = [streams[(i + k) % images] for k in range(256)]
+            decoder.decode(chunk, params=params, cuda_stream=stream.cuda_stream)
+            stream.synchronize()
+            count[0] += 256
+            i += 256
+
+    def together(work: list[Callable[[threading.Event, list[int]], None]]) -> list[float]:
+        stop, counts = threading.Event(), [[0] for _ in work]
+        threads = [threading.Thread(target=w, args=(stop, c)) for w, c in zip(work, counts, strict=True)]
+        started = time.perf_counter()
+        for t in threads:
+            t.start()
+        time.sleep(seconds)
+        stop.set()
+        for t in threads:
+            t.join()
+        elapsed = time.perf_counter() - started
+        return [c[0] / elapsed for c in counts]
+
+    result["beside_forward"] = {"forward_alone_img_per_s": together([forwards])[0]}
+    for name in ("hardware", "cuda", "split-0.75", "adaptive"):
+        try:
+            dec = functools.partial(decodes, decoders[name])
+            forward_rate, decode_rate = together([forwards, dec])
+            result["beside_forward"][name] = {"forward_img_per_s": forward_rate, "decode_img_per_s": decode_rate}
+        except Exception as e:
+            result["beside_forward"][name] = {"error": repr(e)}
+        print("hwdecode: beside forward", name, json.dumps(result["beside_forward"].get(name)), flush=True)
+
+    # Pixels: the hardware engines' against torchvision's nvJPEG (uint8 RGB), then after the service's transform
+    # against the CPU path (normalised units, as the decode part reports for nvJPEG).
+    tv = GpuJpegDecoder(VIT_S16_PREPROCESSING, torch.device("cuda"), lambda j: torch.zeros(()))
+    cpu = Preprocessor(VIT_S16_PREPROCESSING)
+    pixels: dict[str, Any] = {}
+    reference = tv.decode(files[:64])
+    for name in ("hardware", "cuda"):
+        try:
+            out = decoders[name].decode(streams[:64], params=params)
+            got = [torch.as_tensor(o, device="cuda").permute(2, 0, 1) for o in out if o is not None]
+            diffs = [(g.int() - r.int()).abs() for g, r in zip(got, reference, strict=False) if r is not None]
+            normalised = tv.transform(torch.stack(got))
+            want = torch.stack([cpu(decode_image(f, "x.jpg", 3, 10**8)) for f in files[:64]]).cuda()
+            pixels[name] = {
+                "decoded": len(got),
+                "uint8_vs_nvjpeg_max": int(max(d.max() for d in diffs)),
+                "uint8_vs_nvjpeg_mean": float(torch.stack([d.float().mean() for d in diffs]).mean()),
+                "normalised_vs_cpu_max": float((normalised - want).abs().max()),
+                "normalised_vs_cpu_mean": float((normalised - want).abs().mean()),
+            }
+        except Exception as e:
+            pixels[name] = {"error": repr(e)}
+    result["pixels"] = pixels
+
+    # Which JPEGs the hardware engines take (None: left to the next backend).
+    kinds: dict[str, bytes] = {}
+    photo = Image.open(io.BytesIO(files[0])).convert("RGB")
+    for kind, options in {
+        "baseline 4:2:0": {"subsampling": 2},
+        "baseline 4:2:2": {"subsampling": 1},
+        "baseline 4:4:4": {"subsampling": 0},
+        "progressive": {"progressive": True},
+        "grayscale": {},
+    }.items():
+        buffer = io.BytesIO()
+        (photo.convert("L") if kind == "grayscale" else photo).save(buffer, format="JPEG", quality=90, **options)
+        kinds[kind] = buffer.getvalue()
+    takes: dict[str, Any] = {}
+    for kind, data in kinds.items():
+        try:
+            takes[kind] = {
+                name: decoders[name].decode(nv.CodeStream(data), params=params) is not None
+                for name in ("hardware", "split-0.75")
+            }
+        except Exception as e:
+            takes[kind] = {"error": repr(e)}
+    result["hardware_takes"] = takes
+    print("hwdecode:", json.dumps({k: v for k, v in result.items() if k != "alone"}), flush=True)
     return result
