@@ -31,7 +31,7 @@ def report(folders: list[Path], name: str) -> None:
     folder's run of the same model and variant wins)."""
     data: dict[str, Any] = {}
     for folder in folders:
-        for part in ("ceilings", "decode", "raw", "served", "tests"):
+        for part in ("ceilings", "decode", "hwdecode", "raw", "served", "tests"):
             if (folder / f"{part}.json").is_file():
                 found = json.loads((folder / f"{part}.json").read_text())
                 if part == "served" and "served" in data:  # runs of other variants add theirs, model by model
@@ -98,6 +98,61 @@ def targets(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def hardware_decoders(h: dict[str, Any]) -> list[str]:
+    """The hwdecode part: nvImageCodec's decoders alone, beside the forward, their pixels, what the engines take."""
+    alone = h["alone"]
+    batches = list(next(iter(alone.values())))
+
+    def rate(r: dict[str, Any]) -> str:
+        return f"{r['img_per_s']:.0f}" if "img_per_s" in r else r.get("error", "")
+
+    beside = h["beside_forward"]
+    lines = [
+        f"## JPEG decoders on the GPU (nvImageCodec {h['nvimgcodec']}; {h['image']}; decode only, img/s)",
+        "",
+        "*hardware*: the JPEG engines (`HW_GPU_ONLY`); *cuda*: the CUDA decoder (`HYBRID_CPU_GPU`: Huffman on CPU "
+        "threads below 1 MP, the rest on the SMs); *split-x*: share x of each batch to the engines, the rest to "
+        "the CUDA decoder; *adaptive*: both with `ADAPTIVE_MINIMIZE_IDLE_TIME`.",
+        "",
+        *table(
+            ["decoder", *(f"batch {b}" for b in batches)],
+            [[n, *(rate(r[b]) for b in batches)] for n, r in alone.items()],
+        ),
+        "",
+        f"Beside a CUDA-graphed ViT-B/16 forward (bf16, batch 256; alone {beside['forward_alone_img_per_s']:.0f} img/s), "
+        "decoding batches of 256 from a second thread and stream:",
+        "",
+        *table(
+            ["decoder", "forward img/s", "decode img/s"],
+            [
+                [n, f"{r['forward_img_per_s']:.0f}", f"{r['decode_img_per_s']:.0f}"]
+                for n, r in beside.items()
+                if isinstance(r, dict) and "forward_img_per_s" in r
+            ],
+        ),
+        "",
+        *table(
+            ["pixels of 64 images", "uint8 vs torchvision nvJPEG: mean, max", "normalised vs the CPU path: mean, max"],
+            [
+                [
+                    n,
+                    f"{p['uint8_vs_nvjpeg_mean']:.2f}, {p['uint8_vs_nvjpeg_max']}",
+                    f"{p['normalised_vs_cpu_mean']:.4f}, {p['normalised_vs_cpu_max']:.3f}",
+                ]
+                for n, p in h["pixels"].items()
+                if "decoded" in p
+            ],
+            "lll",
+        ),
+        "",
+        "Decoded by the engines alone: "
+        + ", ".join(f"{kind} {'yes' if t.get('hardware') else 'no'}" for kind, t in h["hardware_takes"].items())
+        + ".",
+        "",
+    ]
+    return lines
+
+
 def markdown(d: dict[str, Any]) -> str:
     c, dec = d.get("ceilings"), d["decode"]
     lines = [f"{d.get('machine', '')}", ""]
@@ -147,6 +202,8 @@ def markdown(d: dict[str, Any]) -> str:
         f"max {dec['max_abs_diff_vs_cpu']:.3f}.",
         "",
     ]
+    if "hwdecode" in d:
+        lines += hardware_decoders(d["hwdecode"])
     sv = d["served"]
     st = sv["settings"]
     lines += [
