@@ -12,7 +12,6 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from PIL import Image
 
 from model.shapes import make_sample
@@ -86,17 +85,6 @@ def sample_label(name: str) -> str:
     kind, size = name.split("-")
     dims = SAMPLE_SIZES[size]
     return f"{'64 px' if dims is None else f'{dims[0]}x{dims[1]}'} {kind.upper()}"
-
-
-def photo_jpeg(seed: int) -> bytes:
-    """A distinct 500x375 JPEG with gradients and noise, as a photo of that size costs to decode."""
-    rng = np.random.default_rng(seed)
-    ys, xs = np.mgrid[0:375, 0:500]
-    channels = [(xs * 0.8 + seed * 7) % 256, (ys * 1.2 + seed * 3) % 256, ((xs + ys) * 0.5) % 256]
-    pixels = np.stack(channels, -1) + rng.normal(0, 12, (375, 500, 3))
-    buf = io.BytesIO()
-    Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(buf, format="JPEG", quality=90)
-    return buf.getvalue()
 
 
 def table(header: Sequence[str], rows: Iterable[Sequence[object]], align: str | None = None) -> list[str]:

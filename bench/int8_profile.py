@@ -29,7 +29,8 @@ from app.core.backends.onnx_runtime import INPUT, OUTPUTS, LogitsAndEmbedding, e
 from app.core.images.decode import decode_image
 from app.core.images.prepare import Preprocessor
 from app.quantize import main as quantize_main
-from bench.common import photo_jpeg, table, write_results
+from bench.common import table, write_results
+from harness.images import photo_jpeg
 from harness.models import vit_s16_checkpoint
 from model.checkpoint import load_checkpoint
 

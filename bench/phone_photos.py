@@ -33,7 +33,8 @@ from PIL import Image
 from app.core.images.decode import decode_image
 from app.core.images.prepare import Preprocessor
 from app.settings import BUNDLED_WEIGHTS
-from bench.common import photo_jpeg, table, write_results
+from bench.common import table, write_results
+from harness.images import photo_jpeg
 from harness.load import require_hey, run_hey
 from harness.models import VIT_S16_PREPROCESSING, vit_s16_checkpoint
 from harness.server import Server

@@ -40,7 +40,8 @@ from app.core.backends.onnx_runtime import LogitsAndEmbedding, OnnxForward, expo
 from app.core.backends.predictor import Backend, Predictor
 from app.quantize import main as quantize_main
 from app.settings import BUNDLED_WEIGHTS
-from bench.common import RESULTS, photo_jpeg, table
+from bench.common import RESULTS, table
+from harness.images import photo_jpeg
 from harness.load import require_hey, run_hey, start_service
 from model.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from model.data import ShapesDataset

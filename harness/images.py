@@ -6,6 +6,7 @@ import io
 import struct
 import zlib
 
+import numpy as np
 from PIL import Image
 
 
@@ -25,3 +26,14 @@ def png_with_header(width: int, height: int) -> bytes:
     return (
         b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b"")
     )
+
+
+def photo_jpeg(seed: int) -> bytes:
+    """A distinct 500x375 JPEG with gradients and noise, as a photo of that size costs to decode."""
+    rng = np.random.default_rng(seed)
+    ys, xs = np.mgrid[0:375, 0:500]
+    channels = [(xs * 0.8 + seed * 7) % 256, (ys * 1.2 + seed * 3) % 256, ((xs + ys) * 0.5) % 256]
+    pixels = np.stack(channels, -1) + rng.normal(0, 12, (375, 500, 3))
+    buf = io.BytesIO()
+    Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(buf, format="JPEG", quality=90)
+    return buf.getvalue()

@@ -176,8 +176,8 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
     from app.telemetry.metrics import Metrics
     from app.workers.remote import RemoteEngine
     from app.workers.shared_memory import Arena
-    from bench.common import photo_jpeg
     from bench.gpu.serving import random_checkpoint
+    from harness.images import photo_jpeg
 
     with tempfile.TemporaryDirectory(dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None) as tmp:
         folder = Path(tmp)

@@ -16,12 +16,12 @@ from PIL import Image
 
 from app.core.images.decode import decode_image
 from app.core.images.prepare import Preprocessor
-from bench.common import photo_jpeg
+from harness.images import photo_jpeg
 from harness.models import VIT_S16_PREPROCESSING
 
 
 def decode(images: int = 512, batch: int = 64) -> dict[str, Any]:
-    from app.core.images.gpu_decode import GpuJpegDecoder, Jpeg
+    from app.core.images.gpu_decode import GpuJpegDecoder, Jpeg, TorchvisionJpeg
 
     files = [photo_jpeg(i) for i in range(images)]
     cpu = Preprocessor(VIT_S16_PREPROCESSING)
@@ -36,7 +36,8 @@ def decode(images: int = 512, batch: int = 64) -> dict[str, Any]:
             started = time.perf_counter()
             list(pool.map(on_cpu, files))
             result["cpu_img_per_s"][threads] = images / (time.perf_counter() - started)
-    gpu = GpuJpegDecoder(VIT_S16_PREPROCESSING, torch.device("cuda"), lambda j: on_cpu(j.data))
+    cuda = torch.device("cuda")
+    gpu = GpuJpegDecoder(VIT_S16_PREPROCESSING, cuda, lambda j: on_cpu(j.data), TorchvisionJpeg(cuda))
     jpegs = [Jpeg(f, f"{i}.jpg") for i, f in enumerate(files)]
     chunks = [jpegs[i : i + batch] for i in range(0, images, batch)]
 
@@ -66,7 +67,7 @@ def hardware(images: int = 1024, batches: tuple[int, ...] = (64, 256), seconds: 
     CUDA path's and PIL's; which kinds of JPEG the hardware takes."""
     from nvidia import nvimgcodec as nv
 
-    from app.core.images.gpu_decode import GpuJpegDecoder
+    from app.core.images.gpu_decode import GpuJpegDecoder, TorchvisionJpeg
     from bench.gpu.common import VIT_B16
     from model.vit import ViT
 
@@ -123,11 +124,15 @@ def hardware(images: int = 1024, batches: tuple[int, ...] = (64, 256), seconds: 
         with torch.cuda.graph(graph):
             model(x)
 
-    def forwards(stop: threading.Event, count: list[int]) -> None:
-        while not stop.is_set():
-            graph.replay()
-            torch.cuda.current_stream().synchronize()
-            count[0] += 256
+    def forwards(stop: threading.Event, count: list[int], own_stream: bool = True) -> None:
+        """Replays on a stream of the forward's own (as the service runs it), or on the legacy default stream,
+        whose work waits for every blocking stream's."""
+        stream = torch.cuda.Stream() if own_stream else torch.cuda.default_stream()
+        with torch.cuda.stream(stream):
+            while not stop.is_set():
+                graph.replay()
+                stream.synchronize()
+                count[0] += 256
 
     def decodes(decoder: Any, stop: threading.Event, count: list[int]) -> None:
         stream = torch.cuda.Stream()
@@ -153,10 +158,18 @@ def hardware(images: int = 1024, batches: tuple[int, ...] = (64, 256), seconds: 
         return [c[0] / elapsed for c in counts]
 
     result["beside_forward"] = {"forward_alone_img_per_s": together([forwards])[0]}
-    for name in ("hardware", "cuda", "split-0.75", "adaptive"):
+    on_default = functools.partial(forwards, own_stream=False)
+    runs: list[tuple[str, Callable[[threading.Event, list[int]], None]]] = [
+        ("hardware", forwards),
+        ("cuda", forwards),
+        ("adaptive", forwards),
+        ("hardware, forward on the default stream", on_default),
+        ("cuda, forward on the default stream", on_default),
+    ]
+    for name, forward in runs:
         try:
-            dec = functools.partial(decodes, decoders[name])
-            forward_rate, decode_rate = together([forwards, dec])
+            dec = functools.partial(decodes, decoders[name.split(",")[0]])
+            forward_rate, decode_rate = together([forward, dec])
             result["beside_forward"][name] = {"forward_img_per_s": forward_rate, "decode_img_per_s": decode_rate}
         except Exception as e:
             result["beside_forward"][name] = {"error": repr(e)}
@@ -164,7 +177,8 @@ def hardware(images: int = 1024, batches: tuple[int, ...] = (64, 256), seconds: 
 
     # Pixels: the hardware engines' against torchvision's nvJPEG (uint8 RGB), then after the service's transform
     # against the CPU path (normalised units, as the decode part reports for nvJPEG).
-    tv = GpuJpegDecoder(VIT_S16_PREPROCESSING, torch.device("cuda"), lambda j: torch.zeros(()))
+    cuda = torch.device("cuda")
+    tv = GpuJpegDecoder(VIT_S16_PREPROCESSING, cuda, lambda j: torch.zeros(()), TorchvisionJpeg(cuda))
     cpu = Preprocessor(VIT_S16_PREPROCESSING)
     pixels: dict[str, Any] = {}
     reference = tv.decode(files[:64])
@@ -189,13 +203,14 @@ def hardware(images: int = 1024, batches: tuple[int, ...] = (64, 256), seconds: 
     # Which JPEGs the hardware engines take (None: left to the next backend).
     kinds: dict[str, bytes] = {}
     photo = Image.open(io.BytesIO(files[0])).convert("RGB")
-    for kind, options in {
+    encodings: dict[str, dict[str, Any]] = {
         "baseline 4:2:0": {"subsampling": 2},
         "baseline 4:2:2": {"subsampling": 1},
         "baseline 4:4:4": {"subsampling": 0},
         "progressive": {"progressive": True},
         "grayscale": {},
-    }.items():
+    }
+    for kind, options in encodings.items():
         buffer = io.BytesIO()
         (photo.convert("L") if kind == "grayscale" else photo).save(buffer, format="JPEG", quality=90, **options)
         kinds[kind] = buffer.getvalue()

@@ -15,9 +15,10 @@ from typing import Any
 import httpx
 import torch
 
-from bench.common import multipart, photo_jpeg
+from bench.common import multipart
 from bench.gpu.common import MODELS, VARIANTS, save
 from bench.run import check_peer
+from harness.images import photo_jpeg
 from harness.load import ServerProcess, run_hey, start_litserve
 from harness.models import VIT_S16_PREPROCESSING
 from harness.server import Server, process_cpu_s

@@ -27,7 +27,7 @@ from app.core.batcher import DynamicBatcher
 from app.core.contract.description import ModelDescription, numeric_version
 from app.core.contract.errors import TIMED_OUT, RequestTimeout
 from app.core.contract.request import AttentionKind, DecodedImage, EncodedImage
-from app.core.images.gpu_decode import GpuJpegDecoder, Jpeg
+from app.core.images.gpu_decode import GpuJpegDecoder, Jpeg, jpeg_decoder_for
 from app.core.images.prepare import ImagePreparer, Prepared
 from app.settings import Settings
 from app.telemetry.metrics import ModelMetrics
@@ -68,13 +68,13 @@ class ServedModel:
         version = numeric_version(checkpoint.content_hash)
         p = checkpoint.preprocessing
         jpeg_decoder = None
-        if device.type == "cuda" and settings.decode == "auto":
+        if device.type == "cuda" and settings.decode != "cpu":
             on_cpu = ImagePreparer(p, settings.max_image_pixels, settings.jpeg_draft, gpu_jpegs=False)
 
             def decode_on_cpu(jpeg: Jpeg) -> torch.Tensor:  # what nvJPEG rejects: PIL's pixels, or PIL's error
                 return cast("torch.Tensor", on_cpu.prepare(EncodedImage(jpeg.filename, jpeg.data), False).pixels)
 
-            jpeg_decoder = GpuJpegDecoder(p, device, decode_on_cpu)
+            jpeg_decoder = GpuJpegDecoder(p, device, decode_on_cpu, jpeg_decoder_for(settings.decode, device))
         graphs = graph_sizes(settings.max_batch_size) if settings.cuda_graphs else None
         predictor = cls.build_predictor(
             name, checkpoint, device, settings.backend, jpeg_decoder, graphs, settings.onnx_cache
@@ -83,8 +83,7 @@ class ServedModel:
         gpu_jpegs = predictor.jpeg_decoder is not None
         preparer = ImagePreparer(p, settings.max_image_pixels, settings.jpeg_draft, gpu_jpegs)
         log.info(
-            "model %s: loaded %s (version %s, content hash %s, %d classes) on %s as %s, backend %s, JPEGs "
-            "decoded on the %s",
+            "model %s: loaded %s (version %s, content hash %s, %d classes) on %s as %s, backend %s, JPEGs decoded %s",
             name,
             path,
             version,
@@ -93,7 +92,7 @@ class ServedModel:
             device,
             predictor.dtype,
             predictor.backend,
-            predictor.decode,
+            f"on the GPU by {jpeg_decoder.decode.name}" if jpeg_decoder and gpu_jpegs else f"on the {predictor.decode}",
         )
         if settings.warmup:
             predictor.warm_up(settings.max_batch_size)

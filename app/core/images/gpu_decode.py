@@ -1,29 +1,41 @@
-"""JPEG decoding and preprocessing on the GPU, a batch at a time (nvJPEG, through torchvision).
+"""JPEG decoding and preprocessing on the GPU, a batch at a time.
 
 On a GPU host, decoding and resizing uploads on the CPU is what bounds the service: a 500x375
 JPEG costs a core about 3 ms to decode, resize and normalise. Plain JPEGs (baseline, RGB or
 grayscale, upright, whole) are instead checked from their header on the CPU pool and decoded on
-the forward thread with the batch they ride in: one nvJPEG call for the batch, then the checkpoint's
+the forward thread with the batch they ride in: one decoder call for the batch, then the checkpoint's
 own tensor transform (antialiased resize, crop, scale, normalise) on the device, images of one size
 resized together. Every other image (PNG, progressive, CMYK, rotated by EXIF, overlays) is decoded
-on the CPU as before, and a JPEG that nvJPEG rejects is decoded again by PIL, whose verdict
+on the CPU as before, and a JPEG that the GPU rejects is decoded again by PIL, whose verdict
 (pixels, or a 4xx for a broken file) is final.
+
+Two decoders (`VIT_DECODE`):
+- `auto`: nvImageCodec, with the GPU's hardware JPEG engines first (A100, H100, H200 and others carry
+  them) and the CUDA decoder for what they leave. The engines sit beside the SMs, so decoding no longer
+  takes time from the forward; on a GPU without them every file goes to the CUDA decoder. Without the
+  `nvidia-nvimgcodec-cu13` package, torchvision's nvJPEG.
+- `cuda`: torchvision's nvJPEG, the CUDA decoder alone.
 """
 
 from __future__ import annotations
 
 import functools
 import io
+import logging
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 from PIL import Image
 from torch import Tensor
 
+from app.choices import DecodeChoice
 from model.preprocessing import Preprocessing, luminance, normalize, resize_and_crop, to_float
+
+log = logging.getLogger(__name__)
 
 EXIF_ORIENTATION = 0x0112
 JPEG_END = b"\xff\xd9"
@@ -54,18 +66,103 @@ def blank_jpeg(shape: tuple[int, int, int]) -> bytes:
     return buffer.getvalue()
 
 
-class GpuJpegDecoder:
-    """`Jpeg` files -> normalised (N, C, S, S) float32 on the device, as `EvalTransform` makes them on the CPU.
+class JpegDecode(Protocol):
+    """Files -> (3, H, W) uint8 RGB on the device, None where the GPU could not decode one; `name` says how."""
 
-    The resize is the tensor transform's antialiased one (what `resize_backend="tensor"` checkpoints use on
-    the CPU too); for `resize_backend="pil"` checkpoints it differs from PIL's by rounding. `fallback` decodes
-    a file nvJPEG rejects on the CPU: it returns the file's (C, S, S) pixels or raises the client's error.
-    """
+    name: str
 
-    def __init__(self, p: Preprocessing, device: torch.device, fallback: Callable[[Jpeg], Tensor]) -> None:
+    def __call__(self, files: Sequence[bytes]) -> list[Tensor | None]: ...
+
+
+class TorchvisionJpeg:
+    """The CUDA decoder through torchvision's nvJPEG: files -> (3, H, W) uint8 RGB on the device, None where
+    nvJPEG fails."""
+
+    name = "the CUDA decoder (torchvision's nvJPEG)"
+
+    def __init__(self, device: torch.device) -> None:
         from torchvision.io import ImageReadMode, decode_jpeg  # here: only a GPU host decodes with nvJPEG
 
         self.decode_jpeg = functools.partial(decode_jpeg, mode=ImageReadMode.RGB, device=device)
+
+    def __call__(self, files: Sequence[bytes]) -> list[Tensor | None]:
+        data = [torch.frombuffer(bytearray(f), dtype=torch.uint8) for f in files]
+        with warnings.catch_warnings():
+            # torchvision 0.29 announces that its image codecs will move to TorchCodec; they still work
+            warnings.filterwarnings("ignore", category=DeprecationWarning, module="torchvision")
+            try:
+                return list(self.decode_jpeg(data))
+            except Exception:  # one bad file fails the batched call: decode each alone to find it
+                return [self.decode_one(d) for d in data]
+
+    def decode_one(self, data: Tensor) -> Tensor | None:
+        try:
+            return self.decode_jpeg(data)
+        except Exception:  # nvJPEG's verdict on this file; PIL's decides
+            return None
+
+
+class NvImageCodecJpeg:
+    """nvImageCodec's batched decoder: the hardware JPEG engines first (with `engines`, where the GPU has
+    them), then the CUDA decoder for the files they leave. Files -> (3, H, W) uint8 RGB on the device,
+    decoded on the current stream; None where both fail."""
+
+    def __init__(self, device: torch.device, engines: bool = True) -> None:
+        from nvidia import nvimgcodec  # here: only a GPU host loads the codec library
+
+        kinds = [nvimgcodec.BackendKind.HW_GPU_ONLY] if engines else []
+        kinds.append(nvimgcodec.BackendKind.HYBRID_CPU_GPU)  # the CUDA decoder (Huffman on the CPU below 1 MP)
+        self.nvimgcodec = nvimgcodec
+        self.device = device
+        self.decoder = nvimgcodec.Decoder(device_id=device.index or 0, backends=[nvimgcodec.Backend(k) for k in kinds])
+        self.params = nvimgcodec.DecodeParams(apply_exif_orientation=False, color_spec=nvimgcodec.ColorSpec.SRGB)
+        self.engines = engines and has_jpeg_engines(nvimgcodec, device)
+        self.name = "the JPEG engines, then the CUDA decoder" if self.engines else "the CUDA decoder"
+        self.name += " (nvImageCodec)"
+
+    def __call__(self, files: Sequence[bytes]) -> list[Tensor | None]:
+        stream = torch.cuda.current_stream(self.device)
+        streams = [self.nvimgcodec.CodeStream(f) for f in files]
+        images = self.decoder.decode(streams, params=self.params, cuda_stream=stream.cuda_stream)
+        # (H, W, C) -> (3, H, W): a grayscale file's one channel repeated, as torchvision's RGB mode gives it
+        return [None if i is None else torch.from_dlpack(i).permute(2, 0, 1).expand(3, -1, -1) for i in images]
+
+
+def has_jpeg_engines(nvimgcodec: Any, device: torch.device) -> bool:
+    """Whether the GPU decodes JPEGs in hardware: a blank JPEG through the engines alone comes back."""
+    engines_only = nvimgcodec.Decoder(
+        device_id=device.index or 0, backends=[nvimgcodec.Backend(nvimgcodec.BackendKind.HW_GPU_ONLY)]
+    )
+    return engines_only.decode(nvimgcodec.CodeStream(blank_jpeg((3, 64, 64)))) is not None
+
+
+def jpeg_decoder_for(choice: DecodeChoice, device: torch.device) -> TorchvisionJpeg | NvImageCodecJpeg:
+    """The GPU decoder `VIT_DECODE` names: `auto` is nvImageCodec's where the package is installed."""
+    if choice == "auto":
+        try:
+            return NvImageCodecJpeg(device)
+        except ImportError:
+            log.info("nvImageCodec is not installed: JPEGs decode with torchvision's nvJPEG")
+    return TorchvisionJpeg(device)
+
+
+class GpuJpegDecoder:
+    """`Jpeg` files -> normalised (N, C, S, S) float32 on the device, as `EvalTransform` makes them on the CPU.
+
+    `decode` turns files into RGB images on the device (`jpeg_decoder_for`). The resize is the tensor transform's
+    antialiased one (what `resize_backend="tensor"` checkpoints use on the CPU too); for `resize_backend="pil"`
+    checkpoints it differs from PIL's by rounding. `fallback` decodes a file the GPU rejects on the CPU: it
+    returns the file's (C, S, S) pixels or raises the client's error.
+    """
+
+    def __init__(
+        self,
+        p: Preprocessing,
+        device: torch.device,
+        fallback: Callable[[Jpeg], Tensor],
+        decode: JpegDecode,
+    ) -> None:
+        self.decode = decode
         self.preprocessing = p
         self.device = device
         self.fallback = fallback
@@ -83,23 +180,6 @@ class GpuJpegDecoder:
         for rows in by_size.values():  # images of one size are resized together
             out[rows] = self.transform(torch.stack([decoded[i] for i in rows]))  # type: ignore[misc]
         return out
-
-    def decode(self, files: Sequence[bytes]) -> list[Tensor | None]:
-        """(3, H, W) uint8 RGB on the device per file (grayscale files too); None for a file nvJPEG could not decode."""
-        data = [torch.frombuffer(bytearray(f), dtype=torch.uint8) for f in files]
-        with warnings.catch_warnings():
-            # torchvision 0.29 announces that its image codecs will move to TorchCodec; they still work
-            warnings.filterwarnings("ignore", category=DeprecationWarning, module="torchvision")
-            try:
-                return list(self.decode_jpeg(data))
-            except Exception:  # one bad file fails the batched call: decode each alone to find it
-                return [self.decode_one(d) for d in data]
-
-    def decode_one(self, data: Tensor) -> Tensor | None:
-        try:
-            return self.decode_jpeg(data)
-        except Exception:  # nvJPEG's verdict on this file; PIL's decides
-            return None
 
     def transform(self, images: Tensor) -> Tensor:
         """(n, 3, H, W) uint8 RGB -> (n, C, S, S) float32: channels, resize and crop, scale to [0, 1], normalise."""

@@ -2,7 +2,8 @@
 
 `GpuJpegDecoder` runs on any torch device; here it runs on the CPU (torchvision's batched decoder
 there), so its batching, grouping by size and fallback are proven without a GPU. tests/app/test_cuda.py
-runs the same checks through the service with nvJPEG on a real GPU.
+runs the same checks through the service on a real GPU, with nvImageCodec (the JPEG engines and the CUDA
+decoder) and with torchvision's nvJPEG.
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ from PIL import Image
 
 from app.core.contract.errors import InvalidInput, ServiceError
 from app.core.images.decode import decode_image, open_image
-from app.core.images.gpu_decode import GpuJpegDecoder, Jpeg, blank_jpeg, gpu_decodable
+from app.core.images.gpu_decode import GpuJpegDecoder, Jpeg, TorchvisionJpeg, blank_jpeg, gpu_decodable
 from app.core.images.prepare import Preprocessor
 from harness.images import encode
 from model.preprocessing import Preprocessing
 
 CROP = Preprocessing(48, 3, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), "center_crop", 0.875, "bicubic")
 SQUASH_GRAY = Preprocessing(32, 1, (0.5,), (0.25,))
+ON_CPU = torch.device("cpu")
 
 
 def photo(seed: int, size: tuple[int, int] = (120, 90), mode: str = "RGB") -> Image.Image:
@@ -64,7 +66,7 @@ def test_plain_jpegs_take_the_batched_path_and_others_do_not() -> None:
 def test_a_batch_of_mixed_sizes_gives_the_cpu_paths_pixels(p: Preprocessing) -> None:
     sizes = [(120, 90), (90, 120), (120, 90), (64, 64), (300, 200)]
     files = [jpeg(photo(i, size)) for i, size in enumerate(sizes)]
-    decoder = GpuJpegDecoder(p, torch.device("cpu"), on_cpu(p))
+    decoder = GpuJpegDecoder(p, ON_CPU, on_cpu(p), TorchvisionJpeg(ON_CPU))
     got = decoder([Jpeg(f, f"{i}.jpg") for i, f in enumerate(files)])
     want = torch.stack([on_cpu(p)(Jpeg(f, "x")) for f in files])
     assert got.shape == want.shape == (len(files), p.channels, p.image_size, p.image_size)
@@ -85,7 +87,7 @@ def test_a_file_the_batched_decoder_rejects_is_decoded_by_the_fallback() -> None
         calls.append(j.filename)
         return fallback(j)  # type: ignore[no-any-return]
 
-    decoder = GpuJpegDecoder(CROP, torch.device("cpu"), counting)
+    decoder = GpuJpegDecoder(CROP, ON_CPU, counting, TorchvisionJpeg(ON_CPU))
     try:
         out = decoder([Jpeg(good, "good.jpg"), Jpeg(broken, "broken.jpg")])
     except InvalidInput as e:  # PIL refuses it too: the client's error, naming the file
@@ -98,7 +100,7 @@ def test_a_file_the_batched_decoder_rejects_is_decoded_by_the_fallback() -> None
 
 def test_a_file_no_decoder_reads_raises_the_clients_error() -> None:
     not_jpeg = b"\xff\xd8" + bytes(64) + b"\xff\xd9"
-    decoder = GpuJpegDecoder(CROP, torch.device("cpu"), on_cpu(CROP))
+    decoder = GpuJpegDecoder(CROP, ON_CPU, on_cpu(CROP), TorchvisionJpeg(ON_CPU))
     with pytest.raises(ServiceError, match="bad.jpg"):
         decoder([Jpeg(jpeg(photo(2)), "good.jpg"), Jpeg(not_jpeg, "bad.jpg")])
 
