@@ -67,7 +67,7 @@ def hardware(images: int = 1024, batches: tuple[int, ...] = (64, 256), seconds: 
     CUDA path's and PIL's; which kinds of JPEG the hardware takes."""
     from nvidia import nvimgcodec as nv
 
-    from app.core.images.gpu_decode import GpuJpegDecoder, TorchvisionJpeg
+    from app.core.images.gpu_decode import GpuJpegDecoder, NvImageCodecJpeg, TorchvisionJpeg, preallocated
     from bench.gpu.common import VIT_B16
     from model.vit import ViT
 
@@ -88,6 +88,12 @@ def hardware(images: int = 1024, batches: tuple[int, ...] = (64, 256), seconds: 
     }
     result: dict[str, Any] = {"image": "500x375 JPEG, quality 90, 4:2:0", "nvimgcodec": nv.__version__, "alone": {}}
     decoders = {name: nv.Decoder(device_id=0, backends=backends) for name, backends in configs.items()}
+    preallocate = preallocated(256)
+    decoders["hardware-preallocated"] = nv.Decoder(device_id=0, backends=configs["hardware"], options=preallocate)
+    decoders["hardware-preallocated-4"] = nv.Decoder(
+        device_id=0, max_num_cpu_threads=4, backends=configs["hardware"], options=preallocate
+    )
+    decoders["service"] = NvImageCodecJpeg(torch.device("cuda", 0), batch_size=256).decoder
 
     def decode_all(decoder: Any, batch: int, stream: int = 0) -> int:
         done = 0
@@ -97,6 +103,8 @@ def hardware(images: int = 1024, batches: tuple[int, ...] = (64, 256), seconds: 
         return done
 
     for name, decoder in decoders.items():
+        if name == "service":
+            continue
         result["alone"][name] = {}
         for batch in batches:
             try:
@@ -134,12 +142,13 @@ def hardware(images: int = 1024, batches: tuple[int, ...] = (64, 256), seconds: 
                 stream.synchronize()
                 count[0] += 256
 
-    def decodes(decoder: Any, stop: threading.Event, count: list[int]) -> None:
-        stream = torch.cuda.Stream()
-        i = 0
+    def decodes(decoder: Any, stop: threading.Event, count: list[int], priority: int = 0, reuse: bool = False) -> None:
+        """Batches of 256 on a stream of `priority`; with `reuse`, into the previous batch's images."""
+        stream = torch.cuda.Stream(priority=priority)
+        i, out = 0, None
         while not stop.is_set():
             chunk = [streams[(i + k) % images] for k in range(256)]
-            decoder.decode(chunk, params=params, cuda_stream=stream.cuda_stream)
+            out = decoder.decode(chunk, images=out if reuse else None, params=params, cuda_stream=stream.cuda_stream)
             stream.synchronize()
             count[0] += 256
             i += 256
@@ -159,16 +168,23 @@ def hardware(images: int = 1024, batches: tuple[int, ...] = (64, 256), seconds: 
 
     result["beside_forward"] = {"forward_alone_img_per_s": together([forwards])[0]}
     on_default = functools.partial(forwards, own_stream=False)
-    runs: list[tuple[str, Callable[[threading.Event, list[int]], None]]] = [
-        ("hardware", forwards),
-        ("cuda", forwards),
-        ("adaptive", forwards),
-        ("hardware, forward on the default stream", on_default),
-        ("cuda, forward on the default stream", on_default),
+    # (label, decoder, the forward's loop, decoding stream priority, output images reused)
+    runs: list[tuple[str, str, Callable[[threading.Event, list[int]], None], int, bool]] = [
+        ("hardware", "hardware", forwards, 0, False),
+        ("cuda", "cuda", forwards, 0, False),
+        ("adaptive", "adaptive", forwards, 0, False),
+        ("hardware, forward on the default stream", "hardware", on_default, 0, False),
+        ("cuda, forward on the default stream", "cuda", on_default, 0, False),
+        ("hardware, decoding stream first", "hardware", forwards, -1, False),
+        ("hardware, images reused", "hardware", forwards, 0, True),
+        ("hardware, preallocated", "hardware-preallocated", forwards, 0, False),
+        ("hardware, preallocated, 4 threads", "hardware-preallocated-4", forwards, 0, False),
+        ("hardware, preallocated, 4 threads, first, reused", "hardware-preallocated-4", forwards, -1, True),
+        ("service's decoder (engines, then CUDA)", "service", forwards, -1, False),
     ]
-    for name, forward in runs:
+    for name, decoder, forward, priority, reuse in runs:
         try:
-            dec = functools.partial(decodes, decoders[name.split(",")[0]])
+            dec = functools.partial(decodes, decoders[decoder], priority=priority, reuse=reuse)
             forward_rate, decode_rate = together([forward, dec])
             result["beside_forward"][name] = {"forward_img_per_s": forward_rate, "decode_img_per_s": decode_rate}
         except Exception as e:

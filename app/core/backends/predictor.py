@@ -113,11 +113,9 @@ class Predictor:
         # Each stage takes one batch at a time; on a GPU the decoding runs on a stream of its own.
         self.decoding = threading.Lock()
         self.computing = threading.Lock()
-        self.decode_stream = torch.cuda.Stream(device) if device.type == "cuda" and jpeg_decoder else None
-        # The forward runs on a stream of its own too, never the legacy default stream: work there waits for
-        # (and holds up) every blocking stream, the decoder library's included, which would otherwise take
-        # turns with the forward instead of running beside it.
-        self.compute_stream = torch.cuda.Stream(device) if self.decode_stream is not None else None
+        # The decoding stream comes first where both have work ready: it feeds the next batch.
+        cuda = device.type == "cuda" and jpeg_decoder is not None
+        self.decode_stream = torch.cuda.Stream(device, priority=-1) if cuda else None
         self.dtype = inference_dtype(device)
         self.model = checkpoint.model.to(device=device, dtype=self.dtype).eval()
         config = checkpoint.config
@@ -165,12 +163,11 @@ class Predictor:
             x, decoded = self.staged_inputs(batch)  # (B, C, S, S) on the device
         inputs_done = time.monotonic()
         with self.computing:
-            if decoded is None or self.compute_stream is None:
-                return self.computed(batch, x, started, inputs_done)
-            with torch.cuda.stream(self.compute_stream):  # which waits for the decoding stream's work on x
-                self.compute_stream.wait_event(decoded)
-                x.record_stream(self.compute_stream)
-                return self.computed(batch, x, started, inputs_done)
+            if decoded is not None:  # the compute stream waits for the decoding stream's work on x
+                stream = torch.cuda.current_stream(self.device)
+                stream.wait_event(decoded)
+                x.record_stream(stream)
+            return self.computed(batch, x, started, inputs_done)
 
     def staged_inputs(self, batch: list[ImageInput]) -> tuple[Tensor, torch.cuda.Event | None]:
         """The batch's inputs; on a GPU that decodes, made on the decoding stream, with the event that marks

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import io
 import logging
+import os
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -38,6 +39,7 @@ from model.preprocessing import Preprocessing, luminance, normalize, resize_and_
 log = logging.getLogger(__name__)
 
 EXIF_ORIENTATION = 0x0112
+CODEC_THREADS = 4  # nvImageCodec's CPU threads at most
 JPEG_END = b"\xff\xd9"
 
 
@@ -107,14 +109,21 @@ class NvImageCodecJpeg:
     them), then the CUDA decoder for the files they leave. Files -> (3, H, W) uint8 RGB on the device,
     decoded on the current stream; None where both fail."""
 
-    def __init__(self, device: torch.device, engines: bool = True) -> None:
+    def __init__(self, device: torch.device, engines: bool = True, batch_size: int = 256) -> None:
         from nvidia import nvimgcodec  # here: only a GPU host loads the codec library
 
         kinds = [nvimgcodec.BackendKind.HW_GPU_ONLY] if engines else []
         kinds.append(nvimgcodec.BackendKind.HYBRID_CPU_GPU)  # the CUDA decoder (Huffman on the CPU below 1 MP)
         self.nvimgcodec = nvimgcodec
         self.device = device
-        self.decoder = nvimgcodec.Decoder(device_id=device.index or 0, backends=[nvimgcodec.Backend(k) for k in kinds])
+        self.decoder = nvimgcodec.Decoder(
+            device_id=device.index or 0,
+            # its own threads parse files (and run the CUDA decoder's Huffman stage): a few, not one per core,
+            # which the process's other work needs
+            max_num_cpu_threads=min(CODEC_THREADS, os.cpu_count() or 1),
+            backends=[nvimgcodec.Backend(k) for k in kinds],
+            options=preallocated(batch_size),
+        )
         self.params = nvimgcodec.DecodeParams(apply_exif_orientation=False, color_spec=nvimgcodec.ColorSpec.SRGB)
         self.engines = engines and has_jpeg_engines(nvimgcodec, device)
         self.name = "the JPEG engines, then the CUDA decoder" if self.engines else "the CUDA decoder"
@@ -128,6 +137,16 @@ class NvImageCodecJpeg:
         return [None if i is None else torch.from_dlpack(i).permute(2, 0, 1).expand(3, -1, -1) for i in images]
 
 
+def preallocated(batch_size: int) -> str:
+    """nvImageCodec's options: the engines' buffers taken once, for a batch of photos of up to 512x512, instead
+    of per call (a larger file makes them grow)."""
+    hw = "nvjpeg_hw_decoder"
+    return (
+        f"{hw}:preallocate_batch_size={batch_size} {hw}:preallocate_width_hint=512 {hw}:preallocate_height_hint=512 "
+        "nvjpeg_cuda_decoder:preallocate_buffers=true"
+    )
+
+
 def has_jpeg_engines(nvimgcodec: Any, device: torch.device) -> bool:
     """Whether the GPU decodes JPEGs in hardware: a blank JPEG through the engines alone comes back."""
     engines_only = nvimgcodec.Decoder(
@@ -136,11 +155,11 @@ def has_jpeg_engines(nvimgcodec: Any, device: torch.device) -> bool:
     return engines_only.decode(nvimgcodec.CodeStream(blank_jpeg((3, 64, 64)))) is not None
 
 
-def jpeg_decoder_for(choice: DecodeChoice, device: torch.device) -> TorchvisionJpeg | NvImageCodecJpeg:
+def jpeg_decoder_for(choice: DecodeChoice, device: torch.device, batch_size: int) -> TorchvisionJpeg | NvImageCodecJpeg:
     """The GPU decoder `VIT_DECODE` names: `auto` is nvImageCodec's where the package is installed."""
     if choice == "auto":
         try:
-            return NvImageCodecJpeg(device)
+            return NvImageCodecJpeg(device, batch_size=batch_size)
         except ImportError:
             log.info("nvImageCodec is not installed: JPEGs decode with torchvision's nvJPEG")
     return TorchvisionJpeg(device)
