@@ -16,8 +16,8 @@ ONNX_BACKENDS: tuple[Backend, ...] = ("onnxruntime", "onnxruntime-int8")
 
 Precision = Literal["float32", "bfloat16", "float16", "int8"]  # the arithmetic of plain predictions
 Quantization = Literal["dynamic", "static"]  # how an int8 graph was made
-# VIT_DECODE: auto decodes plain JPEGs on a GPU (its JPEG engines, then the CUDA decoder); cuda: the CUDA decoder
-DecodeChoice = Literal["auto", "cuda", "cpu"]
+# VIT_DECODE: auto decodes plain JPEGs on a GPU (nvJPEG); nvimgcodec: its JPEG engines, then the CUDA decoder
+DecodeChoice = Literal["auto", "nvimgcodec", "cpu"]
 DecodedOn = Literal["cpu", "gpu"]  # where a model's plain JPEGs are decoded
 ModelControl = Literal["none", "explicit", "poll"]  # how the model repository may change
 ModelState = Literal["READY", "UNAVAILABLE", "LOADING", "UNLOADING"]  # a model's line in the repository index

@@ -130,9 +130,9 @@ class Settings(BaseSettings):
     )
     decode: DecodeChoice = Field(
         "auto",
-        description="auto: on a GPU, plain JPEGs are decoded and resized there, a batch at a time, by its "
-        "hardware JPEG engines where it has them and the CUDA decoder for the rest (nvImageCodec); cuda: the "
-        "same with the CUDA decoder alone (torchvision's nvJPEG); cpu: every image is decoded on the CPU",
+        description="auto: on a GPU, plain JPEGs are decoded and resized there, a batch at a time (the CUDA "
+        "decoder, torchvision's nvJPEG); nvimgcodec: the same with nvImageCodec, the GPU's hardware JPEG engines "
+        "first and its CUDA decoder for the rest; cpu: every image is decoded on the CPU",
     )
     jpeg_draft: bool = Field(
         True,

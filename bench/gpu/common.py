@@ -29,8 +29,8 @@ VARIANTS: dict[str, dict[str, str]] = {
     "workers-4": {"VIT_DECODE": "auto", "VIT_CUDA_GRAPHS": "true", "VIT_WORKERS": "4"},
     "workers-8": {"VIT_DECODE": "auto", "VIT_CUDA_GRAPHS": "true", "VIT_WORKERS": "8"},
     "workers-12": {"VIT_DECODE": "auto", "VIT_CUDA_GRAPHS": "true", "VIT_WORKERS": "12"},
-    # the CUDA decoder alone (torchvision's nvJPEG), as before the JPEG engines
-    "workers-8-cuda-decode": {"VIT_DECODE": "cuda", "VIT_CUDA_GRAPHS": "true", "VIT_WORKERS": "8"},
+    # nvImageCodec: the GPU's hardware JPEG engines, then its CUDA decoder, instead of nvJPEG
+    "workers-8-nvimgcodec": {"VIT_DECODE": "nvimgcodec", "VIT_CUDA_GRAPHS": "true", "VIT_WORKERS": "8"},
     # every image decoded by PIL on the front-ends' cores instead of on the GPU: what the CPUs add
     "workers-8-cpu-decode": {"VIT_DECODE": "cpu", "VIT_CUDA_GRAPHS": "true", "VIT_WORKERS": "8"},
 }

@@ -225,14 +225,14 @@ def test_nvimagecodec_decodes_as_the_cpu_path_with_or_without_the_jpeg_engines(e
 
 
 async def test_jpegs_decoded_on_the_gpu_answer_as_those_decoded_on_the_cpu(make_client: ClientFactory) -> None:
-    """VIT_DECODE=auto (nvImageCodec: the JPEG engines, then the CUDA decoder) and cuda (torchvision's nvJPEG)
-    decode plain JPEGs with their batch; the rest, and bad files, as before."""
+    """VIT_DECODE=auto (torchvision's nvJPEG) and nvimgcodec (the JPEG engines, then the CUDA decoder) decode
+    plain JPEGs with their batch; the rest, and bad files, as before."""
     samples = [make_sample(12, i).image.convert("RGB") for i in range(8)]
     plain = [encode(image, "JPEG", quality=90) for image in samples[:5]]
     others = [encode(samples[5], "JPEG", quality=90, progressive=True), encode(samples[6]), encode(samples[7], "JPEG")]
     files = [("files", (f"{i}.jpg", data, "image/jpeg")) for i, data in enumerate(plain + others)]
     answers, refusals = {}, {}
-    for decode in ("auto", "cuda", "cpu"):
+    for decode in ("auto", "nvimgcodec", "cpu"):
         async with make_client(weights=BUNDLED_WEIGHTS, device="auto", decode=decode) as client:
             info = (await client.get("/v1/model")).json()
             assert info["decode"] == ("cpu" if decode == "cpu" else "gpu")
@@ -241,9 +241,9 @@ async def test_jpegs_decoded_on_the_gpu_answer_as_those_decoded_on_the_cpu(make_
             answers[decode] = r.json()["results"]
             cut = await client.post("/predict", files=[("files", ("cut.jpg", plain[0][:300], "image/jpeg"))])
             refusals[decode] = (cut.status_code, cut.json()["detail"])
-    assert refusals["auto"] == refusals["cuda"] == refusals["cpu"]  # a cut file: the same 4xx
+    assert refusals["auto"] == refusals["nvimgcodec"] == refusals["cpu"]  # a cut file: the same 4xx
     assert 400 <= refusals["cpu"][0] < 500
-    for decode in ("auto", "cuda"):
+    for decode in ("auto", "nvimgcodec"):
         for gpu, cpu in zip(answers[decode], answers["cpu"], strict=True):
             assert gpu["top_k"][0]["index"] == cpu["top_k"][0]["index"], decode
             assert (

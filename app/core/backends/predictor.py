@@ -113,9 +113,7 @@ class Predictor:
         # Each stage takes one batch at a time; on a GPU the decoding runs on a stream of its own.
         self.decoding = threading.Lock()
         self.computing = threading.Lock()
-        # The decoding stream comes first where both have work ready: it feeds the next batch.
-        cuda = device.type == "cuda" and jpeg_decoder is not None
-        self.decode_stream = torch.cuda.Stream(device, priority=-1) if cuda else None
+        self.decode_stream = torch.cuda.Stream(device) if device.type == "cuda" and jpeg_decoder else None
         self.dtype = inference_dtype(device)
         self.model = checkpoint.model.to(device=device, dtype=self.dtype).eval()
         config = checkpoint.config

@@ -10,19 +10,19 @@ on the CPU as before, and a JPEG that the GPU rejects is decoded again by PIL, w
 (pixels, or a 4xx for a broken file) is final.
 
 Two decoders (`VIT_DECODE`):
-- `auto`: nvImageCodec, with the GPU's hardware JPEG engines first (A100, H100, H200 and others carry
-  them) and the CUDA decoder for what they leave. The engines sit beside the SMs, so decoding no longer
-  takes time from the forward; on a GPU without them every file goes to the CUDA decoder. Without the
-  `nvidia-nvimgcodec-cu13` package, torchvision's nvJPEG.
-- `cuda`: torchvision's nvJPEG, the CUDA decoder alone.
+- `auto`: torchvision's nvJPEG, the CUDA decoder, on the SMs (with the Huffman stage on CPU threads for
+  images under a megapixel).
+- `nvimgcodec`: nvImageCodec, with the GPU's hardware JPEG engines first (A100, H100, H200 and others carry
+  them) and its CUDA decoder for what they leave (every file on a GPU without engines). Its pixels are
+  nearer PIL's (its chroma upsampling is PIL's). Alone, the H200's engines decode two to three times as
+  many JPEGs a second as the CUDA decoder; beside a running forward they decoded about a tenth of that
+  (bench/results/gpu-h200-jpeg-engines.md), so serving with them is slower today, and `auto` stays nvJPEG.
 """
 
 from __future__ import annotations
 
 import functools
 import io
-import logging
-import os
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -36,10 +36,7 @@ from torch import Tensor
 from app.choices import DecodeChoice
 from model.preprocessing import Preprocessing, luminance, normalize, resize_and_crop, to_float
 
-log = logging.getLogger(__name__)
-
 EXIF_ORIENTATION = 0x0112
-CODEC_THREADS = 4  # nvImageCodec's CPU threads at most
 JPEG_END = b"\xff\xd9"
 
 
@@ -109,21 +106,15 @@ class NvImageCodecJpeg:
     them), then the CUDA decoder for the files they leave. Files -> (3, H, W) uint8 RGB on the device,
     decoded on the current stream; None where both fail."""
 
-    def __init__(self, device: torch.device, engines: bool = True, batch_size: int = 256) -> None:
+    def __init__(self, device: torch.device, engines: bool = True) -> None:
         from nvidia import nvimgcodec  # here: only a GPU host loads the codec library
 
         kinds = [nvimgcodec.BackendKind.HW_GPU_ONLY] if engines else []
         kinds.append(nvimgcodec.BackendKind.HYBRID_CPU_GPU)  # the CUDA decoder (Huffman on the CPU below 1 MP)
         self.nvimgcodec = nvimgcodec
         self.device = device
-        self.decoder = nvimgcodec.Decoder(
-            device_id=device.index or 0,
-            # its own threads parse files (and run the CUDA decoder's Huffman stage): a few, not one per core,
-            # which the process's other work needs
-            max_num_cpu_threads=min(CODEC_THREADS, os.cpu_count() or 1),
-            backends=[nvimgcodec.Backend(k) for k in kinds],
-            options=preallocated(batch_size),
-        )
+        backends = [nvimgcodec.Backend(k) for k in kinds]
+        self.decoder = nvimgcodec.Decoder(device_id=device.index or 0, backends=backends)
         self.params = nvimgcodec.DecodeParams(apply_exif_orientation=False, color_spec=nvimgcodec.ColorSpec.SRGB)
         self.engines = engines and has_jpeg_engines(nvimgcodec, device)
         self.name = "the JPEG engines, then the CUDA decoder" if self.engines else "the CUDA decoder"
@@ -137,16 +128,6 @@ class NvImageCodecJpeg:
         return [None if i is None else torch.from_dlpack(i).permute(2, 0, 1).expand(3, -1, -1) for i in images]
 
 
-def preallocated(batch_size: int) -> str:
-    """nvImageCodec's options: the engines' buffers taken once, for a batch of photos of up to 512x512, instead
-    of per call (a larger file makes them grow)."""
-    hw = "nvjpeg_hw_decoder"
-    return (
-        f"{hw}:preallocate_batch_size={batch_size} {hw}:preallocate_width_hint=512 {hw}:preallocate_height_hint=512 "
-        "nvjpeg_cuda_decoder:preallocate_buffers=true"
-    )
-
-
 def has_jpeg_engines(nvimgcodec: Any, device: torch.device) -> bool:
     """Whether the GPU decodes JPEGs in hardware: a blank JPEG through the engines alone comes back."""
     engines_only = nvimgcodec.Decoder(
@@ -155,14 +136,9 @@ def has_jpeg_engines(nvimgcodec: Any, device: torch.device) -> bool:
     return engines_only.decode(nvimgcodec.CodeStream(blank_jpeg((3, 64, 64)))) is not None
 
 
-def jpeg_decoder_for(choice: DecodeChoice, device: torch.device, batch_size: int) -> TorchvisionJpeg | NvImageCodecJpeg:
-    """The GPU decoder `VIT_DECODE` names: `auto` is nvImageCodec's where the package is installed."""
-    if choice == "auto":
-        try:
-            return NvImageCodecJpeg(device, batch_size=batch_size)
-        except ImportError:
-            log.info("nvImageCodec is not installed: JPEGs decode with torchvision's nvJPEG")
-    return TorchvisionJpeg(device)
+def jpeg_decoder_for(choice: DecodeChoice, device: torch.device) -> TorchvisionJpeg | NvImageCodecJpeg:
+    """The GPU decoder `VIT_DECODE` names: `nvimgcodec`, or torchvision's nvJPEG for `auto`."""
+    return NvImageCodecJpeg(device) if choice == "nvimgcodec" else TorchvisionJpeg(device)
 
 
 class GpuJpegDecoder:
