@@ -71,12 +71,10 @@ class ServedModel:
         if device.type == "cuda" and settings.decode != "cpu":
             on_cpu = ImagePreparer(p, settings.max_image_pixels, settings.jpeg_draft, gpu_jpegs=False)
 
-            def decode_on_cpu(jpeg: Jpeg) -> torch.Tensor:  # what nvJPEG rejects: PIL's pixels, or PIL's error
+            def decode_on_cpu(jpeg: Jpeg) -> torch.Tensor:  # what the GPU rejects: PIL's pixels, or PIL's error
                 return cast("torch.Tensor", on_cpu.prepare(EncodedImage(jpeg.filename, jpeg.data), False).pixels)
 
-            jpeg_decoder = GpuJpegDecoder(
-                p, device, decode_on_cpu, jpeg_decoder_for(settings.decode, device, settings.max_batch_size)
-            )
+            jpeg_decoder = GpuJpegDecoder(p, device, decode_on_cpu, jpeg_decoder_for(settings.decode, device))
         graphs = graph_sizes(settings.max_batch_size) if settings.cuda_graphs else None
         predictor = cls.build_predictor(
             name, checkpoint, device, settings.backend, jpeg_decoder, graphs, settings.onnx_cache
