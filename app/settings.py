@@ -14,7 +14,7 @@ from dotenv import dotenv_values
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from app.choices import BackendChoice, DecodeChoice, LogFormat, LogLevel, ModelControl
+from app.choices import BackendChoice, DecodeChoice, LogFormat, LogLevel, ModelControl, V2OutputsChoice
 
 BUNDLED_WEIGHTS = Path(__file__).resolve().parent.parent / "weights" / "vit-shapes.safetensors"
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -156,6 +156,13 @@ class Settings(BaseSettings):
         True,
         description="V2 takes preprocessed pixels (the FP32 input `pixels`) as well as image files; false: only "
         "`image`, which the metadata and configuration then list alone",
+    )
+    v2_outputs: V2OutputsChoice = Field(
+        "all",
+        description="The outputs V2's metadata and configuration list and a request may ask for: all "
+        "(probabilities, attention, embedding, and ood_score for models with reference statistics), or "
+        "probabilities alone, so that a tool that asks for every output listed (perf_analyzer) measures a plain "
+        "classification",
     )
     shared_memory_regions: int = Field(
         64,

@@ -21,7 +21,7 @@ from typing import Any
 from google.protobuf import json_format
 
 from app.codecs.proto import messages_pb2 as pb
-from app.codecs.v2 import ATTENTION, EMBEDDING, IMAGE, OOD_SCORE, PIXELS, PROBABILITIES, platform
+from app.codecs.v2 import ATTENTION, EMBEDDING, IMAGE, OOD_SCORE, PIXELS, PROBABILITIES, listed_outputs, platform
 from app.core.contract.data_plane import Batching, Limits
 from app.core.contract.description import ModelDescription
 
@@ -30,6 +30,13 @@ def model_config(model: ModelDescription, batching: Batching, limits: Limits) ->
     c, h, w = model.input_shape
     grid = model.grid_size
     gpu = model.device.startswith("cuda")
+    outputs = {
+        PROBABILITIES: pb.ModelOutput(name=PROBABILITIES, data_type=pb.TYPE_FP32, dims=[len(model.classes)]),
+        ATTENTION: pb.ModelOutput(name=ATTENTION, data_type=pb.TYPE_FP32, dims=[grid, grid]),
+        EMBEDDING: pb.ModelOutput(name=EMBEDDING, data_type=pb.TYPE_FP32, dims=[model.embedding_dim]),
+        # one value per image: [N], as Triton writes a per-item scalar (dims [1], reshaped to [])
+        OOD_SCORE: pb.ModelOutput(name=OOD_SCORE, data_type=pb.TYPE_FP32, dims=[1], reshape=pb.ModelTensorReshape()),
+    }
     return pb.ModelConfig(
         name=model.name,
         platform=platform(model),
@@ -53,16 +60,7 @@ def model_config(model: ModelDescription, batching: Batching, limits: Limits) ->
                 else []
             ),
         ],
-        output=[
-            pb.ModelOutput(name=PROBABILITIES, data_type=pb.TYPE_FP32, dims=[len(model.classes)]),
-            pb.ModelOutput(name=ATTENTION, data_type=pb.TYPE_FP32, dims=[grid, grid]),
-            pb.ModelOutput(name=EMBEDDING, data_type=pb.TYPE_FP32, dims=[model.embedding_dim]),
-            *(  # one value per image: [N], as Triton writes a per-item scalar (dims [1], reshaped to [])
-                [pb.ModelOutput(name=OOD_SCORE, data_type=pb.TYPE_FP32, dims=[1], reshape=pb.ModelTensorReshape())]
-                if model.reference
-                else []
-            ),
-        ],
+        output=[outputs[name] for name in listed_outputs(model, limits.all_outputs)],
         instance_group=[
             pb.ModelInstanceGroup(
                 name=model.name,

@@ -32,6 +32,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from app import __version__
 from app.choices import BACKENDS, Datatype, ModelState, Precision, Quantization, choices
+from app.core.contract.data_plane import Limits
 from app.core.contract.description import ModelDescription, ModelStatus
 from app.core.contract.errors import InvalidInput
 from app.core.contract.regions import SharedMemoryRegions
@@ -43,6 +44,7 @@ IMAGE, PIXELS = "image", "pixels"
 PROBABILITIES, ATTENTION, EMBEDDING = "probabilities", "attention", "embedding"
 OOD_SCORE = "ood_score"
 OUTPUT_NAMES = (PROBABILITIES, ATTENTION, EMBEDDING, OOD_SCORE)
+DEFAULT_MAP: AttentionKind = "rollout"  # the map the output `attention` gives when no parameter chooses one
 SERVER_NAME = "vit-serve"
 EXTENSIONS = [
     "binary_tensor_data",
@@ -255,6 +257,13 @@ class Intake:
     max_bytes: int
     regions: SharedMemoryRegions
     takes_pixels: bool = True
+    outputs: tuple[str, ...] = OUTPUT_NAMES  # what the model's metadata lists (`listed_outputs`)
+
+
+def intake_for(model: ModelDescription, limits: Limits, regions: SharedMemoryRegions) -> Intake:
+    """What a request to this model is checked against, under the edge's limits."""
+    outputs = listed_outputs(model, limits.all_outputs)
+    return Intake(model.input_shape, limits.max_files, limits.max_upload_bytes, regions, limits.takes_pixels, outputs)
 
 
 def server_metadata() -> V2ServerMetadata:
@@ -266,10 +275,30 @@ def platform(model: ModelDescription) -> str:
     return "pytorch" if model.backend == "torch" else "onnxruntime_onnx"
 
 
-def model_metadata(model: ModelDescription, takes_pixels: bool = True) -> V2ModelMetadata:
-    """A model's version, inputs (image, or pixels where they are taken) and outputs."""
+def listed_outputs(model: ModelDescription, all_outputs: bool = True) -> tuple[str, ...]:
+    """The outputs a model's metadata and configuration list, and a request may name: probabilities; with
+    `all_outputs` (VIT_V2_OUTPUTS=all) also attention and embedding, and ood_score where the checkpoint has
+    reference statistics."""
+    if not all_outputs:
+        return (PROBABILITIES,)
+    return (PROBABILITIES, ATTENTION, EMBEDDING, *((OOD_SCORE,) if model.reference else ()))
+
+
+def every_output(listed: tuple[str, ...]) -> bool:
+    """Whether the server lists every output (VIT_V2_OUTPUTS=all), from what it lists for a model."""
+    return ATTENTION in listed
+
+
+def model_metadata(model: ModelDescription, takes_pixels: bool = True, all_outputs: bool = True) -> V2ModelMetadata:
+    """A model's version, inputs (image, or pixels where they are taken) and outputs (`listed_outputs`)."""
     c, h, w = model.input_shape
     grid = model.grid_size
+    shapes = {
+        PROBABILITIES: [-1, len(model.classes)],
+        ATTENTION: [-1, grid, grid],
+        EMBEDDING: [-1, model.embedding_dim],
+        OOD_SCORE: [-1],
+    }
     return V2ModelMetadata(
         name=model.name,
         versions=[model.version],
@@ -285,10 +314,8 @@ def model_metadata(model: ModelDescription, takes_pixels: bool = True) -> V2Mode
             *([V2TensorMetadata(name=PIXELS, datatype=Datatype.FP32, shape=[-1, c, h, w])] if takes_pixels else []),
         ],
         outputs=[
-            V2TensorMetadata(name=PROBABILITIES, datatype=Datatype.FP32, shape=[-1, len(model.classes)]),
-            V2TensorMetadata(name=ATTENTION, datatype=Datatype.FP32, shape=[-1, grid, grid]),
-            V2TensorMetadata(name=EMBEDDING, datatype=Datatype.FP32, shape=[-1, model.embedding_dim]),
-            *([V2TensorMetadata(name=OOD_SCORE, datatype=Datatype.FP32, shape=[-1])] if model.reference else []),
+            V2TensorMetadata(name=name, datatype=Datatype.FP32, shape=shapes[name])
+            for name in listed_outputs(model, all_outputs)
         ],
     )
 
@@ -345,15 +372,19 @@ def decode_infer(request: InferRequest, data_of: Callable[[TensorIn], TensorData
     """A parsed infer request, from any transport, checked and decoded into the core's inputs and options;
     `data_of` finds the input's elements outside its JSON `data` (and outside shared memory), once the request
     itself is checked."""
+    check_outputs(request, intake)  # before any compute is spent
+    named = {output.name for output in request.outputs or []}
+    attention = request_attention(request)
     options = InferOptions(
-        request_attention(request),
+        # an output named is computed, with its defaults where no parameter chooses: a rollout map
+        DEFAULT_MAP if attention == "none" and ATTENTION in named else attention,
         request_target(request),
-        embedding=request_flag(request, EMBEDDING),
+        embedding=request_flag(request, EMBEDDING) or EMBEDDING in named,
         normalize=request_flag(request, "normalize"),
-        ood=request_flag(request, "ood"),
+        ood=request_flag(request, "ood") or OOD_SCORE in named,
     )
+    check_listed(options, intake)
     check_one_input(request)
-    check_outputs(request, intake.regions)  # before any compute is spent
     tensor = request.inputs[0]
     if tensor.name not in ((IMAGE, PIXELS) if intake.takes_pixels else (IMAGE,)):
         pixels = f"FP32 [N, {', '.join(map(str, intake.input_shape))}], preprocessed"
@@ -405,10 +436,19 @@ def request_flag(request: InferRequest, name: str) -> bool:
     return value
 
 
-def check_outputs(request: InferRequest, regions: SharedMemoryRegions) -> None:
+def check_outputs(request: InferRequest, intake: Intake) -> None:
+    """Each output named is one the model gives, asked for as the protocol allows; ood_score from a model
+    without reference statistics is left to the engine, whose refusal says how to add them."""
+    listed = intake.outputs
     for output in request.outputs or []:
-        if output.name not in OUTPUT_NAMES:
-            raise InvalidInput(f"unknown output {output.name!r}; this model gives {', '.join(map(repr, OUTPUT_NAMES))}")
+        if output.name not in listed and not (output.name == OOD_SCORE and every_output(listed)):
+            gives = ", ".join(map(repr, listed))
+            if output.name in OUTPUT_NAMES:
+                raise InvalidInput(
+                    f"output {output.name!r} is not served here (VIT_V2_OUTPUTS=probabilities); this model "
+                    f"gives {gives}"
+                )
+            raise InvalidInput(f"unknown output {output.name!r}; this model gives {gives}")
         params = output.parameters or {}
         k = params.get("classification", 0)
         if output.name != PROBABILITIES and k:
@@ -421,7 +461,27 @@ def check_outputs(request: InferRequest, regions: SharedMemoryRegions) -> None:
                 raise InvalidInput(f"{what}: classification results are not written to shared memory (as in Triton)")
             if SHM_BYTE_SIZE not in params:
                 raise InvalidInput(f"{what}: {SHM_REGION} needs {SHM_BYTE_SIZE}, the bytes the region gives it")
-            regions.check(params[SHM_REGION], params.get(SHM_OFFSET, 0), params[SHM_BYTE_SIZE], what)
+            intake.regions.check(params[SHM_REGION], params.get(SHM_OFFSET, 0), params[SHM_BYTE_SIZE], what)
+
+
+def check_listed(options: InferOptions, intake: Intake) -> None:
+    """A parameter asks only for outputs the server lists (VIT_V2_OUTPUTS=probabilities lists only those)."""
+    if every_output(intake.outputs):
+        return
+    asked = [
+        name
+        for name, on in (
+            ("attention", options.attention != "none"),
+            ("embedding", options.embedding),
+            ("ood", options.ood),
+        )
+        if on
+    ]
+    if asked:
+        raise InvalidInput(
+            f"the parameter {asked[0]} asks for an output this server does not give: it serves "
+            f"{', '.join(map(repr, intake.outputs))} alone (VIT_V2_OUTPUTS=probabilities)"
+        )
 
 
 def binary_chunk(tensor: TensorIn, binary: bytes) -> bytes | None:
@@ -578,10 +638,8 @@ class OutputTensor:
 
 
 def output_tensors(decoded: Decoded, predictions: list[Prediction], classes: list[str]) -> list[OutputTensor]:
-    """The outputs computed, in the order requested (default: probabilities, and attention and embedding when
-    their parameters asked for them), any transport. An output that costs something is computed only when its
-    parameter asks: requested by name alone (as perf_analyzer requests every output the metadata lists), it
-    is left out."""
+    """The outputs requested, in their order, any transport; with none named, probabilities and each output
+    whose parameter asked for it. Every output named was computed (`decode_infer` asks for it)."""
     request = decoded.request
     computed = {
         PROBABILITIES: True,
@@ -589,11 +647,7 @@ def output_tensors(decoded: Decoded, predictions: list[Prediction], classes: lis
         EMBEDDING: decoded.options.embedding,
         OOD_SCORE: decoded.options.ood,
     }
-    wanted = (
-        [o for o in request.outputs if computed[o.name]]
-        if request.outputs
-        else [OutputWanted(name=name) for name, done in computed.items() if done]
-    )
+    wanted = request.outputs or [OutputWanted(name=name) for name, done in computed.items() if done]
     tensors = []
     for output in wanted:
         params = output.parameters or {}

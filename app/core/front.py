@@ -73,7 +73,9 @@ class Front(ABC):
     def __init__(self, settings: Settings, metrics: Metrics, cpu_threads: int, regions: Path | None = None) -> None:
         self.settings = settings
         self.metrics = metrics
-        self.limits = Limits(settings.max_upload_bytes, settings.max_files, settings.v2_pixels)
+        self.limits = Limits(
+            settings.max_upload_bytes, settings.max_files, settings.v2_pixels, settings.v2_outputs == "all"
+        )
         s = settings
         self.batching = Batching(s.max_batch_size, s.max_wait_ms, s.max_queue, s.request_timeout_s, s.cache_bytes > 0)
         self.api_keys = ApiKeys(settings.api_key_set())

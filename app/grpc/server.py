@@ -23,8 +23,8 @@ from app.codecs.proto import messages_pb2 as pb
 from app.codecs.shared_memory import cuda_status, system_status_message
 from app.codecs.v2 import (
     Decoded,
-    Intake,
     check_load_parameters,
+    intake_for,
     model_metadata,
     repository_index,
     server_metadata,
@@ -196,7 +196,8 @@ class InferenceServicer:
         self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelMetadataResponse:
         model = self.plane.describe(request.name, request.version or None)
-        return v2_grpc.model_metadata(model_metadata(model, self.plane.limits.takes_pixels))
+        limits = self.plane.limits
+        return v2_grpc.model_metadata(model_metadata(model, limits.takes_pixels, limits.all_outputs))
 
     @rpc(pb.ModelConfigRequest, serving=True)
     async def ModelConfig(
@@ -210,9 +211,7 @@ class InferenceServicer:
         self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelInferResponse:
         name, version = request.model_name, request.model_version or None
-        limits = self.plane.limits
-        shape = self.plane.describe(name, version).input_shape
-        intake = Intake(shape, limits.max_files, limits.max_upload_bytes, self.plane.regions, limits.takes_pixels)
+        intake = intake_for(self.plane.describe(name, version), self.plane.limits, self.plane.regions)
         decoded = v2_grpc.decode(request, intake)
         asked = InferenceRequest(name, decoded.inputs, decoded.options, version, timeout_s=context.time_remaining())
         return await self.plane.infer(asked, functools.partial(encode, decoded))

@@ -18,7 +18,6 @@ from app.codecs.v2 import (
     Decoded,
     Encoded,
     InferRequest,
-    Intake,
     V2Error,
     V2IndexRequest,
     V2InferResponse,
@@ -33,6 +32,7 @@ from app.codecs.v2 import (
     check_load_parameters,
     decode_request,
     encode_response,
+    intake_for,
     model_metadata,
     repository_index,
     server_metadata,
@@ -140,7 +140,7 @@ async def model_statistics(plane: ServingPlane, name: str, version: str | None =
 @router.get("/models/{name}/versions/{version}", response_model=V2ModelMetadata, responses=v2_errors(404, 503))
 async def model_metadata_route(plane: ServingPlane, name: str, version: str | None = None) -> V2ModelMetadata:
     """A model's version, inputs (image or pixels) and outputs."""
-    return model_metadata(plane.describe(name, version), plane.limits.takes_pixels)
+    return model_metadata(plane.describe(name, version), plane.limits.takes_pixels, plane.limits.all_outputs)
 
 
 @router.get("/models/{name}/config", responses=v2_errors(404, 503))
@@ -174,9 +174,7 @@ async def infer(request: Request, plane: AuthorizedPlane, name: str, version: st
     model = plane.describe(name, version)
     body = await read_body(request, plane.limits.max_upload_bytes)
     header, binary = split_body(body, request.headers.get(HEADER_LENGTH))
-    limits = plane.limits
-    intake = Intake(model.input_shape, limits.max_files, limits.max_upload_bytes, plane.regions, limits.takes_pixels)
-    decoded = decode_request(header, binary, intake)
+    decoded = decode_request(header, binary, intake_for(model, plane.limits, plane.regions))
     asked = InferenceRequest(name, decoded.inputs, decoded.options, version)
     return await respond_unless_disconnected(request, answer(plane, asked, decoded))
 

@@ -43,6 +43,13 @@ def server(serve: ServerFactory, installed: None) -> Server:
 
 
 @pytest.fixture(scope="module")
+def plain(serve: ServerFactory, installed: None) -> Server:
+    """Listing probabilities alone (VIT_V2_OUTPUTS=probabilities): perf_analyzer, which asks for every output the
+    metadata lists, measures a plain classification."""
+    return serve(BUNDLED_WEIGHTS, VIT_MODELS=f"{MODEL}={BUNDLED_WEIGHTS}", VIT_V2_OUTPUTS="probabilities")
+
+
+@pytest.fixture(scope="module")
 def image_only(serve: ServerFactory, installed: None) -> Server:
     """Taking image files alone (perf_analyzer's shared-memory mode sends every input the metadata lists), from
     two front-end processes: regions registered through one connection serve requests through any."""
@@ -82,11 +89,26 @@ def measure(server: Server, protocol: str, input_data: Path, *extra: str) -> Non
     assert inference_count(server) - before >= sent  # the service counted every request it was sent
 
 
+def listed_outputs(server: Server) -> list[str]:
+    return [o["name"] for o in httpx.get(f"{server.url}/v2/models/{MODEL}", timeout=10).json()["outputs"]]
+
+
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_perf_analyzer_measures_the_service_with_its_statistics(
     server: Server, input_data: Path, protocol: str
 ) -> None:
+    """Every output listed, so every output computed: probabilities, a rollout map, the embedding and the
+    out-of-distribution score (the bundled model has reference statistics)."""
+    assert listed_outputs(server) == ["probabilities", "attention", "embedding", "ood_score"]
     measure(server, protocol, input_data)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_perf_analyzer_measures_a_plain_classification_where_only_probabilities_are_listed(
+    plain: Server, input_data: Path, protocol: str
+) -> None:
+    assert listed_outputs(plain) == ["probabilities"]
+    measure(plain, protocol, input_data)
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

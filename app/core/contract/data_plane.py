@@ -64,6 +64,7 @@ class Limits:
     max_upload_bytes: int  # largest request body
     max_files: int  # most images in one request
     takes_pixels: bool = True  # whether V2 takes preprocessed pixels (the input `pixels`) as well as image files
+    all_outputs: bool = True  # whether V2 lists (and answers) every output, or probabilities alone
 
 
 @dataclass(frozen=True)

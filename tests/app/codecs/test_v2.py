@@ -99,14 +99,39 @@ async def test_binary_outputs_and_classification(service: Engine) -> None:
     np.testing.assert_array_equal(np.frombuffer(raw, "<f4").reshape(4, 4), predictions[0].attention_map.numpy())
 
 
-def test_the_embedding_parameter_computes_it_and_the_output_alone_does_not() -> None:
+def test_an_output_named_is_computed_with_its_defaults_and_parameters_still_choose() -> None:
     header, binary = binary_request([b"x"], outputs=[{"name": "embedding"}])  # what perf_analyzer sends
-    assert not decode_request(header, binary, intake()).options.embedding
-    header, binary = binary_request([b"x"], {"embedding": True, "normalize": True})
     options = decode_request(header, binary, intake()).options
-    assert options.embedding and options.normalize
+    assert options.embedding and not options.normalize and options.attention == "none" and not options.ood
+    header, binary = binary_request([b"x"], outputs=[{"name": "attention"}, {"name": "ood_score"}])
+    options = decode_request(header, binary, intake()).options
+    assert options.attention == "rollout" and options.ood and not options.embedding
+    header, binary = binary_request(
+        [b"x"], {"attention": "last", "normalize": True}, [{"name": "attention"}, {"name": "embedding"}]
+    )
+    options = decode_request(header, binary, intake()).options
+    assert options.attention == "last" and options.embedding and options.normalize
     header, binary = binary_request([b"x"])
-    assert not decode_request(header, binary, intake()).options.embedding
+    options = decode_request(header, binary, intake()).options
+    assert options.attention == "none" and not options.embedding and not options.ood
+
+
+def test_an_output_that_cannot_be_given_is_refused_with_the_reason() -> None:
+    header, binary = binary_request([b"x"], outputs=[{"name": "logits"}])
+    with pytest.raises(InvalidInput, match="unknown output 'logits'; this model gives 'probabilities', 'attention'"):
+        decode_request(header, binary, intake())
+    header, binary = binary_request([b"x"], {"target": "star"}, [{"name": "attention"}])
+    with pytest.raises(InvalidInput, match="target chooses the class a gradient map explains"):
+        decode_request(header, binary, intake())
+    plain = Intake(SHAPE, 8, 10 * 2**20, SharedMemoryRegions(None, 8), outputs=("probabilities",))
+    header, binary = binary_request([b"x"], outputs=[{"name": "embedding"}])
+    with pytest.raises(InvalidInput, match=r"output 'embedding' is not served here \(VIT_V2_OUTPUTS=probabilities\)"):
+        decode_request(header, binary, plain)
+    header, binary = binary_request([b"x"], {"attention": "rollout"})
+    with pytest.raises(InvalidInput, match="the parameter attention asks for an output this server does not give"):
+        decode_request(header, binary, plain)
+    header, binary = binary_request([b"x"], outputs=[{"name": "probabilities"}])
+    assert decode_request(header, binary, plain).options.attention == "none"
 
 
 async def test_the_embedding_output(service: Engine) -> None:

@@ -76,20 +76,57 @@ async def test_json_request_with_base64_images_and_classification(client: httpx.
     assert out["attention"]["shape"] == [2, 4, 4] and len(out["attention"]["data"]) == 32
 
 
-async def test_outputs_that_cost_something_are_computed_only_when_their_parameters_ask(
+async def test_every_output_named_comes_back_as_its_parameter_form_gives_it(
     client: httpx.AsyncClient, shape_png: bytes
 ) -> None:
-    """Every output requested by name (as perf_analyzer requests each one the metadata lists) gives only what
-    costs nothing extra; the attention and embedding parameters add theirs."""
+    """Requested by name (as perf_analyzer requests each one the metadata lists), an output is computed with
+    its defaults; the parameters still choose the kind of map and the rest."""
     image = {"name": "image", "datatype": "BYTES", "shape": [1, 1], "data": [base64.b64encode(shape_png).decode()]}
     every = [{"name": "probabilities"}, {"name": "attention"}, {"name": "embedding"}]
     r = await client.post(INFER, json={"inputs": [image], "outputs": every})
     assert r.status_code == 200, r.text
-    assert [o["name"] for o in r.json()["outputs"]] == ["probabilities"]
-    parameters = {"attention": "last", "embedding": True}
-    r = await client.post(INFER, json={"inputs": [image], "outputs": every, "parameters": parameters})
+    named = {o["name"]: o for o in r.json()["outputs"]}
+    assert list(named) == ["probabilities", "attention", "embedding"]
+    r = await client.post(INFER, json={"inputs": [image], "parameters": {"attention": "rollout", "embedding": True}})
     assert r.status_code == 200, r.text
-    assert [o["name"] for o in r.json()["outputs"]] == ["probabilities", "attention", "embedding"]
+    by_parameters = {o["name"]: o for o in r.json()["outputs"]}
+    for name in named:
+        assert named[name]["shape"] == by_parameters[name]["shape"]
+        np.testing.assert_allclose(named[name]["data"], by_parameters[name]["data"], atol=1e-6)
+    r = await client.post(
+        INFER, json={"inputs": [image], "outputs": [{"name": "attention"}], "parameters": {"attention": "last"}}
+    )
+    assert r.status_code == 200, r.text
+    assert [o["name"] for o in r.json()["outputs"]] == ["attention"]
+    assert not np.allclose(r.json()["outputs"][0]["data"], named["attention"]["data"])  # last, not rollout
+
+
+async def test_an_output_the_model_cannot_give_is_a_400_that_says_why(
+    client: httpx.AsyncClient, shape_png: bytes
+) -> None:
+    image = {"name": "image", "datatype": "BYTES", "shape": [1, 1], "data": [base64.b64encode(shape_png).decode()]}
+    r = await client.post(INFER, json={"inputs": [image], "outputs": [{"name": "ood_score"}]})
+    assert_v2_error(r, 400, "has no reference statistics to score images by")
+    r = await client.post(INFER, json={"inputs": [image], "outputs": [{"name": "logits"}]})
+    assert_v2_error(r, 400, "unknown output 'logits'; this model gives 'probabilities', 'attention', 'embedding'")
+
+
+async def test_probabilities_alone_where_the_server_lists_only_them(
+    make_client: ClientFactory, shape_png: bytes
+) -> None:
+    image = {"name": "image", "datatype": "BYTES", "shape": [1, 1], "data": [base64.b64encode(shape_png).decode()]}
+    async with make_client(v2_outputs="probabilities") as client:
+        meta = (await client.get("/v2/models/tiny")).json()
+        assert [o["name"] for o in meta["outputs"]] == ["probabilities"]
+        config = (await client.get("/v2/models/tiny/config")).json()
+        assert [o["name"] for o in config["output"]] == ["probabilities"]
+        every = [{"name": "probabilities"}]
+        r = await client.post(INFER, json={"inputs": [image], "outputs": every})
+        assert r.status_code == 200 and [o["name"] for o in r.json()["outputs"]] == ["probabilities"]
+        r = await client.post(INFER, json={"inputs": [image], "outputs": [{"name": "attention"}]})
+        assert_v2_error(r, 400, "output 'attention' is not served here (VIT_V2_OUTPUTS=probabilities)")
+        r = await client.post(INFER, json={"inputs": [image], "parameters": {"embedding": True}})
+        assert_v2_error(r, 400, "the parameter embedding asks for an output this server does not give")
 
 
 async def test_binary_outputs_follow_the_json_header(client: httpx.AsyncClient, shape_png: bytes) -> None:
