@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from app.codecs.predict import (
     ErrorBody,
@@ -63,7 +63,9 @@ PREDICT_BODY = {
 
 
 class PredictQuery(BaseModel):
-    """/predict's query parameters."""
+    """/predict's query parameters; any other is a 422 that names it (a misspelt option is never ignored)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     top_k: int = Field(5, ge=1, le=1000, description="How many top classes to list")
     attention: AttentionKind = Field(

@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import json
 import re
 import threading
 from pathlib import Path
@@ -389,3 +390,19 @@ async def test_a_large_jpeg_is_decoded_as_vit_jpeg_draft_says(
         assert r.status_code == 200, r.text
         png = Image.open(io.BytesIO(base64.b64decode(r.json()["results"][0]["overlay_png"])))
         assert png.size == (256, 192)  # the 400x300 image at the overlay's 256 px cap, not the 50x38 decode
+
+
+@pytest.mark.parametrize(
+    ("params", "fragment"),
+    [
+        ({"atention": "rollout"}, "atention"),  # misspelt: never silently ignored
+        ({"overlay": "true"}, "overlay=true draws an attention map: also pass attention=rollout"),
+        ({"normalize": "true"}, "normalize=true L2-normalises the embedding: also pass embedding=true"),
+        ({"ood": "true"}, "has no reference statistics to score images by"),
+    ],
+)
+async def test_a_query_parameter_asking_for_what_cannot_be_given_is_a_422_that_says_why(
+    client: httpx.AsyncClient, shape_png: bytes, params: dict[str, str], fragment: str
+) -> None:
+    r = await client.post("/predict", files={"file": ("a.png", shape_png, "image/png")}, params=params)
+    assert r.status_code == 422 and fragment in json.dumps(r.json()["detail"]), r.text
