@@ -139,6 +139,9 @@ class Metrics:
         return generate_latest(self.registry)
 
 
+DROP_REASONS = ("cancelled", "expired")  # why images are dropped before computing (vit_images_dropped_total)
+
+
 class ModelMetrics:
     """One model's view of the metrics: its batcher's observer, every series labelled with its name, and
     the statistics of its version (bound once the checkpoint is read)."""
@@ -148,8 +151,17 @@ class ModelMetrics:
         self.model = model
         self.book = book
         self.statistics: ModelStatistics | None = None
-        for series in (metrics.batch_size, metrics.inference, metrics.images, metrics.cache_hits, metrics.cache_misses):
+        for series in (
+            metrics.batch_size,
+            metrics.inference,
+            metrics.images,
+            metrics.cache_hits,
+            metrics.cache_misses,
+            metrics.model_load_failures,
+        ):
             series.labels(model)  # every series exists from the start, at zero
+        for reason in DROP_REASONS:
+            metrics.dropped_images.labels(model, reason)
         metrics.queue.labels(model).set(0)
 
     def bind_version(self, version: str) -> None:

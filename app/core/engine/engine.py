@@ -38,7 +38,7 @@ from app.core.engine.served_model import ServedModel, Wanted
 from app.core.engine.shadow import Shadow, ShadowPair
 from app.core.front import Front
 from app.core.images.overlay import with_overlays
-from app.settings import HubName, Settings
+from app.settings import HubName, Settings, parse_thresholds
 from app.telemetry.metrics import Metrics, ModelMetrics
 from app.telemetry.spans import child_span, record_span
 from app.telemetry.statistics import ModelStatistics, RequestTiming, StatisticsBook
@@ -65,6 +65,7 @@ class Engine(Front):
         self.shadows = {c: Shadow(ShadowPair(c, d, f), metrics) for c, d, f in settings.shadow_pairs()}
         self.shadow_pumps: dict[str, asyncio.Task[None]] = {}  # by champion: the task feeding its challenger
         check_shadows(self.shadows, models.served)
+        check_thresholds(settings, models.served)
 
     @classmethod
     def load(cls, settings: Settings, metrics: Metrics | None = None) -> Engine:
@@ -397,6 +398,8 @@ class Engine(Front):
 
     async def shadow_report(self, champion: str) -> ShadowReport:
         shadow = self.shadows.get(champion)
+        if shadow is None and champion not in self.served:
+            raise ModelNotFound(f"no model named {champion!r}; this service serves: {', '.join(self.served)}")
         if shadow is None:
             pairs = ", ".join(f"{c}:{s.pair.challenger}" for c, s in self.shadows.items()) or "none (VIT_SHADOW)"
             raise ModelNotFound(f"model {champion!r} has no shadow challenger; the pairs are: {pairs}")
@@ -444,6 +447,17 @@ def check_shadows(shadows: dict[str, Shadow], served: dict[str, ServedModel]) ->
             raise ValueError(
                 f"VIT_SHADOW {pair.champion}:{pair.challenger}: the models' classes differ, so their answers "
                 "cannot be compared"
+            )
+
+
+def check_thresholds(settings: Settings, served: dict[str, ServedModel]) -> None:
+    """Every model VIT_OOD_THRESHOLD names is served; ValueError, one line, otherwise."""
+    if settings.ood_threshold is None:
+        return
+    for name, value in parse_thresholds(settings.ood_threshold).items():
+        if name != "*" and name not in served:
+            raise ValueError(
+                f"VIT_OOD_THRESHOLD {name}={value:g}: no model {name!r} is served; served: {', '.join(served)}"
             )
 
 

@@ -19,7 +19,12 @@ def samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], f
 def test_each_models_series_exist_at_zero_and_count_its_batches() -> None:
     metrics = Metrics()
     a, b = ModelMetrics(metrics, "a"), ModelMetrics(metrics, "b")
-    assert samples(metrics)[("vit_images_processed_total", (("model", "b"),))] == 0
+    at_start = samples(metrics)
+    assert at_start[("vit_images_processed_total", (("model", "b"),))] == 0
+    # what an alert on rate(...) needs before the first drop or failure
+    for reason in ("cancelled", "expired"):
+        assert at_start[("vit_images_dropped_total", (("model", "b"), ("reason", reason)))] == 0
+    assert at_start[("vit_model_load_failures_total", (("model", "b"),))] == 0
     a.batch_done(8, 0.02)
     a.batch_done(4, 0.01)
     a.dropped("cancelled", 2)

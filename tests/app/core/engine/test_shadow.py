@@ -87,8 +87,10 @@ async def test_fraction_zero_computes_nothing_and_a_model_without_a_challenger_i
         assert client.app.state.data_plane.shadow_pumps == {}  # type: ignore[attr-defined]  # nothing handed over
         body = (await client.get("/v1/models/a/shadow")).json()
         missing = await client.get("/v1/models/b/shadow")
+        unknown = await client.get("/v1/models/nope/shadow")
     assert (body["compared"], body["shed"], body["top1_agreement"]) == (0, 0, None)
     assert missing.status_code == 404 and "no shadow challenger" in missing.json()["detail"]
+    assert unknown.status_code == 404 and unknown.json()["detail"] == "no model named 'nope'; this service serves: a, b"
 
 
 @pytest.mark.parametrize(
@@ -118,3 +120,14 @@ async def test_a_pair_that_cannot_be_compared_fails_the_start(tmp_path: Path, sh
 def test_malformed_pairs_are_refused(value: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         cpu_settings(shadow=value)
+
+
+async def test_a_threshold_for_a_model_not_served_fails_the_start() -> None:
+    settings = cpu_settings(models=f"vit-shapes={BUNDLED_WEIGHTS}", ood_threshold="vit-shape=30")
+    with pytest.raises(
+        ValueError, match="VIT_OOD_THRESHOLD vit-shape=30: no model 'vit-shape' is served; served: vit-shapes"
+    ):
+        async with Engine.serving(settings):
+            pass
+    async with Engine.serving(cpu_settings(models=f"vit-shapes={BUNDLED_WEIGHTS}", ood_threshold="30")):
+        pass  # a threshold for every model names none
