@@ -54,6 +54,19 @@ class Checkpoint:
         """Short content hash: changes whenever the weights change."""
         return self.content_hash[:12]
 
+    @property
+    def identity(self) -> str:
+        """The checkpoint named as the service names it: `version 19318223149253, content hash 1191dfd418c5`."""
+        return f"version {numeric_version(self.content_hash)}, content hash {self.version}"
+
+
+def numeric_version(content_hash: str) -> str:
+    """A checkpoint's version as the service gives it on every protocol: the first 48 bits of its content hash,
+    in decimal. A number, as Triton's versions are (its tools parse them as integers), and the same wherever
+    the same weights serve: every replica, every restart (a count in load order would differ between replicas
+    that loaded models in another order). 48 bits fit a JSON number exactly."""
+    return str(int(content_hash[:12], 16))
+
 
 def content_hash(tensors: dict[str, Tensor]) -> str:
     """SHA-256 over tensor names, dtypes, shapes and bytes, in name order."""

@@ -19,8 +19,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from model.checkpoint import Checkpoint, load_checkpoint
-from model.data import DATASETS, DataOptions, ShapesDataset, build_data
+from model.checkpoint import Checkpoint, CheckpointError, load_checkpoint, numeric_version
+from model.data import DATASETS, DataOptions, DatasetNotFoundError, ShapesDataset, build_data
 from model.preprocessing import EvalTransform
 from model.rollout import GRADIENT, MAP_METHODS, attention_map, gradient_attention_map
 
@@ -117,7 +117,10 @@ def format_report(e: Evaluation, classes: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> Evaluation:
     args = parse_args(argv)
-    ckpt = load_checkpoint(args.checkpoint, args.device)
+    try:
+        ckpt = load_checkpoint(args.checkpoint, args.device)
+    except CheckpointError as e:
+        raise SystemExit(str(e)) from None  # what is wrong with which file: no traceback
     dataset = args.dataset or ckpt.training.get("dataset") or "shapes"
     masks = None
     if dataset == "shapes":
@@ -131,13 +134,24 @@ def main(argv: list[str] | None = None) -> Evaluation:
             image_size=ckpt.preprocessing.image_size,
             channels=ckpt.preprocessing.channels,
         )
-        test = build_data(opts).test  # type: ignore[assignment]
+        try:
+            test = build_data(opts).test  # type: ignore[assignment]
+        except DatasetNotFoundError as e:
+            raise SystemExit(str(e)) from None  # where the files should be and how to get them
     loader = DataLoader(test, batch_size=args.batch_size, shuffle=False)
     result = evaluate(ckpt, loader, masks, args.attention, dataset)
     print(format_report(result, ckpt.classes))
     if args.json:
         args.json.write_text(
-            json.dumps({"checkpoint": str(args.checkpoint), "version": ckpt.version, **asdict(result)}, indent=2)
+            json.dumps(
+                {
+                    "checkpoint": str(args.checkpoint),
+                    "version": numeric_version(ckpt.content_hash),  # as the service names it
+                    "content_hash": ckpt.version,
+                    **asdict(result),
+                },
+                indent=2,
+            )
         )
     return result
 

@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     seen = int((reference.prior > 0).sum())
     print(f"reference statistics from {described}: {seen} of {ckpt.config.num_classes} classes seen")
     print(f"in-distribution scores: median {scores.median():.2f}, 95th percentile {scores.quantile(0.95):.2f}")
-    print(f"wrote {out} (version {ckpt.version}, unchanged)")
+    print(f"wrote {out} ({ckpt.identity}: unchanged)")
     return 0
 
 

@@ -475,7 +475,7 @@ def main(argv: list[str] | None = None) -> History:
         print(f"{args.dataset}: {sizes}, {len(data.classes)} classes")
         print(f"ViT {param_count_str(model.num_parameters())} params {model.config} on {device} x{ddp.world_size}")
         if source is not None:
-            print(f"fine-tuning from {args.init_from} (version {source.version}), layer decay {args.layer_decay}")
+            print(f"fine-tuning from {args.init_from} ({source.identity}), layer decay {args.layer_decay}")
     started = time.monotonic()
     for epoch in range(start_epoch, args.epochs + 1):
         if isinstance(train_loader.sampler, DistributedSampler):

@@ -87,7 +87,7 @@ def convert(args: argparse.Namespace) -> Path:
     )
     if "max_relative_logit_diff" in source:
         print(f"logits match the source model: max relative difference {source['max_relative_logit_diff']:.1e}")
-    print(f"wrote {args.output} (version {written.version})")
+    print(f"wrote {args.output} ({written.identity})")
     return Path(args.output)
 
 

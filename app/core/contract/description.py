@@ -7,14 +7,7 @@ from typing import Any
 
 from app.choices import Backend, DecodedOn, ModelState, Precision, Quantization
 from app.core.contract.errors import InvalidInput
-
-
-def numeric_version(content_hash: str) -> str:
-    """A checkpoint's version as the service gives it on every protocol: the first 48 bits of its content hash,
-    in decimal. A number, as Triton's versions are (its tools parse them as integers), and the same wherever
-    the same weights serve: every replica, every restart (a count in load order would differ between replicas
-    that loaded models in another order). 48 bits fit a JSON number exactly."""
-    return str(int(content_hash[:12], 16))
+from model.checkpoint import numeric_version
 
 
 def canonical_version(version: str) -> str:
