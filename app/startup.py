@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -27,9 +28,17 @@ def startup_errors() -> tuple[type[Exception], ...]:
 def describe_startup_error(e: Exception) -> str:
     """One line that says what to fix."""
     if isinstance(e, ValidationError):
-        problems = [f"VIT_{'.'.join(map(str, err['loc'])).upper()}: {err['msg']}" for err in e.errors()]
-        return "invalid settings: " + "; ".join(problems)
+        return "invalid settings: " + "; ".join(map(settings_problem, e.errors()))
     return str(e)
+
+
+def settings_problem(err: Any) -> str:
+    """One problem: the variable and what is wrong; a check across settings names its variables itself."""
+    message = str(err["msg"]).removeprefix("Value error, ")
+    variable = f"VIT_{'.'.join(map(str, err['loc'])).upper()}"
+    if not err["loc"] or message.startswith(variable):
+        return message
+    return f"{variable}: {message}"
 
 
 def read_settings() -> Settings:

@@ -116,3 +116,26 @@ def test_models_may_be_named_by_hub() -> None:
     assert HubName.parse("s3:bucket/x") is None and HubName.parse("timm:") is None
     with pytest.raises(ValueError, match="names 'deit-tiny-patch16-224' twice"):
         Settings(models="hf:a/deit-tiny-patch16-224,hf:b/deit-tiny-patch16-224").model_paths()
+
+
+@pytest.mark.parametrize(
+    ("values", "line"),
+    [
+        (
+            {"max_queue": 4},
+            "invalid settings: VIT_MAX_QUEUE (4) must be at least VIT_MAX_FILES (16), or a full-size request could "
+            "never be accepted",
+        ),
+        ({"max_queue": "x"}, "invalid settings: VIT_MAX_QUEUE: Input should be a valid integer"),
+        ({"shadow": "a"}, "invalid settings: VIT_SHADOW: 'a' is not champion:challenger"),
+    ],
+)
+def test_a_settings_error_reads_as_one_plain_line(values: dict[str, object], line: str) -> None:
+    from pydantic import ValidationError
+
+    from app.startup import describe_startup_error
+
+    with pytest.raises(ValidationError) as raised:
+        Settings(**values)  # type: ignore[arg-type]
+    said = describe_startup_error(raised.value)
+    assert said.startswith(line) and "VIT_:" not in said and "Value error" not in said, said

@@ -43,9 +43,8 @@ class Repository:
         check_name(name)
         path = self.root / f"{name}{SUFFIX}"
         if not path.is_file() or not self.inside(path):
-            raise ModelNotFound(
-                f"no model named {name!r} in the model repository (no file {name}{SUFFIX} in {self.root})"
-            )
+            # clients name models, never paths: the repository's place on the server stays its own
+            raise ModelNotFound(f"no model named {name!r} in the model repository")
         return path
 
     def inside(self, path: Path) -> bool:

@@ -67,6 +67,7 @@ async def test_errors(make_client: ClientFactory, repository: Path) -> None:
         ]:
             r = await client.post(f"/v2/repository/models/{name}/load")
             assert (r.status_code, message in r.json()["error"]) == (status, True), r.text
+            assert "/" not in r.json()["error"], r.text  # names the model, never the server's path
         r = await client.post("/v2/repository/models/%2E%2E%2Fsecret/load")
         assert r.status_code in (400, 404), r.text  # an encoded path never becomes one
         r = await client.post("/v2/repository/models/a/load", json={"parameters": {"config": "{}"}})
