@@ -56,6 +56,8 @@ EXTENSIONS = [
 ]
 # The parameters that place an input's or output's bytes in a registered shared-memory region.
 SHM_REGION, SHM_BYTE_SIZE, SHM_OFFSET = "shared_memory_region", "shared_memory_byte_size", "shared_memory_offset"
+# what an output may carry; another name (tritonclient's `class_count` sent raw, say) is refused, never ignored
+OUTPUT_PARAMETERS = ("classification", "binary_data", SHM_REGION, SHM_OFFSET, SHM_BYTE_SIZE)
 
 
 class V2Error(BaseModel):
@@ -450,6 +452,11 @@ def check_outputs(request: InferRequest, intake: Intake) -> None:
                 )
             raise InvalidInput(f"unknown output {output.name!r}; this model gives {gives}")
         params = output.parameters or {}
+        if unknown := [name for name in params if name not in OUTPUT_PARAMETERS]:
+            raise InvalidInput(
+                f"output {output.name!r}: unknown parameter {unknown[0]!r}; an output takes "
+                f"{', '.join(OUTPUT_PARAMETERS)}"
+            )
         k = params.get("classification", 0)
         if output.name != PROBABILITIES and k:
             raise InvalidInput(f"classification applies to {PROBABILITIES!r}, not {output.name!r}")

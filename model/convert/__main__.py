@@ -44,7 +44,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(default: the one whose crop matches the weights' image size)",
     )
     common(tv)
-    hf = sources.add_parser("hf", help="a Hugging Face ViTForImageClassification directory (save_pretrained)")
+    hf = sources.add_parser(
+        "hf",
+        help="a Hugging Face image classifier directory (save_pretrained): ViT, DeiT (with or without its "
+        "teacher) or BEiT ...ForImageClassification",
+    )
     hf.add_argument("--model-dir", type=Path, required=True, help="directory with config.json and the weights")
     common(hf)
     return p.parse_args(argv)

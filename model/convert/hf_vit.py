@@ -46,7 +46,7 @@ RESAMPLE: dict[int, Interpolation] = {2: "bilinear", 3: "bicubic"}  # PIL's resa
 
 
 def convert_hf(model_dir: Path) -> Converted:
-    """Load a ViTForImageClassification directory with transformers and convert it."""
+    """Load a ViT, DeiT or BEiT ...ForImageClassification directory with transformers and convert it."""
     import transformers
     from transformers import AutoConfig, AutoModelForImageClassification
 

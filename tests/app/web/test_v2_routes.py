@@ -379,3 +379,15 @@ async def test_predict_and_v2_share_the_response_cache(make_client: ClientFactor
         assert 'vit_cache_hits_total{model="tiny"} 1.0' in metrics
         assert 'vit_cache_misses_total{model="tiny"} 1.0' in metrics
         assert 'vit_images_processed_total{model="tiny"} 1.0' in metrics
+
+
+async def test_an_output_parameter_the_service_does_not_know_is_a_400_that_names_it(
+    client: httpx.AsyncClient, shape_png: bytes
+) -> None:
+    image = {"name": "image", "datatype": "BYTES", "shape": [1, 1], "data": [base64.b64encode(shape_png).decode()]}
+    wanted = [{"name": "probabilities", "parameters": {"class_count": 2}}]  # tritonclient's argument, sent raw
+    r = await client.post(INFER, json={"inputs": [image], "outputs": wanted})
+    assert_v2_error(r, 400, "output 'probabilities': unknown parameter 'class_count'; an output takes classification")
+    wanted = [{"name": "probabilities", "parameters": {"classification": 2}}]
+    r = await client.post(INFER, json={"inputs": [image], "outputs": wanted})
+    assert r.status_code == 200 and r.json()["outputs"][0]["datatype"] == "BYTES", r.text
