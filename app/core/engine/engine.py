@@ -379,7 +379,10 @@ class Engine(Front):
     ) -> None:
         """The challenger's answers for one request's picked images, compared with the champion's."""
         n = len(inputs)
-        plain = Wanted("none", None, False)
+        # the images the challenger computes count in its drift window too: its drift over the champion's traffic
+        reference = challenger.checkpoint.reference
+        watched = reference is not None and self.settings.drift_window > 0
+        plain = Wanted("none", None, watched)
         deadline = time.monotonic() + self.settings.request_timeout_s
         try:
             started = time.monotonic()
@@ -389,6 +392,9 @@ class Engine(Front):
                 _, outputs, started = await challenger.run_images(inputs, plain, False, self.cpu_pool, deadline)
             theirs = torch.stack([o.probabilities for o in outputs])
             shadow.record(champion, theirs, champion_s, time.monotonic() - started)
+            if watched and reference is not None:
+                embeddings = torch.stack([o.embedding for o in outputs if o.embedding is not None])
+                self.watch(challenger, outputs, reference.scores(embeddings).tolist())
         except asyncio.CancelledError:
             shadow.shed(n)
             raise
