@@ -149,3 +149,38 @@ def test_a_hub_name_that_cannot_be_served_fails_the_start_with_one_line(
     failures = [line for line in done.stderr.splitlines() if "startup failed" in line]
     assert len(failures) == 1 and message in failures[0], done.stderr[-2000:]
     assert "Traceback" not in done.stderr
+
+
+def runtime_set_only(folder: Path) -> dict[str, str]:
+    """The environment of a process that can import only what requirements.lock installs (what bin/serve and the
+    image have): a sitecustomize that hides every module of a dev-only distribution."""
+    from importlib.metadata import packages_distributions
+
+    def names(lock: str) -> set[str]:
+        lines = (ROOT / lock).read_text().splitlines()
+        return {line.split("==")[0].lower().replace("_", "-") for line in lines if "==" in line}
+
+    dev_only = names("requirements-dev.lock") - names("requirements.lock")
+    blocked = sorted(
+        module
+        for module, dists in packages_distributions().items()
+        if all(d.lower().replace("_", "-") in dev_only for d in dists)
+    )
+    # None in sys.modules: an import fails and importlib.util.find_spec answers None, as for a package not installed
+    (folder / "sitecustomize.py").write_text(f"import sys\nsys.modules.update(dict.fromkeys({blocked!r}))\n")
+    return {"PYTHONPATH": f"{folder}{os.pathsep}{ROOT}"}
+
+
+def test_hub_names_serve_with_the_runtime_set_alone(hub: tuple[Path, Any], tmp_path: Path) -> None:
+    """What bin/serve and the image install is enough to serve a hub name as the docs show it."""
+    root, _ = hub
+    only = runtime_set_only(tmp_path)
+    refused = subprocess.run(
+        [sys.executable, "-c", "import pytest"], env={**os.environ, **only}, capture_output=True, text=True
+    )
+    assert "ModuleNotFoundError: import of pytest halted" in refused.stderr  # the dev tools cannot be imported
+    env = {**hub_env(root, tmp_path / "converted", f"timm:{TIMM_NAME},tiny=hf:{HF_REPO}"), **only}
+    with Server(BUNDLED_WEIGHTS, **env) as server:
+        listed = [m["name"] for m in httpx.get(f"{server.url}/v1/models").json()["models"]]
+        log = server.stop()
+    assert listed == [TIMM_NAME, "tiny"], log
