@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -49,7 +50,12 @@ from harness.images import photo_jpeg
 from harness.load import parse_hey, start_hey
 from harness.models import VIT_S16_PREPROCESSING
 from harness.server import ServerProcess, children, free_port
-from harness.stand_in import RAW_IMAGES_PER_S, DeviceTimes
+from harness.stand_in import (
+    CUDA_DECODE_BESIDE_FORWARD,
+    HARDWARE_DECODE_IMAGES_PER_S,
+    RAW_IMAGES_PER_S,
+    DeviceTimes,
+)
 
 H100_HOST_CORES = 16
 H100_PIL_ONE_CORE = 211.0  # img/s, the same 500x375 JPEG decoded and preprocessed (bench/results/gpu-h100.md)
@@ -72,6 +78,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=15.0, help="load per configuration (after 3 s of warm-up)")
     p.add_argument("--concurrency", type=int, help="hey's workers (default: 64 for predict, 16 for v2)")
     p.add_argument("--json", type=Path, help="where the results go (default bench/results/stand-in-cpu.json, .md)")
+    p.add_argument(
+        "--project-only",
+        action="store_true",
+        help="measure nothing: project the results already in --json again with the current device model",
+    )
     p.add_argument(
         "--peer",
         action="store_true",
@@ -248,11 +259,12 @@ def mean_batch(url: str) -> float | None:
 
 def project(model: str, workers: int, per_image_us: dict[str, float], scale: float) -> dict[str, float]:
     """img/s the CPU side could feed on the H100 host: the smallest of the device, the engine and the
-    front-ends (each in H100-host microseconds: this machine's times `scale`). The device decodes one batch
-    while it computes another (the service's two batches in flight, LitServe's several workers), so it is
-    bound by the busier of its decoder and its compute."""
+    front-ends (each in H100-host microseconds: this machine's times `scale`), with each of the two decoders
+    (`DeviceTimes.images_per_s`): the CUDA decoder, which shares the SMs with the forward, and the hardware
+    JPEG engines at their own rate."""
     host = {role: us * scale for role, us in per_image_us.items()}
-    device = DeviceTimes(model, MAX_BATCH_SIZE).images_per_s()
+    device = DeviceTimes(model, MAX_BATCH_SIZE).images_per_s("cuda")
+    hardware = DeviceTimes(model, MAX_BATCH_SIZE).images_per_s("hardware")
     engine = 1e6 / host["engine"] if host["engine"] else float("inf")
     generator = host["load generator"] / 1e6  # cores per img/s
     cores = H100_HOST_CORES - 1 - (host["supervisor"] / 1e6) * device  # the engine's core, the supervisor's share
@@ -264,14 +276,38 @@ def project(model: str, workers: int, per_image_us: dict[str, float], scale: flo
         front = min(workers * per_core, cores * per_core / (1 + per_core * generator))
     return {
         "device_img_s": device,
+        "device_hardware_img_s": hardware,
         "engine_ceiling_img_s": engine,
         "frontend_ceiling_img_s": front,
         "projected_img_s": min(device, engine, front),
+        "projected_hardware_img_s": min(hardware, engine, front),
+    }
+
+
+def projected_again(entry: dict[str, Any], machine: str) -> dict[str, Any]:
+    """An entry projected with the current device model; its CPU ceilings (from the unrounded measurement)
+    and the machine it was measured on kept."""
+    device = {d: DeviceTimes(entry["model"], MAX_BATCH_SIZE).images_per_s(d) for d in ("cuda", "hardware")}
+    cpu = min(entry["engine_ceiling_img_s"], entry["frontend_ceiling_img_s"])
+    return {
+        **entry,
+        "machine": entry.get("machine", machine),
+        "device_img_s": round(device["cuda"], 1),
+        "device_hardware_img_s": round(device["hardware"], 1),
+        "projected_img_s": round(min(device["cuda"], cpu), 1),
+        "projected_hardware_img_s": round(min(device["hardware"], cpu), 1),
     }
 
 
 def main() -> None:
     args = parse_args()
+    if args.project_only:
+        target = args.json or RESULTS / "stand-in-cpu.json"
+        # entries from before the machine was recorded: the one their page names
+        named = re.search(r"^Here: (.+?), \d+ cores;", target.with_suffix(".md").read_text(), re.MULTILINE)
+        machine = named.group(1) if named else cpu_model()
+        report([projected_again(e, machine) for e in json.loads(target.read_text())], args)
+        return
     _, _, default_concurrency = ROUTES[args.route]
     concurrency = args.concurrency or default_concurrency
     here_pil = pil_one_core_rate()
@@ -406,6 +442,7 @@ def summary(
         "cores_busy_here": {role: round(s / m.seconds, 2) for role, s in m.cpu_s.items()},
         **{k: round(v, 1) for k, v in projection.items()},
         "raw_img_s": RAW_IMAGES_PER_S[args.model],
+        "machine": cpu_model(),
         "pil_one_core_here_img_s": round(here_pil, 1),
         "core_scale_to_h100_host": round(scale, 3),
     }
@@ -440,17 +477,20 @@ def markdown(entries: list[dict[str, Any]]) -> str:
             f"{e['supervisor_cpu_us_per_image']:.0f}",
             f"{e['load_generator_cpu_us_per_image']:.0f}",
             f"{e['device_img_s']:.0f}",
+            f"{e['device_hardware_img_s']:.0f}",
             f"{e['engine_ceiling_img_s']:.0f}",
             f"{e['frontend_ceiling_img_s']:.0f}",
             f"**{e['projected_img_s']:.0f}**",
             f"{e['projected_img_s'] / e['raw_img_s']:.2f}",
+            f"{e['projected_hardware_img_s']:.0f}",
         )
         for e in entries
     ]
     header = [
         *("server", "commit", "model", "route", "workers", "served here img/s", "engine µs/img", "front-ends µs/img"),
-        *("supervisor µs/img", "hey µs/img", "device img/s", "engine ceiling", "front-end ceiling"),
-        *("projected img/s", "of raw"),
+        *("supervisor µs/img", "hey µs/img", "device img/s, CUDA decoder", "device img/s, JPEG engines"),
+        *("engine ceiling", "front-end ceiling", "projected img/s, CUDA decoder", "of raw"),
+        "projected img/s, JPEG engines",
     ]
     lines = [
         "# The GPU path's CPU side on the device stand-in",
@@ -458,8 +498,14 @@ def markdown(entries: list[dict[str, Any]]) -> str:
         "`python -m bench.stand_in` (see its docstring). CPU µs per image measured here; ceilings and the",
         "projection on the H100 host's 16 cores, CPU times scaled by the one-core PIL rate of the same JPEG.",
         "A projection with the device's work replaced by the H100's measured durations, not a GPU measurement.",
+        "Two devices side by side. *CUDA decoder*: nvJPEG at its H100 rate (11,296 img/s), at "
+        f"{CUDA_DECODE_BESIDE_FORWARD:.2f} of it while the forward runs (they share the SMs; the H200 measured "
+        "0.47 to 0.61) and at its own rate after. *JPEG engines*: the hardware decoder beside the SMs at "
+        f"{HARDWARE_DECODE_IMAGES_PER_S:,.0f} img/s, the lowest rate the H200's engines decoded alone through "
+        "nvImageCodec 0.9 in three runs. Beside a forward that never pauses they decoded 1,000 to 1,300, so this "
+        "column is a ceiling (bench/results/gpu-h200-jpeg-engines.md).",
         "",
-        *table(header, rows, "llllr" + "r" * 10),
+        *table(header, rows, "llllr" + "r" * 12),
         "",
     ]
     calibration = [e for e in entries if "h100_measured_img_s" in e]
@@ -488,8 +534,9 @@ def markdown(entries: list[dict[str, Any]]) -> str:
             lines.append("")
     pil = sorted({e["pil_one_core_here_img_s"] for e in entries})
     scales = sorted({e["core_scale_to_h100_host"] for e in entries})
+    machines = ", ".join(sorted({e.get("machine", cpu_model()) for e in entries}))
     lines.append(
-        f"Here: {cpu_model()}, {os.cpu_count()} cores; PIL on one core {pil[0]:.0f} to {pil[-1]:.0f} img/s in"
+        f"Here: {machines}, {os.cpu_count()} cores; PIL on one core {pil[0]:.0f} to {pil[-1]:.0f} img/s in"
         f" the runs (H100 host: {H100_PIL_ONE_CORE:.0f}), so a µs here is {scales[0]:.2f} to {scales[-1]:.2f} µs there."
     )
     return "\n".join(lines) + "\n"

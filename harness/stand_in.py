@@ -7,7 +7,10 @@ them and runs the "forward" as `time.sleep`s, which hold no GIL and use no CPU; 
 each take one batch at a time, so with the batcher's two batches in flight one decodes while the other
 computes, as on the GPU. The waits last:
 
-- decoding: nvJPEG's rate in batches of 64 on the H100, 11,296 img/s (bench/results/gpu-h100.md);
+- decoding: nvJPEG's rate in batches of 64 on the H100, 11,296 img/s (bench/results/gpu-h100.md), and
+  half that while the compute runs: the CUDA decoder shares the SMs with the forward. On the H200 a CUDA
+  decoder (nvImageCodec's) beside a graphed ViT-B/16 forward kept 0.47 to 0.61 of its own rate, while the
+  forward kept 0.98 of its own (bench/results/gpu-h200-jpeg-engines.md); the forward's 2 % is left out;
 - the forward: the compiled + CUDA-graph time per batch size measured there, the batch padded to the
   captured size as the service's CUDA graphs pad it, times between measured sizes interpolated.
 
@@ -36,6 +39,14 @@ from app.telemetry.statistics import BatchTiming
 from model.checkpoint import Checkpoint
 
 NVJPEG_IMAGES_PER_S = 11_296.0  # decode only, batches of 64, 500x375 JPEGs
+# The CUDA decoder's share of its own rate while the forward runs (H200, 0.47-0.61 over three runs).
+CUDA_DECODE_BESIDE_FORWARD = 0.5
+# The H200's hardware JPEG engines through nvImageCodec 0.9, alone: 20,071 to 26,835 img/s over three runs (the
+# lowest is taken). Beside a forward that never pauses they fell to 1,008 to 1,275; the service, whose GPU
+# pauses between batches, served 4,368 img/s with them (bench/results/gpu-h200-jpeg-engines.md).
+HARDWARE_DECODE_IMAGES_PER_S = 20_071.0
+DECODERS = ("cuda", "hardware")  # the projections' two columns
+SLICE_S = 0.002  # how often a decode wait looks at whether the compute is busy
 # Images per second of the compiled + CUDA-graph bf16 forward, by batch size (bench/results/gpu-h100.md).
 FORWARD_IMAGES_PER_S = {
     "vit-s16": {1: 2186, 8: 12575, 32: 22159, 128: 24624, 256: 25158, 512: 25527},
@@ -60,11 +71,19 @@ class DeviceTimes:
         padded = sizes[bisect.bisect_left(sizes, n)] if n <= sizes[-1] else n
         return batch_seconds(FORWARD_IMAGES_PER_S[self.model], padded)
 
-    def images_per_s(self) -> float:
+    def images_per_s(self, decoder: str = "cuda") -> float:
         """The device's rate at the largest batch, decoding one batch while it computes another (as the
-        predictor does): what it could serve if the CPU side never kept it waiting."""
+        predictor does): what it could serve if the CPU side never kept it waiting.
+
+        `cuda`: the CUDA decoder, at CUDA_DECODE_BESIDE_FORWARD of its rate while the forward runs and at its
+        own rate after. `hardware`: the JPEG engines beside the SMs at their own rate
+        (HARDWARE_DECODE_IMAGES_PER_S, the H200's alone); how much less they give beside a forward is not in it."""
         n = self.max_batch_size
-        return n / max(self.decode_s(n), self.forward_s(n))
+        forward = self.forward_s(n)
+        if decoder == "hardware":
+            return n / max(forward, n / HARDWARE_DECODE_IMAGES_PER_S)
+        left = self.decode_s(n) - CUDA_DECODE_BESIDE_FORWARD * forward  # decoding left when the forward ends
+        return n / (forward + max(0.0, left))
 
 
 def batch_seconds(rates: dict[int, int], n: int) -> float:
@@ -91,10 +110,23 @@ class Device:
         self.decoder = Resource(shared / "decoder.lock" if shared else None)
         self.compute = Resource(shared / "compute.lock" if shared else None)
 
+    def close(self) -> None:
+        """Let go of the lock files (a process's Device otherwise holds them for its life)."""
+        self.decoder.close()
+        self.compute.close()
+
     def decode(self, n: int) -> None:
-        if n:
-            with self.decoder:
-                time.sleep(self.times.decode_s(n))
+        """Wait out the decoding of `n` JPEGs: at the decoder's rate while the compute is idle, at
+        CUDA_DECODE_BESIDE_FORWARD of it while the compute is busy (looked at every SLICE_S)."""
+        if not n:
+            return
+        with self.decoder:
+            left = self.times.decode_s(n)  # seconds of decoding at the full rate
+            while left > 0:
+                speed = CUDA_DECODE_BESIDE_FORWARD if self.compute.busy() else 1.0
+                step = min(SLICE_S, left / speed)
+                time.sleep(step)
+                left -= step * speed
 
     def forward(self, n: int) -> None:
         with self.compute:
@@ -108,6 +140,24 @@ class Resource:
     def __init__(self, path: Path | None) -> None:
         self.threads = threading.Lock()
         self.file = open(path, "a+b") if path is not None else None  # noqa: SIM115 (held for the process's life)
+        # a second open of the file: its shared lock is refused while any process holds the exclusive one
+        self.probe = open(path, "a+b") if path is not None else None  # noqa: SIM115
+
+    def close(self) -> None:
+        for f in (self.file, self.probe):
+            if f is not None:
+                f.close()
+
+    def busy(self) -> bool:
+        """Whether a batch holds it now, in this process or (with a path) any other."""
+        if self.probe is None:
+            return self.threads.locked()
+        try:
+            fcntl.flock(self.probe, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(self.probe, fcntl.LOCK_UN)
+        return False
 
     def __enter__(self) -> None:
         self.threads.acquire()

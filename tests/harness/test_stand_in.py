@@ -139,3 +139,35 @@ async def test_the_engine_decodes_a_batch_while_it_computes_another(
     forwards = [(a, b) for kind, a, b in device.spans if kind == "forward"]
     assert len(decodes) == len(forwards) == 3
     assert any(d0 < f1 and f0 < d1 for d0, d1 in decodes for f0, f1 in forwards)  # one decoded while one computed
+
+
+def test_the_device_rate_with_each_decoder() -> None:
+    """The CUDA decoder at half its rate while the forward runs, its own after; the engines beside the SMs at
+    their own rate."""
+    times = DeviceTimes("vit-b16", 256)
+    forward, decode = 256 / 10_313, 256 / 11_296
+    assert times.images_per_s("cuda") == pytest.approx(256 / (forward + decode - 0.5 * forward))
+    assert times.images_per_s("hardware") == pytest.approx(10_313)  # the engines (20,071 img/s) outpace it
+    one = DeviceTimes("vit-b16", 1)  # one image's forward outlasts twice its decoding: the forward bounds it
+    assert one.images_per_s("cuda") == pytest.approx(1 / one.forward_s(1))
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["one-process", "over-a-shared-folder"])
+def test_decoding_beside_the_forward_goes_at_half_speed(tmp_path: Path, shared: bool) -> None:
+    times = DeviceTimes("vit-b16", 256)
+    n = round(0.05 * 11_296)  # 50 ms of decoding alone
+    decoding = Device(times, tmp_path if shared else None)
+    computing = Device(times, tmp_path) if shared else decoding  # another process's Device, as it would be
+    started = time.monotonic()
+    decoding.decode(n)
+    alone = time.monotonic() - started
+    forward = threading.Thread(target=computing.forward, args=(4_000,))  # 0.38 s of compute
+    forward.start()
+    time.sleep(0.05)
+    started = time.monotonic()
+    decoding.decode(n)  # 100 ms at half speed, all of it beside the forward
+    beside = time.monotonic() - started
+    forward.join()
+    decoding.close()
+    computing.close()
+    assert alone >= 0.05 and beside >= 1.8 * 0.05, (alone, beside)
