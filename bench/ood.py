@@ -3,7 +3,7 @@
     python -m bench.ood [--weights PATH] [--n 1000]
 
 The score is the one the service gives (`ood=true`): the Mahalanobis distance of an image's embedding to the
-nearest class mean, under the checkpoint's reference statistics (model/reference.py). In-distribution: held-out
+nearest class mean, under the checkpoint's reference statistics (model/reference/). In-distribution: held-out
 shapes (the evaluation stream, which neither training nor the reference statistics used). Against:
 - `noisy shapes`: the same kind of shapes under heavy Gaussian noise (sigma 64 of 255);
 - `low-contrast shapes`: shapes in a colour of the background's luminance (training shapes always differ from

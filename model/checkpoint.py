@@ -2,7 +2,7 @@
 
 A checkpoint is self-describing: the ViTConfig, class names, preprocessing and a training summary
 travel in the safetensors header, with a SHA-256 content hash over the model's tensors. Reference
-statistics of its embeddings (model/reference.py), when present, are tensors of their own with a hash
+statistics of its embeddings (model/reference/), when present, are tensors of their own with a hash
 of their own, so adding them leaves the model's version as it is. Loading never unpickles anything;
 every way a file can be wrong raises `CheckpointError` naming the file.
 """

@@ -503,7 +503,7 @@ def main(argv: list[str] | None = None) -> History:
 
 def add_reference(args: argparse.Namespace, data: DataBundle, device: torch.device) -> None:
     """Reference statistics of the best checkpoint's embeddings, from the held-out split (in-distribution images,
-    labelled, preprocessed as served), written into it for out-of-distribution scores (model/reference.py)."""
+    labelled, preprocessed as served), written into it for out-of-distribution scores (model/reference/)."""
     best = load_checkpoint(args.output, device)
     loader = DataLoader(data.test, batch_size=args.batch_size, num_workers=0)
     reference = from_labelled(best.model, loader, best.config.num_classes, device)

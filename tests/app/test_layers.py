@@ -219,3 +219,38 @@ def test_bench_and_tests_share_only_the_harness() -> None:
     assert "tests" not in imported_packages(ROOT / "bench")
     assert {"bench", "tests"}.isdisjoint(imported_packages(ROOT / "harness"))
     assert "harness" in imported_packages(ROOT / "tests") and "harness" in imported_packages(ROOT / "bench")
+
+
+def model_graph(root: Path) -> dict[str, set[str]]:
+    """For each module of model/ (a package's __main__ apart from the package): the model modules it imports,
+    at any depth of the file."""
+    files = {
+        module_name(p, root) + (".__main__" if p.name == "__main__.py" else ""): p
+        for p in (root / "model").rglob("*.py")
+    }
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                candidates = [f"{node.module}.{a.name}" for a in node.names] + [node.module]
+            elif isinstance(node, ast.Import):
+                candidates = [a.name for a in node.names]
+            else:
+                continue
+            imported |= {c for c in candidates if c in files and c != name}
+        graph[name] = imported
+    return graph
+
+
+def test_model_has_no_import_cycle(tmp_path: Path) -> None:
+    try:
+        list(TopologicalSorter(model_graph(ROOT)).static_order())
+    except CycleError as e:
+        pytest.fail(f"an import cycle in model/: {e.args[1]}")
+    # and the check can fail: two modules that import each other
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "a.py").write_text("from model.b import x\n")
+    (tmp_path / "model" / "b.py").write_text("def f():\n    from model.a import y\n")
+    with pytest.raises(CycleError):
+        list(TopologicalSorter(model_graph(tmp_path)).static_order())

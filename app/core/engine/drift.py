@@ -4,7 +4,7 @@ Two gauges per model (Prometheus `vit_drift_score{model, kind}`), for a checkpoi
 - `prediction`: the total variation distance between the window's predicted classes and the reference's class
   prior, from 0 (the same mix of classes as the reference data) to 1 (none of the classes it had);
 - `embedding`: the window's mean out-of-distribution score (the Mahalanobis distance of each image's embedding
-  to the nearest class mean; model/reference.py), in the same units as `ood_score`.
+  to the nearest class mean; model/reference/), in the same units as `ood_score`.
 """
 
 from __future__ import annotations
