@@ -23,6 +23,7 @@ from torch import Tensor
 from model.preprocessing import Preprocessing
 from model.reference import PREFIX as REFERENCE_PREFIX
 from model.reference import Reference
+from model.version import numeric_version
 from model.vit import ViT, ViTConfig
 
 FORMAT_NAME = "vit-serve-checkpoint"
@@ -58,14 +59,6 @@ class Checkpoint:
     def identity(self) -> str:
         """The checkpoint named as the service names it: `version 19318223149253, content hash 1191dfd418c5`."""
         return f"version {numeric_version(self.content_hash)}, content hash {self.version}"
-
-
-def numeric_version(content_hash: str) -> str:
-    """A checkpoint's version as the service gives it on every protocol: the first 48 bits of its content hash,
-    in decimal. A number, as Triton's versions are (its tools parse them as integers), and the same wherever
-    the same weights serve: every replica, every restart (a count in load order would differ between replicas
-    that loaded models in another order). 48 bits fit a JSON number exactly."""
-    return str(int(content_hash[:12], 16))
 
 
 def content_hash(tensors: dict[str, Tensor]) -> str:

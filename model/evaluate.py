@@ -19,10 +19,11 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from model.checkpoint import Checkpoint, CheckpointError, load_checkpoint, numeric_version
+from model.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from model.data import DATASETS, DataOptions, DatasetNotFoundError, ShapesDataset, build_data
 from model.preprocessing import EvalTransform
 from model.rollout import GRADIENT, MAP_METHODS, attention_map, gradient_attention_map
+from model.version import numeric_version
 
 DEFAULT_SHAPES_EVAL_SEED = 20261121  # never used for training: a fresh held-out set
 

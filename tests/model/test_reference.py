@@ -15,9 +15,10 @@ from PIL import Image
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from model.checkpoint import CheckpointError, load_checkpoint, numeric_version, save_checkpoint
+from model.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from model.reference import Reference, fit
 from model.shapes import SHAPE_CLASSES, make_sample
+from model.version import numeric_version
 from tests.support.checkpoints import TINY_PREPROCESSING, tiny_model
 
 

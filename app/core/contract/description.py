@@ -7,7 +7,7 @@ from typing import Any
 
 from app.choices import Backend, DecodedOn, ModelState, Precision, Quantization
 from app.core.contract.errors import InvalidInput
-from model.checkpoint import numeric_version
+from model.version import numeric_version
 
 
 def canonical_version(version: str) -> str:
