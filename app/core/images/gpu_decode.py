@@ -15,8 +15,9 @@ Two decoders (`VIT_DECODE`):
 - `nvimgcodec`: nvImageCodec, with the GPU's hardware JPEG engines first (A100, H100, H200 and others carry
   them) and its CUDA decoder for what they leave (every file on a GPU without engines). Its pixels are
   nearer PIL's (its chroma upsampling is PIL's). Alone, the H200's engines decode two to three times as
-  many JPEGs a second as the CUDA decoder; beside a running forward they decoded about a tenth of that
-  (bench/results/gpu-h200-jpeg-engines.md), so serving with them is slower today, and `auto` stays nvJPEG.
+  many JPEGs a second as the CUDA decoder; beside a forward that never pauses they decoded a twentieth of
+  that, and the service served less with them than with nvJPEG (bench/results/gpu-h200-jpeg-engines.md), so
+  `auto` stays nvJPEG.
 """
 
 from __future__ import annotations
