@@ -10,7 +10,9 @@ Parts, each writing DIR/<part>.json (and a log) as it finishes, so a run cut sho
   smoke     the service on VIT_DEVICE=auto: /v1/model, /predict (with a map), V2, printed
   ceilings  the card's measured bf16 matmul rate and device-memory bandwidth
   raw       FLOPs per image, and the forward rate of ViT-S/16 and ViT-B/16 in bf16 at batch 1 to 512:
-            eager, torch.compile, and compiled + CUDA graphs
+            eager, torch.compile, and compiled + CUDA graphs; then JPEG bytes to probabilities with no serving
+            (the service's predictor fed batches of 256 JPEGs), for each GPU decoder, one and two batches in
+            flight
   decode    preprocessing rate of 500x375 JPEGs: PIL on N CPU threads, and nvJPEG + tensor resize on the GPU
   hwdecode  nvImageCodec's decoders (the hardware JPEG engines, the CUDA decoder, splits between them): img/s
             alone and beside a CUDA-graphed ViT-B/16 forward, pixels against nvJPEG's and the CPU path's, and

@@ -11,6 +11,7 @@ from bench.gpu.common import BATCHES, MODELS, PARTS, VARIANTS, save
 from bench.gpu.decoding import decode, hardware
 from bench.gpu.kernels import ceilings, raw
 from bench.gpu.launch import smoke, tests
+from bench.gpu.pipeline import pipeline_part
 from bench.gpu.report import report
 from bench.gpu.serving import profile, served
 
@@ -64,6 +65,7 @@ def main() -> None:
                     result = ceilings()
                 elif part == "raw":
                     result = raw(args.models, args.batches, args.compile_batches)
+                    result["pipeline"] = pipeline_part(args.models)
                 elif part == "decode":
                     result = decode()
                 elif part == "hwdecode":

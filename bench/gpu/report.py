@@ -98,6 +98,26 @@ def targets(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def pipeline_lines(pipe: dict[str, Any], raw: dict[str, Any]) -> list[str]:
+    """The raw part's JPEG bytes to probabilities, beside each model's best raw forward."""
+    rows = []
+    for name, decoders in models_in(pipe).items():
+        best = max(max(v.values()) for v in raw[name]["img_per_s"].values() if v)
+        for label, r in decoders.items():
+            if "error" in r:
+                rows.append([name, label, r["error"], "", ""])
+                continue
+            two = r["two_in_flight_img_per_s"]
+            rows.append([name, label, f"{r['one_in_flight_img_per_s']:.0f}", f"{two:.0f}", f"{two / best:.2f}"])
+    return [
+        f"## JPEG bytes to probabilities, no serving ({pipe['image']}; the service's predictor, batches of "
+        f"{pipe['batch']}, img/s)",
+        "",
+        *table(["model", "decoder", "one batch in flight", "two in flight", "two / best raw forward"], rows, "llrrr"),
+        "",
+    ]
+
+
 def hardware_decoders(h: dict[str, Any]) -> list[str]:
     """The hwdecode part: nvImageCodec's decoders alone, beside the forward, their pixels, what the engines take."""
     alone = h["alone"]
@@ -183,6 +203,8 @@ def markdown(d: dict[str, Any]) -> str:
             ),
             "",
         ]
+    if pipe := d["raw"].get("pipeline"):
+        lines += pipeline_lines(pipe, d["raw"])
     lines += [
         "## Preprocessing a 500x375 JPEG (decode, resize to 248, crop 224, normalise)",
         "",
