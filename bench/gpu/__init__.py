@@ -19,5 +19,7 @@ Parts, each writing DIR/<part>.json (and a log) as it finishes, so a run cut sho
             which kinds of JPEG the hardware engines take
   served    the service under `hey` (/predict multipart, V2 binary with several images per request), per
             variant, and LitServe with the same model and batch settings as the peer
-  profile   py-spy samples of the served process at saturation, all threads and those holding the GIL
+  profile   at saturation: the per-batch timeline from the service's own statistics (input, forward, output,
+            cycle, and which bound holds), and py-spy samples of the served processes, all threads and those
+            holding the GIL
 """

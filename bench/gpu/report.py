@@ -43,6 +43,11 @@ def report(folders: list[Path], name: str) -> None:
                     data[part] = found
         if (folder / "gpu.txt").is_file():
             data["machine"] = (folder / "gpu.txt").read_text().strip()
+        if (folder / "profile.json").is_file():
+            runs = json.loads((folder / "profile.json").read_text())
+            timelines = {k: v["timeline"] for k, v in runs.items() if isinstance(v, dict) and "timeline" in v}
+            if timelines:
+                data["timeline"] = {"model": runs.get("model"), **timelines}
         for kind in ("v2", "predict"):
             for gil in ("", "-gil"):
                 found = folder / f"profile-{kind}{gil}.txt"
@@ -96,6 +101,34 @@ def targets(data: dict[str, Any]) -> dict[str, Any]:
                 if variant in model
             }
     return out
+
+
+def timeline_lines(t: dict[str, Any]) -> list[str]:
+    """The profile part's per-batch timeline, from the service's statistics under each load."""
+    rows = [
+        [
+            load,
+            r["batches"],
+            f"{r['mean_batch']:.0f}",
+            f"{r['input_ms']:.1f}",
+            f"{r['infer_ms']:.1f}",
+            f"{r['output_ms']:.1f}",
+            f"{r['cycle_ms']:.1f}",
+            r["bound"],
+        ]
+        for load, r in t.items()
+        if isinstance(r, dict) and r.get("batches")
+    ]
+    return [
+        "",
+        f"## Per batch under load ({t['model']}; the service's statistics, ms)",
+        "",
+        "*input*: copies, or JPEGs decoded on the GPU; *forward*: with the copy back; *cycle*: wall time per batch. "
+        "With two batches in flight the device keeps a cycle near the longer of its stages; a longer cycle waits "
+        "on the host.",
+        "",
+        *table(["load", "batches", "mean batch", "input", "forward", "output", "cycle", "bound"], rows, "lrrrrrrl"),
+    ]
 
 
 def pipeline_lines(pipe: dict[str, Any], raw: dict[str, Any]) -> list[str]:
@@ -309,6 +342,8 @@ def markdown(d: dict[str, Any]) -> str:
                 label = label.replace(was, becomes)
             rows.append([label, *(f"{shares.get(t, 0):.0%}" for t in ("event loop", "cpu pool", "forward thread"))])
         lines += table(["load", "event loop", "CPU pool", "forward thread"], rows)
+    if "timeline" in d:
+        lines += timeline_lines(d["timeline"])
     if "tests" in d:
         lines += ["", f"GPU tests (`tests/app/test_cuda.py`): {d['tests']['summary'].strip('= ')}"]
     return "\n".join(lines) + "\n"

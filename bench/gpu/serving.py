@@ -142,9 +142,47 @@ def start_server(args: argparse.Namespace, checkpoint: Path, variant: str) -> Se
     )
 
 
+def batch_totals(url: str, name: str) -> dict[str, int]:
+    """The model's forward passes so far, their images, and the nanoseconds of each stage (V2 statistics)."""
+    totals = {"batches": 0, "images": 0, "input_ns": 0, "infer_ns": 0, "output_ns": 0}
+    for version in httpx.get(f"{url}/v2/models/{name}/stats", timeout=30).json()["model_stats"]:
+        for b in version["batch_stats"]:
+            n = b["compute_infer"]["count"]
+            totals["batches"] += n
+            totals["images"] += n * b["batch_size"]
+            for stage in ("input", "infer", "output"):
+                totals[f"{stage}_ns"] += b[f"compute_{stage}"]["ns"]
+    return totals
+
+
+def timeline(before: dict[str, int], after: dict[str, int], seconds: float) -> dict[str, Any]:
+    """Per batch, in ms: the input stage (copies, or JPEGs decoded on the GPU), the forward (with the copy back),
+    the outputs, and the cycle (the wall time between batches); and which bound holds. With two batches in
+    flight the device keeps up with a cycle of the longer of its two stages: a cycle much longer than that
+    waits on the host (the engine's loop, the front-ends). The stages are timed on the host: GPU work that runs
+    asynchronously lands in the stage that waits for it (a decode still running when the forward starts, in the
+    forward)."""
+    batches = after["batches"] - before["batches"]
+    if not batches:
+        return {"batches": 0}
+    ms = {
+        stage: (after[f"{stage}_ns"] - before[f"{stage}_ns"]) / batches / 1e6 for stage in ("input", "infer", "output")
+    }
+    cycle = seconds * 1e3 / batches
+    device = max(ms["input"], ms["infer"] + ms["output"])
+    return {
+        "batches": batches,
+        "mean_batch": (after["images"] - before["images"]) / batches,
+        **{f"{stage}_ms": v for stage, v in ms.items()},
+        "cycle_ms": cycle,
+        "bound": "the device" if cycle <= 1.15 * device else "the host (the engine's loop, the front-ends)",
+    }
+
+
 def profile(args: argparse.Namespace, folder: Path, seconds: float = 8.0) -> dict[str, Any]:
-    """py-spy samples of the served process at saturation (the last model and variant): every active thread,
-    and only the threads holding the GIL. Collapsed stacks go to DIR/profile-*.txt."""
+    """Under load at saturation (the last model and variant): the per-batch timeline from the service's own
+    statistics (`timeline`), and py-spy samples of the served processes, every active thread and only the
+    threads holding the GIL. Collapsed stacks go to DIR/profile-*.txt."""
     form_type, v2_headers = bodies(folder, args.images_per_request)
     name = args.models[-1]
     server = start_server(args, random_checkpoint(folder, name), args.variants[-1])
@@ -169,6 +207,7 @@ def profile(args: argparse.Namespace, folder: Path, seconds: float = 8.0) -> dic
                     str(int(seconds)),
                     "--nonblocking",
                     "--threads",
+                    "--subprocesses",  # the engine and the front-ends, not only the supervisor
                     "-o",
                     str(target),
                     "-p",
@@ -176,10 +215,13 @@ def profile(args: argparse.Namespace, folder: Path, seconds: float = 8.0) -> dic
                     *(["--gil"] if gil else []),
                 ]
                 spy = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                before, started = batch_totals(server.url, name), time.perf_counter()
                 r = run_hey(server.url + route, body, ctype, c, seconds + 2, headers)
+                after, took = batch_totals(server.url, name), time.perf_counter() - started
                 spy_out = spy.communicate()[0]
                 result[f"{kind}{'-gil' if gil else ''}"] = {
                     "requests_per_s": r.requests_per_s,
+                    "timeline": timeline(before, after, took),
                     "py_spy": spy_out[-500:],
                 }
                 print(f"  profiled {kind} c={c} gil={gil}: {r.requests_per_s:.0f} req/s; {spy_out[-200:]}", flush=True)
