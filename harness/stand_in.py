@@ -45,7 +45,6 @@ CUDA_DECODE_BESIDE_FORWARD = 0.5
 # lowest is taken). Beside a forward that never pauses they fell to 1,008 to 1,275; the service, whose GPU
 # pauses between batches, served 4,368 img/s with them (bench/results/gpu-h200-jpeg-engines.md).
 HARDWARE_DECODE_IMAGES_PER_S = 20_071.0
-DECODERS = ("cuda", "hardware")  # the projections' two columns
 SLICE_S = 0.002  # how often a decode wait looks at whether the compute is busy
 # Images per second of the compiled + CUDA-graph bf16 forward, by batch size (bench/results/gpu-h100.md).
 FORWARD_IMAGES_PER_S = {
