@@ -89,8 +89,8 @@ def hardware(images: int = 1024, batches: tuple[int, ...] = (64, 256), seconds: 
     result: dict[str, Any] = {"image": "500x375 JPEG, quality 90, 4:2:0", "nvimgcodec": nv.__version__, "alone": {}}
     decoders = {name: nv.Decoder(device_id=0, backends=backends) for name, backends in configs.items()}
     # the engines' buffers taken once for a batch of 256 photos up to 512x512, instead of per call
-    hw = "nvjpeg_hw_decoder"
-    preallocate = f"{hw}:preallocate_batch_size=256 {hw}:preallocate_width_hint=512 {hw}:preallocate_height_hint=512"
+    ext = "nvjpeg_hw_decoder"
+    preallocate = f"{ext}:preallocate_batch_size=256 {ext}:preallocate_width_hint=512 {ext}:preallocate_height_hint=512"
     decoders["hardware-preallocated"] = nv.Decoder(device_id=0, backends=configs["hardware"], options=preallocate)
     decoders["hardware-preallocated-4"] = nv.Decoder(
         device_id=0, max_num_cpu_threads=4, backends=configs["hardware"], options=preallocate
