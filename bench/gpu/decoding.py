@@ -69,6 +69,7 @@ def hardware(images: int = 1024, batches: tuple[int, ...] = (64, 256), seconds: 
 
     from app.core.images.gpu_decode import GpuJpegDecoder, NvImageCodecJpeg, TorchvisionJpeg
     from bench.gpu.common import VIT_B16
+    from bench.gpu.kernels import capture
     from model.vit import ViT
 
     files = [photo_jpeg(i) for i in range(images)]
@@ -123,16 +124,8 @@ def hardware(images: int = 1024, batches: tuple[int, ...] = (64, 256), seconds: 
     # Beside the forward: a CUDA-graphed ViT-B/16 at batch 256 in bf16 on one stream, decoding on another.
     model = ViT(VIT_B16).cuda().to(torch.bfloat16).eval()
     x = torch.randn(256, 3, 224, 224, device="cuda", dtype=torch.bfloat16)
-    graph = torch.cuda.CUDAGraph()
     with torch.inference_mode():
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                model(x)
-        torch.cuda.current_stream().wait_stream(side)
-        with torch.cuda.graph(graph):
-            model(x)
+        graph = capture(model, x)
 
     def forwards(stop: threading.Event, count: list[int], own_stream: bool = True) -> None:
         """Replays on a stream of the forward's own (as the service runs it), or on the legacy default stream,

@@ -117,14 +117,18 @@ def graph_ms(fn: Callable[[torch.Tensor], Any], x: torch.Tensor) -> float:
 
 
 def captured_ms(fn: Callable[[torch.Tensor], Any], x: torch.Tensor) -> float:
-    static = x.clone()
+    return median_ms(capture(fn, x.clone()).replay)
+
+
+def capture(fn: Callable[[torch.Tensor], Any], x: torch.Tensor) -> torch.cuda.CUDAGraph:
+    """`fn(x)` as one CUDA graph, after three warm-up calls on a side stream (capture wants the kernels chosen)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for _ in range(3):
-            fn(static)
+            fn(x)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn(static)
-    return median_ms(graph.replay)
+        fn(x)
+    return graph

@@ -163,7 +163,8 @@ def test_decoding_beside_the_forward_goes_at_half_speed(tmp_path: Path, shared: 
     alone = time.monotonic() - started
     forward = threading.Thread(target=computing.forward, args=(4_000,))  # 0.38 s of compute
     forward.start()
-    time.sleep(0.05)
+    while not computing.compute.busy():  # the forward holds the compute
+        time.sleep(0.001)
     started = time.monotonic()
     decoding.decode(n)  # 100 ms at half speed, all of it beside the forward
     beside = time.monotonic() - started

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from prometheus_client.parser import text_string_to_metric_families
 
 from app.core.engine.drift import DriftWindow
 from app.settings import BUNDLED_WEIGHTS
 from harness.images import encode
 from tests.support.clients import ClientFactory, client_factory
+from tests.support.metrics import drift_gauges as drift
 
 
 def test_the_window_keeps_the_last_images_and_measures_them() -> None:
@@ -28,15 +28,6 @@ def test_the_window_keeps_the_last_images_and_measures_them() -> None:
     for _ in range(10):  # the running sum, refreshed now and then, stays the window's
         window.add([1], [float(np.pi)])
     assert window.embedding_drift() == pytest.approx(np.pi) and window.prediction_drift() == pytest.approx(0.5)
-
-
-def drift(text: str, model: str) -> dict[str, float]:
-    return {
-        s.labels["kind"]: s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == "vit_drift_score" and s.labels["model"] == model
-    }
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from harness.images import encode
 from model.shapes import make_sample
 from tests.support.checkpoints import write_tiny_checkpoint
 from tests.support.clients import client_factory, slow_forward
+from tests.support.metrics import drift_gauges
 from tests.support.settings import cpu_settings
 
 SHAPES = [encode(make_sample(20261121, i).image) for i in range(8)]
@@ -136,21 +137,11 @@ async def test_a_threshold_for_a_model_not_served_fails_the_start() -> None:
 async def test_the_challengers_drift_gauges_count_the_champions_images_it_computed() -> None:
     """Only the champion is asked; the challenger's window fills with the shadow images it computed, so its
     gauges match the champion's over the same traffic (the same weights here)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    def gauges(text: str, model: str) -> dict[str, float]:
-        return {
-            s.labels["kind"]: s.value
-            for family in text_string_to_metric_families(text)
-            for s in family.samples
-            if s.name == "vit_drift_score" and s.labels["model"] == model
-        }
-
     models = f"a={BUNDLED_WEIGHTS},b={BUNDLED_WEIGHTS}"
     async with client_factory(BUNDLED_WEIGHTS)(models=models, shadow="a:b", max_files=8, drift_window=16) as client:
         assert (await client.post("/predict", params={"model": "a"}, files=upload(SHAPES))).status_code == 200
         assert (await report_when(client, "a", 8))["compared"] == 8
         text = (await client.get("/metrics")).text
-    champion, challenger = gauges(text, "a"), gauges(text, "b")
+    champion, challenger = drift_gauges(text, "a"), drift_gauges(text, "b")
     assert set(challenger) == {"prediction", "embedding"} and challenger["embedding"] > 0
     assert challenger == pytest.approx(champion, rel=1e-4)
