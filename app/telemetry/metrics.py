@@ -162,7 +162,12 @@ class ModelMetrics:
             series.labels(model)  # every series exists from the start, at zero
         for reason in DROP_REASONS:
             metrics.dropped_images.labels(model, reason)
-        metrics.queue.labels(model).set(0)
+        # the series each batch touches, looked up once (a lookup takes a lock and builds a key)
+        self.batch_size = metrics.batch_size.labels(model)
+        self.inference = metrics.inference.labels(model)
+        self.images = metrics.images.labels(model)
+        self.queue = metrics.queue.labels(model)
+        self.queue.set(0)
 
     def bind_version(self, version: str) -> None:
         if self.book is not None:
@@ -170,10 +175,9 @@ class ModelMetrics:
 
     # BatchObserver
     def batch_done(self, size: int, seconds: float, outputs: Sequence[object] = ()) -> None:
-        m = self.metrics
-        m.batch_size.labels(self.model).observe(size)
-        m.inference.labels(self.model).observe(seconds)
-        m.images.labels(self.model).inc(size)
+        self.batch_size.observe(size)
+        self.inference.observe(seconds)
+        self.images.inc(size)
         timing = getattr(outputs[0], "batch", None) if outputs else None
         if self.statistics is not None and isinstance(timing, BatchTiming):
             self.statistics.batch_done(size, timing.input_s, timing.infer_s, timing.output_s)
@@ -184,4 +188,4 @@ class ModelMetrics:
         self.metrics.dropped_images.labels(self.model, reason).inc(count)
 
     def queue_depth(self, depth: int) -> None:
-        self.metrics.queue.labels(self.model).set(depth)
+        self.queue.set(depth)

@@ -5,6 +5,10 @@ front-end what it serves (`State`: readiness and the model descriptions) when it
 on every change, and every HEARTBEAT_S. A repository change is answered only once every front-end has
 applied the new state, so afterwards each process answers with the new version.
 
+A front-end sends the calls it has ready as one message (a list), and the replies computed in one go of
+the event loop (a batch's requests finish together) leave as one message per front-end: the link costs a
+message per batch, not per request.
+
 A front-end that dies (its pid watched through a pidfd) has its calls cancelled and its arena unmapped.
 """
 
@@ -61,6 +65,7 @@ class Peer:
     pid: int
     arena: Arena | None
     calls: dict[int, asyncio.Task[None]] = field(default_factory=dict)
+    replies: list[Reply] = field(default_factory=list)  # computed, not yet sent: they leave together
     acked: int = -1
     pidfd: int | None = None
 
@@ -79,6 +84,7 @@ class EngineHost:
         self.state = self.current_state()
         self.acked = asyncio.Event()  # set on each front-end's Ack
         self.tasks: set[asyncio.Task[None]] = set()
+        self.flushing = False  # a send of the waiting replies is scheduled
 
     def current_state(self) -> State:
         e = self.engine
@@ -105,9 +111,28 @@ class EngineHost:
         self.context.term()
 
     def send(self, peer: Peer, message: object) -> None:
-        """`message` to a front-end (dropped when it is gone, as ZeroMQ drops what no peer can take)."""
+        """`message` to a front-end (dropped when it is gone, as ZeroMQ drops what no peer can take), after
+        the replies waiting for it."""
         if self.channel is not None:
+            self.send_replies(peer)
             self.channel.send([peer.identity, dumps(message)])
+
+    def reply(self, peer: Peer, reply: Reply) -> None:
+        """`reply` to a front-end with the others computed in this go of the event loop, as one message."""
+        peer.replies.append(reply)
+        if not self.flushing:
+            self.flushing = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        self.flushing = False
+        for peer in list(self.peers.values()):
+            self.send_replies(peer)
+
+    def send_replies(self, peer: Peer) -> None:
+        if peer.replies and self.channel is not None:
+            replies, peer.replies = peer.replies, []
+            self.channel.send([peer.identity, dumps(replies)])
 
     def broadcast(self) -> State:
         """The current state to every front-end, with a new seq when it changed."""
@@ -132,7 +157,9 @@ class EngineHost:
     def receive(self, frames: list[bytes]) -> None:
         try:
             identity, data = frames
-            self.handle(identity, loads(data))
+            message = loads(data)
+            for one in message if isinstance(message, list) else (message,):  # a front-end's calls, in order
+                self.handle(identity, one)
         except Exception:  # one bad message (or a front-end's arena gone) never stops the engine answering
             log.exception("engine: a message from a front-end could not be handled")
 
@@ -214,7 +241,7 @@ class EngineHost:
             peer.calls.pop(call.id, None)
             detach(token)
         if self.peers.get(peer.identity) is peer:
-            self.send(peer, reply)
+            self.reply(peer, reply)
 
     def answer_if_never_run(self, peer: Peer, call_id: int, task: asyncio.Task[None]) -> None:
         """A call cancelled before its task ran (its Cancel read in the same go) is answered all the same: the
@@ -223,7 +250,7 @@ class EngineHost:
             return  # `infer` answered it
         peer.calls.pop(call_id, None)
         if self.peers.get(peer.identity) is peer:
-            self.send(peer, Reply(call_id, failure=Failure("RequestTimeout", "cancelled")))
+            self.reply(peer, Reply(call_id, failure=Failure("RequestTimeout", "cancelled")))
 
     async def compute(self, peer: Peer, call: InferCall) -> Reply:
         arena = peer.arena
@@ -260,7 +287,7 @@ class EngineHost:
         except Exception as e:
             log.exception("engine: unhandled error in a repository call")
             reply = Reply(call.id, failure=Failure.of(e))
-        self.send(peer, reply)
+        self.reply(peer, reply)
 
     async def applied_everywhere(self, state: State) -> None:
         """Wait (at most ACK_TIMEOUT_S) until every front-end has applied `state`."""

@@ -6,7 +6,9 @@ The front-end answers health, model descriptions and API keys from what it holds
 It decodes and preprocesses a request's images itself, on its own pool, as the model version it asks
 prescribes (`ImagePreparer`), so the engine only batches them; it draws the overlays when the answer is
 back. The files and their pixels go into a region of this process's shared-memory arena and the outputs
-come back in the same region, so the messages carry only offsets. With the response cache on, the files
+come back in the same region, so the messages carry only offsets. The calls made in one go of the event loop
+(and their cancellations) leave together as one message, in order; the engine's replies come back the same
+way. With the response cache on, the files
 go undecoded: the engine decodes only the images its cache lacks.
 
 When the engine process exits (watched through a pidfd, or after ENGINE_SILENT_S without a word from it),
@@ -94,6 +96,7 @@ class RemoteEngine(Front):
         self.heard_at = 0.0
         self.draining = False
         self.pending: dict[int, Pending] = {}
+        self.outbox: list[InferCall | Cancel] = []  # sent together, once per go of the event loop
         self.ids = itertools.count()
         self.engine_pidfd: int | None = None
         self.tasks: list[asyncio.Task[None]] = []
@@ -145,6 +148,9 @@ class RemoteEngine(Front):
             message = loads(data)
             if isinstance(message, State):
                 self.apply(message)
+            elif isinstance(message, list):  # the replies the engine computed in one go
+                for reply in message:
+                    self.answered(reply)
             elif isinstance(message, Reply):
                 self.answered(message)
         except Exception:  # one bad message never leaves this front-end deaf
@@ -153,6 +159,29 @@ class RemoteEngine(Front):
     def send(self, message: object) -> bool:
         """Whether `message` went to the engine (not when no engine is connected, or its queue is full)."""
         return self.channel is not None and self.channel.send([dumps(message)])
+
+    def post(self, message: InferCall | Cancel) -> None:
+        """`message` to the engine with the others posted in this go of the event loop, as one message. Calls
+        the engine cannot be sent fail: NotReady without an engine, Overloaded when ZeroMQ's queue is full."""
+        if not self.outbox:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self.outbox.append(message)
+
+    def flush(self) -> None:
+        messages, self.outbox = self.outbox, []
+        if not messages or self.send(messages):
+            return
+        for message in messages:
+            p = self.pending.get(message.id)
+            if isinstance(message, InferCall) and p is not None and not p.future.done():
+                p.future.set_exception(self.unsent())
+
+    def unsent(self) -> Exception:
+        """Why a call could not be sent."""
+        if self.state is None:
+            return NotReady(ENGINE_GONE)
+        # connected, but ZeroMQ's queue to the engine is full: the engine is not keeping up
+        return Overloaded(f"{ENGINE_BEHIND} ({len(self.pending)} calls under way); retry shortly", 1)
 
     def apply(self, state: State) -> None:
         if self.state is not None and state.incarnation != self.state.incarnation:
@@ -317,18 +346,20 @@ class RemoteEngine(Front):
         pending = Pending(future, region)
         self.pending[message.id] = pending
         try:
-            if not self.send(message):
-                if self.state is None:
-                    raise NotReady(ENGINE_GONE)
-                # connected, but ZeroMQ's queue to the engine is full: the engine is not keeping up
-                raise Overloaded(f"{ENGINE_BEHIND} ({len(self.pending)} calls under way); retry shortly", 1)
+            if isinstance(message, InferCall):
+                self.post(message)
+            elif not self.send(message):
+                raise self.unsent()
             return await asyncio.wait_for(asyncio.shield(future), timeout_s)
         except (asyncio.CancelledError, TimeoutError) as e:
             if future.done() and not future.cancelled() and future.exception() is None:
                 self.release_call(message.id)
             elif message.id in self.pending:
                 pending.abandoned = True
-                self.send(Cancel(message.id, message.incarnation))
+                if isinstance(message, InferCall):
+                    self.post(Cancel(message.id, message.incarnation))
+                else:
+                    self.send(Cancel(message.id, message.incarnation))
             if isinstance(e, TimeoutError):
                 raise RequestTimeout(f"the engine did not answer within {timeout_s:.0f} s") from None
             raise

@@ -228,9 +228,14 @@ class ServedModel:
 async def wait_for_outputs(outputs: asyncio.Future[list[ImageOutput]], deadline: float) -> list[ImageOutput]:
     """All outputs of one request. When one image fails, time runs out or the request is cancelled (the
     client left), its other queued images are dropped: the batcher skips them, never computing them."""
+    timer = asyncio.get_running_loop().call_later(max(0.0, deadline - time.monotonic()), expire, outputs)
     try:
-        return await asyncio.wait_for(outputs, max(0.0, deadline - time.monotonic()))
-    except TimeoutError:
-        raise RequestTimeout(TIMED_OUT) from None
+        return await outputs  # one timer, no waiter future: this runs for every request
     finally:
+        timer.cancel()
         outputs.cancel()  # a no-op once answered
+
+
+def expire(outputs: asyncio.Future[list[ImageOutput]]) -> None:
+    if not outputs.done():
+        outputs.set_exception(RequestTimeout(TIMED_OUT))

@@ -22,7 +22,7 @@ from app.settings import Settings
 from app.telemetry.metrics import Metrics
 from app.workers import remote
 from app.workers.engine_host import EngineHost
-from app.workers.link import Cancel, InferCall, Reply, StoredImage
+from app.workers.link import Cancel, InferCall, Reply, StoredImage, loads
 from app.workers.remote import RemoteEngine
 from app.workers.shared_memory import Arena
 from harness.images import encode
@@ -120,6 +120,45 @@ async def test_pixels_travel_too(make_linked: Callable[..., Awaitable[Linked]]) 
     got = await linked.plane.infer(InferenceRequest(None, pixels, InferOptions()), identity)
     for g, e in zip(got.predictions, expected.predictions, strict=True):
         torch.testing.assert_close(g.probabilities, e.probabilities)
+
+
+async def test_calls_made_together_travel_as_one_message_each_way(
+    make_linked: Callable[..., Awaitable[Linked]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Requests that reach the link in one go of the front-end's event loop leave as one message, and the
+    replies the engine computes in one go come back as one: the link costs a message per batch, not per
+    request. Each request still gets its own answer."""
+    linked: Linked = await make_linked()
+    model = linked.engine.model(None)
+    pixels = torch.stack([model.preparer.prepare(f, keep_image=False).pixels for f in FILES])
+    expected = await linked.engine.infer(InferenceRequest(None, pixels, InferOptions()), identity)
+    to_engine: list[object] = []
+    to_front: list[object] = []
+    assert linked.plane.channel is not None and linked.host.channel is not None
+    for channel, seen in ((linked.plane.channel, to_engine), (linked.host.channel, to_front)):
+        monkeypatch.setattr(channel, "send", spy(channel.send, seen))
+    slow_forward(model, 0.3)  # the first request's batch computes while the others queue: they form one batch
+    requests = [InferenceRequest(None, pixels[i : i + 1], InferOptions()) for i in range(len(FILES))] * 2
+    got = await asyncio.gather(*(linked.plane.infer(r, identity) for r in requests))
+    calls = [m for m in to_engine if isinstance(m, list)]
+    assert [len(m) for m in calls] == [len(requests)]  # made in one go: one message
+    replies = [m for m in to_front if isinstance(m, list)]
+    assert sum(len(m) for m in replies) == len(requests) and len(replies) < len(requests)
+    for i, done in enumerate(got):
+        torch.testing.assert_close(
+            done.predictions[0].probabilities, expected.predictions[i % len(FILES)].probabilities
+        )
+    assert linked.arena.in_use == 0
+
+
+def spy(send: Callable[[list[bytes]], bool], seen: list[object]) -> Callable[[list[bytes]], bool]:
+    """`send`, recording each message it carries (unpickled)."""
+
+    def sending(frames: list[bytes]) -> bool:
+        seen.append(loads(frames[-1]))
+        return send(frames)
+
+    return sending
 
 
 async def test_requests_larger_than_the_arena_go_inline(make_linked: Callable[..., Awaitable[Linked]]) -> None:
