@@ -3,10 +3,12 @@ the settings of FastAPI's own OpenTelemetry instrumentation, which opens each re
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 import re
+import secrets
 import time
-import uuid
 
 from fastapi.telemetry import TelemetryConfig
 from opentelemetry import trace
@@ -34,6 +36,27 @@ ROUTES = frozenset(
     }
 )
 VALID_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+class RequestIds:
+    """Request ids of 32 hex digits, unique across processes and restarts: a random half drawn once per
+    process (a fork draws again), then a count. A uuid4 per request read the system's random source each
+    time, a cost every request paid."""
+
+    def __init__(self) -> None:
+        self.pid = -1
+        self.prefix = ""
+        self.count = itertools.count()
+
+    def next(self) -> str:
+        if self.pid != os.getpid():
+            self.pid = os.getpid()
+            self.prefix = secrets.token_hex(8)
+            self.count = itertools.count()
+        return f"{self.prefix}{next(self.count):016x}"
+
+
+request_ids = RequestIds()
 
 
 V2_MODEL_PATH = re.compile(r"^/v2/models/[^/]+(?:/versions/[^/]+)?(/ready|/infer|/stats)?$")
@@ -87,7 +110,7 @@ class RequestTelemetry:
             await self.app(scope, receive, send)
             return
         incoming = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
-        request_id = incoming if VALID_REQUEST_ID.fullmatch(incoming) else uuid.uuid4().hex
+        request_id = incoming if VALID_REQUEST_ID.fullmatch(incoming) else request_ids.next()
         scope.setdefault("state", {})["request_id"] = request_id
         route = route_label(scope["path"])
         status = 499  # stays so when the client leaves before any response

@@ -4,6 +4,7 @@ import asyncio
 import base64
 import io
 import json
+import os
 import re
 import threading
 from pathlib import Path
@@ -19,6 +20,7 @@ from app.core.engine.engine import Engine
 from app.settings import Settings
 from app.web import uploads
 from app.web.app import create_app
+from app.web.middleware import RequestIds
 from harness.images import encode
 from model.checkpoint import load_checkpoint, save_checkpoint
 from model.shapes import SHAPE_CLASSES, make_sample
@@ -243,6 +245,17 @@ async def test_request_id_is_echoed_or_made(client: httpx.AsyncClient) -> None:
     assert r.headers["x-request-id"] == "abc-123"
     r = await client.get("/health/live", headers={"x-request-id": "bad id with spaces"})
     assert re.fullmatch(r"[0-9a-f]{32}", r.headers["x-request-id"])
+    made = {(await client.get("/health/live")).headers["x-request-id"] for _ in range(20)}
+    assert len(made) == 20 and all(re.fullmatch(r"[0-9a-f]{32}", m) for m in made)
+
+
+def test_made_request_ids_differ_across_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forked front-end draws its own random half: two processes never count the same ids."""
+    ids = RequestIds()
+    first = ids.next()
+    monkeypatch.setattr(os, "getpid", lambda: -2)  # as in a process forked from this one
+    second = ids.next()
+    assert first[:16] != second[:16] and first[16:] == second[16:] == f"{0:016x}"
 
 
 async def test_openapi_documents_the_api(client: httpx.AsyncClient) -> None:
