@@ -474,6 +474,9 @@ def markdown(entries: list[dict[str, Any]]) -> str:
             f"{e['served_img_s']:.0f}",
             f"{e['engine_cpu_us_per_image']:.0f}",
             f"{e['frontend_cpu_us_per_image']:.0f}",
+            f"{e['core_scale_to_h100_host']:.2f}",
+            f"{e['engine_cpu_us_per_image'] * e['core_scale_to_h100_host']:.0f}",
+            f"{e['frontend_cpu_us_per_image'] * e['core_scale_to_h100_host']:.0f}",
             f"{e['supervisor_cpu_us_per_image']:.0f}",
             f"{e['load_generator_cpu_us_per_image']:.0f}",
             f"{e['device_img_s']:.0f}",
@@ -488,6 +491,7 @@ def markdown(entries: list[dict[str, Any]]) -> str:
     ]
     header = [
         *("server", "commit", "model", "route", "workers", "served here img/s", "engine µs/img", "front-ends µs/img"),
+        *("core scale", "engine µs/img, host core", "front-ends µs/img, host core"),
         *("supervisor µs/img", "hey µs/img", "device img/s, CUDA decoder", "device img/s, JPEG engines"),
         *("engine ceiling", "front-end ceiling", "projected img/s, CUDA decoder", "of raw"),
         "projected img/s, JPEG engines",
@@ -495,7 +499,8 @@ def markdown(entries: list[dict[str, Any]]) -> str:
     lines = [
         "# The GPU path's CPU side on the device stand-in",
         "",
-        "`python -m bench.stand_in` (see its docstring). CPU µs per image measured here; ceilings and the",
+        "`python -m bench.stand_in` (see its docstring). CPU µs per image measured here, and in µs of a GPU-host core",
+        "(times the run's core scale: the one-core PIL rate here over the H100 host's); ceilings and the",
         "projection on the H100 host's 16 cores, CPU times scaled by the one-core PIL rate of the same JPEG.",
         "A projection with the device's work replaced by the H100's measured durations, not a GPU measurement.",
         "Two devices side by side. *CUDA decoder*: nvJPEG at its H100 rate (11,296 img/s), at "
@@ -505,7 +510,7 @@ def markdown(entries: list[dict[str, Any]]) -> str:
         "nvImageCodec 0.9 in three runs. Beside a forward that never pauses they decoded 1,000 to 1,300, so this "
         "column is a ceiling (bench/results/gpu-h200-jpeg-engines.md).",
         "",
-        *table(header, rows, "llllr" + "r" * 12),
+        *table(header, rows, "llllr" + "r" * 15),
         "",
     ]
     calibration = [e for e in entries if "h100_measured_img_s" in e]
