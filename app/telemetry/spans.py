@@ -20,11 +20,20 @@ from opentelemetry.trace import Link, SpanContext
 from opentelemetry.util.types import AttributeValue
 
 tracer = trace.get_tracer("vit-serve")
+recording = False  # whether a tracer provider is installed (`app.telemetry.tracing`): none is recorded before
+
+
+def start_recording() -> None:
+    """Spans are recorded from now on: a tracer provider has been installed."""
+    global recording
+    recording = True
 
 
 def current_span_context() -> SpanContext | None:
     """The sampled span under way here, for a batch to link to; None outside any, with tracing off, or
     when sampling left this request out (a batch of such requests makes no span)."""
+    if not recording:
+        return None
     context = trace.get_current_span().get_span_context()
     return context if context.is_valid and context.trace_flags.sampled else None
 
@@ -46,8 +55,9 @@ NO_SPAN = nullcontext()
 
 def sampled(context: otel_context.Context | None = None) -> bool:
     """Whether the span under way here (or `context`'s, local or remote) is sampled: the one test before any
-    of the core's spans is made."""
-    return trace.get_current_span(context).get_span_context().trace_flags.sampled
+    of the core's spans is made; at once False while no tracer provider is installed (it runs several times for
+    every request)."""
+    return recording and trace.get_current_span(context).get_span_context().trace_flags.sampled
 
 
 def wall_ns(monotonic_s: float) -> int:

@@ -20,6 +20,8 @@ from typing import Any
 
 from opentelemetry import trace
 
+from app.telemetry.spans import start_recording
+
 log = logging.getLogger("app")
 DEFAULT_SERVICE_NAME = "vit-serve"
 
@@ -65,6 +67,7 @@ def configure_tracing(env: Mapping[str, str] = os.environ) -> bool:
     provider = TracerProvider(resource=Resource.create(attributes), sampler=BatchesOfSampledRequests(configured))
     provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
+    start_recording()
     log.info("tracing: spans exported over OTLP (%s)", type(exporter).__module__.rsplit(".", 2)[-2])
     return True
 

@@ -293,7 +293,7 @@ def stacked(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
         return None
     if len(present) != len(tensors):
         raise ValueError("some images of a request have this output and some do not")
-    return torch.stack(present)
+    return present[0].unsqueeze(0) if len(present) == 1 else torch.stack(present)  # one image: no copy
 
 
 def read_tensor(arena: Arena | None, stored: Stored) -> torch.Tensor:

@@ -310,8 +310,8 @@ class Engine(Front):
             predictions = await self.run_in_pool(with_overlays, predictions, [p.image for p in prepared])
         if (shadow := self.shadows.get(model.name)) is not None and shadow.pair.fraction > 0:
             self.shadow(shadow, model, inputs, predictions, received - submitted)
-        record_span("queue", submitted, max((o.batch.started for o in outputs if o.batch), default=submitted))
         timing = request_timing(started, submitted, received, time.monotonic(), outputs)
+        record_span("queue", submitted, submitted + timing.queue)
         return Inference(model.description, predictions), timing
 
     def watch(self, model: ServedModel, outputs: list[ImageOutput], scores: list[Any]) -> None:
@@ -510,14 +510,18 @@ def request_timing(
     started: float, submitted: float, received: float, done: float, outputs: list[ImageOutput]
 ) -> RequestTiming:
     """Where a request's time went (app.telemetry.statistics): it waits for the slowest of its batches."""
-    batches = list({id(o.batch): o.batch for o in outputs if o.batch is not None}.values())  # one or a few
+    batches = {id(o.batch): o.batch for o in outputs if o.batch is not None}  # one or a few
     if not batches:
         return RequestTiming(0.0, submitted - started, received - submitted, done - received)
+    began = input_s = infer_s = output_s = 0.0
+    for b in batches.values():
+        began, input_s = max(began, b.started), max(input_s, b.input_s)
+        infer_s, output_s = max(infer_s, b.infer_s), max(output_s, b.output_s)
     return RequestTiming(
-        queue=max(0.0, max(b.started for b in batches) - submitted),
-        compute_input=(submitted - started) + max(b.input_s for b in batches),
-        compute_infer=max(b.infer_s for b in batches),
-        compute_output=max(b.output_s for b in batches) + (done - received),
+        queue=max(0.0, began - submitted),
+        compute_input=(submitted - started) + input_s,
+        compute_infer=infer_s,
+        compute_output=output_s + (done - received),
     )
 
 
