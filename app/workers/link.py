@@ -17,7 +17,7 @@ import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import zmq
@@ -255,6 +255,23 @@ class RegionWriter:
         self.offset = self.arena.write_tensor(self.offset, t)
         return stored
 
+    def rows(self, rows: list[torch.Tensor]) -> Stored:
+        """Tensors of one shape as one (N, ...) block, each written right after the one before (no stack is
+        made: a request's rows are written as they are); stacked inline where they do not fit."""
+        first = rows[0]
+        shape = (len(rows), *first.shape)
+        room = tensor_bytes(shape)
+        if self.arena is None or self.offset + room > self.end or first.dtype != torch.float32:
+            return torch.stack(rows)
+        at = self.offset
+        for row in rows:
+            if row.shape != first.shape or row.dtype != first.dtype:
+                raise ValueError(f"rows of one block differ: {tuple(row.shape)} against {tuple(first.shape)}")
+            at = self.arena.write_values(at, row)
+        stored = (self.offset, shape, "float32")
+        self.offset += room
+        return stored
+
     def data(self, b: bytes) -> StoredBytes:
         if self.arena is None or self.offset + aligned(len(b)) > self.end:
             return b
@@ -264,17 +281,17 @@ class RegionWriter:
 
 
 def store_outputs(predictions: list[Prediction], into: RegionWriter) -> StoredOutputs:
-    """The predictions, each kind stacked into one block, written into the region where they fit, inline
+    """The predictions, each kind as one block of rows, written into the region where they fit, inline
     where they do not."""
-    probabilities = stacked([p.probabilities for p in predictions])
-    maps = stacked([p.attention_map for p in predictions])
-    embeddings = stacked([p.embedding for p in predictions])
+    probabilities = [p.probabilities for p in predictions]
+    maps = every([p.attention_map for p in predictions])
+    embeddings = every([p.embedding for p in predictions])
     overlays = [p.overlay_png for p in predictions]
     return StoredOutputs(
         [p.filename for p in predictions],
-        into.tensor(probabilities if probabilities is not None else torch.empty(0, 0)),
-        None if maps is None else into.tensor(maps),
-        None if embeddings is None else into.tensor(embeddings),
+        into.rows(probabilities) if probabilities else torch.empty(0, 0),
+        None if maps is None else into.rows(maps),
+        None if embeddings is None else into.rows(embeddings),
         None if all(o is None for o in overlays) else [into.data(o or b"") for o in overlays],
         present([p.ood_score for p in predictions]),
         present([p.ood for p in predictions]),
@@ -286,14 +303,13 @@ def present(values: list[Any]) -> list[Any] | None:
     return None if all(v is None for v in values) else values
 
 
-def stacked(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
-    """One block of a request's tensors of one kind; None when no image has one."""
-    present = [t for t in tensors if t is not None]
-    if not present:
+def every(tensors: list[torch.Tensor | None]) -> list[torch.Tensor] | None:
+    """A request's tensors of one kind, one per image; None when no image has one."""
+    if all(t is None for t in tensors):
         return None
-    if len(present) != len(tensors):
+    if any(t is None for t in tensors):
         raise ValueError("some images of a request have this output and some do not")
-    return present[0].unsqueeze(0) if len(present) == 1 else torch.stack(present)  # one image: no copy
+    return cast("list[torch.Tensor]", tensors)
 
 
 def read_tensor(arena: Arena | None, stored: Stored) -> torch.Tensor:

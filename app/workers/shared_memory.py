@@ -117,6 +117,18 @@ class Arena:
             return offset
         return self.write(offset, values.tobytes() if not values.flags.c_contiguous else values.data.cast("B"))
 
+    def write_values(self, offset: int, tensor: torch.Tensor) -> int:
+        """A CPU tensor's values at `offset`, row-major; the offset right after them (not aligned: the next
+        row of a block follows at once)."""
+        values = (tensor.detach() if tensor.requires_grad else tensor).numpy()
+        if values.size == 0:
+            return offset
+        if not values.flags.c_contiguous:
+            values = np.ascontiguousarray(values)
+        end = offset + values.nbytes
+        self.view[offset:end] = values.data.cast("B")
+        return end
+
     def read_tensor(self, offset: int, shape: tuple[int, ...], dtype: str) -> torch.Tensor:
         """A copy of the tensor `write_tensor` put at `offset`."""
         count = math.prod(shape)
