@@ -40,7 +40,7 @@ from app.core.front import Front
 from app.core.images.overlay import with_overlays
 from app.settings import HubName, Settings, parse_thresholds
 from app.telemetry.metrics import Metrics, ModelMetrics
-from app.telemetry.spans import child_span, record_span
+from app.telemetry.spans import child_span, record_span, sampled
 from app.telemetry.statistics import ModelStatistics, RequestTiming, StatisticsBook
 from model.device import cuda_unavailable_reason, resolve_device
 
@@ -238,13 +238,15 @@ class Engine(Front):
         model = self.model_set.current(model)  # no await from here until the batcher has admitted the request
         stats = self.book.of(model.name, model.version)
         started = time.monotonic() - decoded_before(inputs)
-        attributes: dict[str, AttributeValue] = {
-            "vit.model.name": model.name,
-            "vit.model.version": model.version,
-            "vit.backend": model.description.backend,
-            "vit.device": model.description.device,
-            "vit.images": len(inputs),
-        }
+        attributes: dict[str, AttributeValue] | None = None
+        if sampled():  # made for a span alone: this runs for every request
+            attributes = {
+                "vit.model.name": model.name,
+                "vit.model.version": model.version,
+                "vit.backend": model.description.backend,
+                "vit.device": model.description.device,
+                "vit.images": len(inputs),
+            }
         try:
             with child_span("infer", attributes):
                 done, timing = await self.predicted(model, inputs, options, timeout_s, started)

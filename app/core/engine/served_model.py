@@ -31,7 +31,7 @@ from app.core.images.gpu_decode import GpuJpegDecoder, Jpeg, jpeg_decoder_for
 from app.core.images.prepare import ImagePreparer, Prepared
 from app.settings import Settings
 from app.telemetry.metrics import ModelMetrics
-from app.telemetry.spans import record_span
+from app.telemetry.spans import record_span, sampled
 from model.checkpoint import Checkpoint, load_checkpoint
 
 log = logging.getLogger("app")
@@ -193,7 +193,8 @@ class ServedModel:
         Also when they entered the batcher (time.monotonic())."""
         asked = time.monotonic()
         with self.batcher.admit(len(images)) as admission:  # refused here, before any CPU is spent on decoding
-            record_span("admission", asked, time.monotonic(), {"vit.images": len(images)})
+            if sampled():
+                record_span("admission", asked, time.monotonic(), {"vit.images": len(images)})
             prepared = await self.prepare_all(images, keep_images, pool)
             outputs = admission.submit([wanted.input(p.pixels) for p in prepared], deadline)
             submitted = time.monotonic()
