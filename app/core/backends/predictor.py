@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -44,6 +43,10 @@ class ImageOutput:
     attention_map: Tensor | None  # (grid, grid) in [0, 1], when asked for
     embedding: Tensor | None = None  # (dim,) float32 on the CPU, when asked for
     batch: BatchTiming | None = None  # the forward pass that computed it
+
+
+# One image's (probabilities, map, embedding), before its batch's timing is known.
+Parts = tuple[Tensor, Tensor | None, Tensor | None]
 
 
 def resolve_backend(asked: BackendChoice, device: torch.device) -> Backend:
@@ -182,7 +185,7 @@ class Predictor:
         """The forward pass (and the maps) of a batch whose inputs are on the device."""
         by_gradient = [i for i, item in enumerate(batch) if item.attention == GRADIENT]
         others = [i for i in range(len(batch)) if batch[i].attention != GRADIENT]
-        outputs: dict[int, ImageOutput] = {}
+        outputs: dict[int, Parts] = {}
         if others:
             outputs |= self.forward_weights(x[others] if by_gradient else x, [batch[i] for i in others], others)
         if by_gradient:  # class-specific maps need a backward pass: their own forward, with gradients
@@ -192,13 +195,13 @@ class Predictor:
             logits, maps = gradient_attention_map(recording, x[by_gradient], chosen)
             probabilities = logits.float().softmax(dim=-1).cpu()
             embeddings = embeddings_asked(recording.embedding, [batch[i] for i in by_gradient])
-            for j, i in enumerate(by_gradient):
-                outputs[i] = ImageOutput(probabilities[j], maps[j].float().cpu(), embeddings.get(j))
+            for j, (i, row, m) in enumerate(zip(by_gradient, probabilities.unbind(), maps.float().cpu(), strict=True)):
+                outputs[i] = (row, m, embeddings.get(j))
         inferred = time.monotonic()
         ordered = [outputs[i] for i in range(len(batch))]
         done = time.monotonic()
         timing = BatchTiming(len(batch), started, inputs_done - started, inferred - inputs_done, done - inferred)
-        return [dataclasses.replace(o, batch=timing) for o in ordered]
+        return [ImageOutput(row, m, embedding, timing) for row, m, embedding in ordered]
 
     def inputs(self, batch: list[ImageInput]) -> Tensor:
         """The batch as one tensor on the device: CPU pixels copied over, JPEGs decoded there."""
@@ -220,7 +223,7 @@ class Predictor:
         return x.to(self.device, self.dtype, non_blocking=True)
 
     @torch.inference_mode()
-    def forward_weights(self, x: Tensor, items: list[ImageInput], index: list[int]) -> dict[int, ImageOutput]:
+    def forward_weights(self, x: Tensor, items: list[ImageInput], index: list[int]) -> dict[int, Parts]:
         """Probabilities, and rollout/last maps and embeddings for the items asking: one pass for all of them."""
         wanted = [j for j, item in enumerate(items) if item.attention != "none"]
         maps: dict[int, Tensor] = {}
@@ -236,7 +239,8 @@ class Predictor:
             logits, embedding = self.forward_plain(x)
         probabilities = logits.float().softmax(dim=-1).cpu()  # (B, num_classes)
         embeddings = embeddings_asked(embedding, items)
-        return {i: ImageOutput(probabilities[j], maps.get(j), embeddings.get(j)) for j, i in enumerate(index)}
+        per_image = probabilities.unbind()  # one call for every row, not an indexing per image
+        return {i: (per_image[j], maps.get(j), embeddings.get(j)) for j, i in enumerate(index)}
 
     def targets(self, x: Tensor, targets: list[int | None]) -> Tensor:
         """The asked-for class per image; the top-1 class where none was asked for."""
