@@ -141,6 +141,11 @@ class DynamicBatcher(Generic[In, Out]):
         """Until nothing is queued, arriving or computing (at once when that is so now)."""
         await self._idle.wait()
 
+    async def settled(self) -> None:
+        """Until the batches under way now have finished, their retries included (at once when none is)."""
+        if self._running:
+            await asyncio.wait(list(self._running))
+
     def start(self) -> None:
         self._accepting = True
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="dynamic-batcher")

@@ -32,6 +32,7 @@ from app.core.contract.data_plane import Inference
 from app.core.contract.errors import ServiceError
 from app.core.contract.request import DecodedImage, EncodedImage
 from app.core.engine.engine import Engine
+from app.core.engine.served_model import ServedModel
 from app.telemetry.spans import attach, detach
 from app.workers.link import (
     HEARTBEAT_S,
@@ -50,6 +51,7 @@ from app.workers.link import (
     load_images,
     loads,
     store_outputs,
+    viewed,
 )
 from app.workers.shared_memory import Arena
 
@@ -263,7 +265,12 @@ class EngineHost:
                 call.pixels if isinstance(call.pixels, torch.Tensor) else arena.read_tensor(*call.pixels)  # type: ignore[union-attr]
             )
         model = self.engine.model(call.model, call.version)
-        done: Inference = await self.engine.run(model, inputs, call.options, call.timeout_s)
+        try:
+            done: Inference = await self.engine.run(model, inputs, call.options, call.timeout_s)
+        except BaseException:  # cancelled, timed out or failed: its files may still be in a batch under way
+            if viewed(call.images):  # the front-end reuses the region once answered: not before that batch ends
+                await settled(model)
+            raise
         outputs = store_outputs(done.predictions, RegionWriter(arena, call.region))
         # the description (20 KB pickled with 1,000 class names) only where the front-end lacks it
         return Reply(call.id, None if done.model.version == call.described else done.model, outputs)
@@ -299,6 +306,15 @@ class EngineHost:
                 return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.acked.wait(), remaining)
+
+
+async def settled(model: ServedModel) -> None:
+    """Until the batches under way now, of `model` and of the versions that replaced it, have finished."""
+    while True:
+        await model.batcher.settled()
+        if model.successor is None:
+            return
+        model = model.successor
 
 
 async def close_after(calls: list[asyncio.Task[None]], arena: Arena) -> None:

@@ -272,9 +272,9 @@ class RegionWriter:
         self.offset += room
         return stored
 
-    def data(self, b: bytes) -> StoredBytes:
+    def data(self, b: bytes | memoryview) -> StoredBytes:
         if self.arena is None or self.offset + aligned(len(b)) > self.end:
-            return b
+            return bytes(b)  # inline: pickled with the message
         stored = (self.offset, len(b))
         self.offset = self.arena.write(self.offset, b)
         return stored
@@ -320,6 +320,18 @@ def read_tensor(arena: Arena | None, stored: Stored) -> torch.Tensor:
     return arena.read_tensor(offset, shape, dtype)
 
 
+def view_bytes(arena: Arena | None, stored: StoredBytes) -> bytes | memoryview:
+    if isinstance(stored, bytes):
+        return stored
+    assert arena is not None
+    return arena.view_of(*stored)
+
+
+def viewed(stored: list[StoredImage] | None) -> bool:
+    """Whether `load_images` leaves some of these files in the arena."""
+    return stored is not None and any(s.version is not None and not isinstance(s.data, bytes) for s in stored)
+
+
 def read_bytes(arena: Arena | None, stored: StoredBytes) -> bytes:
     if isinstance(stored, bytes):
         return stored
@@ -350,13 +362,15 @@ def input_bytes(images: Sequence[EncodedImage | DecodedImage]) -> int:
 
 
 def load_images(stored: list[StoredImage], arena: Arena | None) -> list[EncodedImage | DecodedImage]:
-    """The files of a call, and the pixels the front-end decoded, copied out of the arena."""
+    """The files of a call, and the pixels the front-end decoded. The files the front-end prepared stay in the
+    arena, as views (`viewed`): the engine answers such a call only once no batch can still read them. The
+    files the engine decodes, and the pixels, are copied out."""
     return [
         EncodedImage(s.filename, read_bytes(arena, s.data))
         if s.version is None
         else DecodedImage(
             s.filename,
-            read_bytes(arena, s.data),
+            view_bytes(arena, s.data),
             s.version,
             None if s.pixels is None else read_tensor(arena, s.pixels),
             s.decode_s,

@@ -11,6 +11,7 @@ is an error then, not a crash when a page is first touched.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import math
 import mmap
 import os
@@ -68,7 +69,10 @@ class Arena:
 
     def close(self) -> None:
         self.view.release()
-        self.map.close()
+        with contextlib.suppress(
+            BufferError
+        ):  # views of it still held (a batch under way): unmapped when the last goes
+            self.map.close()
 
     def unlink(self) -> None:
         self.close()
@@ -109,6 +113,10 @@ class Arena:
 
     def read(self, offset: int, length: int) -> bytes:
         return bytes(self.view[offset : offset + length])
+
+    def view_of(self, offset: int, length: int) -> memoryview:
+        """The bytes at `offset`, not copied: valid while the region holding them is."""
+        return self.view[offset : offset + length]
 
     def write_tensor(self, offset: int, tensor: torch.Tensor) -> int:
         """A CPU tensor's values at `offset`, row-major; the offset after them, aligned."""

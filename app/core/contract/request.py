@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -29,7 +30,9 @@ class DecodedImage:
     reload it decodes `data` again for the version then serving."""
 
     filename: str
-    data: bytes  # the file as sent
+    # The file as sent. In the engine process, a view of the front-end's shared memory, valid until the call
+    # is answered: what keeps it past that copies it (`owned`).
+    data: bytes | memoryview
     version: str  # the model version it was prepared for
     pixels: Tensor | None  # (C, H, W) float32; None: a plain JPEG, checked, that the GPU decodes with its batch
     decode_s: float  # the time it took, counted in the model's compute_input statistics
@@ -68,3 +71,10 @@ class Prediction:
     embedding: Tensor | None = None  # (dim,) float32 on the CPU, when asked for
     ood_score: float | None = None  # distance from the reference data (higher: further), when asked for
     ood: bool | None = None  # the score above the model's threshold, where one is set
+
+
+def owned(image: EncodedImage | DecodedImage) -> EncodedImage | DecodedImage:
+    """`image` with its own copy of the file where it holds a view of memory another process reuses."""
+    if isinstance(image, DecodedImage) and isinstance(image.data, memoryview):
+        return dataclasses.replace(image, data=bytes(image.data))
+    return image

@@ -29,7 +29,7 @@ from app.core.backends.predictor import ImageOutput
 from app.core.contract.data_plane import Inference, InferenceRequest
 from app.core.contract.description import ModelDescription, ModelStatus, ShadowReport, canonical_version
 from app.core.contract.errors import NOT_READY, InvalidInput, ModelNotFound, NotReady
-from app.core.contract.request import DecodedImage, EncodedImage, InferOptions, Prediction
+from app.core.contract.request import DecodedImage, EncodedImage, InferOptions, Prediction, owned
 from app.core.engine.cache import PredictionCache, digest_images, digest_pixels
 from app.core.engine.drift import DriftWindow
 from app.core.engine.model_set import ModelSet
@@ -349,7 +349,10 @@ class Engine(Front):
             shadow.shed(len(picked))  # pixels preprocessed for the champion do not fit the challenger
             return
         mine = torch.stack([predictions[i].probabilities for i in picked])
-        shadow.put(pick(inputs, picked), mine, champion_s)
+        picked_inputs = pick(inputs, picked)  # computed after this request is answered: owned copies
+        if not isinstance(picked_inputs, torch.Tensor):
+            picked_inputs = [owned(i) for i in picked_inputs]
+        shadow.put(picked_inputs, mine, champion_s)
         if shadow.pair.champion not in self.shadow_pumps:
             task = asyncio.create_task(self.pump(shadow), name=f"shadow-{shadow.pair.champion}")
             self.shadow_pumps[shadow.pair.champion] = task

@@ -26,7 +26,7 @@ from app.core.backends.predictor import ImageInput, ImageOutput, Predictor, grap
 from app.core.batcher import DynamicBatcher
 from app.core.contract.description import ModelDescription, numeric_version
 from app.core.contract.errors import TIMED_OUT, RequestTimeout
-from app.core.contract.request import AttentionKind, DecodedImage, EncodedImage
+from app.core.contract.request import AttentionKind, DecodedImage, EncodedImage, owned
 from app.core.images.gpu_decode import GpuJpegDecoder, Jpeg, jpeg_decoder_for
 from app.core.images.prepare import ImagePreparer, Prepared
 from app.settings import Settings
@@ -72,7 +72,7 @@ class ServedModel:
             on_cpu = ImagePreparer(p, settings.max_image_pixels, settings.jpeg_draft, gpu_jpegs=False)
 
             def decode_on_cpu(jpeg: Jpeg) -> torch.Tensor:  # what the GPU rejects: PIL's pixels, or PIL's error
-                return cast("torch.Tensor", on_cpu.prepare(EncodedImage(jpeg.filename, jpeg.data), False).pixels)
+                return cast("torch.Tensor", on_cpu.prepare(EncodedImage(jpeg.filename, bytes(jpeg.data)), False).pixels)
 
             jpeg_decoder = GpuJpegDecoder(p, device, decode_on_cpu, jpeg_decoder_for(settings.decode, device))
         graphs = graph_sizes(settings.max_batch_size) if settings.cuda_graphs else None
@@ -214,8 +214,8 @@ class ServedModel:
                         prepared[k] = Prepared(i.filename, None, i.pixels)
                     elif decodes:
                         prepared[k] = Prepared(i.filename, None, Jpeg(i.data, i.filename))
-        if todo := [k for k, p in enumerate(prepared) if p is None]:
-            done = await self.preparer.prepare_all([images[k] for k in todo], keep_images, pool)
+        if todo := [k for k, p in enumerate(prepared) if p is None]:  # decoded on the pool: owned copies
+            done = await self.preparer.prepare_all([owned(images[k]) for k in todo], keep_images, pool)
             for k, p in zip(todo, done, strict=True):
                 prepared[k] = p
         return [p for p in prepared if p is not None]

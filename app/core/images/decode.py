@@ -39,7 +39,7 @@ def decode_image(
     return load_image(open_image(data, filename, max_pixels), filename, channels, draft_to)
 
 
-def open_image(data: bytes, filename: str, max_pixels: int) -> Image.Image:
+def open_image(data: bytes | memoryview, filename: str, max_pixels: int) -> Image.Image:
     """The image's header, read and checked (format, pixel count); no pixel data is decoded yet."""
     if not data:
         raise InvalidInput(f"{filename}: the file is empty; send the image bytes")

@@ -45,15 +45,15 @@ JPEG_END = b"\xff\xd9"
 class Jpeg:
     """A JPEG file whose header passed the checks, to be decoded on the GPU with its batch."""
 
-    data: bytes
+    data: bytes | memoryview  # in the engine process, a view of a front-end's shared memory
     filename: str
 
 
-def gpu_decodable(header: Image.Image, data: bytes) -> bool:
+def gpu_decodable(header: Image.Image, data: bytes | memoryview) -> bool:
     """A JPEG nvJPEG decodes as PIL would: baseline, RGB or grayscale, no EXIF rotation, not cut short."""
     if header.format != "JPEG" or header.mode not in ("RGB", "L") or header.info.get("progressive"):
         return False
-    if not data.rstrip(b"\x00").endswith(JPEG_END):  # a truncated file goes to PIL, which says so
+    if not bytes(data).rstrip(b"\x00").endswith(JPEG_END):  # a truncated file goes to PIL, which says so
         return False
     return header.getexif().get(EXIF_ORIENTATION, 1) == 1
 
@@ -71,7 +71,7 @@ class JpegDecode(Protocol):
 
     name: str
 
-    def __call__(self, files: Sequence[bytes]) -> list[Tensor | None]: ...
+    def __call__(self, files: Sequence[bytes | memoryview]) -> list[Tensor | None]: ...
 
 
 class TorchvisionJpeg:
@@ -85,8 +85,8 @@ class TorchvisionJpeg:
 
         self.decode_jpeg = functools.partial(decode_jpeg, mode=ImageReadMode.RGB, device=device)
 
-    def __call__(self, files: Sequence[bytes]) -> list[Tensor | None]:
-        data = [torch.frombuffer(bytearray(f), dtype=torch.uint8) for f in files]
+    def __call__(self, files: Sequence[bytes | memoryview]) -> list[Tensor | None]:
+        data = [torch.frombuffer(writable(f), dtype=torch.uint8) for f in files]
         with warnings.catch_warnings():
             # torchvision 0.29 announces that its image codecs will move to TorchCodec; they still work
             warnings.filterwarnings("ignore", category=DeprecationWarning, module="torchvision")
@@ -121,12 +121,18 @@ class NvImageCodecJpeg:
         self.name = "the JPEG engines, then the CUDA decoder" if self.engines else "the CUDA decoder"
         self.name += " (nvImageCodec)"
 
-    def __call__(self, files: Sequence[bytes]) -> list[Tensor | None]:
+    def __call__(self, files: Sequence[bytes | memoryview]) -> list[Tensor | None]:
         stream = torch.cuda.current_stream(self.device)
-        streams = [self.nvimgcodec.CodeStream(f) for f in files]
+        streams = [self.nvimgcodec.CodeStream(bytes(f)) for f in files]
         images = self.decoder.decode(streams, params=self.params, cuda_stream=stream.cuda_stream)
         # (H, W, C) -> (3, H, W): a grayscale file's one channel repeated, as torchvision's RGB mode gives it
         return [None if i is None else torch.from_dlpack(i).permute(2, 0, 1).expand(3, -1, -1) for i in images]
+
+
+def writable(file: bytes | memoryview) -> bytearray | memoryview:
+    """A buffer torch takes without a copy of its own: a writable view as it is (the arena's), else a copy
+    (torch.frombuffer warns on read-only memory such as bytes)."""
+    return file if isinstance(file, memoryview) and not file.readonly else bytearray(file)
 
 
 def has_jpeg_engines(nvimgcodec: Any, device: torch.device) -> bool:

@@ -6,10 +6,13 @@ engine turning the front-end unready."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -184,6 +187,34 @@ async def test_a_cancelled_call_holds_its_region_until_the_engine_answers(
     assert linked.arena.in_use > 0  # the engine may still write its outputs there
     await until(lambda: linked.arena.in_use == 0, timeout=10)
     assert linked.plane.pending == {}
+
+
+async def test_a_call_cancelled_while_its_batch_computes_is_answered_once_the_batch_has_ended(
+    make_linked: Callable[..., Awaitable[Linked]],
+) -> None:
+    """The engine batches the files a front-end prepared as views of its arena, not copies: so a call cancelled
+    while its images are in a batch under way is answered, and its region given back for reuse, only once
+    that batch has ended."""
+    linked: Linked = await make_linked()
+    model = linked.engine.model(None)
+    original = model.batcher.run_batch
+    under_way, ended = threading.Event(), threading.Event()
+
+    def slow(batch: list[Any]) -> Any:
+        under_way.set()
+        time.sleep(0.5)
+        outputs = original(batch)
+        ended.set()
+        return outputs
+
+    model.batcher.run_batch = slow
+    call = asyncio.create_task(linked.plane.infer(InferenceRequest(None, FILES, InferOptions()), identity))
+    await until(under_way.is_set)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    await until(lambda: linked.arena.in_use == 0, timeout=10)
+    assert ended.is_set()  # the region came back only after the batch reading it ended
 
 
 async def test_a_call_cancelled_before_the_engine_ran_it_is_answered_all_the_same(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.core.contract.errors import InvalidInput
-from app.core.contract.request import ATTENTION_KINDS, InferOptions
+from app.core.contract.request import ATTENTION_KINDS, DecodedImage, EncodedImage, InferOptions, owned
 
 
 def test_the_attention_kinds() -> None:
@@ -31,3 +31,15 @@ def test_invalid_combinations_are_refused(options: dict[str, object], message: s
 def test_valid_combinations() -> None:
     assert InferOptions("gradient", "star").target == "star"
     assert InferOptions("last", overlay=True).overlay
+
+
+def test_an_image_viewing_shared_memory_is_owned_by_a_copy() -> None:
+    """What outlives a call (shadow work, decoding on the pool) takes its own copy of a file the engine
+    holds as a view of a front-end's memory, which the front-end reuses once the call is answered."""
+    memory = bytearray(b"\xff\xd8 a jpeg \xff\xd9")
+    viewing = DecodedImage("x.jpg", memoryview(memory), "1", None, 0.0)
+    copy = owned(viewing)
+    memory[:] = bytes(len(memory))  # the front-end reuses its region
+    assert isinstance(copy.data, bytes) and copy.data == b"\xff\xd8 a jpeg \xff\xd9"
+    plain = EncodedImage("y.png", b"png")
+    assert owned(plain) is plain
