@@ -87,6 +87,13 @@ class ModelInfo(BaseModel):
     )
     embedding_dim: int = Field(description="Length of an image's embedding (embedding=true)", examples=[192])
     reference: bool = Field(description="Whether the checkpoint has reference statistics, so ood=true scores images")
+    ood_p99: float | None = Field(
+        None,
+        description="The out-of-distribution score that 99 in 100 images like the model's own data stay at or below "
+        "(each scored by statistics fitted without it); above it, an image is unlike what the model knows. "
+        "Absent for statistics made before it was kept",
+        examples=[21.3],
+    )
     decode: DecodedOn = Field(
         description="Where plain JPEGs are decoded: gpu (nvJPEG, a batch at a time; VIT_DECODE=auto on a GPU) or cpu",
         examples=["cpu"],
@@ -147,6 +154,7 @@ def model_info(model: ModelDescription) -> ModelInfo:
         quantization=model.quantization,
         embedding_dim=model.embedding_dim,
         reference=model.reference,
+        ood_p99=model.ood_p99,
         decode=model.decode,
     )
 

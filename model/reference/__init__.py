@@ -18,6 +18,7 @@ command, which reads and writes checkpoints, lives apart.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -25,6 +26,7 @@ import torch
 from torch import Tensor
 
 RIDGE = 1e-3  # added to the covariance, times its mean variance: a well-conditioned inverse with few images
+FOLDS = 5  # the held-out scores: each fifth of the images scored by statistics fitted on the other four
 PREFIX = "reference."
 
 
@@ -36,6 +38,9 @@ class Reference:
     precision: Tensor  # (D, D) float32: the inverse of the shared covariance
     prior: Tensor  # (C,) float32: each class's share of the images
     images: int  # how many images the statistics came from
+    # The score 99 in 100 in-distribution images stay at or below, each scored by statistics fitted without
+    # it (5 folds); None for statistics of fewer than FOLDS * 2 images, or saved before this was kept.
+    held_out_p99: float | None = None
     _terms: dict[torch.device, tuple[Tensor, Tensor, Tensor]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -68,26 +73,50 @@ class Reference:
         return cached
 
     def tensors(self) -> dict[str, Tensor]:
-        return {
+        out = {
             PREFIX + "means": self.means.contiguous(),
             PREFIX + "precision": self.precision.contiguous(),
             PREFIX + "prior": self.prior.contiguous(),
             PREFIX + "images": torch.tensor([self.images], dtype=torch.int64),
         }
+        if self.held_out_p99 is not None:
+            out[PREFIX + "held_out_p99"] = torch.tensor([self.held_out_p99], dtype=torch.float32)
+        return out
 
     @classmethod
     def from_tensors(cls, tensors: dict[str, Tensor]) -> Reference:
+        p99 = tensors.get(PREFIX + "held_out_p99")
         return cls(
             tensors[PREFIX + "means"].float(),
             tensors[PREFIX + "precision"].float(),
             tensors[PREFIX + "prior"].float(),
             int(tensors[PREFIX + "images"][0]),
+            None if p99 is None else float(p99[0]),
         )
 
 
 def fit(embeddings: Tensor, labels: Tensor, num_classes: int, ridge: float = RIDGE) -> Reference:
     """Class means and the inverse of the covariance the classes share (each embedding about its own class mean),
-    in float64, with a ridge of `ridge` times the mean variance so that the inverse exists."""
+    in float64, with a ridge of `ridge` times the mean variance so that the inverse exists; and the 99th
+    percentile of the images' held-out scores (`held_out_p99`)."""
+    fitted = fit_once(embeddings, labels, num_classes, ridge)
+    n = embeddings.shape[0]
+    if n < FOLDS * 2:
+        return fitted
+    fold = torch.arange(n) % FOLDS
+    held_out = torch.cat(
+        [
+            fit_once(embeddings[fold != k], labels[fold != k], num_classes, ridge).scores(embeddings[fold == k])
+            for k in range(FOLDS)
+        ]
+    )
+    held_out = held_out[held_out.isfinite()]  # an image of a class its fold's statistics never saw has no score
+    if held_out.numel() == 0:
+        return fitted
+    return dataclasses.replace(fitted, held_out_p99=float(held_out.quantile(0.99)))
+
+
+def fit_once(embeddings: Tensor, labels: Tensor, num_classes: int, ridge: float) -> Reference:
     if embeddings.shape[0] < 2:
         raise ValueError(f"reference statistics need at least 2 images, got {embeddings.shape[0]}")
     z, y = embeddings.double(), labels.long()

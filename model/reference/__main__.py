@@ -94,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     seen = int((reference.prior > 0).sum())
     print(f"reference statistics from {described}: {seen} of {ckpt.config.num_classes} classes seen")
     print(f"in-distribution scores: median {scores.median():.2f}, 95th percentile {scores.quantile(0.95):.2f}")
+    if reference.held_out_p99 is not None:
+        print(f"held out (5 folds), 99 in 100 score at most {reference.held_out_p99:.2f}: the page's verdict")
     print(f"wrote {out} ({ckpt.identity}: unchanged)")
     return 0
 

@@ -87,6 +87,8 @@ def test_predict_scores_noise_far_above_shapes_and_flags_it(server: Server) -> N
     assert both["ood_score"] == pytest.approx(scores[0], rel=1e-5) and len(both["embedding"]) == 128
     info = httpx.get(f"{server.url}/v1/models", timeout=10).json()["models"]
     assert [m["reference"] for m in info] == [True, False]
+    p99 = info[0]["ood_p99"]  # the bundled statistics keep it; a model without statistics has none
+    assert info[1]["ood_p99"] is None and max(scores[:4]) < p99 < max(scores[4:])
 
 
 def test_tritonclient_http_and_grpc_give_the_same_scores(server: Server) -> None:

@@ -17,7 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from PIL import Image
 from selenium import webdriver
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
@@ -153,6 +155,45 @@ def test_star_shows_its_class_and_overlay_with_no_outside_request(
     assert requested_hosts(browser) == {f"127.0.0.1:{service.port}"}
 
 
+def camera_png() -> bytes:
+    """scikit-image's cameraman: a photograph, nothing like a shape."""
+    from skimage import data
+
+    return encode(Image.fromarray(data.camera()))
+
+
+@pytest.mark.browser
+def test_the_page_says_whether_an_image_looks_like_what_the_model_knows(
+    browser: webdriver.Chrome, service: Server, tmp_path: Path
+) -> None:
+    """For a model with reference statistics the page asks for the out-of-distribution score and says, beside
+    the classes, whether the image looks like the model's own: against the score 99 in 100 of its held-out
+    images stay under (the model's ood_p99)."""
+    open_page(browser, service)
+    p99 = httpx.get(f"{service.url}/v1/models", timeout=10).json()["models"][0]["ood_p99"]
+    upload(browser, tmp_path, {"star.png": held_out("star"), "camera.png": camera_png()})
+    star = result(browser, "star.png").find_element(By.CSS_SELECTOR, ".verdict")
+    assert star.is_displayed() and "unlike" not in star.get_attribute("class")
+    assert star.text.startswith("Looks like the images this model knows (score ")
+    assert f"99 in 100 of its own images score at most {p99:.1f})" in star.text
+    camera = result(browser, "camera.png").find_element(By.CSS_SELECTOR, ".verdict")
+    assert camera.is_displayed() and "unlike" in camera.get_attribute("class")
+    assert camera.text.startswith("Unlike the images this model knows (score ")
+    score = float(camera.text.split("score ")[1].split(";")[0])
+    assert score > p99
+
+
+@pytest.mark.browser
+def test_the_verdict_follows_the_services_threshold(browser: webdriver.Chrome, tmp_path: Path) -> None:
+    """Where VIT_OOD_THRESHOLD sets a threshold, the service's flag decides: a held-out star is unlike at 1."""
+    with Server(BUNDLED_WEIGHTS, VIT_OOD_THRESHOLD="vit-shapes=1") as server:
+        open_page(browser, server)
+        upload(browser, tmp_path, {"star.png": held_out("star")})
+        verdict = result(browser, "star.png").find_element(By.CSS_SELECTOR, ".verdict").text
+        assert verdict.startswith("Unlike the images this model knows (score ")
+        assert "judged by this service's threshold" in verdict
+
+
 @pytest.mark.browser
 def test_a_text_file_shows_the_api_error(browser: webdriver.Chrome, service: Server, tmp_path: Path) -> None:
     open_page(browser, service)
@@ -256,6 +297,7 @@ def test_model_picker_sends_images_to_the_chosen_model(
         upload(browser, tmp_path, {"star.png": held_out("star")})
         item = result(browser, "star.png · tiny")
         assert item.find_element(By.CSS_SELECTOR, ".overlay-caption").text == "rollout map · 4 × 4 grid"  # tiny's grid
+        assert not item.find_element(By.CSS_SELECTOR, ".verdict").is_displayed()  # no reference statistics
 
 
 @pytest.mark.browser

@@ -43,6 +43,26 @@ def test_the_score_is_the_mahalanobis_distance_to_the_nearest_class_mean() -> No
     assert float(far) > float(reference.scores(means[:1].float()))  # further from the data: higher
 
 
+def test_the_held_out_99th_percentile_is_each_image_scored_by_statistics_fitted_without_it() -> None:
+    """`held_out_p99`: five folds, each scored by statistics fitted on the other four; the 99th percentile of
+    those scores. Fewer than ten images keep none."""
+    g = torch.Generator().manual_seed(1)
+    labels = torch.arange(500) % 4
+    embeddings = torch.randn(500, 6, generator=g) + labels[:, None] * 3.0
+    reference = fit(embeddings, labels, num_classes=4)
+    fold = torch.arange(500) % 5
+    held_out = torch.cat(
+        [fit(embeddings[fold != k], labels[fold != k], 4).scores(embeddings[fold == k]) for k in range(5)]
+    )
+    assert reference.held_out_p99 == pytest.approx(float(held_out.quantile(0.99)), rel=1e-5)
+    assert reference.held_out_p99 > float(reference.scores(embeddings).quantile(0.99))  # unseen images score higher
+    assert fit(embeddings[:9], labels[:9], num_classes=4).held_out_p99 is None
+    again = Reference.from_tensors(reference.tensors())
+    assert again.held_out_p99 == pytest.approx(reference.held_out_p99)
+    older = {k: v for k, v in reference.tensors().items() if not k.endswith("held_out_p99")}
+    assert Reference.from_tensors(older).held_out_p99 is None  # statistics saved before it was kept
+
+
 def test_reference_statistics_travel_in_the_checkpoint_and_keep_its_version(tmp_path: Path) -> None:
     model = tiny_model()
     plain, with_reference = tmp_path / "plain.safetensors", tmp_path / "ref.safetensors"

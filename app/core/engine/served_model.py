@@ -161,6 +161,7 @@ class ServedModel:
             preprocessing=asdict(c.preprocessing),
             training=c.training,
             reference=c.reference is not None,
+            ood_p99=None if c.reference is None else c.reference.held_out_p99,
         )
 
     @property

@@ -6,6 +6,7 @@ const API_KEY_STORAGE = "vit-api-key";
 const DEFAULT_METHODS = ["rollout", "last"];
 let methods = DEFAULT_METHODS;
 let models = new Map();  // name -> description, from /v1/models
+let defaultModel = "";  // the model a request without a name goes to
 
 function apiHeaders() {
   const key = $("api-key").value.trim();
@@ -45,6 +46,7 @@ async function loadModel() {
     const select = $("model-select");
     const chosen = models.size > 0 && listing.models.some((m) => m.name === select.value) ? select.value : listing.default;
     models = new Map(listing.models.map((m) => [m.name, m]));
+    defaultModel = listing.default || "";
     select.replaceChildren(...listing.models.map((m) => new Option(`${m.name} (${m.version})`, m.name, m.name === chosen, m.name === chosen)));
     $("model-picker").hidden = models.size < 2;
     if (models.size === 0) {
@@ -131,13 +133,15 @@ async function request(file, item, method, cache, model) {
       body.append("file", file, file.name || "pasted.png");
       const query = new URLSearchParams({ top_k: $("top-k").value || "5", attention: method, overlay: "true" });
       if (model) query.set("model", model);
+      const described = models.get(model || defaultModel);
+      if (described && described.reference) query.set("ood", "true");  // a model with reference statistics scores it
       const response = await fetch(`/predict?${query}`, { method: "POST", body, headers: apiHeaders() });
       if (response.status === 401) showApiKeyField();
       if (!response.ok) throw new Error(await errorText(response));
       data = await response.json();
       cache.set(method, data);
     }
-    showResult(item, data.results[0], method, file.name || "the pasted image");
+    showResult(item, data.results[0], method, file.name || "the pasted image", models.get(data.model.name));
     status.hidden = true;
   } catch (e) {
     status.hidden = true;
@@ -146,7 +150,32 @@ async function request(file, item, method, cache, model) {
   }
 }
 
-function showResult(item, result, method, name) {
+// Whether an image looks like what the model knows, in plain words: by the service's flag where VIT_OOD_THRESHOLD
+// sets one, else against the score 99 in 100 of the model's own held-out images stay under (its ood_p99).
+function verdict(result, described) {
+  if (result.ood_score === undefined) return null;
+  const score = result.ood_score.toFixed(1);
+  const limit = described && described.ood_p99 != null ? described.ood_p99 : null;
+  let unlike, why;
+  if (result.ood !== undefined) {
+    [unlike, why] = [result.ood, `score ${score}, judged by this service's threshold`];
+  } else if (limit !== null) {
+    [unlike, why] = [result.ood_score > limit, `score ${score}; 99 in 100 of its own images score at most ${limit.toFixed(1)}`];
+  } else {
+    return { text: `Out-of-distribution score ${score} (higher: further from the model's own images).`, unlike: false };
+  }
+  if (unlike) return { text: `Unlike the images this model knows (${why}): its classes may mean little here.`, unlike: true };
+  return { text: `Looks like the images this model knows (${why}).`, unlike: false };
+}
+
+function showResult(item, result, method, name, described) {
+  const said = verdict(result, described);
+  const line = item.querySelector(".verdict");
+  line.hidden = said === null;
+  if (said) {
+    line.textContent = said.text;
+    line.classList.toggle("unlike", said.unlike);
+  }
   const list = item.querySelector(".top-k");
   list.replaceChildren(...result.top_k.map((entry) => {
     const li = document.createElement("li");
