@@ -20,7 +20,7 @@ from torchvision.transforms import InterpolationMode, v2
 
 from model.preprocessing import EvalTransform, Preprocessing
 from model.shapes import IMAGE_SIZE as SHAPES_SIZE
-from model.shapes import SHAPE_CLASSES, render_dataset
+from model.shapes import SHAPE_CLASSES, ShapeSample, make_sample, render_dataset
 
 DATASETS: tuple[str, ...] = ("shapes", "cifar10", "mnist", "imagefolder")
 
@@ -91,8 +91,14 @@ def resize_steps(p: Preprocessing) -> list[Any]:
 class ShapesDataset(Dataset[tuple[Tensor, int]]):
     """The procedural shapes, rendered once into memory; `masks` holds each shape's silhouette."""
 
-    def __init__(self, n: int, seed: int, transform: Callable[[Tensor], Tensor] | None = None) -> None:
-        images, labels, masks = render_dataset(n, seed)
+    def __init__(
+        self,
+        n: int,
+        seed: int,
+        transform: Callable[[Tensor], Tensor] | None = None,
+        sample: Callable[[int, int], ShapeSample] = make_sample,
+    ) -> None:
+        images, labels, masks = render_dataset(n, seed, sample)
         self.images = torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()  # (n, 3, 64, 64) uint8
         self.labels = torch.from_numpy(labels)
         self.masks = torch.from_numpy(masks)  # (n, 64, 64) bool

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -19,13 +20,20 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader
 
+from model import shapes, shapes_second
 from model.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from model.data import DATASETS, DataOptions, DatasetNotFoundError, ShapesDataset, build_data
 from model.preprocessing import EvalTransform
 from model.rollout import GRADIENT, MAP_METHODS, attention_map, gradient_attention_map
+from model.shapes import ShapeSample
 from model.version import numeric_version
 
 DEFAULT_SHAPES_EVAL_SEED = 20261121  # never used for training: a fresh held-out set
+# The shapes renderers: the one training uses, and a second drawn apart, held out to measure generalisation.
+RENDERERS: dict[str, Callable[[int, int], ShapeSample]] = {
+    "shapes": shapes.make_sample,
+    "second": shapes_second.make_sample,
+}
 
 
 @dataclass
@@ -47,6 +55,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--download", action="store_true")
     p.add_argument("--samples", type=int, default=5000, help="shapes: held-out images to render")
     p.add_argument("--seed", type=int, default=DEFAULT_SHAPES_EVAL_SEED, help="shapes: seed of the held-out set")
+    p.add_argument(
+        "--renderer",
+        choices=list(RENDERERS),
+        default="shapes",
+        help="shapes: the training renderer (model/shapes.py), or `second`, drawn apart (model/shapes_second.py)",
+    )
     p.add_argument("--attention", choices=MAP_METHODS, default="rollout", help="map scored by the pointing game")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--device", default="cpu")
@@ -125,7 +139,7 @@ def main(argv: list[str] | None = None) -> Evaluation:
     dataset = args.dataset or ckpt.training.get("dataset") or "shapes"
     masks = None
     if dataset == "shapes":
-        test = ShapesDataset(args.samples, args.seed, EvalTransform(ckpt.preprocessing))
+        test = ShapesDataset(args.samples, args.seed, EvalTransform(ckpt.preprocessing), RENDERERS[args.renderer])
         masks = test.masks
     else:
         opts = DataOptions(
@@ -140,7 +154,8 @@ def main(argv: list[str] | None = None) -> Evaluation:
         except DatasetNotFoundError as e:
             raise SystemExit(str(e)) from None  # where the files should be and how to get them
     loader = DataLoader(test, batch_size=args.batch_size, shuffle=False)
-    result = evaluate(ckpt, loader, masks, args.attention, dataset)
+    named = f"{dataset}, {args.renderer} renderer" if dataset == "shapes" and args.renderer != "shapes" else dataset
+    result = evaluate(ckpt, loader, masks, args.attention, named)
     print(format_report(result, ckpt.classes))
     if args.json:
         args.json.write_text(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -217,12 +218,15 @@ def make_sample(seed: int, index: int) -> ShapeSample:
     return ShapeSample(image, label, mask)
 
 
-def render_dataset(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Render samples 0..n-1 -> images (n, 64, 64, 3) uint8, labels (n,) int64, masks (n, 64, 64) bool."""
+def render_dataset(
+    n: int, seed: int, sample: Callable[[int, int], ShapeSample] = make_sample
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Render samples 0..n-1 (of `sample`, a renderer's `make_sample`) -> images (n, 64, 64, 3) uint8, labels
+    (n,) int64, masks (n, 64, 64) bool."""
     images = np.empty((n, IMAGE_SIZE, IMAGE_SIZE, 3), dtype=np.uint8)
     labels = np.empty(n, dtype=np.int64)
     masks = np.empty((n, IMAGE_SIZE, IMAGE_SIZE), dtype=bool)
     for i in range(n):
-        s = make_sample(seed, i)
+        s = sample(seed, i)
         images[i], labels[i], masks[i] = np.asarray(s.image), s.label, s.mask
     return images, labels, masks
