@@ -47,9 +47,9 @@ def test_the_shape_stands_out_from_what_lies_under_it() -> None:
 
 def test_evaluate_reads_the_bundled_model_through_the_second_renderer(tmp_path: Path) -> None:
     out = tmp_path / "second.json"
+    argv = ["--checkpoint", str(BUNDLED_WEIGHTS), "--renderer", "second", "--samples", "200", "--json", str(out)]
     done = subprocess.run(
-        [sys.executable, "-m", "model.evaluate", "--checkpoint", str(BUNDLED_WEIGHTS), "--renderer", "second"]
-        + ["--samples", "200", "--json", str(out)],
+        [sys.executable, "-m", "model.evaluate", *argv],
         capture_output=True,
         text=True,
         timeout=300,
