@@ -6,10 +6,10 @@ The front-end answers health, model descriptions and API keys from what it holds
 It decodes and preprocesses a request's images itself, on its own pool, as the model version it asks
 prescribes (`ImagePreparer`), so the engine only batches them; it draws the overlays when the answer is
 back. The files and their pixels go into a region of this process's shared-memory arena and the outputs
-come back in the same region, so the messages carry only offsets. The calls made in one go of the event loop
-(and their cancellations) leave together as one message, in order; the engine's replies come back the same
-way. With the response cache on, the files
-go undecoded: the engine decodes only the images its cache lacks.
+come back in the same region, so the messages carry only offsets. The calls made in one go of the event
+loop (and their cancellations) leave together as one message, in order; the engine's replies come back the
+same way. With the response cache on, the files go undecoded: the engine decodes only the images its cache
+lacks.
 
 When the engine process exits (watched through a pidfd, or after ENGINE_SILENT_S without a word from it),
 this front-end is not ready at once and every call waiting on that engine fails with NotReady (503,
@@ -173,7 +173,11 @@ class RemoteEngine(Front):
             return
         for message in messages:
             p = self.pending.get(message.id)
-            if isinstance(message, InferCall) and p is not None and not p.future.done():
+            if not isinstance(message, InferCall) or p is None:
+                continue
+            if p.abandoned:  # its caller left before it was sent: no answer will come to free its region
+                self.release_call(message.id)
+            elif not p.future.done():
                 p.future.set_exception(self.unsent())
 
     def unsent(self) -> Exception:
@@ -352,7 +356,8 @@ class RemoteEngine(Front):
                 raise self.unsent()
             return await asyncio.wait_for(asyncio.shield(future), timeout_s)
         except (asyncio.CancelledError, TimeoutError) as e:
-            if future.done() and not future.cancelled() and future.exception() is None:
+            if future.done():  # answered, or never sent: no answer is coming that would free the region
+                future.exception()  # read: a call never sent is not logged as an error nobody retrieved
                 self.release_call(message.id)
             elif message.id in self.pending:
                 pending.abandoned = True

@@ -283,6 +283,25 @@ async def test_a_call_zeromq_cannot_queue_is_refused_as_overload(
     assert raised.value.retry_after_s == 1 and linked.arena.in_use == 0
 
 
+async def test_a_call_that_could_not_be_sent_frees_its_region_even_when_its_caller_left(
+    make_linked: Callable[..., Awaitable[Linked]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call is posted, its message refused by ZeroMQ, and its caller cancelled in the same moment: no answer
+    will ever come, so the region and the call's entry are given back at once."""
+    linked: Linked = await make_linked()
+    assert linked.plane.channel is not None
+    monkeypatch.setattr(linked.plane.channel, "send", lambda frames: False)
+    model = linked.engine.model(None)
+    pixels = torch.stack([model.preparer.prepare(f, keep_image=False).pixels for f in FILES])
+    call = asyncio.create_task(linked.plane.infer(InferenceRequest(None, pixels, InferOptions()), identity))
+    await asyncio.sleep(0)  # posted; its message goes in the next go of the loop
+    call.cancel()
+    with pytest.raises((asyncio.CancelledError, Overloaded)):
+        await call
+    await until(lambda: linked.arena.in_use == 0)
+    assert linked.plane.pending == {} and linked.plane.outbox == []
+
+
 async def test_a_silent_engine_makes_the_front_end_unready_and_fails_its_calls(
     make_linked: Callable[..., Awaitable[Linked]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
