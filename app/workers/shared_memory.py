@@ -69,9 +69,8 @@ class Arena:
 
     def close(self) -> None:
         self.view.release()
-        with contextlib.suppress(
-            BufferError
-        ):  # views of it still held (a batch under way): unmapped when the last goes
+        # Views of it may still be held (a batch under way): then it is unmapped when the last one goes.
+        with contextlib.suppress(BufferError):
             self.map.close()
 
     def unlink(self) -> None:
