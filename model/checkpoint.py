@@ -3,7 +3,10 @@
 A checkpoint is self-describing: the ViTConfig, class names, preprocessing and a training summary
 travel in the safetensors header, with a SHA-256 content hash over the model's tensors. Reference
 statistics of its embeddings (model/reference/), when present, are tensors of their own with a hash
-of their own, so adding them leaves the model's version as it is. Loading never unpickles anything;
+of their own, so adding them leaves the model's version as it is. A CLIP or SigLIP model also carries its
+text tower (`zero_shot.*` tensors, its tokenizer file among them as bytes, and the `zero_shot` config), inside
+the content hash; its class names are then the labels it answers with when a request names none (maybe none).
+Loading never unpickles anything;
 every way a file can be wrong raises `CheckpointError` naming the file.
 """
 
@@ -25,9 +28,12 @@ from model.reference import PREFIX as REFERENCE_PREFIX
 from model.reference import Reference
 from model.version import numeric_version
 from model.vit import ViT, ViTConfig
+from model.zero_shot import ZeroShot, ZeroShotConfig
 
 FORMAT_NAME = "vit-serve-checkpoint"
 FORMAT_VERSION = 1
+ZERO_SHOT_PREFIX = "zero_shot."
+TOKENIZER_TENSOR = "zero_shot.tokenizer"  # the tokenizer file's bytes, uint8
 
 
 class CheckpointError(Exception):
@@ -49,6 +55,7 @@ class Checkpoint:
     content_hash: str = ""
     path: str = ""
     reference: Reference | None = None  # statistics of the embeddings, for out-of-distribution scores
+    zero_shot: ZeroShot | None = None  # the text tower of a CLIP or SigLIP model: classes named at request time
 
     @property
     def version(self) -> str:
@@ -78,15 +85,26 @@ def save_checkpoint(
     preprocessing: Preprocessing,
     training: dict[str, Any] | None = None,
     reference: Reference | None = None,
+    zero_shot: ZeroShot | None = None,
 ) -> str:
-    """Write model weights, metadata and any reference statistics to one safetensors file; returns the
-    content hash (of the model's tensors)."""
-    if len(classes) != model.config.num_classes:
-        raise ValueError(f"{len(classes)} class names for a model with {model.config.num_classes} classes")
-    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    digest = content_hash(tensors)
+    """Write model weights, metadata, any text tower and any reference statistics to one safetensors file;
+    returns the content hash (of the model's tensors, the text tower's included)."""
     extra: dict[str, str] = {}
+    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    if zero_shot is not None:
+        if zero_shot.embed_dim != model.config.num_classes:
+            raise ValueError(
+                f"a text tower of width {zero_shot.embed_dim} for image embeddings of {model.config.num_classes}"
+            )
+        tensors |= {ZERO_SHOT_PREFIX + k: v.detach().cpu().contiguous() for k, v in zero_shot.state_dict().items()}
+        tensors[TOKENIZER_TENSOR] = torch.frombuffer(bytearray(zero_shot.tokenizer.data), dtype=torch.uint8)
+        extra["zero_shot"] = json.dumps(zero_shot.config.to_dict())
+    elif len(classes) != model.config.num_classes:
+        raise ValueError(f"{len(classes)} class names for a model with {model.config.num_classes} classes")
+    digest = content_hash(tensors)
     if reference is not None:
+        if zero_shot is not None:
+            raise ValueError("reference statistics are per class; a zero-shot model's classes are named per request")
         if reference.means.shape != (model.config.num_classes, model.config.dim):
             raise ValueError(f"reference means {tuple(reference.means.shape)} do not fit the model")
         statistics = {k: v.detach().cpu() for k, v in reference.tensors().items()}
@@ -140,7 +158,7 @@ def parse_metadata(path: Path, metadata: dict[str, str]) -> tuple[ViTConfig, lis
         training = json.loads(metadata.get("training", "{}"))
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(path, f"invalid metadata: {e}") from e
-    if len(classes) != config.num_classes:
+    if "zero_shot" not in metadata and len(classes) != config.num_classes:
         raise CheckpointError(path, f"{len(classes)} class names but config.num_classes={config.num_classes}")
     if preprocessing.image_size != config.image_size or preprocessing.channels != config.in_channels:
         raise CheckpointError(path, "preprocessing image size/channels disagree with the model config")
@@ -166,6 +184,7 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Che
     digest = content_hash(tensors)
     if digest != metadata.get("content_hash"):
         raise CheckpointError(path, "content hash mismatch: the tensors were modified or corrupted")
+    zero_shot = load_zero_shot(path, metadata, tensors, config) if "zero_shot" in metadata else None
     model = ViT(config)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(tensors))
@@ -181,4 +200,30 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Che
             )
     model.load_state_dict(tensors)
     model.to(device).eval()
-    return Checkpoint(model, config, classes, preprocessing, training, digest, str(path), reference)
+    if zero_shot is not None:
+        zero_shot.to(device)
+    return Checkpoint(model, config, classes, preprocessing, training, digest, str(path), reference, zero_shot)
+
+
+def load_zero_shot(path: Path, metadata: dict[str, str], tensors: dict[str, Tensor], config: ViTConfig) -> ZeroShot:
+    """The text tower: its tensors are taken out of `tensors`."""
+    state = {
+        k.removeprefix(ZERO_SHOT_PREFIX): tensors.pop(k) for k in [k for k in tensors if k.startswith(ZERO_SHOT_PREFIX)]
+    }
+    data = state.pop(TOKENIZER_TENSOR.removeprefix(ZERO_SHOT_PREFIX), None)
+    if data is None:
+        raise CheckpointError(path, f"a zero-shot model without its tokenizer ({TOKENIZER_TENSOR})")
+    try:
+        tower = ZeroShot(ZeroShotConfig.from_dict(json.loads(metadata["zero_shot"])), data.numpy().tobytes())
+        tower.load_state_dict(state)
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise CheckpointError(path, f"invalid text tower: {first_line(e)}") from e
+    if tower.embed_dim != config.num_classes:
+        raise CheckpointError(
+            path, f"a text tower of width {tower.embed_dim} for image embeddings of {config.num_classes}"
+        )
+    return tower.eval()
+
+
+def first_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [""])[0][:300]

@@ -37,7 +37,7 @@ PosEmbed = Literal["learned", "sincos1d", "sincos2d", "none"]
 POS_EMBED_KINDS: tuple[str, ...] = get_args(PosEmbed)
 Pool = Literal["cls", "avg", "map"]
 Norm = Literal["pre", "post", "res_post"]
-Activation = Literal["gelu", "quick_gelu", "swiglu"]
+Activation = Literal["gelu", "gelu_tanh", "quick_gelu", "swiglu"]
 Rope = Literal["none", "axial", "mixed"]
 Head = Literal["linear", "mlp"]
 AttentionPattern = Literal["full", "axial"]
@@ -67,7 +67,8 @@ class ViTConfig:
     layer_scale: bool = False  # learned per-channel scale on each residual branch (CaiT, DeiT III)
     pre_norm: bool = False  # LayerNorm over the embeddings before the first block (CLIP)
     norm: Norm = "pre"  # pre: x + f(LN(x)) (ViT); post: LN(x + f(x)) (the original Transformer); res_post: x + LN(f(x))
-    activation: Activation = "gelu"  # the MLP's: exact GELU, QuickGELU x * sigmoid(1.702 x) (OpenAI CLIP), or
+    activation: Activation = "gelu"  # the MLP's: exact GELU, its tanh approximation (SigLIP), QuickGELU
+    # x * sigmoid(1.702 x) (OpenAI CLIP), or
     # SwiGLU silu(gate) * value with the first layer giving both (EVA-02); mlp_ratio sets the gated width
     mlp_norm: bool = False  # LayerNorm over the MLP's hidden units before its second layer (EVA-02's sub-LN)
     attn_norm: bool = False  # LayerNorm over the attention's output before its projection (EVA-02 CLIP, BEiT-3)
@@ -333,10 +334,16 @@ class Attention(nn.Module):
         self.rel_pos_table = nn.Parameter(torch.zeros(rel_pos_rows, heads)) if rel_pos_rows else None
 
     def forward(
-        self, x: Tensor, return_attention: bool = False, rope: Tensor | None = None, rel_pos: Tensor | None = None
+        self,
+        x: Tensor,
+        return_attention: bool = False,
+        rope: Tensor | None = None,
+        rel_pos: Tensor | None = None,
+        mask: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Tokens (B, N, dim) -> (B, N, dim), and the weights when asked for; `rope` is this block's rotary table
-        and `rel_pos` the (N, N) index into the relative position table, for the models that have them."""
+        and `rel_pos` the (N, N) index into the relative position table, for the models that have them; `mask`
+        is added to the scores, (B, 1, N, N) with -inf where a query may not read a key (a text tower's)."""
         B, N, C = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # each (B, nh, N, hs)
@@ -347,6 +354,8 @@ class Attention(nn.Module):
         bias = None
         if self.rel_pos_table is not None and rel_pos is not None:
             bias = self.rel_pos_table[rel_pos].permute(2, 0, 1).to(q.dtype)  # (nh, N, N)
+        if mask is not None:
+            bias = mask.to(q.dtype) if bias is None else bias + mask.to(q.dtype)
         drop = self.attn_drop if self.training else 0.0
         attn: Tensor | None = None
         if return_attention:
@@ -385,8 +394,11 @@ class MLP(nn.Module):
     ) -> None:
         super().__init__()
         gated = activation == "swiglu"
+        approximate = "tanh" if activation == "gelu_tanh" else "none"
         self.fc1 = nn.Linear(dim, 2 * hidden if gated else hidden)
-        self.act = SwiGLU() if gated else QuickGELU() if activation == "quick_gelu" else nn.GELU()
+        self.act = (
+            SwiGLU() if gated else QuickGELU() if activation == "quick_gelu" else nn.GELU(approximate=approximate)
+        )
         self.norm = nn.LayerNorm(hidden, eps=norm_eps) if norm_eps else nn.Identity()  # EVA-02's sub-LN
         self.fc2 = nn.Linear(hidden, dim)
         self.drop = nn.Dropout(dropout)

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from model.preprocessing import Preprocessing
 from model.vit import ViT, ViTConfig
+from model.zero_shot import ZeroShot, ZeroShotConfig
 
 # Logits of the converted model may differ from the library's by float rounding only; anything
 # above this (relative to the logits' scale) means a feature was missed, and nothing is written.
@@ -37,8 +38,14 @@ class Converted:
     state_dict: dict[str, Tensor]
     classes: list[str]
     preprocessing: Preprocessing
-    reference: Callable[[Tensor], Tensor]  # the library's model: images -> logits
+    reference: Callable[[Tensor], Tensor]  # the library's model: images -> logits (a zero-shot model's: embeddings)
     source: dict[str, Any] = field(default_factory=dict)  # recorded in the checkpoint
+    # a CLIP or SigLIP model's text tower: its config, weights (`text.*`, `logit_scale`, `logit_bias`), tokenizer
+    # file, and the library's text model (token ids -> embeddings)
+    zero_shot: ZeroShotConfig | None = None
+    zero_shot_state: dict[str, Tensor] = field(default_factory=dict)
+    tokenizer: bytes = b""
+    reference_text: Callable[[Tensor], Tensor] | None = None
 
     def build(self) -> ViT:
         """Our model with the converted weights; every tensor must find its place."""
@@ -49,6 +56,18 @@ class Converted:
                 f"the weights do not map onto the model: missing {sorted(missing)[:6]}, unexpected {sorted(unexpected)[:6]}"
             )
         return model.eval()
+
+    def build_zero_shot(self) -> ZeroShot | None:
+        """The text tower with the converted weights, or None for a classifier."""
+        if self.zero_shot is None:
+            return None
+        tower = ZeroShot(self.zero_shot, self.tokenizer)
+        missing, unexpected = tower.load_state_dict(self.zero_shot_state, strict=False)
+        if missing or unexpected:
+            raise ConversionError(
+                f"the text tower's weights do not map: missing {sorted(missing)[:6]}, unexpected {sorted(unexpected)[:6]}"
+            )
+        return tower.eval()
 
 
 @torch.inference_mode()
@@ -64,9 +83,27 @@ def logit_difference(
     return float((ours - theirs).abs().max() / theirs.abs().max().clamp_min(1.0))
 
 
+@torch.inference_mode()
+def text_difference(tower: ZeroShot, reference: Callable[[Tensor], Tensor], batch: int = 2) -> float:
+    """Largest |ours - reference| over the text embeddings of seeded random token ids (each row ending in the
+    end-of-text token), relative to their scale."""
+    c = tower.config.text
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, c.vocab_size, (batch, c.context_length), generator=generator)
+    ids[:, -1] = c.eos_token_id if c.pool == "eos" else ids[:, -1]
+    ours, theirs = tower.text(ids).float(), reference(ids).float()
+    if ours.shape != theirs.shape:
+        raise ConversionError(f"text embeddings have shape {tuple(ours.shape)}, the source gives {tuple(theirs.shape)}")
+    return float((ours - theirs).abs().max() / theirs.abs().max().clamp_min(1.0))
+
+
 def check_equal(model: nn.Module, converted: Converted, batch: int = 2) -> float:
-    """Raise unless our logits equal the source model's; returns the relative difference."""
+    """Raise unless our logits (and a zero-shot model's text embeddings) equal the source model's; returns the
+    largest relative difference."""
     diff = logit_difference(model, converted.reference, converted.config, batch)
+    tower = converted.build_zero_shot()
+    if tower is not None and converted.reference_text is not None:
+        diff = max(diff, text_difference(tower, converted.reference_text, batch))
     if not diff <= MAX_RELATIVE_LOGIT_DIFF:
         raise ConversionError(
             f"the converted model's logits differ from the source model's by {diff:.2e} (relative; "
@@ -88,6 +125,21 @@ def read_classes(path: Path, num_classes: int) -> list[str]:
         raise ConversionError(f"--classes {path}: {len(labels)} labels for a head with {num_classes} classes")
     if any(not label for label in labels):
         raise ConversionError(f"--classes {path}: line {labels.index('') + 1} is empty; give every class a label")
+    return labels
+
+
+def read_labels(path: Path) -> list[str]:
+    """A zero-shot model's default class names: one per line, blank lines skipped, each once."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConversionError(f"--labels {path}: cannot read it ({e})") from e
+    labels = [line.strip() for line in lines if line.strip()]
+    if not labels:
+        raise ConversionError(f"--labels {path}: no labels in it")
+    repeated = sorted({label for label in labels if labels.count(label) > 1})
+    if repeated:
+        raise ConversionError(f"--labels {path}: {', '.join(map(repr, repeated[:5]))} given more than once")
     return labels
 
 

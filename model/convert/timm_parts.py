@@ -44,12 +44,14 @@ def check_attention_pool(pool: Any, hidden: int, activation: Activation) -> nn.M
 
 
 def activation_of(act: nn.Module) -> Activation:
-    """The MLP's activation by our name: exact GELU, or QuickGELU (OpenAI CLIP)."""
+    """The MLP's activation by our name: exact GELU, its tanh approximation (timm's GELUTanh), or QuickGELU."""
     if type(act) is nn.GELU and act.approximate == "none":
         return "gelu"
+    if (type(act) is nn.GELU and act.approximate == "tanh") or type(act).__name__ == "GELUTanh":
+        return "gelu_tanh"
     if type(act).__name__ == "QuickGELU":
         return "quick_gelu"
-    raise unsupported(f"the activation {act!r} (exact GELU and QuickGELU are supported)")
+    raise unsupported(f"the activation {act!r} (exact GELU, tanh GELU and QuickGELU are supported)")
 
 
 def layer_norm_eps(norms: list[nn.Module]) -> float:
