@@ -85,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint = load_checkpoint(args.checkpoint)
     except CheckpointError as e:
         p.error(str(e))
+    if checkpoint.zero_shot is not None:
+        p.error(f"{args.checkpoint} is a zero-shot model (CLIP, SigLIP); int8 graphs are made for classifiers")
     output = args.output or int8_graph_path(args.checkpoint)
     started = time.perf_counter()
     config = checkpoint.config

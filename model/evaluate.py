@@ -136,6 +136,8 @@ def main(argv: list[str] | None = None) -> Evaluation:
         ckpt = load_checkpoint(args.checkpoint, args.device)
     except CheckpointError as e:
         raise SystemExit(str(e)) from None  # what is wrong with which file: no traceback
+    if ckpt.zero_shot is not None:
+        raise SystemExit(f"{args.checkpoint} is a zero-shot model (CLIP, SigLIP); this evaluates a classifier's head")
     dataset = args.dataset or ckpt.training.get("dataset") or "shapes"
     masks = None
     if dataset == "shapes":

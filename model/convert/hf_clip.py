@@ -18,7 +18,7 @@ from torch import Tensor
 
 from model.convert.converted import ConversionError, Converted, mlp_ratio, unsupported
 from model.convert.hf_vit import hf_preprocessing
-from model.text import TextConfig
+from model.text import TextConfig, TextPool
 from model.tokenizer import TokenizerConfig
 from model.vit import Activation, ViTConfig
 from model.zero_shot import ZeroShotConfig
@@ -113,7 +113,7 @@ def activation(name: str) -> Activation:
 
 def image_config(v: Any, model: Any, siglip: bool) -> ViTConfig:
     embed = int(model.config.vision_config.hidden_size) if siglip else int(model.visual_projection.out_features)
-    common = dict(
+    common: dict[str, Any] = dict(
         image_size=int(v.image_size),
         patch_size=int(v.patch_size),
         in_channels=int(v.num_channels),
@@ -204,6 +204,7 @@ def image_state(state: dict[str, Tensor], config: ViTConfig, siglip: bool) -> di
 
 
 def text_config(t: Any, model: Any, siglip: bool, tokenizer: TokenizerConfig, mask_padding: bool) -> TextConfig:
+    pool: TextPool
     if siglip:
         embed, pool, eos = int(model.text_model.head.out_features), "last", tokenizer.eos_token_id
     else:

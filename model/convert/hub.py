@@ -19,7 +19,19 @@ from model.checkpoint import save_checkpoint
 from model.convert.converted import ConversionError, Converted, check_equal
 
 log = logging.getLogger("app")
-HF_FILES = ["config.json", "preprocessor_config.json", "model.safetensors", "pytorch_model.bin"]
+HF_FILES = [
+    "config.json",
+    "preprocessor_config.json",
+    "model.safetensors",
+    "pytorch_model.bin",
+    # a CLIP or SigLIP model's tokenizer, which its checkpoint carries
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "spiece.model",
+]
 
 
 def fetch_timm(name: str) -> Path:
@@ -88,7 +100,10 @@ def converted_checkpoint(hub: str, ident: str, cache: Path | None) -> tuple[Path
         target = Path(tempfile.mkdtemp(prefix="vit-serve-hub-")) / f"{slug}.safetensors"
     target.parent.mkdir(parents=True, exist_ok=True)
     staged = target.with_name(f".{target.name}.{os.getpid()}")
-    save_checkpoint(staged, model, converted.classes, converted.preprocessing, {"converted_from": source})
+    training = {"converted_from": source}
+    save_checkpoint(
+        staged, model, converted.classes, converted.preprocessing, training, zero_shot=converted.build_zero_shot()
+    )
     staged.replace(target)  # whole or not at all, for a process that starts beside this one
     return target, True
 
@@ -100,6 +115,7 @@ def convert(hub: str, ident: str, fetched: Path) -> Converted:
         converted = convert_timm(ident, fetched, pretrained=False)
         converted.source["weights"] = f"timm:{ident}"
         return converted
+    from model.convert.hf_clip import convert_hf_clip, is_zero_shot
     from model.convert.hf_vit import convert_hf
 
-    return convert_hf(fetched)
+    return convert_hf_clip(fetched) if is_zero_shot(fetched) else convert_hf(fetched)

@@ -24,7 +24,7 @@ from model.preprocessing import Preprocessing
 from model.text import TextConfig, TextPool
 from model.tokenizer import TokenizerConfig
 from model.vit import ViTConfig
-from model.zero_shot import ZeroShotConfig
+from model.zero_shot import Rule, ZeroShotConfig
 
 POOLS: dict[str, TextPool] = {"argmax": "argmax", "eos": "eos", "last": "last"}
 
@@ -63,7 +63,7 @@ def from_open_clip_model(model: Any, tokenizer: Any) -> Converted:
     state["logit_scale"] = model.logit_scale.detach().reshape(1)
     bias = getattr(model, "logit_bias", None)
     state["logit_bias"] = bias.detach().reshape(1) if bias is not None else torch.zeros(1)
-    rule = "sigmoid" if bias is not None else "softmax"
+    rule: Rule = "sigmoid" if bias is not None else "softmax"
     zero_shot = ZeroShotConfig(text_config, tokenizer_config, rule=rule)
 
     def reference(x: Tensor) -> Tensor:

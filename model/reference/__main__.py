@@ -56,6 +56,12 @@ def main(argv: list[str] | None = None) -> int:
         ckpt = load_checkpoint(args.checkpoint)
     except CheckpointError as e:
         p.exit(2, f"error: {e}\n")
+    if ckpt.zero_shot is not None:
+        p.exit(
+            2,
+            f"error: {args.checkpoint} is a zero-shot model (CLIP, SigLIP): reference statistics are per class, "
+            "and its classes are named per request\n",
+        )
     transform = EvalTransform(ckpt.preprocessing)
     if args.shapes is not None:
         from model.shapes import make_sample

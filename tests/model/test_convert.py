@@ -108,6 +108,7 @@ def test_timm_architectures_with_extra_features(tmp_path: Path, arch: str, featu
         {"global_pool": "map", "class_token": False},  # SigLIP's attention-pooling head
         {"global_pool": "map", "reg_tokens": 2},  # pooling over CLS and registers too
         {"act_layer": "quick_gelu"},  # OpenAI CLIP
+        {"act_layer": "gelu_tanh", "global_pool": "map", "class_token": False},  # SigLIP as transformers has it
         {"block_fn": ResPostBlock, "class_token": False, "global_pool": "avg", "init_values": 0.5},  # x + LN(f(x))
         {"block_fn": ParallelScalingBlock, "init_values": 0.5},  # ViT-22B's parallel block, its MLP bias apart
         {"block_fn": ParallelScalingBlock, "qkv_bias": True, "qk_norm": True},  # one bias for the fused projection

@@ -196,3 +196,29 @@ def test_open_clip_probabilities_equal_open_clips_own(
     torch.testing.assert_close(ours(checkpoint, photo, LABELS), theirs, atol=1e-4, rtol=0)
     ids, _ = load_checkpoint(checkpoint).zero_shot.tokenizer(texts)  # type: ignore[union-attr]
     assert torch.equal(ids, tokenizer(texts)[:, : ids.shape[1]])  # open_clip pads every text to its context
+
+
+def test_class_statistics_and_evaluation_refuse_a_zero_shot_model(
+    converted: tuple[Repo, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from model.evaluate import main as evaluate_main
+    from model.reference.__main__ import main as reference_main
+
+    _, checkpoint = converted
+    with pytest.raises(SystemExit) as refused:
+        reference_main([str(checkpoint), "--shapes", "10"])
+    assert refused.value.code == 2 and "zero-shot model" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="zero-shot model"):
+        evaluate_main(["--checkpoint", str(checkpoint), "--samples", "10"])
+
+
+def test_the_check_catches_a_wrong_text_tower(converted: tuple[Repo, Path]) -> None:
+    from model.convert.converted import ConversionError, check_equal
+    from model.convert.hf_clip import convert_hf_clip
+
+    repo, _ = converted
+    source = convert_hf_clip(repo.path)
+    check_equal(source.build(), source)
+    source.zero_shot_state["text.norm.weight"] = source.zero_shot_state["text.norm.weight"] * 1.01
+    with pytest.raises(ConversionError, match="differ"):
+        check_equal(source.build(), source)

@@ -32,7 +32,7 @@ from app.core.images.prepare import ImagePreparer, Prepared
 from app.settings import Settings
 from app.telemetry.metrics import ModelMetrics
 from app.telemetry.spans import record_span, sampled
-from model.checkpoint import Checkpoint, load_checkpoint
+from model.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 
 log = logging.getLogger("app")
 
@@ -65,6 +65,12 @@ class ServedModel:
     ) -> ServedModel:
         """Load the checkpoint onto the device and warm it up (blocking; run off the event loop)."""
         checkpoint = load_checkpoint(path, device)
+        if checkpoint.zero_shot is not None:
+            raise CheckpointError(
+                path,
+                "a zero-shot model (CLIP, SigLIP: classes named per request); the service serves classifiers, whose "
+                "classes are in the checkpoint",
+            )
         version = numeric_version(checkpoint.content_hash)
         p = checkpoint.preprocessing
         jpeg_decoder = None
