@@ -53,7 +53,7 @@ def scores(ckpt: Checkpoint, make: Callable[[int], Image.Image], n: int) -> tupl
     for start in range(0, n, 100):
         x = torch.stack([transform(make(i)) for i in range(start, min(n, start + 100))])
         logits, embedding, _ = ckpt.model.forward_with_embedding(x)
-        mahalanobis.append(ckpt.reference.scores(embedding))
+        mahalanobis.append(ckpt.reference.distances(embedding))
         softmax.append(1 - logits.softmax(-1).amax(-1))
     return torch.cat(mahalanobis).numpy(), torch.cat(softmax).numpy()
 
@@ -66,56 +66,66 @@ def main() -> None:
         raise SystemExit(f"{args.weights} has no reference statistics: python -m model.reference {args.weights} ...")
     sets = shifted_sets()
     started = time.perf_counter()
+    kind = ckpt.reference.score
     inside_m, inside_s = scores(ckpt, held_out_shapes, args.n)
+    inside = inside_m if kind == "mahalanobis" else inside_s  # what the service answers for this checkpoint
     p99 = ckpt.reference.held_out_p99
     rows: list[dict[str, Any]] = []
     by_photo: dict[str, float] = {}
     for name, make in sets.items():
         outside_m, outside_s = scores(ckpt, make, args.n)
+        outside = outside_m if kind == "mahalanobis" else outside_s
         rows.append(
             {
                 "set": name,
-                "auroc": auroc(inside_m, outside_m),
+                "auroc": auroc(inside, outside),
+                "auroc_mahalanobis": auroc(inside_m, outside_m),
                 "auroc_max_softmax": auroc(inside_s, outside_s),
-                "median_score": float(np.median(outside_m)),
-                "above_p99": None if p99 is None else float((outside_m > p99).mean()),
+                "median_score": float(np.median(outside)),
+                "above_p99": None if p99 is None else float((outside > p99).mean()),
             }
         )
         if name == "photographs":  # crop i comes from photo i % len(PHOTOS)
-            by_photo = {photo: auroc(inside_m, outside_m[k :: len(PHOTOS)]) for k, photo in enumerate(PHOTOS)}
+            by_photo = {photo: auroc(inside, outside[k :: len(PHOTOS)]) for k, photo in enumerate(PHOTOS)}
     report = {
         "weights": str(args.weights),
         "version": ckpt.version,
         "reference": ckpt.training.get("reference"),
+        "score": kind,
         "images_per_set": args.n,
-        "in_distribution_median_score": float(np.median(inside_m)),
-        "in_distribution_p95_score": float(np.percentile(inside_m, 95)),
+        "in_distribution_median_score": float(np.median(inside)),
+        "in_distribution_p95_score": float(np.percentile(inside, 95)),
         "ood_p99": p99,
-        "in_distribution_above_p99": None if p99 is None else float((inside_m > p99).mean()),
+        "in_distribution_above_p99": None if p99 is None else float((inside > p99).mean()),
         "sets": rows,
         "photographs_by_source": by_photo,
         "seconds": time.perf_counter() - started,
     }
+    served = {k: " (served)" if k == kind else "" for k in ("mahalanobis", "max_softmax")}
+    f = ".2f" if kind == "mahalanobis" else ".3f"  # distances run to tens; 1 - a probability stays under 1
     lines = [
         f"# Out-of-distribution AUROC: {args.weights.name} (version {ckpt.version})",
         "",
-        f"`python -m bench.ood --n {args.n}`; reference statistics from {report['reference']}. In-distribution: "
-        f"{args.n} held-out shapes, median score {report['in_distribution_median_score']:.2f} (95th percentile "
-        f"{report['in_distribution_p95_score']:.2f}).",
+        f"`python -m bench.ood --n {args.n}`; reference statistics from {report['reference']}; the served score: "
+        f"{'the Mahalanobis distance' if kind == 'mahalanobis' else '1 - the top probability (max softmax)'}. "
+        "In-distribution: "
+        f"{args.n} held-out shapes, median score {report['in_distribution_median_score']:{f}} (95th percentile "
+        f"{report['in_distribution_p95_score']:{f}}).",
         ""
         if p99 is None
-        else f"\nThe checkpoint's `ood_p99` is {p99:.2f}; {report['in_distribution_above_p99']:.1%} of the held-out "
+        else f"\nThe checkpoint's `ood_p99` is {p99:{f}}; {report['in_distribution_above_p99']:.1%} of the held-out "
         "shapes score above it (the page calls an image above it unlike what the model knows).\n",
-        "| shifted set | AUROC, Mahalanobis (served) | AUROC, max softmax | median score | above ood_p99 |",
+        f"| shifted set | AUROC, Mahalanobis{served['mahalanobis']} | AUROC, max softmax{served['max_softmax']} | "
+        "median score | above ood_p99 |",
         "|---|---:|---:|---:|---:|",
         *(
-            f"| {r['set']} | {r['auroc']:.3f} | {r['auroc_max_softmax']:.3f} | {r['median_score']:.2f} | "
+            f"| {r['set']} | {r['auroc_mahalanobis']:.3f} | {r['auroc_max_softmax']:.3f} | {r['median_score']:{f}} | "
             + ("" if r["above_p99"] is None else f"{r['above_p99']:.1%}")
             + " |"
             for r in rows
         ),
         "",
-        "Photographs by source (AUROC, Mahalanobis): "
+        "Photographs by source (AUROC, served score): "
         + ", ".join(f"{photo} {value:.3f}" for photo, value in by_photo.items()),
         "",
     ]

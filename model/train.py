@@ -35,7 +35,7 @@ from model.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_
 from model.data import DATASETS, DEFAULT_GEOMETRY, DataBundle, DataOptions, DatasetNotFoundError, build_data
 from model.device import resolve_device
 from model.preprocessing import Preprocessing
-from model.reference import from_labelled
+from model.reference import OOD_SCORES, from_labelled
 from model.vit import (
     POS_EMBED_KINDS,
     PRESETS,
@@ -154,6 +154,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     r.add_argument("--output", type=Path, default=Path("runs/vit.safetensors"), help="checkpoint path")
     r.add_argument("--resume", action="store_true", help="continue from <output>.state.pt")
     r.add_argument("--no-progress", action="store_true", help="no progress bars (logs and CI)")
+    r.add_argument(
+        "--ood-score",
+        choices=OOD_SCORES,
+        default="mahalanobis",
+        help="the out-of-distribution score the reference statistics written at the end give (model.reference)",
+    )
     args = p.parse_args(argv)
     if args.init_from is not None:
         given = [f"--{f.replace('_', '-')}" for f in ARCHITECTURE_FLAGS if getattr(args, f) is not None]
@@ -506,7 +512,7 @@ def add_reference(args: argparse.Namespace, data: DataBundle, device: torch.devi
     labelled, preprocessed as served), written into it for out-of-distribution scores (model/reference/)."""
     best = load_checkpoint(args.output, device)
     loader = DataLoader(data.test, batch_size=args.batch_size, num_workers=0)
-    reference = from_labelled(best.model, loader, best.config.num_classes, device)
+    reference = from_labelled(best.model, loader, best.config.num_classes, device, args.ood_score)
     described = f"{reference.images} {args.dataset} test images, labelled"
     training = {**best.training, "reference": described}
     save_checkpoint(args.output, best.model, best.classes, best.preprocessing, training, reference=reference)

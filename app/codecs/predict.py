@@ -94,6 +94,13 @@ class ModelInfo(BaseModel):
         "Absent for statistics made before it was kept",
         examples=[21.3],
     )
+    ood_method: str | None = Field(
+        None,
+        description="What the out-of-distribution score is: mahalanobis (the distance of the image's embedding to "
+        "the nearest class mean of the reference statistics) or max_softmax (1 - its top probability, for a model "
+        "trained to answer equal probabilities for what it does not know); absent without reference statistics",
+        examples=["mahalanobis"],
+    )
     decode: DecodedOn = Field(
         description="Where plain JPEGs are decoded: gpu (nvJPEG, a batch at a time; VIT_DECODE=auto on a GPU) or cpu",
         examples=["cpu"],
@@ -155,6 +162,7 @@ def model_info(model: ModelDescription) -> ModelInfo:
         embedding_dim=model.embedding_dim,
         reference=model.reference,
         ood_p99=model.ood_p99,
+        ood_method=model.ood_method,
         decode=model.decode,
     )
 

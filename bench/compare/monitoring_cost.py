@@ -44,7 +44,8 @@ def added_us(engine: Engine, requests: int, batch: int) -> float:
         if j == 0:
             rows = embeddings_asked(embedding, items)
         outputs = [ImageOutput(probabilities[j], None, rows[j])]
-        scores = reference.scores(torch.stack([o.embedding for o in outputs if o.embedding is not None])).tolist()
+        embeddings = torch.stack([o.embedding for o in outputs if o.embedding is not None])
+        scores = reference.scores(embeddings, torch.stack([o.probabilities for o in outputs])).tolist()
         engine.watch(model, outputs, scores)
         if (s := engine.shadows.get(model.name)) is not None and s.pair.fraction > 0:
             raise AssertionError("fraction 0: never shadowed")

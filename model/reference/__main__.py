@@ -14,7 +14,7 @@ from torch import Tensor
 
 from model.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from model.preprocessing import EvalTransform
-from model.reference import embed, fit
+from model.reference import OOD_SCORES, embed, fit
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
 
@@ -51,6 +51,13 @@ def main(argv: list[str] | None = None) -> int:
     source.add_argument("--shapes", type=int, metavar="N", help="N procedural shapes (the bundled model's data)")
     p.add_argument("--output", type=Path, help="write here (default: the checkpoint, in place)")
     p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument(
+        "--score",
+        choices=OOD_SCORES,
+        default="mahalanobis",
+        help="what an image's out-of-distribution score is: the Mahalanobis distance of its embedding to the nearest "
+        "class mean (default), or 1 - its top probability, for a model trained with outlier exposure",
+    )
     args = p.parse_args(argv)
     try:
         ckpt = load_checkpoint(args.checkpoint)
@@ -91,17 +98,21 @@ def main(argv: list[str] | None = None) -> int:
         described = f"{len(files)} images in {args.images.name}/" + (
             ", labelled by their class folders" if labels is not None else ", labelled by the model's top-1"
         )
-    embeddings, predicted = embed(ckpt.model, batched(pixels, args.batch_size))
-    reference = fit(embeddings, labels if labels is not None else predicted, ckpt.config.num_classes)
+    embeddings, probabilities = embed(ckpt.model, batched(pixels, args.batch_size))
+    labels = labels if labels is not None else probabilities.argmax(-1)
+    reference = fit(embeddings, labels, ckpt.config.num_classes, score=args.score, probabilities=probabilities)
     training = {**ckpt.training, "reference": described}
     out = args.output or args.checkpoint
     save_checkpoint(out, ckpt.model, ckpt.classes, ckpt.preprocessing, training, reference=reference)
-    scores = reference.scores(embeddings)
+    scores = reference.scores(embeddings, probabilities)
     seen = int((reference.prior > 0).sum())
     print(f"reference statistics from {described}: {seen} of {ckpt.config.num_classes} classes seen")
+    if reference.score != "mahalanobis":
+        print(f"scored by {reference.score}: 1 - the top probability")
     print(f"in-distribution scores: median {scores.median():.2f}, 95th percentile {scores.quantile(0.95):.2f}")
     if reference.held_out_p99 is not None:
-        print(f"held out (5 folds), 99 in 100 score at most {reference.held_out_p99:.2f}: the page's verdict")
+        held_out = "held out (5 folds)" if reference.score == "mahalanobis" else "of these images"
+        print(f"{held_out}, 99 in 100 score at most {reference.held_out_p99:.2f}: the page's verdict")
     print(f"wrote {out} ({ckpt.identity}: unchanged)")
     return 0
 

@@ -87,6 +87,7 @@ def test_predict_scores_noise_far_above_shapes_and_flags_it(server: Server) -> N
     assert both["ood_score"] == pytest.approx(scores[0], rel=1e-5) and len(both["embedding"]) == 128
     info = httpx.get(f"{server.url}/v1/models", timeout=10).json()["models"]
     assert [m["reference"] for m in info] == [True, False]
+    assert [m["ood_method"] for m in info] == ["mahalanobis", None]  # what model.reference fits by default
     p99 = info[0]["ood_p99"]  # the bundled statistics keep it; a model without statistics has none
     assert info[1]["ood_p99"] is None and max(scores[:4]) < p99 < max(scores[4:])
 

@@ -38,9 +38,11 @@ def test_the_score_is_the_mahalanobis_distance_to_the_nearest_class_mean() -> No
             for q in queries
         ]
     ).amin(1)
-    torch.testing.assert_close(reference.scores(queries).double(), long_way, rtol=1e-4, atol=1e-4)
-    far = reference.scores(means.float().mean(0, keepdim=True) + 100)
-    assert float(far) > float(reference.scores(means[:1].float()))  # further from the data: higher
+    torch.testing.assert_close(reference.distances(queries).double(), long_way, rtol=1e-4, atol=1e-4)
+    far = reference.distances(means.float().mean(0, keepdim=True) + 100)
+    assert float(far) > float(reference.distances(means[:1].float()))  # further from the data: higher
+    probabilities = torch.full((7, 4), 0.25)
+    torch.testing.assert_close(reference.scores(queries, probabilities), reference.distances(queries))  # the default
 
 
 def test_the_held_out_99th_percentile_is_each_image_scored_by_statistics_fitted_without_it() -> None:
@@ -52,15 +54,36 @@ def test_the_held_out_99th_percentile_is_each_image_scored_by_statistics_fitted_
     reference = fit(embeddings, labels, num_classes=4)
     fold = torch.arange(500) % 5
     held_out = torch.cat(
-        [fit(embeddings[fold != k], labels[fold != k], 4).scores(embeddings[fold == k]) for k in range(5)]
+        [fit(embeddings[fold != k], labels[fold != k], 4).distances(embeddings[fold == k]) for k in range(5)]
     )
     assert reference.held_out_p99 == pytest.approx(float(held_out.quantile(0.99)), rel=1e-5)
-    assert reference.held_out_p99 > float(reference.scores(embeddings).quantile(0.99))  # unseen images score higher
+    assert reference.held_out_p99 > float(reference.distances(embeddings).quantile(0.99))  # unseen images score higher
     assert fit(embeddings[:9], labels[:9], num_classes=4).held_out_p99 is None
     again = Reference.from_tensors(reference.tensors())
     assert again.held_out_p99 == pytest.approx(reference.held_out_p99)
     older = {k: v for k, v in reference.tensors().items() if not k.endswith("held_out_p99")}
     assert Reference.from_tensors(older).held_out_p99 is None  # statistics saved before it was kept
+
+
+def test_a_max_softmax_reference_scores_one_minus_the_top_probability() -> None:
+    """For a model trained with outlier exposure: the score is 1 - its top probability, its 99th percentile over
+    the images is `held_out_p99`, and the kind travels with the statistics (older ones are Mahalanobis)."""
+    g = torch.Generator().manual_seed(2)
+    labels = torch.arange(200) % 4
+    embeddings = torch.randn(200, 6, generator=g) + labels[:, None] * 3.0
+    probabilities = torch.softmax(torch.randn(200, 4, generator=g) * 3, dim=-1)
+    reference = fit(embeddings, labels, num_classes=4, score="max_softmax", probabilities=probabilities)
+    expected = 1 - probabilities.amax(-1)
+    torch.testing.assert_close(reference.scores(embeddings, probabilities), expected)
+    assert reference.held_out_p99 == pytest.approx(float(expected.quantile(0.99)))
+    assert reference.prior.tolist() == pytest.approx([0.25] * 4)  # the drift gauge's prior, as for any score
+    again = Reference.from_tensors(reference.tensors())
+    assert again.score == "max_softmax" and again.held_out_p99 == pytest.approx(reference.held_out_p99)
+    assert "reference.score" not in fit(embeddings, labels, num_classes=4).tensors()  # Mahalanobis: as before
+    with pytest.raises(ValueError, match="probabilities"):
+        fit(embeddings, labels, num_classes=4, score="max_softmax")
+    with pytest.raises(ValueError, match="score must be one of"):
+        Reference(reference.means, reference.precision, reference.prior, 200, score="energy")  # type: ignore[arg-type]
 
 
 def test_reference_statistics_travel_in_the_checkpoint_and_keep_its_version(tmp_path: Path) -> None:
@@ -73,7 +96,7 @@ def test_reference_statistics_travel_in_the_checkpoint_and_keep_its_version(tmp_
     assert load_checkpoint(plain).reference is None  # a checkpoint without them loads as before
     loaded = load_checkpoint(with_reference)
     assert loaded.version == load_checkpoint(plain).version and loaded.reference is not None
-    torch.testing.assert_close(loaded.reference.scores(embeddings), reference.scores(embeddings))
+    torch.testing.assert_close(loaded.reference.distances(embeddings), reference.distances(embeddings))
     assert loaded.reference.images == 50
     with safe_open(str(with_reference), framework="pt") as f:  # tamper with the statistics alone
         tensors, metadata = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()  # noqa: SIM118
@@ -165,9 +188,11 @@ def test_the_bundled_models_scores_put_each_shifted_set_above_its_own_data() -> 
 
     def scores(make: Callable[[int], Image.Image], n: int) -> np.ndarray:
         with torch.inference_mode():
-            _, embedding, _ = ckpt.model.forward_with_embedding(torch.stack([transform(make(i)) for i in range(n)]))
+            logits, embedding, _ = ckpt.model.forward_with_embedding(
+                torch.stack([transform(make(i)) for i in range(n)])
+            )
         assert ckpt.reference is not None
-        return ckpt.reference.scores(embedding).numpy()
+        return ckpt.reference.scores(embedding, logits.softmax(-1)).numpy()
 
     inside = scores(held_out_shapes, 200)
     for name, make in shifted_sets().items():

@@ -40,6 +40,7 @@ class ModelDescription:
     training: dict[str, Any]
     reference: bool = False  # the checkpoint has reference statistics: out-of-distribution scores
     ood_p99: float | None = None  # the score 99 in 100 held-out in-distribution images stay at or below
+    ood_method: str | None = None  # what the score is: mahalanobis, or max_softmax (1 - the top probability)
 
     def class_index(self, target: str | None) -> int | None:
         """A class label, or its index, as the class index a gradient map explains; None for None (the top-1)."""

@@ -299,7 +299,8 @@ class Engine(Front):
             names = [p.filename for p in prepared]
         scores: list[float | None] = [None] * len(outputs)
         if (options.ood or watched) and reference is not None and outputs:
-            scores = reference.scores(torch.stack([o.embedding for o in outputs if o.embedding is not None])).tolist()
+            embeddings = torch.stack([o.embedding for o in outputs if o.embedding is not None])
+            scores = reference.scores(embeddings, torch.stack([o.probabilities for o in outputs])).tolist()
             if watched:
                 self.watch(model, outputs, scores)
         if not options.ood:  # scored for the drift gauges alone: not part of the answer
@@ -399,7 +400,7 @@ class Engine(Front):
             shadow.record(champion, theirs, champion_s, time.monotonic() - started)
             if watched and reference is not None:
                 embeddings = torch.stack([o.embedding for o in outputs if o.embedding is not None])
-                self.watch(challenger, outputs, reference.scores(embeddings).tolist())
+                self.watch(challenger, outputs, reference.scores(embeddings, theirs).tolist())
         except asyncio.CancelledError:
             shadow.shed(n)
             raise

@@ -168,6 +168,7 @@ class ServedModel:
             training=c.training,
             reference=c.reference is not None,
             ood_p99=None if c.reference is None else c.reference.held_out_p99,
+            ood_method=None if c.reference is None else c.reference.score,
         )
 
     @property

@@ -154,13 +154,14 @@ async function request(file, item, method, cache, model) {
 // sets one, else against the score 99 in 100 of the model's own held-out images stay under (its ood_p99).
 function verdict(result, described) {
   if (result.ood_score === undefined) return null;
-  const score = result.ood_score.toFixed(1);
+  const shown = (v) => (v >= 10 ? v.toFixed(1) : v.toPrecision(2));  // 28.8, 7.9, 0.087: distances and 1 - a probability
+  const score = shown(result.ood_score);
   const limit = described && described.ood_p99 != null ? described.ood_p99 : null;
   let unlike, why;
   if (result.ood !== undefined) {
     [unlike, why] = [result.ood, `score ${score}, judged by this service's threshold`];
   } else if (limit !== null) {
-    [unlike, why] = [result.ood_score > limit, `score ${score}; 99 in 100 of its own images score at most ${limit.toFixed(1)}`];
+    [unlike, why] = [result.ood_score > limit, `score ${score}; 99 in 100 of its own images score at most ${shown(limit)}`];
   } else {
     return { text: `Out-of-distribution score ${score} (higher: further from the model's own images).`, unlike: false };
   }

@@ -419,3 +419,29 @@ async def test_a_query_parameter_asking_for_what_cannot_be_given_is_a_422_that_s
 ) -> None:
     r = await client.post("/predict", files={"file": ("a.png", shape_png, "image/png")}, params=params)
     assert r.status_code == 422 and fragment in json.dumps(r.json()["detail"]), r.text
+
+
+async def test_a_max_softmax_reference_scores_one_minus_the_top_probability(
+    make_client: ClientFactory, tmp_path: Path
+) -> None:
+    """A checkpoint whose statistics say max_softmax (a model trained with outlier exposure): ood_score is 1 - the
+    top probability, the p99 is that score's, and /v1/models says which score it is."""
+    from model.reference import fit
+
+    model = tiny_model()
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(40, 3, 32, 32, generator=g)
+    with torch.inference_mode():
+        logits, embeddings, _ = model.forward_with_embedding(x)
+    probabilities = logits.softmax(-1)
+    reference = fit(embeddings, logits.argmax(-1), 10, score="max_softmax", probabilities=probabilities)
+    path = tmp_path / "outliers.safetensors"
+    save_checkpoint(path, model, list(SHAPE_CLASSES), TINY_PREPROCESSING, reference=reference)
+    images = [("files", (f"{i}.png", encode(make_sample(3, i).image), "image/png")) for i in range(3)]
+    async with make_client(weights=path) as client:
+        r = await client.post("/predict", files=images, params={"ood": "true"})
+        info = (await client.get("/v1/models")).json()["models"][0]
+    assert r.status_code == 200, r.text
+    for result in r.json()["results"]:
+        assert result["ood_score"] == pytest.approx(1 - max(result["probabilities"]), abs=1e-6)
+    assert info["ood_method"] == "max_softmax" and info["ood_p99"] == pytest.approx(reference.held_out_p99)
