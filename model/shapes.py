@@ -1,8 +1,10 @@
 """`shapes`: a procedural 10-class image dataset, deterministic from a seed.
 
-Each sample is a 64x64 RGB image of one geometric shape, filled or outlined, at a random colour,
-size, rotation and position, over a varied background with distractor lines and occasional blur
-or JPEG re-encoding, together with the shape's pixel mask (its silhouette, interior included).
+Each sample is a 64x64 RGB image of one geometric shape, filled or outlined (a stroke inside its edge or
+about it), with its proportions varied within what keeps it that shape, at a random colour, size (from 0.3 to
+0.9 of the side), rotation and position, over a plain, gradient (linear or radial), noisy, blotched, striped or
+cluttered background with thin distracting lines, and occasionally blurred, noisy or JPEG re-encoded; together
+with the shape's pixel mask (its silhouette, interior included).
 """
 
 from __future__ import annotations
@@ -60,9 +62,8 @@ def arc(cx: float, cy: float, r: float, a0: float, a1: float, steps: int = 32) -
     ]
 
 
-def crescent_polygon() -> Polygon:
-    """Unit disk minus a disk of radius 0.8 shifted right by 0.55: outer arc, then inner arc back."""
-    r2, d = 0.8, 0.55
+def crescent_polygon(r2: float = 0.8, d: float = 0.55) -> Polygon:
+    """Unit disk minus a disk of radius `r2` shifted right by `d`: outer arc, then inner arc back."""
     x = (1 - r2**2 + d**2) / (2 * d)  # where the two circles cross
     y = math.sqrt(1 - x**2)
     a_outer = math.atan2(y, x)
@@ -71,8 +72,9 @@ def crescent_polygon() -> Polygon:
     return arc(0, 0, 1.0, a_outer, 2 * math.pi - a_outer) + arc(d, 0, r2, a_inner, 2 * math.pi - a_inner)[::-1][1:-1]
 
 
-def outlines(label: int) -> list[tuple[Polygon, bool]]:
-    """The shape in unit coordinates (circumradius 1) as (polygon, is_hole) pairs."""
+def outlines(label: int, rng: np.random.Generator) -> list[tuple[Polygon, bool]]:
+    """The shape in unit coordinates (circumradius 1) as (polygon, is_hole) pairs, its proportions drawn
+    from ranges that keep it the shape it is."""
     name = SHAPE_CLASSES[label]
     if name == "circle":
         return [(regular_polygon(64), False)]
@@ -85,9 +87,9 @@ def outlines(label: int) -> list[tuple[Polygon, bool]]:
     if name == "hexagon":
         return [(regular_polygon(6), False)]
     if name == "star":
-        return [(star_polygon(), False)]
+        return [(star_polygon(inner=float(rng.uniform(0.38, 0.52))), False)]
     if name == "cross":
-        w, L = 0.3, 0.95  # half arm width, arm length
+        w, L = float(rng.uniform(0.22, 0.36)), 0.95  # half arm width, arm length
         pts = [
             (w, -L),
             (w, -w),
@@ -104,13 +106,15 @@ def outlines(label: int) -> list[tuple[Polygon, bool]]:
         ]
         return [(pts, False)]
     if name == "ring":
-        # Band of 0.65 r: at the smallest size (r = 11 px) still wider than the thickest outline (6 px),
-        # so a filled ring never looks like an outlined circle.
-        return [(regular_polygon(64), False), ([(0.35 * x, 0.35 * y) for x, y in regular_polygon(64)], True)]
+        # A band of 0.55 to 0.7 of r: wider than any outline (at most 0.35 r), so a filled ring never looks
+        # like an outlined circle.
+        hole = float(rng.uniform(0.3, 0.45))
+        return [(regular_polygon(64), False), ([(hole * x, hole * y) for x, y in regular_polygon(64)], True)]
     if name == "crescent":
-        return [(crescent_polygon(), False)]
+        return [(crescent_polygon(float(rng.uniform(0.74, 0.86)), float(rng.uniform(0.45, 0.62))), False)]
     if name == "arrow":
-        pts = [(1.0, 0.0), (0.2, -0.7), (0.2, -0.28), (-1.0, -0.28), (-1.0, 0.28), (0.2, 0.28), (0.2, 0.7)]
+        head, shaft, neck = float(rng.uniform(0.55, 0.8)), float(rng.uniform(0.2, 0.32)), float(rng.uniform(0.05, 0.35))
+        pts = [(1.0, 0.0), (neck, -head), (neck, -shaft), (-1.0, -shaft), (-1.0, shaft), (neck, shaft), (neck, head)]
         return [(pts, False)]
     raise ValueError(f"unknown shape label {label}")
 
@@ -124,22 +128,37 @@ def random_colour(rng: np.random.Generator) -> np.ndarray:
 
 
 def background(rng: np.random.Generator, size: int) -> np.ndarray:
-    """Solid, linear gradient, uniform noise or soft blobs -> (size, size, 3) float in [0, 255]."""
-    kind = rng.integers(4)
+    """Solid, linear or radial gradient, uniform noise, soft blobs, stripes or clutter -> (size, size, 3) float
+    in [0, 255]."""
+    kind = rng.integers(7)
     base = random_colour(rng)
     if kind == 0:
         return np.broadcast_to(base, (size, size, 3)).copy()
     yy, xx = np.mgrid[0:size, 0:size].astype(np.float64) / (size - 1)
-    if kind == 1:
-        angle = rng.uniform(0, 2 * math.pi)
-        t = np.cos(angle) * xx + np.sin(angle) * yy
+    if kind in (1, 4):
+        if kind == 1:
+            angle = rng.uniform(0, 2 * math.pi)
+            t = np.cos(angle) * xx + np.sin(angle) * yy
+        else:  # radial, about a centre anywhere in the image
+            t = np.sqrt((xx - rng.uniform(0, 1)) ** 2 + (yy - rng.uniform(0, 1)) ** 2)
         t = (t - t.min()) / (t.max() - t.min() + 1e-9)
         other = random_colour(rng)
         return base * (1 - t[..., None]) + other * t[..., None]
     if kind == 2:
         amp = rng.uniform(20, 70)
         return np.clip(base + rng.uniform(-amp, amp, size=(size, size, 3)), 0, 255)
+    if kind == 5:  # stripes, soft or hard, of a second colour at low weight
+        angle, period = rng.uniform(0, math.pi), rng.uniform(3, 12) / size
+        wave = np.sin(2 * math.pi * (np.cos(angle) * xx + np.sin(angle) * yy) / period)
+        t = (wave > 0).astype(np.float64) if rng.random() < 0.5 else 0.5 + 0.5 * wave
+        return base * (1 - 0.4 * t[..., None]) + random_colour(rng) * 0.4 * t[..., None]
     img = np.broadcast_to(base, (size, size, 3)).copy()
+    if kind == 6:  # clutter: small specks and dabs of other colours
+        for _ in range(rng.integers(8, 25)):
+            cx, cy, r = rng.uniform(0, 1), rng.uniform(0, 1), rng.uniform(0.6, 2.2) / size
+            w = (((xx - cx) ** 2 + (yy - cy) ** 2) < r**2)[..., None] * rng.uniform(0.4, 0.9)
+            img = img * (1 - w) + random_colour(rng) * w
+        return img
     for _ in range(rng.integers(2, 6)):
         cx, cy, s = rng.uniform(0, 1), rng.uniform(0, 1), rng.uniform(0.1, 0.35)
         w = np.exp(-((xx - cx) ** 2 + (yy - cy) ** 2) / (2 * s**2))[..., None] * rng.uniform(0.4, 0.9)
@@ -160,20 +179,22 @@ def contrasting_colour(rng: np.random.Generator, bg: np.ndarray) -> np.ndarray:
 def render_shape(label: int, rng: np.random.Generator) -> tuple[Image.Image, Image.Image]:
     """(coverage, silhouette) masks at supersampled resolution, mode L."""
     big = IMAGE_SIZE * SUPERSAMPLE
-    diameter = rng.uniform(0.35, 0.85) * IMAGE_SIZE
+    diameter = rng.uniform(0.3, 0.9) * IMAGE_SIZE
     r = diameter / 2
-    cx, cy = rng.uniform(r, IMAGE_SIZE - r), rng.uniform(r, IMAGE_SIZE - r)
+    filled = bool(rng.random() < 0.5)
+    # An outline at most 0.35 r thick, inside the edge or about it (then half of it lies outside).
+    stroke = float(rng.uniform(1.0, max(1.0, min(6.0, 0.35 * r))))
+    about = not filled and bool(rng.random() < 0.5)
+    margin = min(r + (stroke / 2 + 0.5 if about else 0.0), IMAGE_SIZE / 2)
+    cx, cy = rng.uniform(margin, IMAGE_SIZE - margin), rng.uniform(margin, IMAGE_SIZE - margin)
     angle = rng.uniform(0, 2 * math.pi)
     ca, sa = math.cos(angle), math.sin(angle)
-    filled = bool(rng.random() < 0.5)
-    stroke = int(rng.integers(2, 7)) * SUPERSAMPLE
-    # The circumscribed circle lies inside the image; the stroke is drawn inward so it does too.
     parts = [
         (
             [((cx + r * (ca * x - sa * y)) * SUPERSAMPLE, (cy + r * (sa * x + ca * y)) * SUPERSAMPLE) for x, y in poly],
             hole,
         )
-        for poly, hole in outlines(label)
+        for poly, hole in outlines(label, rng)
     ]
     silhouette = Image.new("L", (big, big), 0)
     d = ImageDraw.Draw(silhouette)
@@ -183,9 +204,12 @@ def render_shape(label: int, rng: np.random.Generator) -> tuple[Image.Image, Ima
         return silhouette, silhouette
     outline = Image.new("L", (big, big), 0)
     d = ImageDraw.Draw(outline)
+    width = round(stroke * SUPERSAMPLE)
     for poly, _ in parts:
-        d.line([*poly, poly[0], poly[1]], fill=255, width=2 * stroke, joint="curve")
-    # Keep the stroke inside the silhouette so outlined shapes have the same extent as filled ones.
+        d.line([*poly, poly[0], poly[1]], fill=255, width=width if about else 2 * width, joint="curve")
+    if about:
+        return outline, silhouette
+    # Inside the edge: kept within the silhouette, so the outlined shape has the filled one's extent.
     coverage = Image.fromarray(np.minimum(np.asarray(outline), np.asarray(silhouette)))
     return coverage, silhouette
 
@@ -197,9 +221,11 @@ def make_sample(seed: int, index: int) -> ShapeSample:
     bg = background(rng, IMAGE_SIZE)
     canvas = Image.fromarray(bg.astype(np.uint8))
     draw = ImageDraw.Draw(canvas)
-    for _ in range(rng.integers(0, 4)):  # thin distractor lines across the background
-        p = rng.uniform(0, IMAGE_SIZE, size=4)
-        draw.line([(p[0], p[1]), (p[2], p[3])], fill=tuple(int(v) for v in random_colour(rng)), width=1)
+    for _ in range(rng.integers(0, 5)):  # thin distractor lines across the background, some bent
+        p = rng.uniform(0, IMAGE_SIZE, size=6)
+        points = [(p[0], p[1]), (p[2], p[3])] if rng.random() < 0.6 else [(p[0], p[1]), (p[4], p[5]), (p[2], p[3])]
+        width = 1 if rng.random() < 0.75 else 2
+        draw.line(points, fill=tuple(int(v) for v in random_colour(rng)), width=width, joint="curve")
     coverage, silhouette = render_shape(label, rng)
     alpha = (
         np.asarray(coverage.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BOX), dtype=np.float64)[..., None] / 255
@@ -209,11 +235,14 @@ def make_sample(seed: int, index: int) -> ShapeSample:
     image = Image.fromarray(np.clip(img + 0.5, 0, 255).astype(np.uint8))
     effect = rng.random()
     if effect < 0.15:
-        image = image.filter(ImageFilter.GaussianBlur(radius=float(rng.uniform(0.4, 1.0))))
+        image = image.filter(ImageFilter.GaussianBlur(radius=float(rng.uniform(0.4, 1.2))))
     elif effect < 0.3:
         buf = io.BytesIO()
-        image.save(buf, format="JPEG", quality=int(rng.integers(40, 91)))
+        image.save(buf, format="JPEG", quality=int(rng.integers(30, 91)))
         image = Image.open(io.BytesIO(buf.getvalue())).convert("RGB")
+    elif effect < 0.4:  # sensor-like noise over everything
+        noisy = np.asarray(image, dtype=np.float64) + rng.normal(0, rng.uniform(3, 12), (IMAGE_SIZE, IMAGE_SIZE, 3))
+        image = Image.fromarray(np.clip(noisy + 0.5, 0, 255).astype(np.uint8))
     mask = np.asarray(silhouette.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BOX)) >= 128
     return ShapeSample(image, label, mask)
 
