@@ -3,7 +3,7 @@
 Each sample is a 64x64 RGB image of one geometric shape, filled or outlined (a stroke inside its edge or
 about it), with its proportions varied within what keeps it that shape, at a random colour, size (from 0.3 to
 0.9 of the side), rotation and position, over a plain, gradient (linear or radial), noisy, blotched, striped or
-cluttered background with thin distracting lines, and occasionally blurred, noisy or JPEG re-encoded; together
+cluttered background with thin distracting lines, and occasionally blurred or JPEG re-encoded; together
 with the shape's pixel mask (its silhouette, interior included).
 """
 
@@ -240,9 +240,7 @@ def make_sample(seed: int, index: int) -> ShapeSample:
         buf = io.BytesIO()
         image.save(buf, format="JPEG", quality=int(rng.integers(30, 91)))
         image = Image.open(io.BytesIO(buf.getvalue())).convert("RGB")
-    elif effect < 0.4:  # sensor-like noise over everything
-        noisy = np.asarray(image, dtype=np.float64) + rng.normal(0, rng.uniform(3, 12), (IMAGE_SIZE, IMAGE_SIZE, 3))
-        image = Image.fromarray(np.clip(noisy + 0.5, 0, 255).astype(np.uint8))
+
     mask = np.asarray(silhouette.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BOX)) >= 128
     return ShapeSample(image, label, mask)
 
