@@ -20,7 +20,7 @@ from torchvision.transforms import InterpolationMode, v2
 
 from model.preprocessing import EvalTransform, Preprocessing
 from model.shapes import IMAGE_SIZE as SHAPES_SIZE
-from model.shapes import SHAPE_CLASSES, ShapeSample, make_sample, render_dataset
+from model.shapes import SHAPE_CLASSES, ShapeSample, make_background, make_sample, render_dataset
 
 DATASETS: tuple[str, ...] = ("shapes", "cifar10", "mnist", "imagefolder")
 
@@ -58,6 +58,7 @@ class DataOptions:
     randaugment: bool = False  # for natural images (cifar10, imagefolder)
     shapes_train: int = 50_000
     shapes_test: int = 5_000
+    shapes_outliers: int = 0  # shape-less backgrounds added to the training set, labelled NO_SHAPE
     seed: int = 0
     val_fraction: float = 0.1  # imagefolder without a val/ folder: share of train/ held out
     preprocessing: Preprocessing | None = None  # fine-tuning: the checkpoint's recipe instead of the dataset's
@@ -89,7 +90,8 @@ def resize_steps(p: Preprocessing) -> list[Any]:
 
 
 class ShapesDataset(Dataset[tuple[Tensor, int]]):
-    """The procedural shapes, rendered once into memory; `masks` holds each shape's silhouette."""
+    """The procedural shapes, rendered once into memory; `masks` holds each shape's silhouette. With `outliers`,
+    that many backgrounds without a shape follow the shapes, labelled `NO_SHAPE` (from a seed stream of their own)."""
 
     def __init__(
         self,
@@ -97,8 +99,12 @@ class ShapesDataset(Dataset[tuple[Tensor, int]]):
         seed: int,
         transform: Callable[[Tensor], Tensor] | None = None,
         sample: Callable[[int, int], ShapeSample] = make_sample,
+        outliers: int = 0,
     ) -> None:
         images, labels, masks = render_dataset(n, seed, sample)
+        if outliers:
+            extra = render_dataset(outliers, seed + 2_000_003, make_background)
+            images, labels, masks = (np.concatenate(pair) for pair in zip((images, labels, masks), extra, strict=True))
         self.images = torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()  # (n, 3, 64, 64) uint8
         self.labels = torch.from_numpy(labels)
         self.masks = torch.from_numpy(masks)  # (n, 64, 64) bool
@@ -155,7 +161,9 @@ def shapes_preprocessing(image_size: int = SHAPES_SIZE, channels: int = 3) -> Pr
 def build_shapes(opts: DataOptions) -> DataBundle:
     p = opts.preprocessing or shapes_preprocessing(image_size_for(opts), opts.channels or 3)
     # Test data comes from a different seed stream than training data, so the two never overlap.
-    train = ShapesDataset(opts.shapes_train, opts.seed, train_transform(p, flip=True, randaugment=False))
+    train = ShapesDataset(
+        opts.shapes_train, opts.seed, train_transform(p, flip=True, randaugment=False), outliers=opts.shapes_outliers
+    )
     test = ShapesDataset(opts.shapes_test, opts.seed + 1_000_003, EvalTransform(p))
     return DataBundle(train, test, list(SHAPE_CLASSES), p)
 

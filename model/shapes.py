@@ -29,6 +29,7 @@ SHAPE_CLASSES: list[str] = [
     "crescent",
     "arrow",
 ]
+NO_SHAPE = -1  # the label of a background drawn without a shape (`make_background`)
 IMAGE_SIZE = 64
 SUPERSAMPLE = 4  # shapes are drawn at 4x and downsampled, for anti-aliased edges
 
@@ -217,7 +218,17 @@ def render_shape(label: int, rng: np.random.Generator) -> tuple[Image.Image, Ima
 def make_sample(seed: int, index: int) -> ShapeSample:
     """Sample `index` of the dataset with this seed; the same pair always gives the same sample."""
     rng = np.random.default_rng([seed, index])
-    label = int(rng.integers(len(SHAPE_CLASSES)))
+    return draw_sample(rng, int(rng.integers(len(SHAPE_CLASSES))))
+
+
+def make_background(seed: int, index: int) -> ShapeSample:
+    """A background with its distracting lines and effects, as `make_sample` draws them, but no shape: label
+    `NO_SHAPE`, an empty mask. Training shows these as what is not a shape (outlier exposure)."""
+    rng = np.random.default_rng([seed, index])
+    return draw_sample(rng, NO_SHAPE)
+
+
+def draw_sample(rng: np.random.Generator, label: int) -> ShapeSample:
     bg = background(rng, IMAGE_SIZE)
     canvas = Image.fromarray(bg.astype(np.uint8))
     draw = ImageDraw.Draw(canvas)
@@ -226,12 +237,13 @@ def make_sample(seed: int, index: int) -> ShapeSample:
         points = [(p[0], p[1]), (p[2], p[3])] if rng.random() < 0.6 else [(p[0], p[1]), (p[4], p[5]), (p[2], p[3])]
         width = 1 if rng.random() < 0.75 else 2
         draw.line(points, fill=tuple(int(v) for v in random_colour(rng)), width=width, joint="curve")
-    coverage, silhouette = render_shape(label, rng)
-    alpha = (
-        np.asarray(coverage.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BOX), dtype=np.float64)[..., None] / 255
-    )
-    colour = contrasting_colour(rng, bg)
-    img = np.asarray(canvas, dtype=np.float64) * (1 - alpha) + colour * alpha
+    img = np.asarray(canvas, dtype=np.float64)
+    mask = np.zeros((IMAGE_SIZE, IMAGE_SIZE), dtype=bool)
+    if label != NO_SHAPE:
+        coverage, silhouette = render_shape(label, rng)
+        alpha = np.asarray(coverage.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BOX), dtype=np.float64) / 255
+        img = img * (1 - alpha[..., None]) + contrasting_colour(rng, bg) * alpha[..., None]
+        mask = np.asarray(silhouette.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BOX)) >= 128
     image = Image.fromarray(np.clip(img + 0.5, 0, 255).astype(np.uint8))
     effect = rng.random()
     if effect < 0.15:
@@ -240,8 +252,6 @@ def make_sample(seed: int, index: int) -> ShapeSample:
         buf = io.BytesIO()
         image.save(buf, format="JPEG", quality=int(rng.integers(30, 91)))
         image = Image.open(io.BytesIO(buf.getvalue())).convert("RGB")
-
-    mask = np.asarray(silhouette.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BOX)) >= 128
     return ShapeSample(image, label, mask)
 
 

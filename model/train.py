@@ -25,7 +25,7 @@ from typing import Any, get_args
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
@@ -36,6 +36,7 @@ from model.data import DATASETS, DEFAULT_GEOMETRY, DataBundle, DataOptions, Data
 from model.device import resolve_device
 from model.preprocessing import Preprocessing
 from model.reference import OOD_SCORES, from_labelled
+from model.shapes import NO_SHAPE
 from model.vit import (
     POS_EMBED_KINDS,
     PRESETS,
@@ -63,6 +64,7 @@ ARCHITECTURE_FLAGS = (
 )
 SCRATCH_LR, FINETUNE_LR = 5e-4, 1e-4
 FINETUNE_LAYER_DECAY = 0.75
+OUTLIER_WEIGHT = 0.5  # outlier exposure's weight against the labelled images' loss (Hendrycks et al. 2019)
 
 
 @dataclass
@@ -97,6 +99,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     d.add_argument("--randaugment", action="store_true", help="RandAugment for natural images")
     d.add_argument("--shapes-train", type=int, default=50_000, help="shapes: training samples")
     d.add_argument("--shapes-test", type=int, default=5_000, help="shapes: test samples")
+    d.add_argument(
+        "--shapes-outliers",
+        type=int,
+        default=0,
+        help="shapes: backgrounds without a shape added to the training set, trained towards equal probabilities "
+        "(outlier exposure), so that what is not a shape scores as unknown",
+    )
     m = p.add_argument_group("model")
     m.add_argument("--preset", choices=sorted(PRESETS), help="size preset (default: micro)")
     m.add_argument("--image-size", type=int, help="input side (default: per dataset)")
@@ -174,6 +183,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     if not 0.0 < args.layer_decay <= 1.0:
         p.error(f"--layer-decay must be in (0, 1], got {args.layer_decay}")
+    if args.shapes_outliers and args.dataset != "shapes":
+        p.error("--shapes-outliers adds shape-less backgrounds to the shapes dataset; drop it for other datasets")
+    if args.shapes_outliers < 0:
+        p.error(f"--shapes-outliers must be >= 0, got {args.shapes_outliers}")
     return args
 
 
@@ -371,6 +384,7 @@ def load_data(args: argparse.Namespace, ddp: Distributed, source: Checkpoint | N
         randaugment=args.randaugment,
         shapes_train=args.shapes_train,
         shapes_test=args.shapes_test,
+        shapes_outliers=args.shapes_outliers,
         seed=args.seed,
         preprocessing=finetune_preprocessing(args, source) if source else None,
     )
@@ -414,6 +428,17 @@ class Schedule:
     steps_per_epoch: int
 
 
+def classification_loss(logits: Tensor, y: Tensor, label_smoothing: float) -> Tensor:
+    """Cross-entropy over the labelled images; an image labelled NO_SHAPE (a shape-less background) is trained
+    towards equal probabilities instead, weighted OUTLIER_WEIGHT (outlier exposure, Hendrycks et al. 2019)."""
+    known = y != NO_SHAPE
+    if bool(known.all()):
+        return F.cross_entropy(logits, y, label_smoothing=label_smoothing)
+    total = F.cross_entropy(logits[known], y[known], label_smoothing=label_smoothing, reduction="sum")
+    total = total - OUTLIER_WEIGHT * F.log_softmax(logits[~known], dim=-1).mean(dim=-1).sum()
+    return total / y.numel()
+
+
 def train_epoch(
     args: argparse.Namespace,
     net: nn.Module,
@@ -429,6 +454,7 @@ def train_epoch(
     net.train()
     loss_sum = torch.zeros((), device=device)
     correct = torch.zeros((), device=device)
+    labelled = torch.zeros((), device=device, dtype=torch.long)
     seen = 0
     bar = tqdm(loader, desc=f"epoch {epoch}/{args.epochs}", disable=args.no_progress or not ddp.is_main)
     for i, (x, y) in enumerate(bar):
@@ -438,21 +464,22 @@ def train_epoch(
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with autocast(device):
             logits = net(x)
-            loss = F.cross_entropy(logits.float(), y, label_smoothing=args.label_smoothing)
+            loss = classification_loss(logits.float(), y, args.label_smoothing)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if args.clip_grad > 0:
             nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], args.clip_grad)
         optimizer.step()
         loss_sum += loss.detach() * y.numel()
-        correct += (logits.argmax(1) == y).sum()
+        correct += (logits.argmax(1) == y).sum()  # an outlier (label NO_SHAPE) is never correct, nor counted
+        labelled += (y != NO_SHAPE).sum()
         seen += y.numel()
         if i % 20 == 0:
             bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr:.2e}")
-    stats = torch.stack([loss_sum, correct, torch.tensor(float(seen), device=device)])
+    stats = torch.stack([loss_sum, correct, labelled.float(), torch.tensor(float(seen), device=device)])
     if ddp.enabled:
         dist.all_reduce(stats)
-    return float(stats[0] / stats[2]), float(stats[1] / stats[2])
+    return float(stats[0] / stats[3]), float(stats[1] / stats[2])
 
 
 def main(argv: list[str] | None = None) -> History:
@@ -551,6 +578,7 @@ def summary(args: argparse.Namespace, history: History, started: float, source: 
         "seed": args.seed,
         "test_accuracy": round(history.best_accuracy, 6),
         "train_samples": args.shapes_train if args.dataset == "shapes" else None,
+        **({"train_outliers": args.shapes_outliers} if args.shapes_outliers else {}),
         "batch_size": args.batch_size,
         "lr": args.lr,
         "init": args.init if source is None else "init_from",
