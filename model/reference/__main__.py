@@ -109,10 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"reference statistics from {described}: {seen} of {ckpt.config.num_classes} classes seen")
     if reference.score != "mahalanobis":
         print(f"scored by {reference.score}: 1 - the top probability")
-    print(f"in-distribution scores: median {scores.median():.2f}, 95th percentile {scores.quantile(0.95):.2f}")
+    f = ".2f" if reference.score == "mahalanobis" else ".3f"  # distances run to tens; 1 - a probability stays under 1
+    print(f"in-distribution scores: median {scores.median():{f}}, 95th percentile {scores.quantile(0.95):{f}}")
     if reference.held_out_p99 is not None:
         held_out = "held out (5 folds)" if reference.score == "mahalanobis" else "of these images"
-        print(f"{held_out}, 99 in 100 score at most {reference.held_out_p99:.2f}: the page's verdict")
+        print(f"{held_out}, 99 in 100 score at most {reference.held_out_p99:{f}}: the page's verdict")
     print(f"wrote {out} ({ckpt.identity}: unchanged)")
     return 0
 

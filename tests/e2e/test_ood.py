@@ -36,9 +36,10 @@ NOISE = [
 @pytest.fixture(scope="module")
 def referenced(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The bundled model with reference statistics from 300 shapes, added by the command users run (in place of
-    the 5,000 it ships with)."""
+    the 5,000 it ships with), scored as it ships: 1 - the top probability (it was trained with outlier exposure)."""
     out = tmp_path_factory.mktemp("ood") / "vit-shapes.safetensors"
     cmd = [sys.executable, "-m", "model.reference", str(BUNDLED_WEIGHTS), "--shapes", "300", "--output", str(out)]
+    cmd += ["--score", "max_softmax"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "300 procedural shapes: 10 of 10 classes seen" in r.stdout
@@ -62,7 +63,7 @@ def server(request: pytest.FixtureRequest, serve: ServerFactory, referenced: Pat
         referenced,
         VIT_MODELS=models,
         VIT_WORKERS=request.param,
-        VIT_OOD_THRESHOLD="vit-shapes=40",
+        VIT_OOD_THRESHOLD="vit-shapes=0.5",
         VIT_SHADOW="vit-shapes:plain",  # the same weights: they must agree entirely
         VIT_DRIFT_WINDOW="50",
     )
@@ -78,8 +79,8 @@ def test_predict_scores_noise_far_above_shapes_and_flags_it(server: Server) -> N
     assert r.status_code == 200, r.text
     results = r.json()["results"]
     scores = [x["ood_score"] for x in results]
-    assert max(scores[:4]) < min(scores[4:]), scores  # shapes 9 to 20, noise 25 to 89
-    assert [x["ood"] for x in results] == [s > 40 for s in scores]  # VIT_OOD_THRESHOLD for this model
+    assert max(scores[:4]) < min(scores[4:]), scores  # shapes 0.08 to 0.09, noise 0.29 to 0.84
+    assert [x["ood"] for x in results] == [s > 0.5 for s in scores]  # VIT_OOD_THRESHOLD for this model
     assert not any(x["ood"] for x in results[:4]) and sum(x["ood"] for x in results[4:]) >= 2
     plain = httpx.post(f"{server.url}/predict", files=[("file", ("s.png", SHAPES[0], "image/png"))], timeout=60)
     assert "ood_score" not in plain.json()["results"][0] and "embedding" not in plain.json()["results"][0]
@@ -87,7 +88,7 @@ def test_predict_scores_noise_far_above_shapes_and_flags_it(server: Server) -> N
     assert both["ood_score"] == pytest.approx(scores[0], rel=1e-5) and len(both["embedding"]) == 128
     info = httpx.get(f"{server.url}/v1/models", timeout=10).json()["models"]
     assert [m["reference"] for m in info] == [True, False]
-    assert [m["ood_method"] for m in info] == ["mahalanobis", None]  # what model.reference fits by default
+    assert [m["ood_method"] for m in info] == ["max_softmax", None]
     p99 = info[0]["ood_p99"]  # the bundled statistics keep it; a model without statistics has none
     assert info[1]["ood_p99"] is None and max(scores[:4]) < p99 < max(scores[4:])
 

@@ -51,3 +51,18 @@ def test_images_vary() -> None:
     assert len({img.tobytes() for img in images}) == 50
     sizes = masks.reshape(50, -1).sum(1)
     assert sizes.max() > 3 * sizes.min()  # sizes range from 30 % to 90 % of the side
+
+
+def test_a_background_without_a_shape_is_drawn_as_the_shapes_are() -> None:
+    """Outlier exposure's images: the background, lines and effects of a sample, no shape; labelled NO_SHAPE."""
+    from model.data import ShapesDataset
+    from model.shapes import NO_SHAPE, make_background
+
+    a, b = make_background(5, 3), make_background(5, 3)
+    assert a.label == NO_SHAPE and not a.mask.any() and a.image.size == (IMAGE_SIZE, IMAGE_SIZE)
+    assert np.array_equal(np.asarray(a.image), np.asarray(b.image))  # the same pair, the same image
+    data = ShapesDataset(6, 0, outliers=4)
+    assert (
+        data.labels.tolist()[:6] == [make_sample(0, i).label for i in range(6)] and data.labels.tolist()[6:] == [-1] * 4
+    )
+    assert not data.masks[6:].any()

@@ -340,3 +340,23 @@ def test_the_bundled_checkpoints_maps_point_at_the_shape() -> None:
     for method in ("rollout", "gradient"):
         result = evaluate.main(["--checkpoint", str(BUNDLED_WEIGHTS), "--samples", "200", "--attention", method])
         assert result.pointing_game is not None and result.pointing_game > 0.9, (method, result.pointing_game)
+
+
+def test_outliers_are_trained_towards_equal_probabilities(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    logits = torch.tensor([[2.0, 0.0, -1.0], [0.5, 0.5, 3.0], [1.0, 2.0, 3.0]])
+    labels = torch.tensor([0, -1, 2])  # the middle one: a background without a shape
+    ce = torch.nn.functional.cross_entropy(logits[[0, 2]], labels[[0, 2]], label_smoothing=0.1, reduction="sum")
+    uniform = -torch.log_softmax(logits[1], -1).mean()
+    expected = (ce + train.OUTLIER_WEIGHT * uniform) / 3
+    torch.testing.assert_close(train.classification_loss(logits, labels, 0.1), expected)
+    history, out = run(
+        tmp_path,
+        *("--dataset", "shapes", "--shapes-train", "32", "--shapes-test", "16", "--shapes-outliers", "8"),
+        *("--epochs", "1", "--ood-score", "max_softmax"),
+    )
+    ckpt = load_checkpoint(out)
+    assert ckpt.training["train_outliers"] == 8 and ckpt.reference is not None and ckpt.reference.score == "max_softmax"
+    assert 0.0 <= history.epochs[0]["train_accuracy"] <= 1.0  # over the 32 labelled images, not the 40
+    with pytest.raises(SystemExit):
+        train.parse_args(["--dataset", "mnist", "--shapes-outliers", "8"])
+    assert "--shapes-outliers adds shape-less backgrounds" in capsys.readouterr().err
