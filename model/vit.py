@@ -439,8 +439,15 @@ class AxialAttention(Attention):
         self.register_buffer("mask", axial_mask(grid, prefix, axis), persistent=False)
 
     def forward(
-        self, x: Tensor, return_attention: bool = False, rope: Tensor | None = None, rel_pos: Tensor | None = None
+        self,
+        x: Tensor,
+        return_attention: bool = False,
+        rope: Tensor | None = None,
+        rel_pos: Tensor | None = None,
+        mask: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
+        if mask is not None:
+            raise ValueError("axial attention has its own mask; a text tower's is for full attention")
         B, N, C = x.shape  # (rotary and relative positions are for full attention: the config refuses them here)
         qkv = self.qkv(x).reshape(B, N, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # each (B, nh, P + g*g, hs)

@@ -130,7 +130,7 @@ def close(shown: Any, got: Any, where: str) -> None:
 @pytest.fixture(scope="module")
 def server(serve: ServerFactory) -> Server:
     # api.md's out-of-distribution example is shown with this threshold
-    return serve(BUNDLED_WEIGHTS, VIT_OOD_THRESHOLD="vit-shapes=30")
+    return serve(BUNDLED_WEIGHTS, VIT_OOD_THRESHOLD="vit-shapes=0.5")
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])

@@ -180,7 +180,7 @@ def test_timm_eva_and_relative_position_models_convert_exactly(arch: str, kwargs
         (lambda: timm.create_model("vit_tiny_patch16_224", block_fn=ParallelThingsBlock), "ParallelThingsBlock"),
         (lambda: timm.create_model("vit_tiny_patch16_224", global_pool="max"), "global_pool='max'"),
         (lambda: timm.create_model("vit_tiny_patch16_224", num_classes=0), "no classification head"),
-        (lambda: timm.create_model("vit_tiny_patch16_224", act_layer="gelu_tanh"), "exact GELU and QuickGELU"),
+        (lambda: timm.create_model("vit_tiny_patch16_224", act_layer="silu"), "exact GELU, tanh GELU and QuickGELU"),
     ],
 )
 def test_timm_features_we_lack_are_refused_by_name(build: Callable[[], Any], feature: str) -> None:
@@ -426,7 +426,7 @@ def test_the_check_catches_a_wrong_mapping() -> None:
 
 def test_module_entry_point_help(capsys: pytest.CaptureFixture[str]) -> None:
     r = subprocess.run([sys.executable, "-m", "model.convert", "--help"], capture_output=True, text=True, check=True)
-    assert "{timm,torchvision,hf}" in r.stdout
+    assert "{timm,torchvision,hf,open_clip}" in r.stdout
     with pytest.raises(SystemExit) as exited:  # a source's own help, from the same entry point in-process
         convert_main(["timm", "--help"])
     assert exited.value.code == 0
