@@ -109,11 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"reference statistics from {described}: {seen} of {ckpt.config.num_classes} classes seen")
     if reference.score != "mahalanobis":
         print(f"scored by {reference.score}: 1 - the top probability")
-    f = ".2f" if reference.score == "mahalanobis" else ".3f"  # distances run to tens; 1 - a probability stays under 1
-    print(f"in-distribution scores: median {scores.median():{f}}, 95th percentile {scores.quantile(0.95):{f}}")
+    shown = ".2f" if reference.score == "mahalanobis" else ".3f"  # distances run to tens; 1 - a probability, under 1
+    print(f"in-distribution scores: median {scores.median():{shown}}, 95th percentile {scores.quantile(0.95):{shown}}")
     if reference.held_out_p99 is not None:
         held_out = "held out (5 folds)" if reference.score == "mahalanobis" else "of these images"
-        print(f"{held_out}, 99 in 100 score at most {reference.held_out_p99:{f}}: the page's verdict")
+        print(f"{held_out}, 99 in 100 score at most {reference.held_out_p99:{shown}}: the page's verdict")
     print(f"wrote {out} ({ckpt.identity}: unchanged)")
     return 0
 
