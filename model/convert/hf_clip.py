@@ -1,5 +1,5 @@
 """Hugging Face contrastive image-text models (a `save_pretrained` directory) -> our ViT and text tower:
-`CLIPModel` and `SiglipModel` (SigLIP 2's fixed-resolution checkpoints load as `SiglipModel` too).
+`CLIPModel` and `SiglipModel` (whose model_type SigLIP 2's fixed-resolution checkpoints share).
 
 The image tower becomes a ViT whose head projects into the joint space (CLIP's `visual_projection`; SigLIP's
 pooled output is the embedding itself, so its head is the identity). The text tower becomes a
