@@ -90,7 +90,8 @@ def text_difference(tower: ZeroShot, reference: Callable[[Tensor], Tensor], batc
     c = tower.config.text
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, c.vocab_size, (batch, c.context_length), generator=generator)
-    ids[:, -1] = c.eos_token_id if c.pool == "eos" else ids[:, -1]
+    if c.pool == "eos":
+        ids[:, -1] = c.eos_token_id
     ours, theirs = tower.text(ids).float(), reference(ids).float()
     if ours.shape != theirs.shape:
         raise ConversionError(f"text embeddings have shape {tuple(ours.shape)}, the source gives {tuple(theirs.shape)}")

@@ -64,7 +64,7 @@ def convert_hf_clip(model_dir: Path) -> Converted:
     if siglip and not getattr(vision, "vision_use_head", True):
         raise unsupported("a SigLIP image tower without its attention pooling head")
     config = image_config(vision, model, siglip)
-    state = {k: v for k, v in model.state_dict().items()}
+    state = model.state_dict()
     image = image_state(state, config, siglip)
     tokenizer_config, tokenizer_bytes = tokenizer_of(tokenizer, text, siglip, model_dir)
     zero_shot = ZeroShotConfig(

@@ -31,7 +31,10 @@ POOLS: dict[str, TextPool] = {"argmax": "argmax", "eos": "eos", "last": "last"}
 
 def convert_open_clip(arch: str, weights: Path | None, pretrained: str | None) -> Converted:
     """open_clip's `arch`, with a weights file or its pretrained tag (downloaded through open_clip's own code)."""
-    import open_clip
+    try:
+        import open_clip
+    except ImportError as e:  # not in the runtime set: the convert extra brings it
+        raise ConversionError(f"open_clip is not installed ({e}); pip install 'vit-serve[convert]'") from e
 
     if arch not in open_clip.list_models():
         raise ConversionError(f"open_clip has no model {arch!r}; see open_clip.list_models()")
@@ -244,18 +247,19 @@ def text_tower(t: Any, tokenizer: TokenizerConfig) -> tuple[TextConfig, dict[str
 
 def carried_tokenizer(tokenizer: Any) -> tuple[TokenizerConfig, bytes]:
     """open_clip's tokenizer as a `tokenizers` file and its config."""
+    import open_clip.tokenizer as open_clip_tokenizer
     from open_clip.tokenizer import HFTokenizer, SimpleTokenizer
 
     context = int(tokenizer.context_length)
     if isinstance(tokenizer, SimpleTokenizer):
-        if tokenizer.clean_fn.__name__ not in ("_clean_lower", "<lambda>") and "lower" not in repr(tokenizer.clean_fn):
+        if tokenizer.clean_fn is not open_clip_tokenizer._clean_lower:
             raise unsupported("an open_clip BPE tokenizer that does not lower-case")
         data = clip_bpe_tokenizer_json(tokenizer)
         eos = int(tokenizer.eot_token_id)
         return TokenizerConfig("tokenizers", context, pad_token_id=0, eos_token_id=eos), data
     if isinstance(tokenizer, HFTokenizer):
         hf = tokenizer.tokenizer
-        canonical = getattr(tokenizer, "clean_fn", None) is not None and "canonical" in repr(tokenizer.clean_fn)
+        canonical = tokenizer.clean_fn is open_clip_tokenizer._clean_canonicalize
         config = TokenizerConfig(
             "tokenizers",
             context,

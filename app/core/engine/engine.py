@@ -463,13 +463,23 @@ def check_shadows(shadows: dict[str, Shadow], served: dict[str, ServedModel]) ->
 
 
 def check_thresholds(settings: Settings, served: dict[str, ServedModel]) -> None:
-    """Every model VIT_OOD_THRESHOLD names is served; ValueError, one line, otherwise."""
+    """Every model VIT_OOD_THRESHOLD names is served, and a threshold on a 0-to-1 score is under 1 (a distance's
+    threshold kept for a model that now scores by its top probability would flag nothing); ValueError, one line,
+    otherwise."""
     if settings.ood_threshold is None:
         return
     for name, value in parse_thresholds(settings.ood_threshold).items():
         if name != "*" and name not in served:
             raise ValueError(
                 f"VIT_OOD_THRESHOLD {name}={value:g}: no model {name!r} is served; served: {', '.join(served)}"
+            )
+    for name, model in served.items():
+        reference, limit = model.checkpoint.reference, settings.ood_threshold_for(name)
+        if reference is not None and reference.score == "max_softmax" and limit is not None and limit >= 1:
+            p99 = "" if reference.held_out_p99 is None else f"; its ood_p99 is {reference.held_out_p99:.3g}"
+            raise ValueError(
+                f"VIT_OOD_THRESHOLD {limit:g} for model {name!r}: its out-of-distribution score is max_softmax, "
+                f"1 - its top probability, always under 1, so this would flag nothing; give a threshold under 1{p99}"
             )
 
 

@@ -130,8 +130,18 @@ async def test_a_threshold_for_a_model_not_served_fails_the_start() -> None:
     ):
         async with Engine.serving(settings):
             pass
-    async with Engine.serving(cpu_settings(models=f"vit-shapes={BUNDLED_WEIGHTS}", ood_threshold="30")):
+    async with Engine.serving(cpu_settings(models=f"vit-shapes={BUNDLED_WEIGHTS}", ood_threshold="0.5")):
         pass  # a threshold for every model names none
+
+
+@pytest.mark.parametrize("threshold", ["30", "vit-shapes=1"])
+async def test_a_distances_threshold_on_a_zero_to_one_score_fails_the_start(threshold: str) -> None:
+    """The bundled model scores by 1 - its top probability: a threshold of 1 or more, as a Mahalanobis distance's
+    would be, could flag nothing, and says so instead."""
+    settings = cpu_settings(models=f"vit-shapes={BUNDLED_WEIGHTS}", ood_threshold=threshold)
+    with pytest.raises(ValueError, match="score is max_softmax, 1 - its top probability, always under 1"):
+        async with Engine.serving(settings):
+            pass
 
 
 async def test_the_challengers_drift_gauges_count_the_champions_images_it_computed() -> None:
