@@ -193,6 +193,12 @@ class Settings(BaseSettings):
         description="Response cache: up to this many bytes of predictions, each kept by model version, image "
         "content and options, least recently used evicted (0: off)",
     )
+    text_cache_labels: int = Field(
+        20_000,
+        ge=1,
+        description="Zero-shot models (CLIP, SigLIP): label embeddings kept per model version, by template and "
+        "label, least recently used evicted; a request whose labels are all kept runs no text pass",
+    )
     drain_timeout_s: float = Field(
         30.0,
         ge=0,

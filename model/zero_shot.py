@@ -92,7 +92,8 @@ class ZeroShot(nn.Module):
         """Image embeddings (B, D), unnormalised as the image tower gives them, and normalised text embeddings
         (L, D) -> logits (B, L)."""
         images = F.normalize(images.float(), dim=-1)
-        return images @ texts.T.to(images.device) * self.logit_scale.exp() + self.logit_bias
+        scale, bias = self.logit_scale.to(images.device).exp(), self.logit_bias.to(images.device)
+        return images @ texts.T.to(images.device) * scale + bias
 
     def probabilities(self, logits: Tensor) -> Tensor:
         """Logits (B, L) -> probabilities by the model's rule."""

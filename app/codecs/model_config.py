@@ -31,7 +31,9 @@ def model_config(model: ModelDescription, batching: Batching, limits: Limits) ->
     grid = model.grid_size
     gpu = model.device.startswith("cuda")
     outputs = {
-        PROBABILITIES: pb.ModelOutput(name=PROBABILITIES, data_type=pb.TYPE_FP32, dims=[len(model.classes)]),
+        PROBABILITIES: pb.ModelOutput(
+            name=PROBABILITIES, data_type=pb.TYPE_FP32, dims=[-1 if model.zero_shot else len(model.classes)]
+        ),
         ATTENTION: pb.ModelOutput(name=ATTENTION, data_type=pb.TYPE_FP32, dims=[grid, grid]),
         EMBEDDING: pb.ModelOutput(name=EMBEDDING, data_type=pb.TYPE_FP32, dims=[model.embedding_dim]),
         # one value per image: [N], as Triton writes a per-item scalar (dims [1], reshaped to [])

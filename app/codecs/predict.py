@@ -25,7 +25,10 @@ class ModelRef(BaseModel):
 
 class TopK(BaseModel):
     label: str = Field(examples=["star"])
-    index: int = Field(description="Class index in the model's class order", examples=[5])
+    index: int = Field(
+        description="Class index in the model's class order (a zero-shot request's: in the order of its labels)",
+        examples=[5],
+    )
     probability: float = Field(ge=0, le=1, examples=[0.987])
 
 
@@ -38,13 +41,17 @@ class AttentionMap(BaseModel):
 class ImageResult(BaseModel):
     filename: str = Field(examples=["star.png"])
     top_k: list[TopK]
-    probabilities: list[float] = Field(description="One per class, in the model's class order; they sum to 1")
+    probabilities: list[float] = Field(
+        description="One per class, in the model's class order; they sum to 1. A zero-shot model's: one per label "
+        "named, by the model's rule (zero_shot.rule: softmax sums to 1; sigmoid scores each label alone)"
+    )
     attention: AttentionMap | None = Field(None, description="Only when attention=rollout, last or gradient")
     overlay_png: str | None = Field(None, description="Base64 PNG of the map over the image; only when overlay=true")
     embedding: list[float] | None = Field(
         None,
-        description="The pooled representation the classification head receives (model width values); "
-        "only when embedding=true, L2-normalised with normalize=true",
+        description="The pooled representation the classification head receives (model width values); a "
+        "zero-shot model's: the image's embedding in the space it shares with text. Only when embedding=true, "
+        "L2-normalised with normalize=true",
     )
     ood_score: float | None = Field(
         None,
@@ -60,6 +67,15 @@ class ImageResult(BaseModel):
 class PredictResponse(BaseModel):
     model: ModelRef
     results: list[ImageResult] = Field(description="One per uploaded image, in upload order")
+
+
+class ZeroShotInfo(BaseModel):
+    rule: str = Field(
+        description="How label scores become probabilities: softmax over the labels named (CLIP), or the sigmoid "
+        "of each alone (SigLIP)",
+        examples=["softmax"],
+    )
+    template: str = Field(description="The prompt each label is set in by default", examples=["a photo of a {}."])
 
 
 class ModelInfo(BaseModel):
@@ -100,6 +116,11 @@ class ModelInfo(BaseModel):
         "the nearest class mean of the reference statistics) or max_softmax (1 - its top probability, for a model "
         "trained to answer equal probabilities for what it does not know); absent without reference statistics",
         examples=["mahalanobis"],
+    )
+    zero_shot: ZeroShotInfo | None = Field(
+        None,
+        description="A zero-shot model (CLIP, SigLIP): classes named per request (labels=); its `classes` are the "
+        "labels used when a request names none, possibly none. Absent for a classifier",
     )
     decode: DecodedOn = Field(
         description="Where plain JPEGs are decoded: gpu (nvJPEG, a batch at a time; VIT_DECODE=auto on a GPU) or cpu",
@@ -163,6 +184,9 @@ def model_info(model: ModelDescription) -> ModelInfo:
         reference=model.reference,
         ood_p99=model.ood_p99,
         ood_method=model.ood_method,
+        zero_shot=None
+        if model.zero_shot is None or model.template is None
+        else ZeroShotInfo(rule=model.zero_shot, template=model.template),
         decode=model.decode,
     )
 
@@ -195,7 +219,11 @@ def image_result(prediction: Prediction, classes: list[str], top_k: int, attenti
 
 
 def encode_predict_response(
-    model: ModelDescription, predictions: list[Prediction], top_k: int, attention: AttentionKind
+    model: ModelDescription,
+    predictions: list[Prediction],
+    top_k: int,
+    attention: AttentionKind,
+    classes: list[str] | None = None,
 ) -> bytes:
     """The /predict JSON body for one request's predictions: `PredictResponse`, fields unset left out.
 
@@ -203,9 +231,11 @@ def encode_predict_response(
     one `model_dump_json` uses (13x faster than json.dumps for 1,000 classes), without building and
     validating a model per top-k entry: one image of 10 classes in 12 to 20 us against 37 to 42 (timeit;
     with 1,000 classes the serializer's time dominates either way). The values are the core's, of the
-    models' types; tests/app/codecs/test_predict.py checks that the body is the one the models make."""
+    models' types; tests/app/codecs/test_predict.py checks that the body is the one the models make. `classes`
+    are a zero-shot request's labels (default: the model's classes)."""
+    named = model.classes if classes is None else classes
     response = {
         "model": {"name": model.name, "version": model.version},
-        "results": [image_result(p, model.classes, top_k, attention) for p in predictions],
+        "results": [image_result(p, named, top_k, attention) for p in predictions],
     }
     return pydantic_core.to_json(response)

@@ -36,7 +36,14 @@ from app.core.contract.data_plane import Limits
 from app.core.contract.description import ModelDescription, ModelStatus
 from app.core.contract.errors import InvalidInput
 from app.core.contract.regions import SharedMemoryRegions
-from app.core.contract.request import ATTENTION_KINDS, AttentionKind, EncodedImage, InferOptions, Prediction
+from app.core.contract.request import (
+    ATTENTION_KINDS,
+    AttentionKind,
+    EncodedImage,
+    InferOptions,
+    Prediction,
+    parse_labels,
+)
 from app.telemetry.statistics import Duration, ModelStatistics
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -296,7 +303,7 @@ def model_metadata(model: ModelDescription, takes_pixels: bool = True, all_outpu
     c, h, w = model.input_shape
     grid = model.grid_size
     shapes = {
-        PROBABILITIES: [-1, len(model.classes)],
+        PROBABILITIES: [-1, -1 if model.zero_shot else len(model.classes)],  # zero-shot: the labels named
         ATTENTION: [-1, grid, grid],
         EMBEDDING: [-1, model.embedding_dim],
         OOD_SCORE: [-1],
@@ -384,6 +391,8 @@ def decode_infer(request: InferRequest, data_of: Callable[[TensorIn], TensorData
         embedding=request_flag(request, EMBEDDING) or EMBEDDING in named,
         normalize=request_flag(request, "normalize"),
         ood=request_flag(request, "ood") or OOD_SCORE in named,
+        labels=request_labels(request),
+        template=request_string(request, "template"),
     )
     check_listed(options, intake)
     check_one_input(request)
@@ -429,6 +438,35 @@ def request_target(request: InferRequest) -> str | None:
     if isinstance(target, bool) or not isinstance(target, str | int):
         raise InvalidInput(f"the parameter target must be a class label or index, got {target!r}")
     return str(target)
+
+
+def request_labels(request: InferRequest) -> tuple[str, ...] | None:
+    """A zero-shot request's labels: the parameter `labels` as a string, comma-separated, or a JSON array of
+    strings (in a string over gRPC, whose parameters are scalars: labels that hold commas)."""
+    value = (request.parameters or {}).get("labels")
+    if value is None:
+        return None
+    if isinstance(value, str) and value.lstrip().startswith("["):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise InvalidInput(
+                f"the parameter labels starts with [ but is not a JSON array of strings: {value!r}"
+            ) from None
+    if isinstance(value, list):
+        if not all(isinstance(label, str) for label in value):
+            raise InvalidInput(f"the parameter labels must hold strings alone, got {value!r}")
+        return tuple(label.strip() for label in value)
+    if not isinstance(value, str):
+        raise InvalidInput(f"the parameter labels must be a string of comma-separated labels, got {value!r}")
+    return parse_labels(value)
+
+
+def request_string(request: InferRequest, name: str) -> str | None:
+    value = (request.parameters or {}).get(name)
+    if value is not None and not isinstance(value, str):
+        raise InvalidInput(f"the parameter {name} must be a string, got {value!r}")
+    return value
 
 
 def request_flag(request: InferRequest, name: str) -> bool:
@@ -662,13 +700,16 @@ def output_tensors(decoded: Decoded, predictions: list[Prediction], classes: lis
     return tensors
 
 
-def encode_response(decoded: Decoded, predictions: list[Prediction], model: ModelDescription) -> Encoded:
-    """The REST infer response: JSON, each output in it or (binary_data) after it."""
+def encode_response(
+    decoded: Decoded, predictions: list[Prediction], model: ModelDescription, classes: list[str] | None = None
+) -> Encoded:
+    """The REST infer response: JSON, each output in it or (binary_data) after it; `classes`, a zero-shot
+    request's labels, name the classification results (default: the model's classes)."""
     request = decoded.request
     binary_default = bool((request.parameters or {}).get("binary_data_output", False))
     tensors: list[dict[str, Any]] = []
     binaries: list[bytes] = []
-    for t in output_tensors(decoded, predictions, model.classes):
+    for t in output_tensors(decoded, predictions, model.classes if classes is None else classes):
         if t.in_shared_memory():
             t.write_to_region(decoded.regions)
             tensors.append({"name": t.name, "datatype": t.datatype, "shape": t.shape})

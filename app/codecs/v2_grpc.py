@@ -104,11 +104,13 @@ def typed_data(tensor: pb.ModelInferRequest.InferInputTensor) -> TensorData:
     return TensorData(values=np.asarray(contents.fp32_contents, dtype=np.float32))
 
 
-def infer_response(decoded: Decoded, predictions: list[Prediction], model: ModelDescription) -> pb.ModelInferResponse:
+def infer_response(
+    decoded: Decoded, predictions: list[Prediction], model: ModelDescription, classes: list[str] | None = None
+) -> pb.ModelInferResponse:
     """The outputs in raw_output_contents, or written to shared memory (with empty contents there, so that the
-    contents keep the outputs' order)."""
+    contents keep the outputs' order); `classes` as in `v2.encode_response`."""
     outputs, contents = [], []
-    for t in output_tensors(decoded, predictions, model.classes):
+    for t in output_tensors(decoded, predictions, model.classes if classes is None else classes):
         outputs.append(pb.ModelInferResponse.InferOutputTensor(name=t.name, datatype=t.datatype, shape=t.shape))
         if t.in_shared_memory():
             t.write_to_region(decoded.regions)

@@ -140,7 +140,9 @@ class Front(ABC):
 
     async def infer(self, request: InferenceRequest, encode: Callable[[Inference], T]) -> T:
         self.check_serving()
-        done = await self.compute(self.describe(request.model, request.version), request)
+        model = self.describe(request.model, request.version)
+        model.check_labels(request.options.labels, request.options.template)  # before any decoding
+        done = await self.compute(model, request)
         with child_span("encode"):
             return await self.run_in_pool(encode, done) if costly_to_encode(done) else encode(done)
 

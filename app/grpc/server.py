@@ -285,7 +285,7 @@ class InferenceServicer:
 
 
 def encode(decoded: Decoded, done: Inference) -> pb.ModelInferResponse:
-    return v2_grpc.infer_response(decoded, done.predictions, done.model)
+    return v2_grpc.infer_response(decoded, done.predictions, done.model, done.classes)
 
 
 def serialize(message: Message) -> bytes:

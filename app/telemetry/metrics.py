@@ -80,6 +80,12 @@ class Metrics:
             registry=r,
         )
         self.cache_misses = Counter("vit_cache_misses", "Images the response cache did not hold", ["model"], registry=r)
+        self.text_embeddings = Counter(
+            "vit_text_embeddings",
+            "Label prompts a zero-shot model's text tower embedded (each then kept: VIT_TEXT_CACHE_LABELS)",
+            ["model"],
+            registry=r,
+        )
         self.cache_bytes = Gauge(
             "vit_cache_bytes", "Bytes the response cache holds", registry=r, multiprocess_mode="livesum"
         )
@@ -168,6 +174,7 @@ class ModelMetrics:
         self.images = metrics.images.labels(model)
         self.queue = metrics.queue.labels(model)
         self.queue.set(0)
+        self.text_embeddings = metrics.text_embeddings.labels(model)
 
     def bind_version(self, version: str) -> None:
         if self.book is not None:

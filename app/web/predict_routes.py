@@ -21,7 +21,7 @@ from app.codecs.predict import (
 )
 from app.codecs.predict import model_info as describe
 from app.core.contract.data_plane import DataPlane, Inference, InferenceRequest
-from app.core.contract.request import AttentionKind, InferOptions
+from app.core.contract.request import AttentionKind, InferOptions, parse_labels
 from app.web.dependencies import AuthorizedPlane, Plane, ReadyPlane, ServingPlane
 from app.web.disconnects import respond_unless_disconnected
 from app.web.errors import PredictRoute
@@ -85,6 +85,20 @@ class PredictQuery(BaseModel):
         description="Also score how far each image lies from the model's reference data (ood_score; higher: "
         "further) and, where VIT_OOD_THRESHOLD is set, flag it (ood)",
     )
+    labels: str | None = Field(
+        None,
+        description="A zero-shot model (CLIP, SigLIP): the classes to choose among, comma-separated, in answer order "
+        "(default: the model's own labels)",
+        examples=["cat,dog,a red car"],
+    )
+    label: list[str] = Field(
+        [], description="A zero-shot model: one more class, repeated for each, taken whole (a label with a comma)"
+    )
+    template: str | None = Field(
+        None,
+        description="A zero-shot model: the prompt each label is set in, {} where it goes (default: the model's own)",
+        examples=["a photo of a {}."],
+    )
 
 
 @router.post(
@@ -97,8 +111,10 @@ class PredictQuery(BaseModel):
 )
 async def predict(request: Request, plane: AuthorizedPlane, query: Annotated[PredictQuery, Query()]) -> Response:
     """Classify one or more images; optionally return attention maps, overlays and embeddings."""
-    options = InferOptions(query.attention, query.target, query.overlay, query.embedding, query.normalize, query.ood)
-    plane.describe(query.model)  # an unknown model is answered before the body is read
+    labels = parse_labels(query.labels, query.label)
+    q = query
+    options = InferOptions(q.attention, q.target, q.overlay, q.embedding, q.normalize, q.ood, labels, q.template)
+    plane.describe(q.model).check_labels(labels, q.template)  # an unknown model is answered before the body is read
     images = await read_images(request, plane.limits.max_upload_bytes, plane.limits.max_files)
     return await respond_unless_disconnected(
         request, answer(plane, InferenceRequest(query.model, images, options), query.top_k)
@@ -107,7 +123,7 @@ async def predict(request: Request, plane: AuthorizedPlane, query: Annotated[Pre
 
 async def answer(plane: DataPlane, asked: InferenceRequest, top_k: int) -> Response:
     def encode(done: Inference) -> bytes:
-        return encode_predict_response(done.model, done.predictions, top_k, asked.options.attention)
+        return encode_predict_response(done.model, done.predictions, top_k, asked.options.attention, done.classes)
 
     return Response(await plane.infer(asked, encode), media_type="application/json")
 

@@ -181,7 +181,7 @@ async def infer(request: Request, plane: AuthorizedPlane, name: str, version: st
 
 async def answer(plane: DataPlane, asked: InferenceRequest, decoded: Decoded) -> Response:
     def encode(done: Inference) -> Encoded:
-        return encode_response(decoded, done.predictions, done.model)
+        return encode_response(decoded, done.predictions, done.model, done.classes)
 
     encoded = await plane.infer(asked, encode)
     if encoded.header_length is None:

@@ -230,7 +230,7 @@ def loads(data: bytes) -> object:
 
 def output_bytes(model: ModelDescription, options: InferOptions, images: int) -> int:
     """The arena room one request's outputs take (overlays aside: their size is known only once drawn)."""
-    room = tensor_bytes((images, len(model.classes)))
+    room = tensor_bytes((images, len(model.classes_for(options.labels))))
     if options.attention != "none":
         room += tensor_bytes((images, model.grid_size, model.grid_size))
     if options.embedding:

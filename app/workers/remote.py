@@ -269,7 +269,7 @@ class RemoteEngine(Front):
             request = dataclasses.replace(request, inputs=decoded, options=options, timeout_s=timeout_s)
         done = await self.computed(model, request)
         if any(image is not None for image in images):  # PNG encoding of every map: milliseconds each
-            done = Inference(done.model, await self.run_in_pool(with_overlays, done.predictions, images))
+            done = Inference(done.model, await self.run_in_pool(with_overlays, done.predictions, images), done.labels)
         return done
 
     async def computed(self, model: ModelDescription, request: InferenceRequest) -> Inference:
@@ -303,7 +303,7 @@ class RemoteEngine(Front):
             if reply.failure is not None:
                 raise reply.failure.exception()
             assert reply.outputs is not None
-            return Inference(reply.model or model, load_predictions(reply.outputs, self.arena))
+            return Inference(reply.model or model, load_predictions(reply.outputs, self.arena), request.options.labels)
         finally:
             self.release_call(call.id)
 

@@ -200,17 +200,3 @@ async def test_converted_variations_serve_timms_probabilities_and_maps(
         grid = torch.tensor(r.json()["results"][0]["attention"]["map"])
         side = converted.config.grid_size
         assert grid.shape == (side, side) and float(grid.max()) == 1.0, method
-
-
-async def test_a_zero_shot_checkpoint_is_refused_with_what_it_is(tmp_path: Path) -> None:
-    from app.core.engine.engine import Engine
-    from model.checkpoint import CheckpointError
-    from model.convert.__main__ import main as convert_main
-    from tests.support.settings import cpu_settings
-    from tests.support.zero_shot import clip_repo
-
-    repo = clip_repo(tmp_path)
-    checkpoint = convert_main(["hf", "--model-dir", str(repo.path), "--output", str(tmp_path / "clip.safetensors")])
-    with pytest.raises(CheckpointError, match="zero-shot model"):
-        async with Engine.serving(cpu_settings(weights=checkpoint)):
-            pass

@@ -20,6 +20,7 @@ from app.telemetry.statistics import BatchTiming
 from model.checkpoint import Checkpoint
 from model.rollout import GRADIENT, Readout, attention_map, gradient_attention_map
 from model.vit import ViT
+from model.zero_shot import ZeroShot
 
 log = logging.getLogger("app.inference")
 PRECISIONS: dict[torch.dtype, Precision] = {
@@ -35,11 +36,15 @@ class ImageInput:
     attention: AttentionKind
     target: int | None = None  # the class a gradient map explains (None: the top-1 class)
     embedding: bool = False  # also return the embedding the head receives
+    # a zero-shot model's gradient map: the embeddings (L, D) of the request's labels, which `target` indexes
+    texts: Tensor | None = None
 
 
 @dataclass(frozen=True)
 class ImageOutput:
-    probabilities: Tensor  # (num_classes,) float32 on the CPU
+    # (num_classes,) float32 on the CPU; a zero-shot model's image embedding in the joint space (its head's
+    # output, not normalised), which the engine compares with each request's labels
+    probabilities: Tensor
     attention_map: Tensor | None  # (grid, grid) in [0, 1], when asked for
     embedding: Tensor | None = None  # (dim,) float32 on the CPU, when asked for
     batch: BatchTiming | None = None  # the forward pass that computed it
@@ -122,7 +127,8 @@ class Predictor:
         config = checkpoint.config
         self.input_shape = (config.in_channels, config.image_size, config.image_size)
         self.backend = backend
-        self.embedding_dim = config.dim
+        self.zero_shot = checkpoint.zero_shot  # the text tower: the head's outputs are an embedding, not logits
+        self.embedding_dim = config.num_classes if self.zero_shot is not None else config.dim
         self.forward_plain: Callable[[Tensor], tuple[Tensor, Tensor]] = self.torch_forward
         self.quantization: Quantization | None = None
         self.graphs: GraphedForward | None = None
@@ -188,7 +194,10 @@ class Predictor:
         outputs: dict[int, Parts] = {}
         if others:
             outputs |= self.forward_weights(x[others] if by_gradient else x, [batch[i] for i in others], others)
-        if by_gradient:  # class-specific maps need a backward pass: their own forward, with gradients
+        if by_gradient and self.zero_shot is not None:
+            for group in label_sets(batch, by_gradient):  # each request's labels score its own images
+                outputs |= self.label_gradients(x[group], [batch[i] for i in group], group)
+        elif by_gradient:  # class-specific maps need a backward pass: their own forward, with gradients
             targets = [batch[i].target for i in by_gradient]
             chosen = None if all(t is None for t in targets) else self.targets(x[by_gradient], targets)
             recording = RecordingEmbedding(self.model)
@@ -237,10 +246,36 @@ class Predictor:
                     maps[j] = m
         else:
             logits, embedding = self.forward_plain(x)
-        probabilities = logits.float().softmax(dim=-1).cpu()  # (B, num_classes)
+        probabilities = self.head_rows(logits)  # (B, num_classes)
         embeddings = embeddings_asked(embedding, items)
         per_image = probabilities.unbind()  # one call for every row, not an indexing per image
         return {i: (per_image[j], maps.get(j), embeddings.get(j)) for j, i in enumerate(index)}
+
+    def head_rows(self, logits: Tensor) -> Tensor:
+        """The head's outputs as the engine takes them, on the CPU: a classifier's probabilities, a zero-shot
+        model's image embeddings (scored against each request's labels by the engine)."""
+        return logits.float().cpu() if self.zero_shot is not None else logits.float().softmax(dim=-1).cpu()
+
+    def label_gradients(self, x: Tensor, items: list[ImageInput], index: list[int]) -> dict[int, Parts]:
+        """A zero-shot model's gradient maps for images sharing one label set: each for its target label's score
+        (default its top-1 label), with the image embeddings of that same pass."""
+        assert self.zero_shot is not None and items[0].texts is not None
+        scoring = LabelScores(self.model, self.zero_shot, items[0].texts.to(self.device))
+        targets = [item.target for item in items]
+        chosen = None if all(t is None for t in targets) else self.label_targets(x, scoring, targets)
+        _, maps = gradient_attention_map(scoring, x, chosen)
+        assert scoring.image_embedding is not None
+        rows = scoring.image_embedding.float().cpu().unbind()
+        return {i: (row, m, None) for i, row, m in zip(index, rows, maps.float().cpu(), strict=True)}
+
+    def label_targets(self, x: Tensor, scoring: LabelScores, targets: list[int | None]) -> Tensor:
+        """The asked-for label per image; the top-1 label where none was asked for."""
+        top1: list[int] = []
+        if any(t is None for t in targets):
+            with torch.inference_mode():
+                top1 = scoring.scores(self.forward_plain(x)[0]).argmax(dim=1).tolist()
+        chosen = [t if t is not None else top1[j] for j, t in enumerate(targets)]
+        return torch.tensor(chosen, device=self.device)
 
     def targets(self, x: Tensor, targets: list[int | None]) -> Tensor:
         """The asked-for class per image; the top-1 class where none was asked for."""
@@ -258,7 +293,10 @@ class Predictor:
         blank = torch.zeros(self.input_shape)
         for size in sizes:
             self([ImageInput(blank, "none")] * size)
-        self([ImageInput(blank, "rollout"), ImageInput(blank, "last"), ImageInput(blank, "gradient")])
+        texts = (
+            None if self.zero_shot is None else torch.ones(1, self.zero_shot.embed_dim) / self.zero_shot.embed_dim**0.5
+        )
+        self([ImageInput(blank, "rollout"), ImageInput(blank, "last"), ImageInput(blank, "gradient", texts=texts)])
         if self.jpeg_decoder is not None:  # nvJPEG's first call sets it up
             self([ImageInput(Jpeg(blank_jpeg(self.input_shape), "warm-up.jpg"), "none")] * 2)
         if self.device.type == "cuda":
@@ -266,6 +304,14 @@ class Predictor:
         seconds = time.perf_counter() - started
         log.info("warmed up batch sizes %s in %.2fs", sizes, seconds)
         return seconds
+
+
+def label_sets(batch: list[ImageInput], indices: list[int]) -> list[list[int]]:
+    """`indices` grouped by the label set their images are scored against (one per request), in order."""
+    groups: dict[int, list[int]] = {}
+    for i in indices:
+        groups.setdefault(id(batch[i].texts), []).append(i)
+    return list(groups.values())
 
 
 def embeddings_asked(embedding: Tensor | None, items: list[ImageInput]) -> dict[int, Tensor]:
@@ -336,3 +382,26 @@ class RecordingEmbedding:
         logits, embedding, attentions = self.model.forward_with_embedding(x, return_attention=True)
         self.embedding = embedding.detach()
         return logits, attentions
+
+
+class LabelScores:
+    """A zero-shot model as `gradient_attention_map` calls it: logits over one request's labels (B, L), keeping
+    the image embeddings of that same pass."""
+
+    def __init__(self, model: ViT, zero_shot: ZeroShot, texts: Tensor) -> None:
+        self.model = model
+        self.zero_shot = zero_shot
+        self.texts = texts  # (L, D), unit length, on the device
+        self.image_embedding: Tensor | None = None
+
+    @property
+    def readout(self) -> Readout:
+        return self.model.readout
+
+    def scores(self, image_embedding: Tensor) -> Tensor:
+        return self.zero_shot.logits(image_embedding, self.texts)
+
+    def forward_with_attention(self, x: Tensor) -> tuple[Tensor, list[Tensor]]:
+        image_embedding, _, attentions = self.model.forward_with_embedding(x, return_attention=True)
+        self.image_embedding = image_embedding.detach()
+        return self.scores(image_embedding), attentions

@@ -43,6 +43,12 @@ class Inference:
 
     model: ModelDescription
     predictions: list[Prediction]
+    labels: tuple[str, ...] | None = None  # a zero-shot model's labels the request named
+
+    @property
+    def classes(self) -> list[str]:
+        """What each probability is of, in order: the labels named, else the model's classes."""
+        return self.model.classes_for(self.labels)
 
 
 # Encoding a response costs ~40 us per 1,000 probabilities; a hop to a thread pool about as much.

@@ -41,10 +41,34 @@ class ModelDescription:
     reference: bool = False  # the checkpoint has reference statistics: out-of-distribution scores
     ood_p99: float | None = None  # the score 99 in 100 held-out in-distribution images stay at or below
     ood_method: str | None = None  # what the score is: mahalanobis, or max_softmax (1 - the top probability)
+    # A zero-shot model (CLIP, SigLIP): how label scores become probabilities, softmax over the labels or the
+    # sigmoid of each; None for a classifier. Its `classes` are the labels used when a request names none.
+    zero_shot: str | None = None
+    template: str | None = None  # a zero-shot model's own prompt, `{}` where a label goes
 
-    def class_index(self, target: str | None) -> int | None:
-        """A class label, or its index, as the class index a gradient map explains; None for None (the top-1)."""
-        return class_index(self.name, self.classes, target)
+    def class_index(self, target: str | None, classes: list[str] | None = None) -> int | None:
+        """A class label, or its index (among `classes`, default the model's), as the class index a gradient map
+        explains; None for None (the top-1)."""
+        return class_index(self.name, self.classes if classes is None else classes, target)
+
+    def classes_for(self, labels: tuple[str, ...] | None) -> list[str]:
+        """The classes a request's probabilities are over: the labels it named (a zero-shot model), else the model's."""
+        return self.classes if labels is None else list(labels)
+
+    def check_labels(self, labels: tuple[str, ...] | None, template: str | None) -> None:
+        """InvalidInput unless the labels and template fit the model: a classifier takes neither, and a zero-shot
+        model without default labels needs labels."""
+        if self.zero_shot is None and (labels is not None or template is not None):
+            asked = "labels" if labels is not None else "template"
+            raise InvalidInput(
+                f"{asked} names the classes of a zero-shot model (CLIP, SigLIP); model {self.name} is a classifier "
+                f"with fixed classes: {', '.join(self.classes[:10])}{', ...' if len(self.classes) > 10 else ''}"
+            )
+        if self.zero_shot is not None and labels is None and not self.classes:
+            raise InvalidInput(
+                f"model {self.name} is zero-shot and has no default labels: name the classes to choose among, as "
+                "labels=cat,dog,a red car (or a repeated label=)"
+            )
 
 
 def class_index(model: str, classes: list[str], target: str | None) -> int | None:

@@ -10,9 +10,11 @@ from torch import Tensor
 
 from app.core.contract.errors import InvalidInput
 from model.rollout import MapMethod
+from model.zero_shot import check_template
 
 AttentionKind = Literal["none", MapMethod]  # the map asked for; "none": probabilities only
 ATTENTION_KINDS: tuple[str, ...] = get_args(AttentionKind)
+MAX_LABELS = 10_000  # labels one request may name for a zero-shot model
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,9 @@ class InferOptions:
     embedding: bool = False  # also return the embedding the classification head receives
     normalize: bool = False  # with embedding: L2-normalised
     ood: bool = False  # also score how far each image lies from the model's reference data
+    # A zero-shot model's classes for this request, in answer order (None: the model's default labels)
+    labels: tuple[str, ...] | None = None
+    template: str | None = None  # a zero-shot model's prompt, `{}` where a label goes (None: the model's own)
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_KINDS:
@@ -58,6 +63,38 @@ class InferOptions:
             raise InvalidInput("target chooses the class a gradient map explains: also pass attention=gradient")
         if self.normalize and not self.embedding:
             raise InvalidInput("normalize=true L2-normalises the embedding: also pass embedding=true")
+        if self.labels is not None:
+            check_labels(self.labels)
+        if self.template is not None:
+            try:
+                check_template(self.template)
+            except ValueError as e:
+                raise InvalidInput(str(e)) from None
+
+
+def check_labels(labels: tuple[str, ...]) -> None:
+    """Labels a request names: at least one, at most MAX_LABELS, none empty or repeated; InvalidInput otherwise."""
+    if not labels:
+        raise InvalidInput("labels names no label: give at least one, as labels=cat,dog or label=cat&label=dog")
+    if len(labels) > MAX_LABELS:
+        raise InvalidInput(f"{len(labels)} labels in one request; at most {MAX_LABELS}")
+    seen: set[str] = set()
+    for label in labels:
+        if not label.strip():
+            raise InvalidInput(f"an empty label among {len(labels)}: each label names a class")
+        if label in seen:
+            raise InvalidInput(f"label {label!r} is named twice: each label is one class of the answer")
+        seen.add(label)
+
+
+def parse_labels(comma_separated: str | None, repeated: list[str] | None = None) -> tuple[str, ...] | None:
+    """The labels of `labels=cat,dog` (split on commas, spaces around each dropped) followed by those of
+    repeated `label=` parameters (taken whole: a label with a comma); None when neither is given."""
+    labels = [] if comma_separated is None else [part.strip() for part in comma_separated.split(",")]
+    labels += [label.strip() for label in repeated or []]
+    if comma_separated is None and not repeated:
+        return None
+    return tuple(labels)
 
 
 @dataclass(frozen=True)

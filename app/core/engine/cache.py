@@ -88,9 +88,13 @@ class PredictionCache:
         self.computing: dict[bytes, asyncio.Future[Prediction]] = {}
 
     @staticmethod
-    def key(model: str, version: str, options: InferOptions, target: int | None, digest: bytes) -> bytes:
-        wanted = f"{model}\0{version}\0{options.attention}\0{target}\0{options.embedding}\0{options.normalize}"
-        return hashlib.sha256(f"{wanted}\0{options.overlay}\0".encode() + digest).digest()
+    def keys(model: str, version: str, options: InferOptions, target: int | None, digests: list[bytes]) -> list[bytes]:
+        """Each image's key: the model version, all that was asked that changes an answer, and the image's digest."""
+        o = options
+        labels = None if o.labels is None else "\x1f".join(o.labels)
+        asked = (model, version, o.attention, target, o.embedding, o.normalize, o.overlay, o.ood, labels, o.template)
+        wanted = hashlib.sha256("\0".join(map(repr, asked)).encode()).digest()  # once per request: labels may be many
+        return [hashlib.sha256(wanted + digest).digest() for digest in digests]
 
     def claim(self, model: str, keys: list[bytes]) -> list[Claim]:
         """Each key's claim, counted as a hit (held, or being computed) or a miss (this request computes it)."""

@@ -202,8 +202,8 @@ class Engine(Front):
             digests = await self.run_in_pool(digest_images, list(inputs)) if large else digest_images(inputs)
             names = [i.filename for i in inputs]
         model = self.model_set.current(model)  # replaced while the digests were taken: its successor answers
-        target = model.target_index(options.target)
-        keys = [self.cache.key(model.name, model.version, options, target, d) for d in digests]
+        target = model.target_index(options.target, options.labels)
+        keys = self.cache.keys(model.name, model.version, options, target, digests)
         looked_up = time.monotonic() - started
 
         async def compute(indices: list[int]) -> list[Prediction]:
@@ -225,7 +225,7 @@ class Engine(Front):
         else:  # answered from the cache alone: a request of its own
             stats.answered(len(keys), time.monotonic() - started)
         predictions = [dataclasses.replace(p, filename=name) for p, name in zip(found.predictions, names, strict=True)]
-        return Inference(model.description, predictions)
+        return Inference(model.description, predictions, options.labels)
 
     async def counted(
         self,
@@ -235,7 +235,12 @@ class Engine(Front):
         timeout_s: float | None = None,
     ) -> Inference:
         """`predicted`, counted in the model version's statistics under an `infer` span."""
-        model = self.model_set.current(model)  # no await from here until the batcher has admitted the request
+        texts = None
+        while (model := self.model_set.current(model)).labels is not None:  # zero-shot: the labels' embeddings
+            texts = await self.label_embeddings(model, options)  # no wait where the labels are kept
+            if not model.retired:
+                break
+        # no await from here until the batcher has admitted the request
         stats = self.book.of(model.name, model.version)
         started = time.monotonic() - decoded_before(inputs)
         attributes: dict[str, AttributeValue] | None = None
@@ -249,7 +254,7 @@ class Engine(Front):
             }
         try:
             with child_span("infer", attributes):
-                done, timing = await self.predicted(model, inputs, options, timeout_s, started)
+                done, timing = await self.predicted(model, inputs, options, timeout_s, started, texts)
         except Exception:
             stats.fail.add(time.monotonic() - started)
             raise
@@ -267,17 +272,25 @@ class Engine(Front):
         options: InferOptions,
         timeout_s: float | None,
         started: float,
+        texts: torch.Tensor | None = None,
     ) -> tuple[Inference, RequestTiming]:
-        """Through the model's batcher into predictions (overlays drawn on the pool), and where the time went."""
+        """Through the model's batcher into predictions (overlays drawn on the pool), and where the time went.
+        A zero-shot model's images are scored against `texts`, its request's label embeddings (L, D)."""
         reference = model.checkpoint.reference
         watched = reference is not None and self.settings.drift_window > 0
+        if options.ood and model.labels is not None:
+            raise InvalidInput(
+                f"model {model.name} is zero-shot (CLIP, SigLIP): it has no out-of-distribution score, whose reference "
+                "statistics are fitted to a classifier's fixed classes"
+            )
         if options.ood and reference is None:
             raise InvalidInput(
                 f"model {model.name} (version {model.version}) has no reference statistics to score images by; "
                 "add them with: python -m model.reference CHECKPOINT --images DIR (in-distribution images)"
             )
-        embedding = options.embedding or options.ood or watched
-        wanted = Wanted(options.attention, model.target_index(options.target), embedding)
+        embedding = (options.embedding or options.ood or watched) and texts is None  # zero-shot: the head's output
+        target = model.target_index(options.target, options.labels)
+        wanted = Wanted(options.attention, target, embedding, texts if options.attention == "gradient" else None)
         deadline = time.monotonic() + self.time_limit(timeout_s)
         if isinstance(inputs, torch.Tensor):
             if options.overlay:
@@ -306,16 +319,28 @@ class Engine(Front):
         if not options.ood:  # scored for the drift gauges alone: not part of the answer
             scores = [None] * len(outputs)
         threshold = self.settings.ood_threshold_for(model.name) if options.ood else None
-        predictions = [
-            prediction(n, o, options, score, threshold) for n, o, score in zip(names, outputs, scores, strict=True)
-        ]
+        if texts is not None and outputs:  # zero-shot: each image's embedding compared with the labels'
+            predictions = labelled_predictions(model, names, outputs, texts, options)
+        else:
+            predictions = [
+                prediction(n, o, options, score, threshold) for n, o, score in zip(names, outputs, scores, strict=True)
+            ]
         if options.overlay and not isinstance(inputs, torch.Tensor):  # PNG encoding of every map: milliseconds each
             predictions = await self.run_in_pool(with_overlays, predictions, [p.image for p in prepared])
         if (shadow := self.shadows.get(model.name)) is not None and shadow.pair.fraction > 0:
             self.shadow(shadow, model, inputs, predictions, received - submitted)
         timing = request_timing(started, submitted, received, time.monotonic(), outputs)
         record_span("queue", submitted, submitted + timing.queue)
-        return Inference(model.description, predictions), timing
+        return Inference(model.description, predictions, options.labels), timing
+
+    async def label_embeddings(self, model: ServedModel, options: InferOptions) -> torch.Tensor:
+        """A zero-shot request's label embeddings (L, D): its labels (or the model's defaults) in its template (or
+        the model's), kept from an earlier request or computed now on the pool."""
+        described = model.description
+        described.check_labels(options.labels, options.template)
+        assert model.labels is not None and described.template is not None
+        labels = options.labels if options.labels is not None else tuple(described.classes)
+        return await model.labels.of(options.template or described.template, labels, self.run_in_pool)
 
     def watch(self, model: ServedModel, outputs: list[ImageOutput], scores: list[Any]) -> None:
         """Add a request's images to the model's drift window and set its gauges."""
@@ -455,6 +480,11 @@ def check_shadows(shadows: dict[str, Shadow], served: dict[str, ServedModel]) ->
         for name in (pair.champion, pair.challenger):
             if name not in served:
                 raise ValueError(f"VIT_SHADOW {pair.champion}:{pair.challenger}: no model {name!r} is served")
+        if zero_shot := [n for n in (pair.champion, pair.challenger) if served[n].labels is not None]:
+            raise ValueError(
+                f"VIT_SHADOW {pair.champion}:{pair.challenger}: {zero_shot[0]} is zero-shot, its classes named per "
+                "request, so the two models' answers cannot be compared"
+            )
         if served[pair.champion].classes != served[pair.challenger].classes:
             raise ValueError(
                 f"VIT_SHADOW {pair.champion}:{pair.challenger}: the models' classes differ, so their answers "
@@ -559,6 +589,25 @@ def pick(
     if isinstance(inputs, torch.Tensor):
         return inputs[indices]
     return [inputs[i] for i in indices]
+
+
+def labelled_predictions(
+    model: ServedModel, names: list[str], outputs: list[ImageOutput], texts: torch.Tensor, options: InferOptions
+) -> list[Prediction]:
+    """A zero-shot model's predictions: each image's probabilities over the labels by the model's rule, and with
+    embedding=true its embedding in the joint space."""
+    assert model.checkpoint.zero_shot is not None
+    zero_shot = model.checkpoint.zero_shot
+    joint = torch.stack([o.probabilities for o in outputs])  # (N, D): the image tower's outputs
+    with torch.inference_mode():
+        probabilities = zero_shot.probabilities(zero_shot.logits(joint, texts)).unbind()  # (L,) each
+    embeddings: list[torch.Tensor | None] = [None] * len(outputs)
+    if options.embedding:
+        embeddings = list(torch.nn.functional.normalize(joint, dim=1) if options.normalize else joint)
+    return [
+        Prediction(n, p, o.attention_map, None, e)
+        for n, p, o, e in zip(names, probabilities, outputs, embeddings, strict=True)
+    ]
 
 
 def prediction(

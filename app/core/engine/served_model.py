@@ -23,6 +23,7 @@ import torch
 from app.choices import BackendChoice
 from app.core.backends.onnx_runtime import ForeignGraph, OnnxExportError
 from app.core.backends.predictor import ImageInput, ImageOutput, Predictor, graph_sizes, resolve_backend
+from app.core.backends.text_embeddings import LabelEmbeddings
 from app.core.batcher import DynamicBatcher
 from app.core.contract.description import ModelDescription, numeric_version
 from app.core.contract.errors import TIMED_OUT, RequestTimeout
@@ -32,7 +33,7 @@ from app.core.images.prepare import ImagePreparer, Prepared
 from app.settings import Settings
 from app.telemetry.metrics import ModelMetrics
 from app.telemetry.spans import record_span, sampled
-from model.checkpoint import Checkpoint, CheckpointError, load_checkpoint
+from model.checkpoint import Checkpoint, load_checkpoint
 
 log = logging.getLogger("app")
 
@@ -44,9 +45,10 @@ class Wanted:
     attention: AttentionKind
     target: int | None
     embedding: bool
+    texts: torch.Tensor | None = None  # a zero-shot model's gradient maps: the request's label embeddings
 
     def input(self, pixels: torch.Tensor | Jpeg) -> ImageInput:
-        return ImageInput(pixels, self.attention, self.target, self.embedding)
+        return ImageInput(pixels, self.attention, self.target, self.embedding, self.texts)
 
 
 @dataclass
@@ -56,6 +58,7 @@ class ServedModel:
     predictor: Predictor
     preparer: ImagePreparer
     batcher: DynamicBatcher[ImageInput, ImageOutput]
+    labels: LabelEmbeddings | None = None  # a zero-shot model's text tower, behind its cache
     retired: bool = False  # replaced or unloaded: admits nothing new
     successor: ServedModel | None = None  # the version that replaced it
 
@@ -65,12 +68,6 @@ class ServedModel:
     ) -> ServedModel:
         """Load the checkpoint onto the device and warm it up (blocking; run off the event loop)."""
         checkpoint = load_checkpoint(path, device)
-        if checkpoint.zero_shot is not None:
-            raise CheckpointError(
-                path,
-                "a zero-shot model (CLIP, SigLIP: classes named per request); the service serves classifiers, whose "
-                "classes are in the checkpoint",
-            )
         version = numeric_version(checkpoint.content_hash)
         p = checkpoint.preprocessing
         jpeg_decoder = None
@@ -113,7 +110,10 @@ class ServedModel:
         # a predictor that decodes on the device takes a batch to decode while another computes
         in_flight = 2 if predictor.jpeg_decoder is not None else 1
         batcher = DynamicBatcher(predictor, s.max_batch_size, s.max_wait_ms, s.max_queue, metrics, traced, in_flight)
-        return cls(name, checkpoint, predictor, preparer, batcher)
+        labels = None
+        if checkpoint.zero_shot is not None:
+            labels = LabelEmbeddings(checkpoint.zero_shot, s.text_cache_labels, metrics.text_embeddings)
+        return cls(name, checkpoint, predictor, preparer, batcher, labels)
 
     @staticmethod
     def build_predictor(
@@ -169,6 +169,8 @@ class ServedModel:
             reference=c.reference is not None,
             ood_p99=None if c.reference is None else c.reference.held_out_p99,
             ood_method=None if c.reference is None else c.reference.score,
+            zero_shot=None if c.zero_shot is None else c.zero_shot.config.rule,
+            template=None if c.zero_shot is None else c.zero_shot.config.template,
         )
 
     @property
@@ -185,9 +187,10 @@ class ServedModel:
         """Rows (and columns) of the patch grid, the size of an attention map."""
         return self.checkpoint.config.grid_size
 
-    def target_index(self, target: str | None) -> int | None:
-        """A class label, or its index, as the class index a gradient map explains."""
-        return self.description.class_index(target)
+    def target_index(self, target: str | None, labels: tuple[str, ...] | None = None) -> int | None:
+        """A class label, or its index (among a zero-shot request's labels), as the class index a gradient map
+        explains."""
+        return self.description.class_index(target, None if labels is None else list(labels))
 
     async def run_images(
         self,

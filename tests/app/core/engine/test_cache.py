@@ -15,7 +15,7 @@ from app.core.contract.errors import UnsupportedMediaType
 from app.core.contract.request import EncodedImage, InferOptions
 from app.core.engine.cache import prediction_bytes
 from app.core.engine.engine import Engine
-from app.settings import Settings
+from app.settings import BUNDLED_WEIGHTS, Settings
 from harness.images import encode
 from model.shapes import make_sample
 from tests.support.checkpoints import replace_checkpoint, write_tiny_checkpoint
@@ -85,6 +85,18 @@ async def test_every_option_that_changes_the_answer_is_in_the_key(cached: Engine
     label = model.classes[1]
     await cached.run(model, FILES[:1], InferOptions("gradient", target=label))
     assert computed(cached) == len(variants)
+
+
+async def test_an_out_of_distribution_score_asked_for_is_never_answered_from_an_entry_without_one() -> None:
+    async with Engine.serving(settings(BUNDLED_WEIGHTS)) as engine:
+        model = engine.model(None)
+        plain = await engine.run(model, FILES[:1], InferOptions())
+        scored = await engine.run(model, FILES[:1], InferOptions(ood=True))
+        again = await engine.run(model, FILES[:1], InferOptions(ood=True))
+        assert computed(engine) == 2  # the scored request missed; its repeat hit
+    assert plain.predictions[0].ood_score is None
+    assert scored.predictions[0].ood_score is not None
+    assert again.predictions[0].ood_score == scored.predictions[0].ood_score
 
 
 async def test_pixels_are_kept_by_their_values_and_shape(cached: Engine) -> None:
