@@ -137,6 +137,7 @@ def test_star_shows_its_class_and_overlay_with_no_outside_request(
     open_page(browser, service)
     assert browser.find_element(By.ID, "model-name").text == "vit-shapes"
     assert "64 × 64 px" in browser.find_element(By.ID, "model-input").text
+    assert not browser.find_element(By.ID, "labels").is_displayed()  # a classifier's classes are its own
     upload(browser, tmp_path, {"star.png": held_out("star"), "ring.png": held_out("ring")})
     star = result(browser, "star.png")
     labels = [e.text for e in star.find_elements(By.CSS_SELECTOR, ".top-k .label")]
@@ -300,6 +301,39 @@ def test_model_picker_sends_images_to_the_chosen_model(
         item = result(browser, "star.png · tiny")
         assert item.find_element(By.CSS_SELECTOR, ".overlay-caption").text == "rollout map · 4 × 4 grid"  # tiny's grid
         assert not item.find_element(By.CSS_SELECTOR, ".verdict").is_displayed()  # no reference statistics
+
+
+@pytest.mark.browser
+def test_a_zero_shot_model_takes_the_labels_typed(browser: webdriver.Chrome, tmp_path: Path) -> None:
+    """For a CLIP model the page shows a labels box; the classes shown are the labels typed there, with the
+    probabilities the API gives for them; without labels, the API's 422 is shown."""
+    from model.convert.__main__ import main as convert_main
+    from tests.support.zero_shot import clip_repo
+
+    repo = clip_repo(tmp_path / "repo")
+    checkpoint = convert_main(["hf", "--model-dir", str(repo.path), "--output", str(tmp_path / "clip.safetensors")])
+    star = held_out("star")
+    with Server(checkpoint) as server:
+        open_page(browser, server)
+        assert (
+            "named with each request (zero-shot, one softmax over them)"
+            in browser.find_element(By.ID, "model-class-count").text
+        )
+        box = browser.find_element(By.ID, "labels")
+        assert box.is_displayed() and box.get_attribute("value") == ""
+        upload(browser, tmp_path, {"none.png": star})
+        error = result(browser, "none.png").find_element(By.CSS_SELECTOR, ".error")
+        assert error.is_displayed() and "no default labels" in error.text
+        box.send_keys("cat, dog, a red car")
+        upload(browser, tmp_path, {"star.png": star})
+        shown = [e.text for e in result(browser, "star.png").find_elements(By.CSS_SELECTOR, ".top-k .label")]
+        api = httpx.post(
+            f"{server.url}/predict",
+            params={"labels": "cat, dog, a red car"},
+            files={"file": ("star.png", star, "image/png")},
+            timeout=30,
+        ).json()["results"][0]["top_k"]
+        assert shown == [t["label"] for t in api] and sorted(shown) == ["a red car", "cat", "dog"]
 
 
 @pytest.mark.browser

@@ -70,11 +70,17 @@ function showModel(info) {
   $("model-version").textContent = info.version;
   const channels = info.channels === 1 ? "grayscale" : "RGB";
   $("model-input").textContent = `${info.input_size[0]} × ${info.input_size[1]} px, ${channels}`;
-  $("model-class-count").textContent = `${info.classes.length}: ${info.classes.slice(0, 10).join(", ")}${info.classes.length > 10 ? ", …" : ""}`;
+  const zeroShot = Boolean(info.zero_shot);
+  const rule = zeroShot && info.zero_shot.rule === "softmax" ? "one softmax over them" : "each scored alone";
+  const named = `${info.classes.length}: ${info.classes.slice(0, 10).join(", ")}${info.classes.length > 10 ? ", …" : ""}`;
+  $("model-class-count").textContent = zeroShot ? `named with each request (zero-shot, ${rule})` : named;
   const list = $("model-classes");
   list.replaceChildren(...info.classes.map((c) => Object.assign(document.createElement("li"), { textContent: c })));
-  $("top-k").max = String(Math.min(info.classes.length, 1000));
-  $("top-k").value = String(Math.min(5, info.classes.length));
+  // A zero-shot model (CLIP, SigLIP) takes its classes from the labels box, filled with its own labels if it has some.
+  $("labels-row").hidden = !zeroShot;
+  if (zeroShot) $("labels").value = info.classes.join(", ");
+  $("top-k").max = String(zeroShot ? 1000 : Math.min(info.classes.length, 1000));
+  $("top-k").value = String(zeroShot ? 5 : Math.min(5, info.classes.length));
   $("model-status").textContent = "";
   $("model-info").hidden = false;
   $("model-classes-details").hidden = false;
@@ -111,16 +117,17 @@ function addResultItem(file, before) {
 
 async function classify(file, before) {
   const item = addResultItem(file, before);
-  const model = chosenModel();  // a result stays with the model it was sent to
+  const model = chosenModel();  // a result stays with the model it was sent to, and with the labels it was given
   if (model) item.querySelector(".filename").textContent += ` · ${model}`;
+  const labels = $("labels-row").hidden ? null : $("labels").value;
   const cache = new Map();
   const select = item.querySelector(".result-method");
   fillMethods(select, $("method").value);
-  select.addEventListener("change", () => request(file, item, select.value, cache, model));
-  await request(file, item, select.value, cache, model);
+  select.addEventListener("change", () => request(file, item, select.value, cache, model, labels));
+  await request(file, item, select.value, cache, model, labels);
 }
 
-async function request(file, item, method, cache, model) {
+async function request(file, item, method, cache, model, labels) {
   const status = item.querySelector(".status");
   const error = item.querySelector(".error");
   status.hidden = false;
@@ -133,6 +140,7 @@ async function request(file, item, method, cache, model) {
       body.append("file", file, file.name || "pasted.png");
       const query = new URLSearchParams({ top_k: $("top-k").value || "5", attention: method, overlay: "true" });
       if (model) query.set("model", model);
+      if (labels !== null && labels.trim()) query.set("labels", labels);  // none: the model's own, or its 422 says why
       const described = models.get(model || defaultModel);
       if (described && described.reference) query.set("ood", "true");  // a model with reference statistics scores it
       const response = await fetch(`/predict?${query}`, { method: "POST", body, headers: apiHeaders() });
