@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import io
 import json
 from dataclasses import dataclass
@@ -10,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from harness.zero_shot import clip_vocabulary
 
 LABELS = ["cat", "dog", "a red car", "Hello, World!", "the   number 42", "café au lait", "x"]
 CORPUS = [
@@ -30,26 +31,6 @@ class Repo:
     model: Any  # the transformers model
     tokenizer: Any
     processor: Any
-
-
-def clip_vocabulary(folder: Path) -> tuple[Path, Path]:
-    """OpenAI CLIP's own BPE (the file open_clip ships) as vocab.json and merges.txt, as the hub's CLIP repos hold
-    them: 49,408 tokens, <|startoftext|> 49406 and <|endoftext|> 49407."""
-    import open_clip.tokenizer as oct
-
-    with gzip.open(oct.default_bpe(), "rt", encoding="utf-8") as f:
-        lines = f.read().split("\n")[1 : 49152 - 256 - 2 + 1]
-    merges = [tuple(line.split()) for line in lines]
-    symbols = list(oct.bytes_to_unicode().values())
-    vocab = (
-        symbols + [s + "</w>" for s in symbols] + ["".join(m) for m in merges] + ["<|startoftext|>", "<|endoftext|>"]
-    )
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(vocab)}), encoding="utf-8")
-    (folder / "merges.txt").write_text(
-        "#version: 0.2\n" + "\n".join(" ".join(m) for m in merges) + "\n", encoding="utf-8"
-    )
-    return folder / "vocab.json", folder / "merges.txt"
 
 
 def clip_repo(folder: Path, seed: int = 0) -> Repo:
