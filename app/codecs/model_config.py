@@ -21,7 +21,18 @@ from typing import Any
 from google.protobuf import json_format
 
 from app.codecs.proto import messages_pb2 as pb
-from app.codecs.v2 import ATTENTION, EMBEDDING, IMAGE, OOD_SCORE, PIXELS, PROBABILITIES, listed_outputs, platform
+from app.codecs.v2 import (
+    ATTENTION,
+    EMBEDDING,
+    IMAGE,
+    OOD_SCORE,
+    PIXELS,
+    PROBABILITIES,
+    TEXT,
+    TEXT_EMBEDDING,
+    listed_outputs,
+    platform,
+)
 from app.core.contract.data_plane import Batching, Limits
 from app.core.contract.description import ModelDescription
 
@@ -38,6 +49,7 @@ def model_config(model: ModelDescription, batching: Batching, limits: Limits) ->
         EMBEDDING: pb.ModelOutput(name=EMBEDDING, data_type=pb.TYPE_FP32, dims=[model.embedding_dim]),
         # one value per image: [N], as Triton writes a per-item scalar (dims [1], reshaped to [])
         OOD_SCORE: pb.ModelOutput(name=OOD_SCORE, data_type=pb.TYPE_FP32, dims=[1], reshape=pb.ModelTensorReshape()),
+        TEXT_EMBEDDING: pb.ModelOutput(name=TEXT_EMBEDDING, data_type=pb.TYPE_FP32, dims=[model.embedding_dim]),
     }
     return pb.ModelConfig(
         name=model.name,
@@ -61,6 +73,8 @@ def model_config(model: ModelDescription, batching: Batching, limits: Limits) ->
                 if limits.takes_pixels
                 else []
             ),
+            # a zero-shot model's texts to embed, sent alone: one string per batch element
+            *([pb.ModelInput(name=TEXT, data_type=pb.TYPE_STRING, dims=[1], optional=True)] if model.zero_shot else []),
         ],
         output=[outputs[name] for name in listed_outputs(model, limits.all_outputs)],
         instance_group=[

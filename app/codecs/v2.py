@@ -7,7 +7,10 @@ exactly as /predict does; or `pixels`, FP32 [N, C, H, W], already preprocessed. 
 default each image's top-1); and `embedding`, FP32 [N, D], the pooled representation the head
 receives, when the output is asked for or the parameter `embedding` is true (`normalize`: L2-normalised);
 and `ood_score`, FP32 [N], each image's distance from the model's reference data, when the parameter `ood` is
-true.
+true. A zero-shot model (CLIP, SigLIP) takes the parameters `labels` (its classes for this request) and
+`template`, and answers `probabilities` as FP32 [N, labels]; it also takes the input `text`, BYTES [T] of UTF-8
+strings, in a request of its own, answered with `text_embedding`, FP32 [T, D], each text's unit-length embedding
+in the space the images' `embedding` shares (`normalize`: unit length too).
 Extensions: binary tensor data (`Inference-Header-Content-Length`,
 `binary_data_size`; BYTES elements as 4-byte little-endian length + bytes), classification
 (`classification: k` on an output: BYTES [N, k] of Triton's "score:index:label"), and system shared
@@ -47,10 +50,11 @@ from app.core.contract.request import (
 from app.telemetry.statistics import Duration, ModelStatistics
 
 HEADER_LENGTH = "inference-header-content-length"
-IMAGE, PIXELS = "image", "pixels"
+IMAGE, PIXELS, TEXT = "image", "pixels", "text"
 PROBABILITIES, ATTENTION, EMBEDDING = "probabilities", "attention", "embedding"
-OOD_SCORE = "ood_score"
-OUTPUT_NAMES = (PROBABILITIES, ATTENTION, EMBEDDING, OOD_SCORE)
+OOD_SCORE, TEXT_EMBEDDING = "ood_score", "text_embedding"
+OUTPUT_NAMES = (PROBABILITIES, ATTENTION, EMBEDDING, OOD_SCORE, TEXT_EMBEDDING)
+IMAGE_OUTPUTS = (PROBABILITIES, ATTENTION, EMBEDDING, OOD_SCORE)  # what a request of images (or pixels) answers
 DEFAULT_MAP: AttentionKind = "rollout"  # the map the output `attention` gives when no parameter chooses one
 SERVER_NAME = "vit-serve"
 EXTENSIONS = [
@@ -254,6 +258,7 @@ class Decoded:
     options: InferOptions
     inputs: list[EncodedImage] | torch.Tensor
     regions: SharedMemoryRegions | None = None
+    texts: tuple[str, ...] | None = None  # a zero-shot model's texts to embed (`inputs` then empty)
 
 
 @dataclass(frozen=True)
@@ -266,13 +271,17 @@ class Intake:
     max_bytes: int
     regions: SharedMemoryRegions
     takes_pixels: bool = True
-    outputs: tuple[str, ...] = OUTPUT_NAMES  # what the model's metadata lists (`listed_outputs`)
+    outputs: tuple[str, ...] = IMAGE_OUTPUTS  # what the model's metadata lists (`listed_outputs`)
+    takes_text: bool = False  # a zero-shot model: the input `text`
 
 
 def intake_for(model: ModelDescription, limits: Limits, regions: SharedMemoryRegions) -> Intake:
     """What a request to this model is checked against, under the edge's limits."""
     outputs = listed_outputs(model, limits.all_outputs)
-    return Intake(model.input_shape, limits.max_files, limits.max_upload_bytes, regions, limits.takes_pixels, outputs)
+    zero_shot = model.zero_shot is not None
+    return Intake(
+        model.input_shape, limits.max_files, limits.max_upload_bytes, regions, limits.takes_pixels, outputs, zero_shot
+    )
 
 
 def server_metadata() -> V2ServerMetadata:
@@ -287,10 +296,11 @@ def platform(model: ModelDescription) -> str:
 def listed_outputs(model: ModelDescription, all_outputs: bool = True) -> tuple[str, ...]:
     """The outputs a model's metadata and configuration list, and a request may name: probabilities; with
     `all_outputs` (VIT_V2_OUTPUTS=all) also attention and embedding, and ood_score where the checkpoint has
-    reference statistics."""
+    reference statistics, and text_embedding for a zero-shot model."""
     if not all_outputs:
         return (PROBABILITIES,)
-    return (PROBABILITIES, ATTENTION, EMBEDDING, *((OOD_SCORE,) if model.reference else ()))
+    extra = (OOD_SCORE,) if model.reference else (TEXT_EMBEDDING,) if model.zero_shot else ()
+    return (PROBABILITIES, ATTENTION, EMBEDDING, *extra)
 
 
 def every_output(listed: tuple[str, ...]) -> bool:
@@ -307,6 +317,7 @@ def model_metadata(model: ModelDescription, takes_pixels: bool = True, all_outpu
         ATTENTION: [-1, grid, grid],
         EMBEDDING: [-1, model.embedding_dim],
         OOD_SCORE: [-1],
+        TEXT_EMBEDDING: [-1, model.embedding_dim],
     }
     return V2ModelMetadata(
         name=model.name,
@@ -321,6 +332,7 @@ def model_metadata(model: ModelDescription, takes_pixels: bool = True, all_outpu
         inputs=[
             V2TensorMetadata(name=IMAGE, datatype=Datatype.BYTES, shape=[-1, 1]),
             *([V2TensorMetadata(name=PIXELS, datatype=Datatype.FP32, shape=[-1, c, h, w])] if takes_pixels else []),
+            *([V2TensorMetadata(name=TEXT, datatype=Datatype.BYTES, shape=[-1])] if model.zero_shot else []),
         ],
         outputs=[
             V2TensorMetadata(name=name, datatype=Datatype.FP32, shape=shapes[name])
@@ -383,6 +395,10 @@ def decode_infer(request: InferRequest, data_of: Callable[[TensorIn], TensorData
     itself is checked."""
     check_outputs(request, intake)  # before any compute is spent
     named = {output.name for output in request.outputs or []}
+    if len(request.inputs) == 1 and request.inputs[0].name == TEXT and intake.takes_text:
+        return decode_texts(request, named, data_of, intake)
+    if TEXT_EMBEDDING in named:
+        raise InvalidInput(f"output {TEXT_EMBEDDING!r} answers a request whose input is {TEXT!r}: send the texts alone")
     attention = request_attention(request)
     options = InferOptions(
         # an output named is computed, with its defaults where no parameter chooses: a rollout map
@@ -393,6 +409,7 @@ def decode_infer(request: InferRequest, data_of: Callable[[TensorIn], TensorData
         ood=request_flag(request, "ood") or OOD_SCORE in named,
         labels=request_labels(request),
         template=request_string(request, "template"),
+        classify=not named or PROBABILITIES in named,
     )
     check_listed(options, intake)
     check_one_input(request)
@@ -419,6 +436,42 @@ def decode_infer(request: InferRequest, data_of: Callable[[TensorIn], TensorData
     if tensor.name == IMAGE:
         return Decoded(request, options, decode_images(tensor, data, intake.max_images), intake.regions)
     return Decoded(request, options, decode_pixels(tensor, data, intake.input_shape, intake.max_images), intake.regions)
+
+
+def decode_texts(
+    request: InferRequest, named: set[str], data_of: Callable[[TensorIn], TensorData], intake: Intake
+) -> Decoded:
+    """A zero-shot model's request of texts to embed: BYTES [T] (or [T, 1]) of UTF-8, answered with text_embedding."""
+    if other := named - {TEXT_EMBEDDING}:
+        raise InvalidInput(
+            f"a request whose input is {TEXT!r} answers {TEXT_EMBEDDING!r} alone; output {sorted(other)[0]!r} "
+            f"answers images: send them in a request of their own"
+        )
+    tensor = request.inputs[0]
+    if SHM_REGION in (tensor.parameters or {}):
+        raise InvalidInput(f"input {TEXT!r} is read from the request, not from shared memory")
+    if tensor.datatype != Datatype.BYTES:
+        raise InvalidInput(f"input {TEXT!r} must be BYTES (UTF-8 strings), got {tensor.datatype}")
+    if len(tensor.shape) not in (1, 2) or (len(tensor.shape) == 2 and tensor.shape[1] != 1):
+        raise InvalidInput(f"input {TEXT!r} must have shape [T] or [T, 1], got {tensor.shape}")
+    n = tensor.shape[0]
+    data = data_of(tensor)
+    if data.raw is not None:
+        elements = split_bytes_elements(data.raw)
+    elif data.elements is not None:
+        elements = data.elements
+    else:  # JSON: the strings themselves
+        values = flatten(tensor.data) if tensor.data is not None else []
+        if not all(isinstance(v, str) for v in values):
+            raise InvalidInput(f"input {TEXT!r}: each element must be a string in JSON")
+        elements = [v.encode() for v in values]
+    if len(elements) != n:
+        raise InvalidInput(f"input {TEXT!r}: shape {tensor.shape} says {n} texts, the data holds {len(elements)}")
+    try:
+        texts = tuple(e.decode("utf-8") for e in elements)
+    except UnicodeDecodeError as e:
+        raise InvalidInput(f"input {TEXT!r}: an element is not UTF-8 ({e})") from None
+    return Decoded(request, InferOptions(classify=False), [], intake.regions, texts)
 
 
 def request_attention(request: InferRequest) -> AttentionKind:
@@ -483,6 +536,10 @@ def check_outputs(request: InferRequest, intake: Intake) -> None:
     for output in request.outputs or []:
         if output.name not in listed and not (output.name == OOD_SCORE and every_output(listed)):
             gives = ", ".join(map(repr, listed))
+            if output.name == TEXT_EMBEDDING and every_output(listed):
+                raise InvalidInput(
+                    f"output {TEXT_EMBEDDING!r} is a zero-shot model's (CLIP, SigLIP); this model gives {gives}"
+                )
             if output.name in OUTPUT_NAMES:
                 raise InvalidInput(
                     f"output {output.name!r} is not served here (VIT_V2_OUTPUTS=probabilities); this model "
@@ -682,10 +739,22 @@ class OutputTensor:
         )
 
 
-def output_tensors(decoded: Decoded, predictions: list[Prediction], classes: list[str]) -> list[OutputTensor]:
+def output_tensors(
+    decoded: Decoded, predictions: list[Prediction], classes: list[str], text_embeddings: torch.Tensor | None = None
+) -> list[OutputTensor]:
     """The outputs requested, in their order, any transport; with none named, probabilities and each output
-    whose parameter asked for it. Every output named was computed (`decode_infer` asks for it)."""
+    whose parameter asked for it (text_embedding for texts). Every output named was computed (`decode_infer`
+    asks for it)."""
     request = decoded.request
+    if text_embeddings is not None:
+        wanted_texts = request.outputs or [OutputWanted(name=TEXT_EMBEDDING)]
+        values = text_embeddings.float()
+        return [
+            OutputTensor(
+                TEXT_EMBEDDING, Datatype.FP32, list(values.shape), values.flatten().numpy(), o.parameters or {}
+            )
+            for o in wanted_texts
+        ]
     computed = {
         PROBABILITIES: True,
         ATTENTION: decoded.options.attention != "none",
@@ -701,7 +770,11 @@ def output_tensors(decoded: Decoded, predictions: list[Prediction], classes: lis
 
 
 def encode_response(
-    decoded: Decoded, predictions: list[Prediction], model: ModelDescription, classes: list[str] | None = None
+    decoded: Decoded,
+    predictions: list[Prediction],
+    model: ModelDescription,
+    classes: list[str] | None = None,
+    text_embeddings: torch.Tensor | None = None,
 ) -> Encoded:
     """The REST infer response: JSON, each output in it or (binary_data) after it; `classes`, a zero-shot
     request's labels, name the classification results (default: the model's classes)."""
@@ -709,7 +782,7 @@ def encode_response(
     binary_default = bool((request.parameters or {}).get("binary_data_output", False))
     tensors: list[dict[str, Any]] = []
     binaries: list[bytes] = []
-    for t in output_tensors(decoded, predictions, model.classes if classes is None else classes):
+    for t in output_tensors(decoded, predictions, model.classes if classes is None else classes, text_embeddings):
         if t.in_shared_memory():
             t.write_to_region(decoded.regions)
             tensors.append({"name": t.name, "datatype": t.datatype, "shape": t.shape})

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import torch
 from pydantic import ValidationError
 
 from app.choices import Datatype
@@ -105,12 +106,16 @@ def typed_data(tensor: pb.ModelInferRequest.InferInputTensor) -> TensorData:
 
 
 def infer_response(
-    decoded: Decoded, predictions: list[Prediction], model: ModelDescription, classes: list[str] | None = None
+    decoded: Decoded,
+    predictions: list[Prediction],
+    model: ModelDescription,
+    classes: list[str] | None = None,
+    text_embeddings: torch.Tensor | None = None,
 ) -> pb.ModelInferResponse:
     """The outputs in raw_output_contents, or written to shared memory (with empty contents there, so that the
     contents keep the outputs' order); `classes` as in `v2.encode_response`."""
     outputs, contents = [], []
-    for t in output_tensors(decoded, predictions, model.classes if classes is None else classes):
+    for t in output_tensors(decoded, predictions, model.classes if classes is None else classes, text_embeddings):
         outputs.append(pb.ModelInferResponse.InferOutputTensor(name=t.name, datatype=t.datatype, shape=t.shape))
         if t.in_shared_memory():
             t.write_to_region(decoded.regions)

@@ -141,7 +141,10 @@ class Front(ABC):
     async def infer(self, request: InferenceRequest, encode: Callable[[Inference], T]) -> T:
         self.check_serving()
         model = self.describe(request.model, request.version)
-        model.check_labels(request.options.labels, request.options.template)  # before any decoding
+        options = request.options
+        if request.texts is not None:
+            model.check_texts(request.texts)
+        model.check_labels(options.labels, options.template, options.classify)  # before any decoding
         done = await self.compute(model, request)
         with child_span("encode"):
             return await self.run_in_pool(encode, done) if costly_to_encode(done) else encode(done)

@@ -213,7 +213,9 @@ class InferenceServicer:
         name, version = request.model_name, request.model_version or None
         intake = intake_for(self.plane.describe(name, version), self.plane.limits, self.plane.regions)
         decoded = v2_grpc.decode(request, intake)
-        asked = InferenceRequest(name, decoded.inputs, decoded.options, version, timeout_s=context.time_remaining())
+        asked = InferenceRequest(
+            name, decoded.inputs, decoded.options, version, timeout_s=context.time_remaining(), texts=decoded.texts
+        )
         return await self.plane.infer(asked, functools.partial(encode, decoded))
 
     @rpc(pb.ModelStatisticsRequest, serving=True)
@@ -285,7 +287,7 @@ class InferenceServicer:
 
 
 def encode(decoded: Decoded, done: Inference) -> pb.ModelInferResponse:
-    return v2_grpc.infer_response(decoded, done.predictions, done.model, done.classes)
+    return v2_grpc.infer_response(decoded, done.predictions, done.model, done.classes, done.text_embeddings)
 
 
 def serialize(message: Message) -> bytes:

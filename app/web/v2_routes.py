@@ -175,13 +175,13 @@ async def infer(request: Request, plane: AuthorizedPlane, name: str, version: st
     body = await read_body(request, plane.limits.max_upload_bytes)
     header, binary = split_body(body, request.headers.get(HEADER_LENGTH))
     decoded = decode_request(header, binary, intake_for(model, plane.limits, plane.regions))
-    asked = InferenceRequest(name, decoded.inputs, decoded.options, version)
+    asked = InferenceRequest(name, decoded.inputs, decoded.options, version, texts=decoded.texts)
     return await respond_unless_disconnected(request, answer(plane, asked, decoded))
 
 
 async def answer(plane: DataPlane, asked: InferenceRequest, decoded: Decoded) -> Response:
     def encode(done: Inference) -> Encoded:
-        return encode_response(decoded, done.predictions, done.model, done.classes)
+        return encode_response(decoded, done.predictions, done.model, done.classes, done.text_embeddings)
 
     encoded = await plane.infer(asked, encode)
     if encoded.header_length is None:

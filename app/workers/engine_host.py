@@ -256,6 +256,10 @@ class EngineHost:
 
     async def compute(self, peer: Peer, call: InferCall) -> Reply:
         arena = peer.arena
+        if call.texts is not None:
+            embedded = await self.engine.embed_texts(self.engine.model(call.model, call.version), call.texts)
+            outputs = store_outputs([], RegionWriter(arena, call.region), embedded.text_embeddings)
+            return Reply(call.id, None if embedded.model.version == call.described else embedded.model, outputs)
         inputs: list[EncodedImage | DecodedImage] | torch.Tensor
         if call.images is not None:
             inputs = load_images(call.images, arena)

@@ -89,6 +89,7 @@ class InferCall:
     region: tuple[int, int] | None  # (offset, size) in the front-end's arena: inputs in, outputs out
     described: str  # the version the front-end looked up: a reply computed by it leaves its description out
     trace: dict[str, str] | None = None  # the request's trace context (W3C headers), when traced
+    texts: tuple[str, ...] | None = None  # a zero-shot model's texts to embed (no images then)
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,7 @@ class StoredOutputs:
     overlays: list[StoredBytes] | None
     ood_scores: list[float] | None = None  # per image, when asked for
     ood: list[bool] | None = None  # per image, where a threshold is set
+    text_embeddings: Stored | None = None  # (T, D): a text request's
 
 
 @dataclass(frozen=True)
@@ -228,9 +230,11 @@ def loads(data: bytes) -> object:
     return pickle.loads(data)  # from a socket in a directory only this user can enter (mkdtemp: 0700)
 
 
-def output_bytes(model: ModelDescription, options: InferOptions, images: int) -> int:
+def output_bytes(model: ModelDescription, options: InferOptions, images: int, texts: int = 0) -> int:
     """The arena room one request's outputs take (overlays aside: their size is known only once drawn)."""
     room = tensor_bytes((images, len(model.classes_for(options.labels))))
+    if texts:
+        room += tensor_bytes((texts, model.embedding_dim))
     if options.attention != "none":
         room += tensor_bytes((images, model.grid_size, model.grid_size))
     if options.embedding:
@@ -280,9 +284,11 @@ class RegionWriter:
         return stored
 
 
-def store_outputs(predictions: list[Prediction], into: RegionWriter) -> StoredOutputs:
-    """The predictions, each kind as one block of rows, written into the region where they fit, inline
-    where they do not."""
+def store_outputs(
+    predictions: list[Prediction], into: RegionWriter, text_embeddings: torch.Tensor | None = None
+) -> StoredOutputs:
+    """The predictions (and a text request's embeddings), each kind as one block of rows, written into the
+    region where they fit, inline where they do not."""
     probabilities = [p.probabilities for p in predictions]
     maps = every([p.attention_map for p in predictions])
     embeddings = every([p.embedding for p in predictions])
@@ -295,6 +301,7 @@ def store_outputs(predictions: list[Prediction], into: RegionWriter) -> StoredOu
         None if all(o is None for o in overlays) else [into.data(o or b"") for o in overlays],
         present([p.ood_score for p in predictions]),
         present([p.ood for p in predictions]),
+        None if text_embeddings is None else into.tensor(text_embeddings.contiguous()),
     )
 
 

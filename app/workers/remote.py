@@ -64,6 +64,7 @@ from app.workers.link import (
     load_predictions,
     loads,
     output_bytes,
+    read_tensor,
     store_images,
 )
 from app.workers.shared_memory import Arena, aligned
@@ -259,7 +260,7 @@ class RemoteEngine(Front):
     async def compute(self, model: ModelDescription, request: InferenceRequest) -> Inference:
         """Decoded here (unless the engine's cache decodes), computed by the engine, overlays drawn here."""
         images: list[Image.Image | None] = []  # for the overlays drawn here
-        if self.decodes and not isinstance(request.inputs, torch.Tensor):
+        if self.decodes and not isinstance(request.inputs, torch.Tensor) and request.texts is None:
             started = time.monotonic()
             decoded, images = await self.decode(model, request.inputs, request.options.overlay, started)
             timeout_s = self.time_limit(request.timeout_s) - (time.monotonic() - started)
@@ -281,7 +282,8 @@ class RemoteEngine(Front):
         in_bytes = (
             aligned(inputs.numel() * inputs.element_size()) if isinstance(inputs, torch.Tensor) else input_bytes(inputs)
         )
-        size = max(in_bytes, output_bytes(model, request.options, count))
+        texts = len(request.texts) if request.texts is not None else 0
+        size = max(in_bytes, output_bytes(model, request.options, count, texts))
         offset = self.arena.allocate(size) if self.arena is not None else None
         region = None if offset is None else (offset, size)
         images, pixels = self.store_inputs(inputs, region)
@@ -297,13 +299,17 @@ class RemoteEngine(Front):
             region,
             model.version,
             carrier(),
+            request.texts,
         )
         reply = await self.call(call, offset, self.settings.request_timeout_s + 5)
         try:
             if reply.failure is not None:
                 raise reply.failure.exception()
             assert reply.outputs is not None
-            return Inference(reply.model or model, load_predictions(reply.outputs, self.arena), request.options.labels)
+            stored = reply.outputs.text_embeddings
+            embedded = None if stored is None else read_tensor(self.arena, stored)
+            predictions = load_predictions(reply.outputs, self.arena)
+            return Inference(reply.model or model, predictions, request.options.labels, embedded)
         finally:
             self.release_call(call.id)
 

@@ -150,3 +150,66 @@ def test_a_request_without_labels_is_refused_by_every_protocol(
     tensor.set_data_from_numpy(np.array([png], dtype=np.object_), binary_data=True)
     with pytest.raises(Exception, match="no default labels"):
         http_client.infer("clip", [tensor])
+
+
+def library_text_embeddings(repo: Repo, texts: list[str], siglip: bool) -> torch.Tensor:
+    """transformers' own text features, unit length: CLIP pads to the longest text, SigLIP to 64 as its pipeline does."""
+    padding: str | bool = "max_length" if siglip else True
+    tokens = repo.tokenizer(texts, padding=padding, return_tensors="pt")
+    with torch.inference_mode():
+        features = repo.model.get_text_features(**tokens)
+    features = features if isinstance(features, torch.Tensor) else features.pooler_output
+    return torch.nn.functional.normalize(features, dim=-1)
+
+
+@pytest.mark.parametrize("model", ["clip", "siglip"])
+def test_texts_and_images_embed_into_one_space_for_retrieval(
+    server: Server, repos: tuple[Path, dict[str, Repo]], image: tuple[bytes, Image.Image], model: str
+) -> None:
+    """The input `text` answers `text_embedding` (over gRPC here, HTTP below), the transformers model's text
+    features; an image's unit embedding, asked for alone, needs no labels; their products rank the texts as the
+    library's own embeddings do."""
+    png, decoded = image
+    texts = ["a cat", "Hello, World!", "café au lait", "a red car"]
+    client = triton_grpc.InferenceServerClient(server.grpc_target)
+    try:
+        text = triton_grpc.InferInput("text", [len(texts)], "BYTES")
+        text.set_data_from_numpy(np.array([t.encode() for t in texts], dtype=np.object_))
+        embedded = client.infer(model, [text]).as_numpy("text_embedding")
+        picture = triton_grpc.InferInput("image", [1], "BYTES")
+        picture.set_data_from_numpy(np.array([png], dtype=np.object_))
+        asked = [triton_grpc.InferRequestedOutput("embedding")]
+        image_embedding = client.infer(model, [picture], outputs=asked, parameters={"normalize": True})
+    finally:
+        client.close()
+    repo = repos[1][model]
+    expected = library_text_embeddings(repo, texts, model == "siglip")
+    torch.testing.assert_close(torch.tensor(embedded), expected, atol=ATOL, rtol=0)
+    pixels = repo.processor(decoded, return_tensors="pt")["pixel_values"]
+    with torch.inference_mode():
+        features = repo.model.get_image_features(pixel_values=pixels)
+    features = features if isinstance(features, torch.Tensor) else features.pooler_output
+    theirs = torch.nn.functional.normalize(features, dim=-1)
+    ours = torch.tensor(image_embedding.as_numpy("embedding"))
+    torch.testing.assert_close(ours, theirs, atol=ATOL, rtol=0)
+    assert (ours @ torch.tensor(embedded).T).argsort(descending=True).tolist() == (
+        (theirs @ expected.T).argsort(descending=True).tolist()
+    )
+
+
+def test_texts_over_http_and_what_a_text_request_cannot_ask(
+    http_client: triton_http.InferenceServerClient, server: Server, repos: tuple[Path, dict[str, Repo]]
+) -> None:
+    text = triton_http.InferInput("text", [2, 1], "BYTES")
+    text.set_data_from_numpy(np.array([["a dog"], ["x"]], dtype=np.object_), binary_data=False)
+    embedded = http_client.infer("clip", [text]).as_numpy("text_embedding")
+    expected = library_text_embeddings(repos[1]["clip"], ["a dog", "x"], siglip=False)
+    torch.testing.assert_close(torch.tensor(embedded), expected, atol=ATOL, rtol=0)
+    with pytest.raises(Exception, match="answers 'text_embedding' alone"):
+        http_client.infer("clip", [text], outputs=[triton_http.InferRequestedOutput("probabilities")])
+    r = httpx.post(
+        f"{server.url}/v2/models/clip/infer",
+        json={"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [" "]}]},
+        timeout=30,
+    )
+    assert r.status_code == 400 and "an empty text" in r.json()["error"], r.text

@@ -35,6 +35,8 @@ class InferenceRequest:
     options: InferOptions
     version: str | None = None  # None: whichever version serves
     timeout_s: float | None = None  # shortens VIT_REQUEST_TIMEOUT_S (a gRPC client's deadline)
+    # texts to embed, for a zero-shot model: a request of its own, with no images (`inputs` empty)
+    texts: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,7 @@ class Inference:
     model: ModelDescription
     predictions: list[Prediction]
     labels: tuple[str, ...] | None = None  # a zero-shot model's labels the request named
+    text_embeddings: torch.Tensor | None = None  # (T, D), unit length: a zero-shot model's embeddings of the texts
 
     @property
     def classes(self) -> list[str]:

@@ -7,6 +7,7 @@ from typing import Any
 
 from app.choices import Backend, DecodedOn, ModelState, Precision, Quantization
 from app.core.contract.errors import InvalidInput
+from app.core.contract.request import MAX_LABELS
 from model.version import numeric_version
 
 
@@ -51,20 +52,31 @@ class ModelDescription:
         explains; None for None (the top-1)."""
         return class_index(self.name, self.classes if classes is None else classes, target)
 
+    def check_texts(self, texts: tuple[str, ...]) -> None:
+        """InvalidInput unless the model is zero-shot and the texts are at least one, none empty, at most MAX_LABELS."""
+        if self.zero_shot is None:
+            raise InvalidInput(
+                f"model {self.name} is a classifier: texts are embedded by a zero-shot model (CLIP, SigLIP)"
+            )
+        if not texts or len(texts) > MAX_LABELS:
+            raise InvalidInput(f"send 1 to {MAX_LABELS} texts to embed; got {len(texts)}")
+        if any(not t.strip() for t in texts):
+            raise InvalidInput(f"an empty text among {len(texts)}: each text is embedded")
+
     def classes_for(self, labels: tuple[str, ...] | None) -> list[str]:
         """The classes a request's probabilities are over: the labels it named (a zero-shot model), else the model's."""
         return self.classes if labels is None else list(labels)
 
-    def check_labels(self, labels: tuple[str, ...] | None, template: str | None) -> None:
+    def check_labels(self, labels: tuple[str, ...] | None, template: str | None, classify: bool = True) -> None:
         """InvalidInput unless the labels and template fit the model: a classifier takes neither, and a zero-shot
-        model without default labels needs labels."""
+        model without default labels needs labels to answer probabilities (`classify`)."""
         if self.zero_shot is None and (labels is not None or template is not None):
             asked = "labels" if labels is not None else "template"
             raise InvalidInput(
                 f"{asked} names the classes of a zero-shot model (CLIP, SigLIP); model {self.name} is a classifier "
                 f"with fixed classes: {', '.join(self.classes[:10])}{', ...' if len(self.classes) > 10 else ''}"
             )
-        if self.zero_shot is not None and labels is None and not self.classes:
+        if self.zero_shot is not None and labels is None and not self.classes and classify:
             raise InvalidInput(
                 f"model {self.name} is zero-shot and has no default labels: name the classes to choose among, as "
                 "labels=cat,dog,a red car (or a repeated label=)"

@@ -53,6 +53,9 @@ class InferOptions:
     # A zero-shot model's classes for this request, in answer order (None: the model's default labels)
     labels: tuple[str, ...] | None = None
     template: str | None = None  # a zero-shot model's prompt, `{}` where a label goes (None: the model's own)
+    # the probabilities are wanted (False: a V2 request that names other outputs alone, so that a zero-shot model
+    # without default labels needs none)
+    classify: bool = True
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_KINDS:

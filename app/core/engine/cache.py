@@ -92,7 +92,8 @@ class PredictionCache:
         """Each image's key: the model version, all that was asked that changes an answer, and the image's digest."""
         o = options
         labels = None if o.labels is None else "\x1f".join(o.labels)
-        asked = (model, version, o.attention, target, o.embedding, o.normalize, o.overlay, o.ood, labels, o.template)
+        asked: tuple[object, ...] = (model, version, o.attention, target, o.embedding, o.normalize, o.overlay)
+        asked += (o.ood, labels, o.template, o.classify)
         wanted = hashlib.sha256("\0".join(map(repr, asked)).encode()).digest()  # once per request: labels may be many
         return [hashlib.sha256(wanted + digest).digest() for digest in digests]
 

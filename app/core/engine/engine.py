@@ -157,7 +157,18 @@ class Engine(Front):
             raise NotReady(NOT_READY)
 
     async def compute(self, model: ModelDescription, request: InferenceRequest) -> Inference:
+        if request.texts is not None:
+            return await self.embed_texts(self.served[model.name], request.texts)
         return await self.run(self.served[model.name], request.inputs, request.options, request.timeout_s)
+
+    async def embed_texts(self, model: ServedModel, texts: tuple[str, ...]) -> Inference:
+        """A zero-shot model's embeddings of `texts` as they are (no template), unit length: with its images'
+        (normalize=true), what image-to-text retrieval compares."""
+        model = self.model_set.current(model)
+        model.description.check_texts(texts)
+        assert model.labels is not None
+        embedded = await model.labels.of("{}", texts, self.run_in_pool)
+        return Inference(model.description, [], text_embeddings=embedded)
 
     async def repository_index(self, ready_only: bool = False) -> list[ModelStatus]:
         return await self.run_in_pool(self.model_set.index, ready_only)
@@ -337,9 +348,11 @@ class Engine(Front):
         """A zero-shot request's label embeddings (L, D): its labels (or the model's defaults) in its template (or
         the model's), kept from an earlier request or computed now on the pool."""
         described = model.description
-        described.check_labels(options.labels, options.template)
+        described.check_labels(options.labels, options.template, options.classify)
         assert model.labels is not None and described.template is not None
         labels = options.labels if options.labels is not None else tuple(described.classes)
+        if not labels:  # no probabilities asked for, and none to give: the images' embeddings alone
+            return torch.empty(0, model.labels.zero_shot.embed_dim)
         return await model.labels.of(options.template or described.template, labels, self.run_in_pool)
 
     def watch(self, model: ServedModel, outputs: list[ImageOutput], scores: list[Any]) -> None:

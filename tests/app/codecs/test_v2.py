@@ -200,3 +200,59 @@ def test_shared_memory_parameters_are_checked_before_any_compute(
     binary = b"\x03\x00\x00\x00abc" if "binary_data_size" in tensor_parameters else b""
     with pytest.raises(InvalidInput, match=error):
         decode_request(header, binary, intake())
+
+
+def labelled(parameters: dict[str, object], outputs: list[str] | None = None) -> bytes:
+    body: dict[str, object] = {
+        "parameters": parameters,
+        "inputs": [{"name": "image", "datatype": "BYTES", "shape": [1], "data": ["aGk="]}],
+    }
+    if outputs is not None:
+        body["outputs"] = [{"name": name} for name in outputs]
+    return json.dumps(body).encode()
+
+
+@pytest.mark.parametrize(
+    ("labels", "parsed"),
+    [
+        ("cat, dog ,a red car", ("cat", "dog", "a red car")),
+        ('["Hello, World!", "cat"]', ("Hello, World!", "cat")),  # a JSON array in a string: gRPC's scalar parameters
+        (["Hello, World!", " cat "], ("Hello, World!", "cat")),  # a JSON array: REST
+    ],
+)
+def test_the_labels_parameter_is_a_comma_separated_string_or_a_json_array(
+    labels: object, parsed: tuple[str, ...]
+) -> None:
+    decoded = decode_request(labelled({"labels": labels, "template": "a {}"}), b"", intake())
+    assert decoded.options.labels == parsed and decoded.options.template == "a {}"
+    assert decoded.options.classify
+
+
+@pytest.mark.parametrize(
+    ("parameters", "says"),
+    [
+        ({"labels": 3}, "comma-separated labels"),
+        ({"labels": ["cat", 3]}, "strings alone"),
+        ({"labels": "[cat"}, "not a JSON array"),
+        ({"labels": "cat,cat"}, "named twice"),
+        ({"labels": "cat", "template": 5}, "must be a string"),
+        ({"labels": "cat", "template": "nothing"}, "must hold one {}"),
+    ],
+)
+def test_bad_labels_or_templates_are_refused(parameters: dict[str, object], says: str) -> None:
+    with pytest.raises(InvalidInput, match=says):
+        decode_request(labelled(parameters), b"", intake())
+
+
+def test_naming_outputs_without_probabilities_asks_for_no_classification() -> None:
+    assert not decode_request(labelled({}, ["embedding"]), b"", intake()).options.classify
+    assert decode_request(labelled({}, ["embedding", "probabilities"]), b"", intake()).options.classify
+
+
+def test_a_text_request_is_decoded_only_for_a_zero_shot_model() -> None:
+    body = json.dumps({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2], "data": ["a cat", "café"]}]})
+    zero_shot = Intake(SHAPE, 8, 1 << 20, SharedMemoryRegions(None, 8), takes_text=True)
+    decoded = decode_request(body.encode(), b"", zero_shot)
+    assert decoded.texts == ("a cat", "café") and decoded.inputs == []
+    with pytest.raises(InvalidInput, match="unknown input 'text'"):
+        decode_request(body.encode(), b"", intake())
