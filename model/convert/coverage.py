@@ -5,6 +5,11 @@ Every architecture timm lists under `vit_*`, `deit*`, `beit*`, `eva02*`, `*sigli
 (jittered, so that no branch is left at its zero or near-zero initial value) and handed to the converter. It
 either converts with logits equal to timm's, or is refused with a `ConversionError` that names the feature.
 Anything else is a bug: `differs` (converted, but the logits are not timm's) or `crashed` (another exception).
+A headless image tower that open_clip pairs with a text tower (SigLIP's, say) converts with that text tower, as
+a zero-shot model served with labels named per request: open_clip's model of the pair, built with random
+weights, converts with its image embeddings and text embeddings equal to open_clip's. Its own tokenizer would
+be fetched from the hub; offline, the walk carries OpenAI's BPE in its place, which the parity check (random
+token ids) does not read. Image towers of more than 120 M parameters are not paired (open_clip builds them whole).
 
     python -m model.convert.coverage                      # the table, as docs/pretrained.md holds it
     python -m model.convert.coverage --small --json out.json   # two blocks each: the quick walk the tests do
@@ -16,6 +21,7 @@ import argparse
 import json
 import re
 import sys
+import tempfile
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -28,6 +34,9 @@ from model.convert.converted import ConversionError, check_equal
 from model.convert.timm_vit import from_timm_model
 
 FAMILY = ("vit_*", "deit*", "beit*", "eva02*", "*siglip*", "*dinov2*")
+# A paired open_clip model is built whole, even in the quick walk (open_clip takes no depth for a timm tower):
+# image towers larger than this stay reported as headless rather than cost gigabytes
+PAIRED_MAX_PARAMS = 120e6
 Result = Literal["converted", "refused", "differs", "crashed"]
 
 
@@ -36,6 +45,7 @@ class Outcome:
     arch: str
     result: Result
     detail: str  # converted: the relative logit difference; otherwise the error's message
+    zero_shot: str = ""  # converted as a zero-shot model with the text tower of this open_clip model
 
 
 def family(max_params_m: float, max_size: int) -> list[str]:
@@ -96,10 +106,62 @@ def convert(name: str, small: bool = False) -> Outcome:
         diff = check_equal(converted.build(), converted)
     except ConversionError as e:
         result: Result = "differs" if "logits differ" in str(e) else "refused"
-        return Outcome(name, result, str(e))
+        outcome = Outcome(name, result, str(e))
+        pairs = text_towers().get(name.split(".")[0]) if feature(outcome) == HEADLESS else None
+        if pairs and parameters(name) <= PAIRED_MAX_PARAMS:
+            return convert_zero_shot(name, pairs[0], small)
+        return outcome
     except Exception as e:  # what the test forbids: any other failure is a bug to fix
         return Outcome(name, "crashed", f"{type(e).__name__}: {e}")
     return Outcome(name, "converted", f"{diff:.1e}")
+
+
+def text_towers() -> dict[str, list[str]]:
+    """open_clip's models by the timm image tower they are built on: the text towers a headless tower pairs with."""
+    try:
+        import open_clip
+    except ImportError:  # the convert extra is not installed: no pairs
+        return {}
+    pairs: dict[str, list[str]] = {}
+    for arch in sorted(open_clip.list_models()):
+        tower = (open_clip.get_model_config(arch) or {}).get("vision_cfg", {}).get("timm_model_name")
+        if tower:
+            pairs.setdefault(tower, []).append(arch)
+    return pairs
+
+
+def convert_zero_shot(name: str, arch: str, small: bool) -> Outcome:
+    """`name`'s image tower converted with open_clip `arch`'s text tower (two text blocks with `small`)."""
+    import open_clip
+    from open_clip.tokenizer import SimpleTokenizer
+
+    from model.convert.open_clip import from_open_clip_model
+
+    try:
+        cfg = json.loads(json.dumps(open_clip.get_model_config(arch)))
+        built = arch
+        if small:  # the text tower shortened, registered under a name of its own
+            cfg["text_cfg"]["layers"] = 2
+            built = f"{arch}-two-text-blocks"
+            with tempfile.TemporaryDirectory() as folder:
+                (Path(folder) / f"{built}.json").write_text(json.dumps(cfg))
+                open_clip.add_model_config(Path(folder))
+        torch.manual_seed(0)
+        model = open_clip.create_model(built, pretrained=None)
+        generator = torch.Generator().manual_seed(1)
+        with torch.no_grad():  # away from the zero and near-zero initial values that would hide a wrong mapping
+            for p in model.parameters():
+                p.add_(torch.randn(p.shape, generator=generator, dtype=p.dtype) * 0.02)
+        model.eval()
+        tokenizer = SimpleTokenizer(context_length=cfg["text_cfg"].get("context_length", 77))
+        converted = from_open_clip_model(model, tokenizer)
+        diff = check_equal(converted.build(), converted)
+    except ConversionError as e:
+        failed: Result = "differs" if "logits differ" in str(e) else "refused"
+        return Outcome(name, failed, f"with open_clip's {arch}: {e}", arch)
+    except Exception as e:
+        return Outcome(name, "crashed", f"with open_clip's {arch}: {type(e).__name__}: {e}", arch)
+    return Outcome(name, "converted", f"{diff:.1e}", arch)
 
 
 def feature(outcome: Outcome) -> str:
@@ -114,9 +176,11 @@ def table(outcomes: Iterable[Outcome]) -> str:
     groups: dict[str, list[str]] = {}
     for o in outcomes:
         key = "converted, logits equal" if o.result == "converted" else feature(o)
+        if o.result == "converted" and o.zero_shot:
+            key = "converted zero-shot, with open_clip's text tower, embeddings equal"
         groups.setdefault(key, []).append(o.arch)
     lines = ["| result | architectures | which |", "|---|---:|---|"]
-    for key, archs in sorted(groups.items(), key=lambda kv: (kv[0] != "converted, logits equal", -len(kv[1]))):
+    for key, archs in sorted(groups.items(), key=lambda kv: (not kv[0].startswith("converted"), -len(kv[1]))):
         shown = ", ".join(archs) if len(archs) <= 6 else ", ".join(archs[:6]) + f", and {len(archs) - 6} more"
         lines.append(f"| {key} | {len(archs)} | {shown} |")
     return "\n".join(lines)

@@ -72,6 +72,19 @@ def test_the_table_groups_refusals_by_feature() -> None:
     ]
 
 
+def test_a_headless_siglip_tower_converts_with_open_clips_text_tower() -> None:
+    """SigLIP's image tower has no head: with the text tower open_clip pairs it with, it serves zero-shot, its
+    image and text embeddings equal to open_clip's. DINOv3, which open_clip pairs with nothing, stays headless."""
+    paired = convert("vit_base_patch16_siglip_224", small=True)
+    assert (paired.result, paired.zero_shot) == ("converted", "ViT-B-16-SigLIP"), paired
+    assert float(paired.detail) < 1e-4
+    alone = convert("vit_small_patch16_dinov3", small=True)
+    assert feature(alone) == "no classification head" and not alone.zero_shot
+    assert table([paired, alone]).splitlines()[2] == (
+        "| converted zero-shot, with open_clip's text tower, embeddings equal | 1 | vit_base_patch16_siglip_224 |"
+    )
+
+
 def test_head_coverage_leaves_out_headless_models_and_counts_stems_apart() -> None:
     outcomes = [
         Outcome("a", "converted", "0.0e+00"),

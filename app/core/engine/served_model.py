@@ -85,13 +85,17 @@ class ServedModel:
         # plain JPEGs are left encoded only for a predictor that decodes them (a fallback to torch has none)
         gpu_jpegs = predictor.jpeg_decoder is not None
         preparer = ImagePreparer(p, settings.max_image_pixels, settings.jpeg_draft, gpu_jpegs)
+        z = checkpoint.zero_shot
+        classes = f"{len(checkpoint.classes)} classes"
+        if z is not None:
+            classes = f"zero-shot by {z.config.rule}, {len(checkpoint.classes) or 'no'} default labels"
         log.info(
-            "model %s: loaded %s (version %s, content hash %s, %d classes) on %s as %s, backend %s, JPEGs decoded %s",
+            "model %s: loaded %s (version %s, content hash %s, %s) on %s as %s, backend %s, JPEGs decoded %s",
             name,
             path,
             version,
             checkpoint.version,
-            len(checkpoint.classes),
+            classes,
             device,
             predictor.dtype,
             predictor.backend,

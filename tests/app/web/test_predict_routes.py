@@ -271,7 +271,12 @@ async def test_openapi_documents_the_api(client: httpx.AsyncClient) -> None:
         "embedding",
         "normalize",
         "ood",
+        "labels",
+        "label",
+        "template",
     }
+    label = next(p for p in predict["parameters"] if p["name"] == "label")
+    assert label["schema"]["type"] == "array"  # repeated: label=a&label=b
     top_k = next(p for p in predict["parameters"] if p["name"] == "top_k")
     assert top_k["in"] == "query" and not top_k["required"]
     assert top_k["schema"] | {"description": ""} == {
