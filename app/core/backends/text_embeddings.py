@@ -10,6 +10,7 @@ dictionary lookup; the first with 1,000 new labels costs their text pass, once.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -37,6 +38,7 @@ class LabelEmbeddings:
         self.sets: OrderedDict[LabelSet, Tensor] = OrderedDict()  # (template, labels) -> (L, D)
         self.set_rows = 0
         self.lock = asyncio.Lock()  # one text pass at a time: a second request for the same labels finds them kept
+        self.guard = threading.Lock()  # the caches, read on the event loop while a pass on the pool fills them
 
     async def of(self, template: str, labels: tuple[str, ...], run: Callable[..., Awaitable[Tensor]]) -> Tensor:
         """The labels' embeddings (L, D) in order; those not kept computed by `run(function, *args)` (a thread)."""
@@ -46,10 +48,11 @@ class LabelEmbeddings:
             return await run(self.compute, template, labels)
 
     def kept(self, key: LabelSet) -> Tensor | None:
-        found = self.sets.get(key)
-        if found is not None:
-            self.sets.move_to_end(key)
-        return found
+        with self.guard:
+            found = self.sets.get(key)
+            if found is not None:
+                self.sets.move_to_end(key)
+            return found
 
     def compute(self, template: str, labels: tuple[str, ...]) -> Tensor:
         """The labels' embeddings (L, D): the kept ones looked up, the others run through the text tower now."""
@@ -57,22 +60,25 @@ class LabelEmbeddings:
         if (found := self.kept(key)) is not None:
             return found
         rows: dict[str, Tensor] = {}
-        for label in labels:
-            if (row := self.labels.get((template, label))) is not None:
-                self.labels.move_to_end((template, label))
-                rows[label] = row
+        with self.guard:
+            for label in labels:
+                if (row := self.labels.get((template, label))) is not None:
+                    self.labels.move_to_end((template, label))
+                    rows[label] = row
         missing = [label for label in labels if label not in rows]
         for start in range(0, len(missing), PROMPTS_AT_ONCE):
             chunk = missing[start : start + PROMPTS_AT_ONCE]
             with torch.inference_mode():
                 embedded = self.zero_shot.embed_texts(self.zero_shot.prompts(chunk, template)).float().cpu()
-            for label, row in zip(chunk, embedded.unbind(), strict=True):
-                rows[label] = row
-                self.keep_label((template, label), row)
+            with self.guard:
+                for label, row in zip(chunk, embedded.unbind(), strict=True):
+                    rows[label] = row
+                    self.keep_label((template, label), row)
         if self.computed is not None and missing:
             self.computed.inc(len(missing))
         stacked = torch.stack([rows[label] for label in labels])
-        self.keep_set(key, stacked)
+        with self.guard:
+            self.keep_set(key, stacked)
         return stacked
 
     def keep_label(self, key: tuple[str, str], row: Tensor) -> None:
