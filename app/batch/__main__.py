@@ -42,7 +42,7 @@ from app.batch.outputs import (
 from app.batch.runner import Counts, RowOptions, classify_files
 from app.choices import BACKENDS
 from app.core.contract.errors import ServiceError
-from app.core.contract.request import ATTENTION_KINDS, InferOptions
+from app.core.contract.request import ATTENTION_KINDS, InferOptions, parse_labels
 from app.core.engine.engine import Engine
 from app.settings import BUNDLED_WEIGHTS, Settings
 from app.telemetry.tracing import configure_tracing, shutdown_tracing
@@ -67,6 +67,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--normalize", action="store_true", help="with --embedding: L2-normalised")
     p.add_argument("--attention", choices=ATTENTION_KINDS, default="none", help="also this attention map")
     p.add_argument("--target", help="with --attention gradient: the class to explain (default: each image's top-1)")
+    p.add_argument(
+        "--labels", help="a zero-shot model (CLIP, SigLIP): the classes, comma-separated (default: the model's own)"
+    )
+    p.add_argument("--label", action="append", help="a zero-shot model: one more class, taken whole; repeatable")
+    p.add_argument("--template", help="a zero-shot model: the prompt each label is set in, {} where it goes")
     p.add_argument("--batch-size", type=int, default=32, help="images per forward pass (default 32)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--backend", choices=("auto", *BACKENDS), default="auto")
@@ -95,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         output_format(args.output)
         paths = expand_inputs(args.inputs)
-        infer = InferOptions(args.attention, args.target, False, args.embedding, args.normalize)
+        infer = infer_options(args)
         settings = batch_settings(args.checkpoint, args.device, args.backend, args.batch_size, args.threads)
         done = previous_rows(args.output, args.resume)
     except (InputError, OutputError, ServiceError, ValueError) as e:
@@ -130,7 +135,7 @@ def run_ray(args: argparse.Namespace, options: RowOptions) -> int:
     from app.batch.ray_job import run_on_ray
 
     try:
-        infer = InferOptions(args.attention, args.target, False, args.embedding, args.normalize)
+        infer = infer_options(args)
         settings = batch_settings(args.checkpoint, args.device, args.backend, args.batch_size, args.threads)
         rows, failed = run_on_ray(
             args.inputs, str(args.output), settings, infer, options, address=args.ray_address, actors=args.actors
@@ -140,6 +145,14 @@ def run_ray(args: argparse.Namespace, options: RowOptions) -> int:
         return USAGE_ERROR
     print(f"{rows} rows in {args.output}" + (f"; {failed} with an error" if failed else ""), file=sys.stderr)
     return SOME_FAILED if failed else 0
+
+
+def infer_options(args: argparse.Namespace) -> InferOptions:
+    """What to compute for every file; InvalidInput (a ServiceError) where the flags do not go together."""
+    labels = parse_labels(args.labels, args.label)
+    return InferOptions(
+        args.attention, args.target, False, args.embedding, args.normalize, False, labels, args.template
+    )
 
 
 def batch_settings(checkpoint: Path, device: str, backend: str, batch_size: int, threads: int) -> Settings:
@@ -190,7 +203,8 @@ async def classify(
 ) -> Counts:
     async with Engine.serving(settings, freeze_heap=True) as plane:
         model = plane.describe(None)
-        model.class_index(infer.target)  # a bad --target fails before any image
+        model.check_labels(infer.labels, infer.template)  # labels that do not fit the model fail before any image
+        model.class_index(infer.target, model.classes_for(infer.labels))  # and so does a bad --target
         journal = Journal(journal_path(output), kept)
         try:
             with tqdm(total=len(paths), unit="img", desc="classify", disable=None) as bar:

@@ -73,8 +73,10 @@ class Classify:
         threading.Thread(target=self.loop.run_forever, name="engine", daemon=True).start()
         self.engine = self.call(start_engine(settings))
         self.model = self.engine.describe(None)
-        self.model.class_index(infer.target)
+        self.model.check_labels(infer.labels, infer.template)
+        self.model.class_index(infer.target, self.model.classes_for(infer.labels))
         self.infer, self.options = infer, options
+        self.classes = self.model.classes_for(infer.labels)
         self.schema = arrow_schema(options.columns())
 
     def call(self, coroutine: Coroutine[Any, Any, T]) -> T:
@@ -91,7 +93,7 @@ class Classify:
         rows = []
         for j, path in enumerate(batch["path"]):
             if j in outputs:
-                rows.append(prediction_row(str(path), outputs[j], self.model.classes, self.options))
+                rows.append(prediction_row(str(path), outputs[j], self.classes, self.options))
             else:
                 rows.append(error_row(str(path), str(batch["error"][j])))
         columns = self.options.columns()
@@ -124,7 +126,13 @@ def run_on_ray(
 
     # The driver checks the checkpoint and target before any task starts.
     ckpt = load_checkpoint(settings.weights)
-    class_index(settings.weights.stem, ckpt.classes, infer.target)
+    if ckpt.zero_shot is None and (infer.labels is not None or infer.template is not None):
+        raise ValueError(
+            f"{settings.weights}: --labels and --template name a zero-shot model's classes; it is a classifier"
+        )
+    if ckpt.zero_shot is not None and infer.labels is None and not ckpt.classes:
+        raise ValueError(f"{settings.weights}: a zero-shot model without default labels: pass --labels")
+    class_index(settings.weights.stem, ckpt.classes if infer.labels is None else list(infer.labels), infer.target)
     preprocessing = asdict(ckpt.preprocessing)
     ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
     gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 and settings.device != "cpu" else 0

@@ -96,7 +96,7 @@ async def classify_file(
         [prediction] = await plane.infer(asked, predictions)
     except ServiceError as e:
         return error_row(path, e.detail)
-    return prediction_row(path, prediction, model.classes, options)
+    return prediction_row(path, prediction, model.classes_for(infer.labels), options)
 
 
 async def classify_files(

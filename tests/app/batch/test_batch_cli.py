@@ -210,3 +210,32 @@ def test_a_killed_run_resumes_where_its_journal_ends(tiny_checkpoint: Path, imag
     assert run(tiny_checkpoint, inputs, fresh) == 0
     for a, b in zip(rows, read_output(fresh), strict=True):
         assert a["label"] == b["label"] and a["top_k_labels"] == b["top_k_labels"]
+
+
+def test_a_zero_shot_model_classifies_into_the_labels_given(
+    images: list[Path], tmp_path: Path, make_client: ClientFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from model.convert.__main__ import main as convert_main
+    from tests.support.zero_shot import clip_repo
+
+    repo = clip_repo(tmp_path / "repo")
+    clip = convert_main(["hf", "--model-dir", str(repo.path), "--output", str(tmp_path / "clip.safetensors")])
+    assert run(clip, images[:2], tmp_path / "none.jsonl") == 2  # no labels, and the model has none
+    assert "no default labels" in capsys.readouterr().err
+    output = tmp_path / "out.jsonl"
+    assert run(clip, images[:2], output, "--labels", "cat,dog", "--label", "Hello, World!", "--probabilities") == 0
+    rows = read_output(output)
+
+    async def answers() -> list[httpx.Response]:
+        async with make_client(weights=clip) as client:
+            params = {"labels": "cat,dog", "label": "Hello, World!", "top_k": 3}
+            return [
+                await client.post("/predict", files={"file": (p.name, p.read_bytes())}, params=params)
+                for p in images[:2]
+            ]
+
+    for row, r in zip(rows, asyncio.run(answers()), strict=True):
+        served_row = r.json()["results"][0]
+        assert row["top_k_labels"] == [t["label"] for t in served_row["top_k"]]
+        assert sorted(row["top_k_labels"]) == ["Hello, World!", "cat", "dog"]
+        torch.testing.assert_close(torch.tensor(row["probabilities"]), torch.tensor(served_row["probabilities"]))
