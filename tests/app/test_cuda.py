@@ -314,3 +314,30 @@ async def test_a_real_out_of_memory_batch_is_retried_in_halves(make_client: Clie
         assert events[0] == (128, "out of memory")  # a real CUDA OOM, not a simulated one
         assert sum(n for n, what in events if what == "ok") == 128 and all(n <= 64 for n, _ in events[1:])
         assert (await client.get("/health/ready")).status_code == 200
+
+
+async def test_a_zero_shot_model_answers_on_the_gpu_as_on_the_cpu(make_client: ClientFactory, tmp_path: Path) -> None:
+    """CLIP on the GPU (image tower in bf16 from CUDA graphs, text tower in fp32): probabilities over labels named
+    per request, a gradient map per label and the text embeddings within tolerance of the fp32 CPU answers."""
+    from model.convert.__main__ import main as convert_main
+    from tests.support.zero_shot import clip_repo
+
+    repo = clip_repo(tmp_path / "repo")
+    clip = convert_main(["hf", "--model-dir", str(repo.path), "--output", str(tmp_path / "clip.safetensors")])
+    png = encode(make_sample(11, 3).image)
+    params = {"labels": "cat,dog,a red car", "attention": "gradient", "target": "dog"}
+    text = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2], "data": ["a cat", "a dog"]}]}
+    answers = {}
+    for device in ("cpu", "auto"):
+        async with make_client(weights=clip, device=device, backend="auto") as client:
+            info = (await client.get("/v1/model")).json()
+            r = await client.post("/predict", files={"file": ("x.png", png, "image/png")}, params=params)
+            t = await client.post(f"/v2/models/{info['name']}/infer", json=text)
+        assert r.status_code == 200 and t.status_code == 200, (r.text, t.text)
+        answers[device] = (info["device"], r.json()["results"][0], t.json()["outputs"][0]["data"])
+    assert answers["auto"][0].startswith("cuda")
+    cpu, gpu = answers["cpu"][1], answers["auto"][1]
+    assert (torch.tensor(gpu["probabilities"]) - torch.tensor(cpu["probabilities"])).abs().max() < PROBABILITY_TOLERANCE
+    maps = torch.tensor(gpu["attention"]["map"]), torch.tensor(cpu["attention"]["map"])
+    assert (maps[0] - maps[1]).abs().max() < MAP_TOLERANCE
+    torch.testing.assert_close(torch.tensor(answers["auto"][2]), torch.tensor(answers["cpu"][2]), atol=1e-4, rtol=0)

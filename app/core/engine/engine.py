@@ -246,9 +246,9 @@ class Engine(Front):
         timeout_s: float | None = None,
     ) -> Inference:
         """`predicted`, counted in the model version's statistics under an `infer` span."""
-        texts = None
-        while (model := self.model_set.current(model)).labels is not None:  # zero-shot: the labels' embeddings
-            texts = await self.label_embeddings(model, options)  # no wait where the labels are kept
+        while True:  # a zero-shot model's label embeddings (no wait where they are kept), for the version serving
+            model = self.model_set.current(model)
+            texts = None if model.labels is None else await self.label_embeddings(model, options)
             if not model.retired:
                 break
         # no await from here until the batcher has admitted the request
