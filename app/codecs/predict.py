@@ -64,11 +64,6 @@ class ImageResult(BaseModel):
     )
 
 
-class PredictResponse(BaseModel):
-    model: ModelRef
-    results: list[ImageResult] = Field(description="One per uploaded image, in upload order")
-
-
 class ZeroShotInfo(BaseModel):
     rule: str = Field(
         description="How label scores become probabilities: softmax over the labels named (CLIP), or the sigmoid "
@@ -76,6 +71,16 @@ class ZeroShotInfo(BaseModel):
         examples=["softmax"],
     )
     template: str = Field(description="The prompt each label is set in by default", examples=["a photo of a {}."])
+
+
+class PredictResponse(BaseModel):
+    model: ModelRef
+    results: list[ImageResult] = Field(description="One per uploaded image, in upload order")
+    zero_shot: ZeroShotInfo | None = Field(
+        None,
+        description="A zero-shot model's answer: how its probabilities were computed (the rule) and the prompt its "
+        "labels were set in; absent for a classifier",
+    )
 
 
 class ModelInfo(BaseModel):
@@ -224,6 +229,7 @@ def encode_predict_response(
     top_k: int,
     attention: AttentionKind,
     classes: list[str] | None = None,
+    template: str | None = None,
 ) -> bytes:
     """The /predict JSON body for one request's predictions: `PredictResponse`, fields unset left out.
 
@@ -232,10 +238,12 @@ def encode_predict_response(
     validating a model per top-k entry: one image of 10 classes in 12 to 20 us against 37 to 42 (timeit;
     with 1,000 classes the serializer's time dominates either way). The values are the core's, of the
     models' types; tests/app/codecs/test_predict.py checks that the body is the one the models make. `classes`
-    are a zero-shot request's labels (default: the model's classes)."""
+    are a zero-shot request's labels (default: the model's classes), `template` its prompt (default the model's)."""
     named = model.classes if classes is None else classes
-    response = {
+    response: dict[str, Any] = {
         "model": {"name": model.name, "version": model.version},
         "results": [image_result(p, named, top_k, attention) for p in predictions],
     }
+    if model.zero_shot is not None:
+        response["zero_shot"] = {"rule": model.zero_shot, "template": template or model.template}
     return pydantic_core.to_json(response)

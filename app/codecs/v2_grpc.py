@@ -33,6 +33,7 @@ from app.codecs.v2 import (
     V2Statistics,
     decode_infer,
     output_tensors,
+    zero_shot_parameters,
 )
 from app.core.contract.description import ModelDescription
 from app.core.contract.errors import InvalidInput
@@ -122,10 +123,12 @@ def infer_response(
             contents.append(b"")
         else:
             contents.append(t.raw())
+    described = {k: pb.InferParameter(string_param=v) for k, v in zero_shot_parameters(decoded, model).items()}
     return pb.ModelInferResponse(
         model_name=model.name,
         model_version=model.version,
         id=decoded.request.id or "",
+        parameters=described,
         outputs=outputs,
         raw_output_contents=contents,
     )

@@ -123,7 +123,10 @@ async def predict(request: Request, plane: AuthorizedPlane, query: Annotated[Pre
 
 async def answer(plane: DataPlane, asked: InferenceRequest, top_k: int) -> Response:
     def encode(done: Inference) -> bytes:
-        return encode_predict_response(done.model, done.predictions, top_k, asked.options.attention, done.classes)
+        options = asked.options
+        return encode_predict_response(
+            done.model, done.predictions, top_k, options.attention, done.classes, options.template
+        )
 
     return Response(await plane.infer(asked, encode), media_type="application/json")
 

@@ -84,6 +84,7 @@ async def test_served_probabilities_equal_the_transformers_pipeline(
     assert top[0] == {"label": LABELS[best], "index": best, "probability": pytest.approx(float(theirs[best]), abs=ATOL)}
     rule = "softmax" if "clip" in str(checkpoint.parent.name) else "sigmoid"
     assert info["zero_shot"] == {"rule": rule, "template": TEMPLATE} and info["classes"] == []
+    assert r.json()["zero_shot"] == {"rule": rule, "template": TEMPLATE}  # the answer says how it was computed
     assert info["backend"] == backend
 
 
@@ -136,6 +137,7 @@ async def test_labels_are_parsed_in_order_and_templates_change_the_answer(
     torch.testing.assert_close(
         probabilities(templated), pipeline_scores(repo, image, ["cat", "dog"], "a drawing of {}"), atol=ATOL, rtol=0
     )
+    assert templated.json()["zero_shot"]["template"] == "a drawing of {}"
 
 
 @pytest.mark.parametrize(

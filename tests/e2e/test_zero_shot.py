@@ -113,6 +113,8 @@ def test_v2_over_http_takes_labels_and_a_template(
     parameters = {"labels": "cat,dog,x", "template": "a drawing of {}"}
     result = http_client.infer("siglip", [tensor], outputs=outputs, parameters=parameters)
     probs = result.as_numpy("probabilities")
+    described = result.get_response()["parameters"]
+    assert described == {"zero_shot_rule": "sigmoid", "zero_shot_template": "a drawing of {}"}
     assert probs.shape == (2, 3)
     expected = pipeline_scores(repos[1]["siglip"], decoded, ["cat", "dog", "x"], "a drawing of {}")
     torch.testing.assert_close(torch.tensor(probs[1]), expected, atol=ATOL, rtol=0)
@@ -132,10 +134,12 @@ def test_v2_over_grpc_takes_labels_with_commas_as_a_json_array(
         outputs = [triton_grpc.InferRequestedOutput("probabilities", class_count=3)]
         ranked = client.infer("clip", [tensor], outputs=outputs, parameters={"labels": json.dumps(labels)})
         plain = client.infer("clip", [tensor], parameters={"labels": json.dumps(labels)})
+        rule = plain.get_response().parameters["zero_shot_rule"].string_param
     finally:
         client.close()
     expected = pipeline_scores(repos[1]["clip"], decoded, labels)
     torch.testing.assert_close(torch.tensor(plain.as_numpy("probabilities")[0]), expected, atol=ATOL, rtol=0)
+    assert rule == "softmax"
     names = [entry.decode().split(":", 2)[2] for entry in ranked.as_numpy("probabilities")[0]]
     assert names == [labels[i] for i in expected.argsort(descending=True).tolist()]
 
