@@ -120,3 +120,48 @@ def test_mutated_images_never_fail_the_server(
     check(r.status_code, r.json())
     if r.status_code == 200:
         assert sum(r.json()["results"][0]["probabilities"]) == pytest.approx(1.0, abs=1e-4)
+
+
+@pytest.fixture(scope="module")
+def zero_shot_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessClient]:
+    from model.convert.__main__ import main as convert_main
+    from tests.support.zero_shot import clip_repo
+
+    folder = tmp_path_factory.mktemp("fuzz-clip")
+    repo = clip_repo(folder)
+    checkpoint = convert_main(["hf", "--model-dir", str(repo.path), "--output", str(folder / "clip.safetensors")])
+    c = InProcessClient(Settings(weights=checkpoint, device="cpu", backend="torch", max_wait_ms=0))
+    try:
+        yield c
+        assert c.get("/health/ready").status_code == 200
+    finally:
+        c.close()
+
+
+LABEL_TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=400)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@given(
+    labels=st.one_of(st.none(), LABEL_TEXT),
+    label=st.lists(LABEL_TEXT, max_size=4),
+    template=st.one_of(st.none(), LABEL_TEXT, LABEL_TEXT.map(lambda t: t + "{}")),
+    target=st.one_of(st.none(), LABEL_TEXT),
+)
+def test_any_labels_template_or_target_never_fail_a_zero_shot_model(
+    zero_shot_client: InProcessClient, labels: str | None, label: list[str], template: str | None, target: str | None
+) -> None:
+    """Labels of any text (commas, braces, a thousand characters past the tokenizer's context), templates and
+    targets: an answer, or a 4xx that says why."""
+    params: dict[str, Any] = {"label": label}
+    for name, value in (("labels", labels), ("template", template), ("target", target)):
+        if value is not None:
+            params[name] = value
+    if target is not None:
+        params["attention"] = "gradient"
+    r = zero_shot_client.post("/predict", files={"file": ("s.png", SEEDS[0], "image/png")}, params=params)
+    check(r.status_code, r.json())
+    if r.status_code == 200:
+        assert len(r.json()["results"][0]["probabilities"]) == len(
+            labels.split(",") if labels is not None else []
+        ) + len(label)
