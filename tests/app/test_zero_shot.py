@@ -18,12 +18,12 @@ from PIL import Image
 from harness.images import encode
 from model.convert.__main__ import main as convert_main
 from tests.support.clients import ClientFactory
-from tests.support.zero_shot import LABELS, Repo, clip_repo, open_clip_model, siglip_repo
+from tests.support.zero_shot import LABELS, TEMPLATE, Repo, clip_repo, open_clip_model, pipeline_scores, siglip_repo
 
 pytestmark = pytest.mark.slow  # builds, converts and serves transformers models
 
 REPOS: dict[str, Callable[[Path], Repo]] = {"clip": clip_repo, "siglip": siglip_repo}
-TEMPLATE = "a photo of a {}."
+
 ATOL = 1e-4
 
 
@@ -39,17 +39,6 @@ def clip(tmp_path_factory: pytest.TempPathFactory) -> tuple[Repo, Path]:
     folder = tmp_path_factory.mktemp("clip")
     repo = clip_repo(folder)
     return repo, convert_main(["hf", "--model-dir", str(repo.path), "--output", str(folder / "clip.safetensors")])
-
-
-def pipeline_scores(repo: Repo, image: Image.Image, labels: list[str], template: str = TEMPLATE) -> torch.Tensor:
-    from transformers import pipeline
-
-    classify = pipeline(
-        "zero-shot-image-classification", model=repo.model, tokenizer=repo.tokenizer, image_processor=repo.processor
-    )
-    answers = classify(image, candidate_labels=labels, hypothesis_template=template)
-    by_label = {a["label"]: a["score"] for a in answers}
-    return torch.tensor([by_label[label] for label in labels])
 
 
 async def predict(client: httpx.AsyncClient, png: bytes, **params: Any) -> httpx.Response:

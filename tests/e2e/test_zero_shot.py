@@ -22,11 +22,11 @@ from harness.images import encode
 from harness.server import Server
 from tests.e2e.test_hub_models import hub_env, snapshot
 from tests.support.servers import ServerFactory
-from tests.support.zero_shot import Repo, clip_repo, siglip_repo
+from tests.support.zero_shot import Repo, clip_repo, pipeline_scores, siglip_repo
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 REPOS = {"clip": ("openai/clip-vit-base-patch32", clip_repo), "siglip": ("google/siglip-base-patch16-224", siglip_repo)}
-TEMPLATE = "a photo of a {}."
+
 ATOL = 1e-4
 
 
@@ -58,17 +58,6 @@ def image() -> tuple[bytes, Image.Image]:
     pixels[:, :32] //= 3  # a dark half: the image is not uniform noise
     png = encode(Image.fromarray(pixels))
     return png, Image.open(io.BytesIO(png)).convert("RGB")
-
-
-def pipeline_scores(repo: Repo, image: Image.Image, labels: list[str], template: str = TEMPLATE) -> torch.Tensor:
-    from transformers import pipeline
-
-    classify = pipeline(
-        "zero-shot-image-classification", model=repo.model, tokenizer=repo.tokenizer, image_processor=repo.processor
-    )
-    answers = classify(image, candidate_labels=labels, hypothesis_template=template)
-    by_label = {a["label"]: a["score"] for a in answers}
-    return torch.tensor([by_label[label] for label in labels])
 
 
 @pytest.mark.parametrize("model", ["clip", "siglip"])

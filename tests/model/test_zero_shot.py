@@ -16,12 +16,11 @@ from model.convert.__main__ import main as convert_main
 from model.preprocessing import EvalTransform
 from model.reference import Reference
 from model.zero_shot import check_template
-from tests.support.zero_shot import LABELS, Repo, clip_repo, open_clip_model, siglip_repo
+from tests.support.zero_shot import LABELS, TEMPLATE, Repo, clip_repo, open_clip_model, pipeline_scores, siglip_repo
 
 pytestmark = pytest.mark.slow  # builds and converts transformers models
 
 REPOS: dict[str, Callable[[Path], Repo]] = {"clip": clip_repo, "siglip": siglip_repo}
-TEMPLATE = "a photo of a {}."
 
 
 @pytest.fixture(scope="module", params=["clip", "siglip"])
@@ -38,17 +37,6 @@ def ours(checkpoint: Path, image: Image.Image, labels: list[str], template: str 
     with torch.inference_mode():
         texts = ckpt.zero_shot.embed_texts(ckpt.zero_shot.prompts(labels, template))
         return ckpt.zero_shot.probabilities(ckpt.zero_shot.logits(ckpt.model(x), texts))[0]
-
-
-def pipeline_scores(repo: Repo, image: Image.Image, labels: list[str], template: str = TEMPLATE) -> torch.Tensor:
-    from transformers import pipeline
-
-    classify = pipeline(
-        "zero-shot-image-classification", model=repo.model, tokenizer=repo.tokenizer, image_processor=repo.processor
-    )
-    answers = classify(image, candidate_labels=labels, hypothesis_template=template)
-    by_label = {a["label"]: a["score"] for a in answers}
-    return torch.tensor([by_label[label] for label in labels])
 
 
 def test_probabilities_equal_the_transformers_pipeline(converted: tuple[Repo, Path], photo: Image.Image) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from PIL import Image
 
 from harness.zero_shot import clip_vocabulary
 
@@ -23,6 +24,9 @@ CORPUS = [
     "an image of a small bird",
     "zebra yak owl fox",
 ]
+
+
+TEMPLATE = "a photo of a {}."
 
 
 @dataclass
@@ -182,3 +186,15 @@ def open_clip_model(folder: Path, family: str) -> tuple[Any, Any, str]:
         if getattr(model, "logit_bias", None) is not None:
             model.logit_bias.fill_(-1.0)
     return model, open_clip.get_tokenizer(name), name
+
+
+def pipeline_scores(repo: Repo, image: Image.Image, labels: list[str], template: str = TEMPLATE) -> torch.Tensor:
+    """transformers' zero-shot-image-classification pipeline's probability for each label, in their order."""
+    from transformers import pipeline
+
+    classify = pipeline(
+        "zero-shot-image-classification", model=repo.model, tokenizer=repo.tokenizer, image_processor=repo.processor
+    )
+    answers = classify(image, candidate_labels=labels, hypothesis_template=template)
+    by_label = {a["label"]: a["score"] for a in answers}
+    return torch.tensor([by_label[label] for label in labels])
