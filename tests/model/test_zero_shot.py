@@ -16,7 +16,16 @@ from model.convert.__main__ import main as convert_main
 from model.preprocessing import EvalTransform
 from model.reference import Reference
 from model.zero_shot import check_template
-from tests.support.zero_shot import LABELS, TEMPLATE, Repo, clip_repo, open_clip_model, pipeline_scores, siglip_repo
+from tests.support.zero_shot import (
+    LABELS,
+    TEMPLATE,
+    Repo,
+    clip_repo,
+    open_clip_model,
+    pipeline_scores,
+    siglip2_repo,
+    siglip_repo,
+)
 
 pytestmark = pytest.mark.slow  # builds and converts transformers models
 
@@ -210,3 +219,17 @@ def test_the_check_catches_a_wrong_text_tower(converted: tuple[Repo, Path]) -> N
     source.zero_shot_state["text.norm.weight"] = source.zero_shot_state["text.norm.weight"] * 1.01
     with pytest.raises(ConversionError, match="differ"):
         check_equal(source.build(), source)
+
+
+def test_a_siglip_with_a_tokenizer_json_as_siglip_2_ships_equals_the_pipeline(
+    tmp_path: Path, photo: Image.Image
+) -> None:
+    """SigLIP 2's fixed-resolution checkpoints are SiglipModel with a tokenizer.json (Gemma's byte-fallback BPE),
+    carried by the `tokenizers` path with SigLIP's padding to 64."""
+    repo = siglip2_repo(tmp_path)
+    checkpoint = convert_main(["hf", "--model-dir", str(repo.path), "--output", str(tmp_path / "s2.safetensors")])
+    ckpt = load_checkpoint(checkpoint)
+    assert ckpt.zero_shot is not None and ckpt.zero_shot.config.tokenizer.kind == "tokenizers"
+    theirs = pipeline_scores(repo, photo, LABELS)
+    assert theirs.max() - theirs.min() > 0.01
+    torch.testing.assert_close(ours(checkpoint, photo, LABELS), theirs, atol=1e-4, rtol=0)

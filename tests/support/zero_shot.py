@@ -198,3 +198,55 @@ def pipeline_scores(repo: Repo, image: Image.Image, labels: list[str], template:
     answers = classify(image, candidate_labels=labels, hypothesis_template=template)
     by_label = {a["label"]: a["score"] for a in answers}
     return torch.tensor([by_label[label] for label in labels])
+
+
+def siglip2_repo(folder: Path, seed: int = 0) -> Repo:
+    """A SigLIP as SigLIP 2's fixed-resolution checkpoints lay it out: model_type siglip with a tokenizer.json (a
+    byte-fallback BPE that adds <bos> and <eos>, as Gemma's does) instead of a SentencePiece file."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast, SiglipConfig, SiglipImageProcessor, SiglipModel
+
+    bpe = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    bpe.pre_tokenizer = pre_tokenizers.Metaspace()
+    bpe.decoder = decoders.Metaspace()
+    special = ["<pad>", "<eos>", "<bos>", "<unk>"]
+    bpe.train_from_iterator(CORPUS * 20, trainers.BpeTrainer(vocab_size=120, special_tokens=special))
+    bpe.post_processor = processors.TemplateProcessing(
+        single="<bos> $A <eos>", special_tokens=[("<bos>", 2), ("<eos>", 1)]
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        pad_token="<pad>",
+        eos_token="<eos>",
+        bos_token="<bos>",
+        unk_token="<unk>",
+        model_input_names=["input_ids"],
+    )
+    config = SiglipConfig(
+        text_config=dict(
+            vocab_size=tokenizer.vocab_size,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=64,
+        ),
+        vision_config=dict(
+            image_size=32,
+            patch_size=8,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+        ),
+    )
+    torch.manual_seed(seed)
+    model = SiglipModel(config).eval()
+    with torch.no_grad():
+        model.logit_scale.fill_(2.5)
+        model.logit_bias.fill_(-1.0)
+    processor = SiglipImageProcessor(size={"height": 32, "width": 32})
+    path = folder / "siglip2"
+    for part in (model, tokenizer, processor):
+        part.save_pretrained(path)
+    return Repo(path, model, tokenizer, processor)
