@@ -13,7 +13,6 @@ import asyncio
 import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
 
 import torch
 from prometheus_client import Counter
@@ -21,7 +20,6 @@ from torch import Tensor
 
 from model.zero_shot import ZeroShot
 
-T = TypeVar("T")
 PROMPTS_AT_ONCE = 256  # prompts in one pass of the text tower
 
 LabelSet = tuple[str, tuple[str, ...]]  # (template, labels)
