@@ -442,6 +442,11 @@ def decode_texts(
     request: InferRequest, named: set[str], data_of: Callable[[TensorIn], TensorData], intake: Intake
 ) -> Decoded:
     """A zero-shot model's request of texts to embed: BYTES [T] (or [T, 1]) of UTF-8, answered with text_embedding."""
+    if TEXT_EMBEDDING not in intake.outputs:
+        raise InvalidInput(
+            f"input {TEXT!r} asks for {TEXT_EMBEDDING!r}, an output this server does not give: it serves "
+            f"{', '.join(map(repr, intake.outputs))} alone (VIT_V2_OUTPUTS=probabilities)"
+        )
     if other := named - {TEXT_EMBEDDING}:
         raise InvalidInput(
             f"a request whose input is {TEXT!r} answers {TEXT_EMBEDDING!r} alone; output {sorted(other)[0]!r} "

@@ -251,8 +251,12 @@ def test_naming_outputs_without_probabilities_asks_for_no_classification() -> No
 
 def test_a_text_request_is_decoded_only_for_a_zero_shot_model() -> None:
     body = json.dumps({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2], "data": ["a cat", "café"]}]})
-    zero_shot = Intake(SHAPE, 8, 1 << 20, SharedMemoryRegions(None, 8), takes_text=True)
+    listed = ("probabilities", "attention", "embedding", "text_embedding")
+    zero_shot = Intake(SHAPE, 8, 1 << 20, SharedMemoryRegions(None, 8), outputs=listed, takes_text=True)
     decoded = decode_request(body.encode(), b"", zero_shot)
     assert decoded.texts == ("a cat", "café") and decoded.inputs == []
+    plain = Intake(SHAPE, 8, 1 << 20, SharedMemoryRegions(None, 8), outputs=("probabilities",), takes_text=True)
+    with pytest.raises(InvalidInput, match="VIT_V2_OUTPUTS=probabilities"):
+        decode_request(body.encode(), b"", plain)
     with pytest.raises(InvalidInput, match="unknown input 'text'"):
         decode_request(body.encode(), b"", intake())
