@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import io
 import re
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from PIL import Image
 
 from harness.images import encode
 from model.convert.__main__ import main as convert_main
-from tests.support.clients import ClientFactory
+from tests.support.clients import ClientFactory, until
 from tests.support.zero_shot import LABELS, TEMPLATE, Repo, clip_repo, open_clip_model, pipeline_scores, siglip_repo
 
 pytestmark = pytest.mark.slow  # builds, converts and serves transformers models
@@ -208,15 +209,28 @@ async def test_requests_with_different_labels_share_a_batch(
     png = encode(photo)
     image = Image.open(io.BytesIO(png)).convert("RGB")
     sets = [["cat", "dog"], ["a red car", "x", "cat"], ["café au lait"]]
-    # a batch closes once full (three images) or a second after its first image: time enough for all three
-    async with make_client(weights=checkpoint, max_batch_size=3, max_wait_ms=1000) as client:
+    async with make_client(weights=checkpoint, max_batch_size=8) as client:
         name = (await client.get("/v1/model")).json()["name"]
-        for labels in sets:  # their text passes done beforehand, so the three arrive together
+        for labels in sets:  # their text passes done beforehand
             await predict(client, png, label=labels)
         batches = (await client.get(f"/v2/models/{name}/stats")).json()["model_stats"][0]["execution_count"]
-        answers = await asyncio.gather(*(predict(client, png, label=labels) for labels in sets))
+        model = client.app.state.data_plane.model(None)  # type: ignore[attr-defined]
+        released, under_way, original = threading.Event(), threading.Event(), model.batcher.run_batch
+
+        def held(batch: list[Any]) -> Any:  # the forward thread waits while the three requests queue
+            under_way.set()
+            released.wait(30)
+            return original(batch)
+
+        model.batcher.run_batch = held
+        first = asyncio.create_task(predict(client, png, labels="cat"))
+        await until(under_way.is_set)
+        asked = asyncio.gather(*(predict(client, png, label=labels) for labels in sets))
+        await until(lambda: model.batcher.queue_depth == len(sets))
+        released.set()
+        answers, _ = await asked, await first
         after = (await client.get(f"/v2/models/{name}/stats")).json()["model_stats"][0]["execution_count"]
-    assert after - batches == 1  # three requests, three label sets, one forward pass
+    assert after - batches == 2  # the held batch, then three requests with three label sets in one forward pass
     for labels, r in zip(sets, answers, strict=True):
         torch.testing.assert_close(probabilities(r), pipeline_scores(repo, image, labels), atol=ATOL, rtol=0)
 

@@ -93,13 +93,18 @@ def sentencepiece_model() -> bytes:
 
 
 def siglip_repo(folder: Path, seed: int = 0) -> Repo:
-    from transformers import SiglipConfig, SiglipImageProcessor, SiglipModel, SiglipTokenizer
+    from transformers import SiglipTokenizer
 
-    path = folder / "siglip"
-    path.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
     spiece = folder / "siglip-spiece.model"
     spiece.write_bytes(sentencepiece_model())
-    tokenizer = SiglipTokenizer(str(spiece))
+    return saved_siglip(folder / "siglip", SiglipTokenizer(str(spiece)), seed)
+
+
+def saved_siglip(path: Path, tokenizer: Any, seed: int) -> Repo:
+    """A tiny random-weight SiglipModel for `tokenizer`'s vocabulary, saved with it and its image processor."""
+    from transformers import SiglipConfig, SiglipImageProcessor, SiglipModel
+
     config = SiglipConfig(
         text_config=dict(
             vocab_size=tokenizer.vocab_size,
@@ -204,7 +209,7 @@ def siglip2_repo(folder: Path, seed: int = 0) -> Repo:
     """A SigLIP as SigLIP 2's fixed-resolution checkpoints lay it out: model_type siglip with a tokenizer.json (a
     byte-fallback BPE that adds <bos> and <eos>, as Gemma's does) instead of a SentencePiece file."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast, SiglipConfig, SiglipImageProcessor, SiglipModel
+    from transformers import PreTrainedTokenizerFast
 
     bpe = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
     bpe.pre_tokenizer = pre_tokenizers.Metaspace()
@@ -222,31 +227,4 @@ def siglip2_repo(folder: Path, seed: int = 0) -> Repo:
         unk_token="<unk>",
         model_input_names=["input_ids"],
     )
-    config = SiglipConfig(
-        text_config=dict(
-            vocab_size=tokenizer.vocab_size,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            max_position_embeddings=64,
-        ),
-        vision_config=dict(
-            image_size=32,
-            patch_size=8,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-        ),
-    )
-    torch.manual_seed(seed)
-    model = SiglipModel(config).eval()
-    with torch.no_grad():
-        model.logit_scale.fill_(2.5)
-        model.logit_bias.fill_(-1.0)
-    processor = SiglipImageProcessor(size={"height": 32, "width": 32})
-    path = folder / "siglip2"
-    for part in (model, tokenizer, processor):
-        part.save_pretrained(path)
-    return Repo(path, model, tokenizer, processor)
+    return saved_siglip(folder / "siglip2", tokenizer, seed)
