@@ -129,9 +129,11 @@ def random_colour(rng: np.random.Generator) -> np.ndarray:
 
 
 def background(rng: np.random.Generator, size: int) -> np.ndarray:
-    """Solid, linear or radial gradient, uniform noise, soft blobs, stripes or clutter -> (size, size, 3) float
-    in [0, 255]."""
-    kind = rng.integers(7)
+    """Solid, linear or radial gradient, uniform noise, soft blobs, stripes, clutter or a natural texture ->
+    (size, size, 3) float in [0, 255]."""
+    kind = rng.integers(8)
+    if kind == 7:
+        return natural_texture(rng, size, contrast=rng.uniform(10, 45))
     base = random_colour(rng)
     if kind == 0:
         return np.broadcast_to(base, (size, size, 3)).copy()
@@ -164,6 +166,41 @@ def background(rng: np.random.Generator, size: int) -> np.ndarray:
         cx, cy, s = rng.uniform(0, 1), rng.uniform(0, 1), rng.uniform(0.1, 0.35)
         w = np.exp(-((xx - cx) ** 2 + (yy - cy) ** 2) / (2 * s**2))[..., None] * rng.uniform(0.4, 0.9)
         img = img * (1 - w) + random_colour(rng) * w
+    return img
+
+
+def natural_texture(rng: np.random.Generator, size: int, contrast: float) -> np.ndarray:
+    """Colour noise with a natural image's spectrum (power falling as 1/f^a, a from 1.5 to 3), about a random
+    colour, each channel's deviation up to `contrast` -> (size, size, 3) float in [0, 255]."""
+    fy, fx = np.meshgrid(np.fft.fftfreq(size), np.fft.fftfreq(size), indexing="ij")
+    f = np.sqrt(fx**2 + fy**2)
+    f[0, 0] = 1.0
+    amplitude = f ** (-rng.uniform(1.5, 3.0) / 2)
+    amplitude[0, 0] = 0.0
+    fields = []
+    for _ in range(3):
+        phase = np.exp(2j * math.pi * rng.random((size, size)))
+        field = np.real(np.fft.ifft2(amplitude * phase))
+        fields.append(field / (field.std() + 1e-9))
+    mixed = np.stack(fields, axis=-1) @ rng.uniform(-1, 1, (3, 3))  # channels that move together, as in photos
+    mixed /= np.abs(mixed).max() + 1e-9
+    return np.clip(random_colour(rng) + contrast * 2 * mixed, 0, 255)
+
+
+def irregular_blobs(rng: np.random.Generator, img: np.ndarray) -> np.ndarray:
+    """`img` (size, size, 3) with one to four filled regions whose edges wander in two to four smooth lobes
+    (rounded, never pointed like a star's or square like a cross's): things in a photograph that are none of the
+    ten shapes."""
+    size = img.shape[0]
+    yy, xx = np.mgrid[0:size, 0:size].astype(np.float64)
+    for _ in range(rng.integers(1, 5)):
+        cx, cy, r = rng.uniform(0, size), rng.uniform(0, size), rng.uniform(0.15, 0.45) * size
+        theta = np.arctan2(yy - cy, xx - cx)
+        edge = np.ones_like(theta)
+        for k in range(2, int(rng.integers(3, 5)) + 1):
+            edge += rng.uniform(0.1, 0.3) / (k - 1) * np.cos(k * theta + rng.uniform(0, 2 * math.pi))
+        inside = np.clip((r * edge - np.hypot(xx - cx, yy - cy)) / 1.5 + 0.5, 0, 1)[..., None]
+        img = img * (1 - inside) + contrasting_colour(rng, img) * inside
     return img
 
 
@@ -225,7 +262,15 @@ def make_background(seed: int, index: int) -> ShapeSample:
     """A background with its distracting lines and effects, as `make_sample` draws them, but no shape: label
     `NO_SHAPE`, an empty mask. Training shows these as what is not a shape (outlier exposure)."""
     rng = np.random.default_rng([seed, index])
-    return draw_sample(rng, NO_SHAPE)
+    kind = rng.random()
+    if kind < 0.4:  # the backgrounds the shapes are drawn on
+        return draw_sample(rng, NO_SHAPE)
+    # structure the shapes' backgrounds lack: a natural texture at a photograph's contrast, irregular regions
+    img = natural_texture(rng, IMAGE_SIZE, contrast=rng.uniform(30, 90)) if kind < 0.7 else background(rng, IMAGE_SIZE)
+    if rng.random() < 0.6:
+        img = irregular_blobs(rng, img)
+    image = Image.fromarray(np.clip(img + 0.5, 0, 255).astype(np.uint8))
+    return ShapeSample(image, NO_SHAPE, np.zeros((IMAGE_SIZE, IMAGE_SIZE), dtype=bool))
 
 
 def draw_sample(rng: np.random.Generator, label: int) -> ShapeSample:
