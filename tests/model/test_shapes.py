@@ -66,3 +66,29 @@ def test_a_background_without_a_shape_is_drawn_as_the_shapes_are() -> None:
         data.labels.tolist()[:6] == [make_sample(0, i).label for i in range(6)] and data.labels.tolist()[6:] == [-1] * 4
     )
     assert not data.masks[6:].any()
+
+
+def test_natural_textures_have_a_photographs_falling_spectrum() -> None:
+    """Power at low spatial frequencies far above that at high ones (1/f^a, a from 1.5 to 3), unlike the uniform
+    noise background, whose spectrum is flat."""
+    from model.shapes import natural_texture
+
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        img = natural_texture(rng, IMAGE_SIZE, contrast=40)
+        assert img.shape == (IMAGE_SIZE, IMAGE_SIZE, 3) and img.min() >= 0 and img.max() <= 255
+        power = np.abs(np.fft.fft2(img.mean(-1) - img.mean())) ** 2
+        f = np.hypot(*np.meshgrid(np.fft.fftfreq(IMAGE_SIZE), np.fft.fftfreq(IMAGE_SIZE), indexing="ij"))
+        assert power[(f > 0) & (f < 0.05)].mean() > 30 * power[f > 0.3].mean()
+
+
+def test_irregular_regions_are_rounded_and_leave_no_mask() -> None:
+    from model.shapes import NO_SHAPE, irregular_blobs, make_background
+
+    rng = np.random.default_rng(1)
+    flat = np.full((IMAGE_SIZE, IMAGE_SIZE, 3), 128.0)
+    drawn = irregular_blobs(rng, flat)
+    assert (np.abs(drawn - flat).sum(-1) > 30).mean() > 0.02  # something was drawn, in a contrasting colour
+    samples = [make_background(9, i) for i in range(40)]
+    assert all(s.label == NO_SHAPE and not s.mask.any() for s in samples)
+    assert len({np.asarray(s.image).tobytes() for s in samples}) == 40
