@@ -175,8 +175,8 @@ def test_the_command_refuses_what_it_cannot_use(tmp_path: Path) -> None:
 def test_the_bundled_models_scores_put_each_shifted_set_above_its_own_data() -> None:
     """The three kinds of shift bench.ood measures (shapes under noise or in unseen contrast, crops of real
     photographs, uniform noise), 200 images each against 200 held-out shapes, by the score the bundled statistics
-    give: each ranks above (at 1,000 images AUROC 0.78 for noisy shapes, 0.970 to 0.997 for the others; the
-    bounds leave room for sampling at 200)."""
+    give: each ranks above (at 1,000 images AUROC 0.84 for noisy shapes, 0.988 to 0.999 for the others; at 200,
+    0.837 and 0.985 to 0.999; the bounds leave room for sampling)."""
     import numpy as np
 
     from app.settings import BUNDLED_WEIGHTS
@@ -196,7 +196,7 @@ def test_the_bundled_models_scores_put_each_shifted_set_above_its_own_data() -> 
         return ckpt.reference.scores(embedding, logits.softmax(-1)).numpy()
 
     inside = scores(held_out_shapes, 200)
-    least = {"noisy shapes": 0.7, "low-contrast shapes": 0.95, "photographs": 0.93, "uniform noise": 0.95}
+    least = {"noisy shapes": 0.75, "low-contrast shapes": 0.97, "photographs": 0.96, "uniform noise": 0.98}
     for name, make in shifted_sets().items():
         outside = scores(make, 200)
         assert auroc(inside, outside) > least[name], name
