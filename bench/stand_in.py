@@ -206,15 +206,27 @@ def measure(
 def profile(
     server: ServerProcess, route: str, load: Load, seconds: float, pids: dict[str, list[int]]
 ) -> dict[str, Any]:
-    """py-spy's samples of the engine and one front-end under the same load: the share of each role's samples
-    spent in each function (its own time), the largest first."""
+    """py-spy's samples of the engine and one front-end under the same load, taken only while a thread holds the
+    GIL (`--gil`: the Python work that bounds one process, not threads asleep in the stand-in's waits): the share
+    of each role's samples spent in each function (its own time), the largest first."""
     pyspy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     targets = {role: ps[0] for role, ps in pids.items() if role in ("engine", "front-ends") and ps}
     hey = start_hey(server.url + route, seconds + 3, load.concurrency, load.body, load.content_type, load.headers)
     time.sleep(1.5)
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        record = [pyspy, "record", "-d", str(max(1, round(seconds))), "-r", "200", "-f", "raw", "--nonblocking"]
+        record = [
+            pyspy,
+            "record",
+            "-d",
+            str(max(1, round(seconds))),
+            "-r",
+            "200",
+            "-f",
+            "raw",
+            "--nonblocking",
+            "--gil",
+        ]
         runs = {
             role: subprocess.Popen(
                 [*record, "-p", str(pid), "-o", f"{tmp}/{role}.txt"],

@@ -23,7 +23,7 @@ import time
 import uuid
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 import zmq
@@ -60,6 +60,14 @@ ACK_TIMEOUT_S = 2.0  # how long a repository change waits for every front-end to
 
 
 @dataclass(eq=False)
+class Queued:
+    """A call in the engine's direct lane: its images' future in the batcher, and the version computing them."""
+
+    outputs: asyncio.Future[Any]
+    model: ServedModel
+
+
+@dataclass(eq=False)
 class Peer:
     """One front-end process."""
 
@@ -67,6 +75,7 @@ class Peer:
     pid: int
     arena: Arena | None
     calls: dict[int, asyncio.Task[None]] = field(default_factory=dict)
+    queued: dict[int, Queued] = field(default_factory=dict)  # calls in the direct lane, by id
     replies: list[Reply] = field(default_factory=list)  # computed, not yet sent: they leave together
     acked: int = -1
     pidfd: int | None = None
@@ -176,12 +185,15 @@ class EngineHost:
             peer.acked = max(peer.acked, message.seq)
             self.acked.set()
         elif isinstance(message, InferCall) and message.incarnation == self.incarnation:
-            running = self.spawn(self.infer(peer, message))
-            peer.calls[message.id] = running
-            running.add_done_callback(functools.partial(self.answer_if_never_run, peer, message.id))
+            if not self.queue_directly(peer, message):
+                running = self.spawn(self.infer(peer, message))
+                peer.calls[message.id] = running
+                running.add_done_callback(functools.partial(self.answer_if_never_run, peer, message.id))
         elif isinstance(message, Cancel) and message.incarnation == self.incarnation:
             if (task := peer.calls.get(message.id)) is not None:
                 task.cancel()
+            elif (queued := peer.queued.get(message.id)) is not None:
+                queued.outputs.cancel()
         elif isinstance(message, RepositoryCall) and message.incarnation == self.incarnation:
             self.spawn(self.repository(peer, message))
         elif isinstance(message, Refused) and message.incarnation == self.incarnation:
@@ -220,13 +232,84 @@ class EngineHost:
         calls = list(peer.calls.values())
         for task in calls:
             task.cancel()
-        log.info("engine: front-end pid %d gone; %d calls of it cancelled", peer.pid, len(calls))
+        queued = list(peer.queued.values())
+        for q in queued:
+            q.outputs.cancel()
+        log.info("engine: front-end pid %d gone; %d calls of it cancelled", peer.pid, len(calls) + len(queued))
         if peer.arena is not None:
             arena = peer.arena
-            if calls:  # unmapped once its calls have stopped touching it
-                self.spawn(close_after(calls, arena))
+            if calls or queued:  # unmapped once its calls have stopped touching it
+                self.spawn(close_after(calls, arena, [q.model for q in queued]))
             else:
                 arena.close()
+
+    def queue_directly(self, peer: Peer, call: InferCall) -> bool:
+        """Queue `call` in the engine's direct lane (no task: its batch's callback answers it), where it can go
+        there: images the front-end prepared for the version serving, or pixels, untraced, to a model the
+        lane serves (`Engine.direct`). False: it takes the coroutine path (`infer`)."""
+        if call.texts is not None or call.trace:  # a traced request's spans come from the coroutine path
+            return False
+        try:
+            model = self.engine.direct(self.engine.model(call.model, call.version), call.options)
+            if model is None:
+                return False
+            inputs: list[DecodedImage] | torch.Tensor
+            if call.images is not None:
+                images = load_images(call.images, peer.arena)
+                if not all(model.prepared_for(i) for i in images):
+                    return False
+                inputs = cast("list[DecodedImage]", images)
+            else:
+                assert call.pixels is not None
+                inputs = (
+                    call.pixels if isinstance(call.pixels, torch.Tensor) else peer.arena.read_tensor(*call.pixels)  # type: ignore[union-attr]
+                )
+            outputs = self.engine.submit(
+                model, inputs, call.options, call.timeout_s, functools.partial(self.answer_queued, peer, call, model)
+            )
+        except ServiceError as e:
+            self.reply(peer, Reply(call.id, failure=Failure.of(e)))
+            return True
+        except Exception as e:
+            log.exception("engine: unhandled error queueing a request")
+            self.reply(peer, Reply(call.id, failure=Failure.of(e)))
+            return True
+        peer.queued[call.id] = Queued(outputs, model)
+        return True
+
+    def answer_queued(self, peer: Peer, call: InferCall, model: ServedModel, done: Inference | BaseException) -> None:
+        """A direct-lane call's answer: its outputs written into its region, or what failed it. A call that
+        failed while its files are still in the arena (a batch under way may read them) is answered once that
+        batch has ended, as `compute` does (and stays among the peer's queued calls until then, so that its arena
+        outlives that batch)."""
+        if isinstance(done, BaseException):
+            if isinstance(done, asyncio.CancelledError):
+                reply = Reply(call.id, failure=Failure("RequestTimeout", "cancelled"))
+            else:
+                if not isinstance(done, ServiceError):
+                    log.error("engine: unhandled error computing a request: %r", done)
+                reply = Reply(call.id, failure=Failure.of(done))
+            if viewed(call.images):
+                self.spawn(self.reply_when_settled(peer, call.id, model, reply))
+                return
+        else:
+            try:
+                outputs = store_outputs(done.predictions, RegionWriter(peer.arena, call.region))
+                reply = Reply(call.id, None if done.model.version == call.described else done.model, outputs)
+            except Exception as e:
+                log.exception("engine: a request's outputs could not be stored")
+                reply = Reply(call.id, failure=Failure.of(e))
+        peer.queued.pop(call.id, None)
+        if self.peers.get(peer.identity) is peer:
+            self.reply(peer, reply)
+
+    async def reply_when_settled(self, peer: Peer, call_id: int, model: ServedModel, reply: Reply) -> None:
+        try:
+            await settled(model)
+        finally:
+            peer.queued.pop(call_id, None)
+        if self.peers.get(peer.identity) is peer:
+            self.reply(peer, reply)
 
     async def infer(self, peer: Peer, call: InferCall) -> None:
         token = attach(call.trace)  # the engine's spans go under the front-end's request span
@@ -321,6 +404,11 @@ async def settled(model: ServedModel) -> None:
         model = model.successor
 
 
-async def close_after(calls: list[asyncio.Task[None]], arena: Arena) -> None:
-    await asyncio.wait(calls)
+async def close_after(calls: list[asyncio.Task[None]], arena: Arena, models: list[ServedModel] | None = None) -> None:
+    """Unmap `arena` once `calls` have ended and the batches under way of `models` (whose direct-lane calls
+    may have left files in it) have settled."""
+    if calls:
+        await asyncio.wait(calls)
+    for model in models or []:
+        await settled(model)
     arena.close()

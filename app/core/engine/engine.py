@@ -17,7 +17,7 @@ import dataclasses
 import gc
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,7 @@ from app.core.engine.cache import PredictionCache, digest_images, digest_pixels
 from app.core.engine.drift import DriftWindow
 from app.core.engine.model_set import ModelSet
 from app.core.engine.repository import FileStamp, Repository
-from app.core.engine.served_model import ServedModel, Wanted
+from app.core.engine.served_model import ServedModel, Wanted, expire, prepared_input
 from app.core.engine.shadow import Shadow, ShadowPair
 from app.core.front import Front
 from app.core.images.overlay import with_overlays
@@ -287,30 +287,9 @@ class Engine(Front):
     ) -> tuple[Inference, RequestTiming]:
         """Through the model's batcher into predictions (overlays drawn on the pool), and where the time went.
         A zero-shot model's images are scored against `texts`, its request's label embeddings (L, D)."""
-        reference = model.checkpoint.reference
-        watched = reference is not None and self.settings.drift_window > 0
-        if options.ood and model.labels is not None:
-            raise InvalidInput(
-                f"model {model.name} is zero-shot (CLIP, SigLIP): it has no out-of-distribution score, whose reference "
-                "statistics are fitted to a classifier's fixed classes"
-            )
-        if options.ood and reference is None:
-            raise InvalidInput(
-                f"model {model.name} (version {model.version}) has no reference statistics to score images by; "
-                "add them with: python -m model.reference CHECKPOINT --images DIR (in-distribution images)"
-            )
-        embedding = (options.embedding or options.ood or watched) and texts is None  # zero-shot: the head's output
-        target = model.target_index(options.target, options.labels)
-        wanted = Wanted(options.attention, target, embedding, texts if options.attention == "gradient" else None)
+        wanted = self.wanted(model, inputs, options, texts)
         deadline = time.monotonic() + self.time_limit(timeout_s)
         if isinstance(inputs, torch.Tensor):
-            if options.overlay:
-                raise InvalidInput("an overlay is drawn over the image file: send images, not pixels")
-            if tuple(inputs.shape[1:]) != model.input_shape:  # checked by the edge against a replaced version
-                raise InvalidInput(
-                    f"model {model.name} (version {model.version}) takes pixels of shape "
-                    f"[-1, {', '.join(map(str, model.input_shape))}], got {list(inputs.shape)}"
-                )
             submitted = time.monotonic()
             outputs = await model.run_pixels(inputs, wanted, deadline)
             received = time.monotonic()
@@ -321,6 +300,57 @@ class Engine(Front):
             )
             received = time.monotonic()
             names = [p.filename for p in prepared]
+        if texts is not None and outputs:  # zero-shot: each image's embedding compared with the labels'
+            predictions = labelled_predictions(model, names, outputs, texts, options)
+        else:
+            predictions = self.scored(model, names, outputs, options)
+        if options.overlay and not isinstance(inputs, torch.Tensor):  # PNG encoding of every map: milliseconds each
+            predictions = await self.run_in_pool(with_overlays, predictions, [p.image for p in prepared])
+        if (shadow := self.shadows.get(model.name)) is not None and shadow.pair.fraction > 0:
+            self.shadow(shadow, model, inputs, predictions, received - submitted)
+        timing = request_timing(started, submitted, received, time.monotonic(), outputs)
+        record_span("queue", submitted, submitted + timing.queue)
+        return Inference(model.description, predictions, options.labels), timing
+
+    def wanted(
+        self,
+        model: ServedModel,
+        inputs: Sequence[EncodedImage | DecodedImage] | torch.Tensor,
+        options: InferOptions,
+        texts: torch.Tensor | None = None,
+    ) -> Wanted:
+        """What the batcher computes for each image of a request to `model`; InvalidInput for what it cannot."""
+        reference = model.checkpoint.reference
+        if options.ood and model.labels is not None:
+            raise InvalidInput(
+                f"model {model.name} is zero-shot (CLIP, SigLIP): it has no out-of-distribution score, whose reference "
+                "statistics are fitted to a classifier's fixed classes"
+            )
+        if options.ood and reference is None:
+            raise InvalidInput(
+                f"model {model.name} (version {model.version}) has no reference statistics to score images by; "
+                "add them with: python -m model.reference CHECKPOINT --images DIR (in-distribution images)"
+            )
+        if isinstance(inputs, torch.Tensor):
+            if options.overlay:
+                raise InvalidInput("an overlay is drawn over the image file: send images, not pixels")
+            if tuple(inputs.shape[1:]) != model.input_shape:  # checked by the edge against a replaced version
+                raise InvalidInput(
+                    f"model {model.name} (version {model.version}) takes pixels of shape "
+                    f"[-1, {', '.join(map(str, model.input_shape))}], got {list(inputs.shape)}"
+                )
+        watched = reference is not None and self.settings.drift_window > 0
+        embedding = (options.embedding or options.ood or watched) and texts is None  # zero-shot: the head's output
+        target = model.target_index(options.target, options.labels)
+        return Wanted(options.attention, target, embedding, texts if options.attention == "gradient" else None)
+
+    def scored(
+        self, model: ServedModel, names: list[str], outputs: list[ImageOutput], options: InferOptions
+    ) -> list[Prediction]:
+        """A classifier's predictions, with their out-of-distribution scores where asked for; the images added to
+        the model's drift window where it keeps one."""
+        reference = model.checkpoint.reference
+        watched = reference is not None and self.settings.drift_window > 0
         scores: list[float | None] = [None] * len(outputs)
         if (options.ood or watched) and reference is not None and outputs:
             embeddings = torch.stack([o.embedding for o in outputs if o.embedding is not None])
@@ -330,19 +360,76 @@ class Engine(Front):
         if not options.ood:  # scored for the drift gauges alone: not part of the answer
             scores = [None] * len(outputs)
         threshold = self.settings.ood_threshold_for(model.name) if options.ood else None
-        if texts is not None and outputs:  # zero-shot: each image's embedding compared with the labels'
-            predictions = labelled_predictions(model, names, outputs, texts, options)
-        else:
-            predictions = [
-                prediction(n, o, options, score, threshold) for n, o, score in zip(names, outputs, scores, strict=True)
-            ]
-        if options.overlay and not isinstance(inputs, torch.Tensor):  # PNG encoding of every map: milliseconds each
-            predictions = await self.run_in_pool(with_overlays, predictions, [p.image for p in prepared])
+        return [prediction(n, o, options, score, threshold) for n, o, score in zip(names, outputs, scores, strict=True)]
+
+    # The direct lane (the engine process's common request): no coroutine and no task of its own.
+    def direct(self, model: ServedModel, options: InferOptions) -> ServedModel | None:
+        """The version that would compute a request to `model` with `options` in the direct lane (`submit`), or
+        None where it takes the coroutine path (`run`): the response cache, a zero-shot model, an overlay, a
+        shadow that samples, or a traced request."""
+        model = self.model_set.current(model)
+        if self.cache is not None or model.labels is not None or options.overlay or model.retired or sampled():
+            return None
         if (shadow := self.shadows.get(model.name)) is not None and shadow.pair.fraction > 0:
-            self.shadow(shadow, model, inputs, predictions, received - submitted)
-        timing = request_timing(started, submitted, received, time.monotonic(), outputs)
-        record_span("queue", submitted, submitted + timing.queue)
-        return Inference(model.description, predictions, options.labels), timing
+            return None
+        return model
+
+    def submit(
+        self,
+        model: ServedModel,
+        inputs: Sequence[DecodedImage] | torch.Tensor,
+        options: InferOptions,
+        timeout_s: float | None,
+        answer: Callable[[Inference | BaseException], None],
+    ) -> asyncio.Future[list[ImageOutput]]:
+        """`run` for a model `direct` returned, on pixels or on images prepared for its version: the request
+        is queued now, and `answer` is called with its Inference, or with what failed it, from the batch's
+        callback. Cancelling the returned future drops the images not yet computed (and answers
+        CancelledError). Raises what refuses the request at once (InvalidInput, NotReady, Overloaded)."""
+        stats = self.book.of(model.name, model.version)
+        now = time.monotonic()
+        started = now - decoded_before(inputs)
+        deadline = now + self.time_limit(timeout_s)
+        try:
+            wanted = self.wanted(model, inputs, options)
+            if isinstance(inputs, torch.Tensor):
+                names = [f"pixels[{i}]" for i in range(len(inputs))]
+                payloads = [wanted.input(p) for p in inputs]
+            else:
+                names = [i.filename for i in inputs]
+                payloads = [wanted.input(prepared_input(i)) for i in inputs]
+            outputs = model.batcher.submit(payloads, deadline)
+        except Exception:
+            stats.fail.add(time.monotonic() - started)
+            raise
+        submitted = time.monotonic()
+        timer = asyncio.get_running_loop().call_later(max(0.0, deadline - submitted), expire, outputs)
+
+        def finish(done: asyncio.Future[list[ImageOutput]]) -> None:
+            timer.cancel()
+            try:
+                if done.cancelled():
+                    raise asyncio.CancelledError
+                computed = done.result()
+                received = time.monotonic()
+                predictions = self.scored(model, names, computed, options)
+                timing = request_timing(started, submitted, received, time.monotonic(), computed)
+            except asyncio.CancelledError as e:
+                answer(e)
+                return
+            except Exception as e:
+                stats.fail.add(time.monotonic() - started)
+                answer(e)
+                return
+            stats.answered(len(predictions), time.monotonic() - started)
+            stats.queue.add(timing.queue)
+            stats.compute_input.add(timing.compute_input)
+            stats.compute_infer.add(timing.compute_infer)
+            stats.compute_output.add(timing.compute_output)
+            answer(Inference(model.description, predictions, options.labels))
+
+        outputs.add_done_callback(finish)
+        return outputs
 
     async def label_embeddings(self, model: ServedModel, options: InferOptions) -> torch.Tensor:
         """A zero-shot request's label embeddings (L, D): its labels (or the model's defaults) in its template (or

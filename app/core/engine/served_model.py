@@ -222,18 +222,24 @@ class ServedModel:
         (its pixels; or, for a predictor that decodes JPEGs, its checked JPEG)."""
         prepared: list[Prepared | None] = [None] * len(images)
         if not keep_images:  # an overlay is drawn over the image itself: decoded here whatever the front-end did
-            version, decodes = self.version, self.predictor.jpeg_decoder is not None
             for k, i in enumerate(images):
-                if isinstance(i, DecodedImage) and i.version == version:
-                    if i.pixels is not None:
-                        prepared[k] = Prepared(i.filename, None, i.pixels)
-                    elif decodes:
-                        prepared[k] = Prepared(i.filename, None, Jpeg(i.data, i.filename))
+                if self.prepared_for(i):
+                    assert isinstance(i, DecodedImage)
+                    prepared[k] = Prepared(i.filename, None, prepared_input(i))
         if todo := [k for k, p in enumerate(prepared) if p is None]:  # decoded on the pool: owned copies
             done = await self.preparer.prepare_all([owned(images[k]) for k in todo], keep_images, pool)
             for k, p in zip(todo, done, strict=True):
                 prepared[k] = p
         return [p for p in prepared if p is not None]
+
+    def prepared_for(self, image: EncodedImage | DecodedImage) -> bool:
+        """Whether a front-end prepared `image` for this version: its pixels, or a checked JPEG that this
+        predictor decodes on the device."""
+        return (
+            isinstance(image, DecodedImage)
+            and image.version == self.version
+            and (image.pixels is not None or self.predictor.jpeg_decoder is not None)
+        )
 
     async def run_pixels(self, pixels: torch.Tensor, wanted: Wanted, deadline: float) -> list[ImageOutput]:
         """Already preprocessed images (N, C, H, W) through the same batcher."""
@@ -250,6 +256,11 @@ async def wait_for_outputs(outputs: asyncio.Future[list[ImageOutput]], deadline:
     finally:
         timer.cancel()
         outputs.cancel()  # a no-op once answered
+
+
+def prepared_input(image: DecodedImage) -> torch.Tensor | Jpeg:
+    """What the batcher takes for an image a front-end prepared (`ServedModel.prepared_for`)."""
+    return image.pixels if image.pixels is not None else Jpeg(image.data, image.filename)
 
 
 def expire(outputs: asyncio.Future[list[ImageOutput]]) -> None:

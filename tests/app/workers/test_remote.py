@@ -6,6 +6,7 @@ engine turning the front-end unready."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -18,7 +19,14 @@ import pytest
 import torch
 
 from app.core.contract.data_plane import Inference, InferenceRequest
-from app.core.contract.errors import ModelNotFound, NotReady, Overloaded, PayloadTooLarge, UnsupportedMediaType
+from app.core.contract.errors import (
+    ModelNotFound,
+    NotReady,
+    Overloaded,
+    PayloadTooLarge,
+    RequestTimeout,
+    UnsupportedMediaType,
+)
 from app.core.contract.request import EncodedImage, InferOptions
 from app.core.engine.engine import Engine
 from app.settings import Settings
@@ -215,6 +223,93 @@ async def test_a_call_cancelled_while_its_batch_computes_is_answered_once_the_ba
         await call
     await until(lambda: linked.arena.in_use == 0, timeout=10)
     assert ended.is_set()  # the region came back only after the batch reading it ended
+
+
+async def test_a_plain_call_is_answered_from_its_batch_without_a_task_and_counted_as_in_one_process(
+    make_linked: Callable[..., Awaitable[Linked]],
+) -> None:
+    """Files the front-end prepared, with nothing that needs the coroutine path (no overlay, no trace, no cache):
+    the engine queues them in its batcher at once and answers from the batch's callback, with no task of its own.
+    The answer and the statistics are what the engine gives in one process."""
+    linked: Linked = await make_linked()
+    options = InferOptions("rollout", embedding=True, normalize=True)
+    expected = await linked.engine.infer(InferenceRequest(None, FILES, options), identity)
+    [before] = await linked.plane.statistics()
+    [peer] = linked.host.peers.values()
+    under_way = slow_forward(linked.engine.model(None), 0.3)
+    call = asyncio.create_task(linked.plane.infer(InferenceRequest(None, FILES, options), identity))
+    await until(under_way.is_set)
+    assert len(peer.queued) == 1 and peer.calls == {}  # in the direct lane: queued, no task
+    got = await call
+    for g, e in zip(got.predictions, expected.predictions, strict=True):
+        assert g.filename == e.filename
+        torch.testing.assert_close(g.probabilities, e.probabilities)
+        torch.testing.assert_close(g.attention_map, e.attention_map)
+        torch.testing.assert_close(g.embedding, e.embedding)
+    [after] = await linked.plane.statistics()
+    assert after.inference_count - before.inference_count == len(FILES)
+    assert after.success.count - before.success.count == 1 and after.fail.count == before.fail.count
+    for kind in ("queue", "compute_input", "compute_infer", "compute_output"):
+        assert getattr(after, kind).count - getattr(before, kind).count == 1, kind
+    assert peer.queued == {} and linked.arena.in_use == 0
+
+
+async def test_a_direct_call_past_its_deadline_in_a_batch_is_answered_once_the_batch_has_ended(
+    make_linked: Callable[..., Awaitable[Linked]],
+) -> None:
+    """A call whose deadline passes while its prepared files are in a batch under way times out, counted as a
+    failure, and is answered (its region given back) only after that batch, which reads the files in place."""
+    linked: Linked = await make_linked()
+    model = linked.engine.model(None)
+    original = model.batcher.run_batch
+    under_way, ended = threading.Event(), threading.Event()
+
+    def slow(batch: list[Any]) -> Any:
+        under_way.set()
+        time.sleep(0.6)
+        outputs = original(batch)
+        ended.set()
+        return outputs
+
+    model.batcher.run_batch = slow
+    [before] = await linked.plane.statistics()
+    with pytest.raises(RequestTimeout):
+        await linked.plane.infer(InferenceRequest(None, FILES, InferOptions(), timeout_s=0.2), identity)
+    assert ended.is_set()  # the answer waited for the batch reading the call's files
+    assert linked.arena.in_use == 0
+    [after] = await linked.plane.statistics()
+    assert after.fail.count - before.fail.count == 1 and after.success.count == before.success.count
+
+
+async def test_a_front_end_gone_mid_batch_has_its_arena_unmapped_only_after_that_batch(
+    make_linked: Callable[..., Awaitable[Linked]],
+) -> None:
+    """The engine forgets a front-end that exits with a call in its direct lane: the call is dropped, and the
+    front-end's arena, which the batch under way reads the call's files from, is unmapped once that batch ends."""
+    linked: Linked = await make_linked()
+    model = linked.engine.model(None)
+    original = model.batcher.run_batch
+    under_way, ended = threading.Event(), threading.Event()
+
+    def slow(batch: list[Any]) -> Any:
+        under_way.set()
+        time.sleep(0.5)
+        outputs = original(batch)
+        ended.set()
+        return outputs
+
+    model.batcher.run_batch = slow
+    [peer] = linked.host.peers.values()
+    call = asyncio.create_task(linked.plane.infer(InferenceRequest(None, FILES, InferOptions()), identity))
+    await until(under_way.is_set)
+    assert peer.arena is not None and len(peer.queued) == 1
+    linked.host.forget(peer)  # as when its pidfd says the process exited
+    assert not peer.arena.map.closed
+    await until(lambda: peer.arena is not None and peer.arena.map.closed, timeout=10)
+    assert ended.is_set()
+    call.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await call
 
 
 async def test_a_call_cancelled_before_the_engine_ran_it_is_answered_all_the_same(
