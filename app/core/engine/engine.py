@@ -269,11 +269,7 @@ class Engine(Front):
         except Exception:
             stats.fail.add(time.monotonic() - started)
             raise
-        stats.answered(len(done.predictions), time.monotonic() - started)
-        stats.queue.add(timing.queue)
-        stats.compute_input.add(timing.compute_input)
-        stats.compute_infer.add(timing.compute_infer)
-        stats.compute_output.add(timing.compute_output)
+        stats.computed(len(done.predictions), time.monotonic() - started, timing)
         return done
 
     async def predicted(
@@ -421,11 +417,7 @@ class Engine(Front):
                 stats.fail.add(time.monotonic() - started)
                 answer(e)
                 return
-            stats.answered(len(predictions), time.monotonic() - started)
-            stats.queue.add(timing.queue)
-            stats.compute_input.add(timing.compute_input)
-            stats.compute_infer.add(timing.compute_infer)
-            stats.compute_output.add(timing.compute_output)
+            stats.computed(len(predictions), time.monotonic() - started, timing)
             answer(Inference(model.description, predictions, options.labels))
 
         outputs.add_done_callback(finish)
