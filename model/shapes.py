@@ -2,9 +2,11 @@
 
 Each sample is a 64x64 RGB image of one geometric shape, filled or outlined (a stroke inside its edge or
 about it), with its proportions varied within what keeps it that shape, at a random colour, size (from 0.3 to
-0.9 of the side), rotation and position, over a plain, gradient (linear or radial), noisy, blotched, striped or
-cluttered background with thin distracting lines, and occasionally blurred or JPEG re-encoded; together
-with the shape's pixel mask (its silhouette, interior included).
+0.9 of the side), rotation and position, over a plain, gradient (linear or radial), noisy, blotched, striped,
+cluttered or natural-texture (1/f colour noise) background with thin distracting lines, and occasionally blurred
+or JPEG re-encoded; together with the shape's pixel mask (its silhouette, interior included).
+`make_background` draws what is none of the ten (training's outliers): those backgrounds alone, or natural
+textures and backgrounds with irregular rounded regions.
 """
 
 from __future__ import annotations
