@@ -20,7 +20,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from opentelemetry.util.types import AttributeValue
@@ -44,6 +44,9 @@ from app.telemetry.spans import child_span, record_span, sampled
 from app.telemetry.statistics import ModelStatistics, RequestTiming, StatisticsBook
 from model.device import cuda_unavailable_reason, resolve_device
 
+if TYPE_CHECKING:
+    from prometheus_client import Gauge
+
 log = logging.getLogger("app")
 
 
@@ -61,7 +64,7 @@ class Engine(Front):
         self.taking_requests = False  # whether requests are taken (also while draining)
         self.started = False
         self.froze_heap = False  # by `start`, for its owner
-        self.drift: dict[str, tuple[str, DriftWindow]] = {}  # by model: (the version it watches, its window)
+        self.drift: dict[str, Watched] = {}  # by model: the version it watches, its window and gauges
         self.shadows = {c: Shadow(ShadowPair(c, d, f), metrics) for c, d, f in settings.shadow_pairs()}
         self.shadow_pumps: dict[str, asyncio.Task[None]] = {}  # by champion: the task feeding its challenger
         check_shadows(self.shadows, models.served)
@@ -350,9 +353,10 @@ class Engine(Front):
         scores: list[float | None] = [None] * len(outputs)
         if (options.ood or watched) and reference is not None and outputs:
             embeddings = torch.stack([o.embedding for o in outputs if o.embedding is not None])
-            scores = reference.scores(embeddings, torch.stack([o.probabilities for o in outputs])).tolist()
+            probabilities = torch.stack([o.probabilities for o in outputs])
+            scores = reference.scores(embeddings, probabilities).tolist()
             if watched:
-                self.watch(model, outputs, scores)
+                self.watch(model, probabilities, scores)
         if not options.ood:  # scored for the drift gauges alone: not part of the answer
             scores = [None] * len(outputs)
         threshold = self.settings.ood_threshold_for(model.name) if options.ood else None
@@ -434,16 +438,22 @@ class Engine(Front):
             return torch.empty(0, model.labels.zero_shot.embed_dim)
         return await model.labels.of(options.template or described.template, labels, self.run_in_pool)
 
-    def watch(self, model: ServedModel, outputs: list[ImageOutput], scores: list[Any]) -> None:
-        """Add a request's images to the model's drift window and set its gauges."""
+    def watch(self, model: ServedModel, probabilities: torch.Tensor, scores: list[Any]) -> None:
+        """Add a request's images (their probabilities, (N, C), and scores) to the model's drift window and set
+        its gauges."""
         assert model.checkpoint.reference is not None
-        version, window = self.drift.get(model.name, ("", None))
-        if window is None or version != model.version:  # a new version: a new reference, a new window
-            window = DriftWindow(self.settings.drift_window, model.checkpoint.reference.prior)
-            self.drift[model.name] = (model.version, window)
-        window.add([int(o.probabilities.argmax()) for o in outputs], scores)
-        self.metrics.drift.labels(model.name, "prediction").set(window.prediction_drift())
-        self.metrics.drift.labels(model.name, "embedding").set(window.embedding_drift())
+        watched = self.drift.get(model.name)
+        if watched is None or watched.version != model.version:  # a new version: a new reference, a new window
+            watched = Watched(
+                model.version,
+                DriftWindow(self.settings.drift_window, model.checkpoint.reference.prior),
+                self.metrics.drift.labels(model.name, "prediction"),
+                self.metrics.drift.labels(model.name, "embedding"),
+            )
+            self.drift[model.name] = watched
+        watched.window.add(probabilities.argmax(-1).tolist(), scores)
+        watched.prediction.set(watched.window.prediction_drift())
+        watched.embedding.set(watched.window.embedding_drift())
 
     def shadow(
         self,
@@ -517,7 +527,7 @@ class Engine(Front):
             shadow.record(champion, theirs, champion_s, time.monotonic() - started)
             if watched and reference is not None:
                 embeddings = torch.stack([o.embedding for o in outputs if o.embedding is not None])
-                self.watch(challenger, outputs, reference.scores(embeddings, theirs).tolist())
+                self.watch(challenger, theirs, reference.scores(embeddings, theirs).tolist())
         except asyncio.CancelledError:
             shadow.shed(n)
             raise
@@ -669,6 +679,16 @@ def decoded_before(inputs: Sequence[EncodedImage | DecodedImage] | torch.Tensor)
     if isinstance(inputs, torch.Tensor):
         return 0.0
     return max((i.decode_s for i in inputs if isinstance(i, DecodedImage)), default=0.0)
+
+
+@dataclasses.dataclass
+class Watched:
+    """A model's drift window, for the version it watches, and its two gauges (their series looked up once)."""
+
+    version: str
+    window: DriftWindow
+    prediction: Gauge
+    embedding: Gauge
 
 
 class VersionChanged(Exception):
