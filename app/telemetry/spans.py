@@ -100,6 +100,14 @@ def attach(headers: Mapping[str, str] | None) -> object | None:
     return otel_context.attach(propagate.extract(dict(headers)))
 
 
+def sent_sampled(headers: Mapping[str, str] | None) -> bool:
+    """Whether the context `carrier` sent is a sampled span's: only such a request gets the engine's spans (and
+    its batch's link); one that sampling left out is computed as an untraced one."""
+    if not headers or not recording:
+        return False
+    return trace.get_current_span(propagate.extract(dict(headers))).get_span_context().trace_flags.sampled
+
+
 def detach(token: object | None) -> None:
     if token is not None:
         otel_context.detach(token)  # type: ignore[arg-type]

@@ -33,7 +33,7 @@ from app.core.contract.errors import ServiceError
 from app.core.contract.request import DecodedImage, EncodedImage
 from app.core.engine.engine import Engine
 from app.core.engine.served_model import ServedModel
-from app.telemetry.spans import attach, detach
+from app.telemetry.spans import attach, detach, sent_sampled
 from app.workers.link import (
     HEARTBEAT_S,
     Ack,
@@ -245,9 +245,9 @@ class EngineHost:
 
     def queue_directly(self, peer: Peer, call: InferCall) -> bool:
         """Queue `call` in the engine's direct lane (no task: its batch's callback answers it), where it can go
-        there: images the front-end prepared for the version serving, or pixels, untraced, to a model the
-        lane serves (`Engine.direct`). False: it takes the coroutine path (`infer`)."""
-        if call.texts is not None or call.trace:  # a traced request's spans come from the coroutine path
+        there: images the front-end prepared for the version serving, or pixels, not sampled for a trace, to a
+        model the lane serves (`Engine.direct`). False: it takes the coroutine path (`infer`)."""
+        if call.texts is not None or sent_sampled(call.trace):  # a sampled request's spans: the coroutine path
             return False
         try:
             model = self.engine.direct(self.engine.model(call.model, call.version), call.options)

@@ -30,6 +30,7 @@ from app.core.contract.errors import (
 from app.core.contract.request import EncodedImage, InferOptions
 from app.core.engine.engine import Engine
 from app.settings import Settings
+from app.telemetry import spans
 from app.telemetry.metrics import Metrics
 from app.workers import remote
 from app.workers.engine_host import EngineHost
@@ -252,6 +253,37 @@ async def test_a_plain_call_is_answered_from_its_batch_without_a_task_and_counte
     for kind in ("queue", "compute_input", "compute_infer", "compute_output"):
         assert getattr(after, kind).count - getattr(before, kind).count == 1, kind
     assert peer.queued == {} and linked.arena.in_use == 0
+
+
+async def test_a_call_that_sampling_left_out_takes_the_direct_lane_and_a_sampled_one_gets_its_spans(
+    make_linked: Callable[..., Awaitable[Linked]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With tracing on, a call carries its request's trace context. One that sampling left out records no span,
+    so it is queued directly like an untraced call; a sampled one runs as a task, under which the engine's spans
+    are made."""
+    monkeypatch.setattr(spans, "recording", True)  # as once a tracer provider is installed
+    linked: Linked = await make_linked()
+    model = linked.engine.model(None)
+    host = linked.host
+    [peer] = host.peers.values()
+    under_way = slow_forward(model, 0.3)
+    images = [
+        StoredImage(f.filename, f.data, model.version, model.preparer.prepare(f, keep_image=False).pixels)
+        for f in FILES
+    ]
+    answers: dict[int, asyncio.Future[Reply]] = {}
+    for call_id, flags in ((1001, "00"), (1002, "01")):  # not sampled, sampled
+        answers[call_id] = asyncio.get_running_loop().create_future()
+        linked.plane.pending[call_id] = remote.Pending(answers[call_id], None)
+        trace = {"traceparent": f"00-{'ab' * 16}-{'cd' * 8}-{flags}"}
+        call = InferCall(call_id, host.incarnation, None, None, InferOptions(), None, images, None, None, "", trace)
+        host.handle(peer.identity, call)
+    assert set(peer.queued) == {1001} and set(peer.calls) == {1002}
+    await until(under_way.is_set)
+    for call_id in answers:
+        reply = await asyncio.wait_for(answers[call_id], 10)
+        assert reply.failure is None and reply.outputs is not None
+        assert reply.outputs.filenames == [f.filename for f in FILES]
 
 
 async def test_a_direct_call_past_its_deadline_in_a_batch_is_answered_once_the_batch_has_ended(
