@@ -176,6 +176,10 @@ class ModelMetrics:
         self.queue.set(0)
         self.text_embeddings = metrics.text_embeddings.labels(model)
 
+    def drift_gauges(self) -> tuple[Any, Any]:
+        """This model's two drift gauges (`vit_drift_score`), prediction and embedding."""
+        return self.metrics.drift.labels(self.model, "prediction"), self.metrics.drift.labels(self.model, "embedding")
+
     def bind_version(self, version: str) -> None:
         if self.book is not None:
             self.statistics = self.book.of(self.model, version)

@@ -3,11 +3,11 @@ directly with the engine's own code.
 
     python -m bench.compare.monitoring_cost --requests 20000
 
-With VIT_DRIFT_WINDOW on and reference statistics in the checkpoint, every request of the model does, beside
-its work: the embedding rows copied out of its batch (a batch's share counted for every `--batch` requests),
-the Mahalanobis scores of its images, the drift window updated and both gauges set (`Engine.watch`), and the
-shadow pair looked up and passed over at fraction 0. These are timed here on the bundled checkpoint, one image a
-request, against the same loop without them. As with bench.compare.statistics_cost, an A/B of two servers
+With VIT_DRIFT_WINDOW on and reference statistics in the checkpoint, every batch of the model does, beside its
+work: the embedding rows copied out of it, and its images scored, added to the drift window and both gauges set
+(`app.core.engine.drift.Watching`, the batcher's observer); a batch's share is counted for every `--batch`
+requests. Every request looks the shadow pair up and passes it over at fraction 0. These are timed here on the
+bundled checkpoint, one image a request, against the same loop without them. As with bench.compare.statistics_cost, an A/B of two servers
 cannot resolve a share this small on a shared machine (rounds move by 5 to 20 %), so the share is stated of the
 server's CPU per computed request in `bench/results/cache-cpu.json` (`python -m bench.cache`, cache off).
 """
@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from app.core.backends.predictor import ImageInput, ImageOutput, embeddings_asked
+from app.core.engine.drift import Watching
 from app.core.engine.engine import Engine
 from app.settings import BUNDLED_WEIGHTS, Settings
 from bench.common import cpu_model, table, write_results
@@ -38,22 +39,22 @@ def added_us(engine: Engine, requests: int, batch: int) -> float:
     probabilities = torch.randn(batch, len(model.classes), generator=g).softmax(-1)
     items = [ImageInput(torch.empty(0), "none", None, True) for _ in range(batch)]
     shadow = engine.shadows["a"]
+    watching = model.batcher.observer
+    assert isinstance(watching, Watching)
     began = time.process_time()
     for i in range(requests):
         j = i % batch
-        if j == 0:
+        if j == 0:  # the batch's images into the window, as the batcher's observer takes them
             rows = embeddings_asked(embedding, items)
-        outputs = [ImageOutput(probabilities[j], None, rows[j])]
-        embeddings = torch.stack([o.embedding for o in outputs if o.embedding is not None])
-        scores = reference.scores(embeddings, torch.stack([o.probabilities for o in outputs])).tolist()
-        engine.watch(model, outputs, scores)
+            watching.watch.add([ImageOutput(probabilities[k], None, rows[k]) for k in range(batch)])
+        _ = [ImageOutput(probabilities[j], None, rows[j])]  # the request's outputs, made as in the loop below
         if (s := engine.shadows.get(model.name)) is not None and s.pair.fraction > 0:
             raise AssertionError("fraction 0: never shadowed")
     monitored = time.process_time() - began
     began = time.process_time()
     for i in range(requests):  # the same loop's own cost: the outputs made, nothing monitored
         j = i % batch
-        outputs = [ImageOutput(probabilities[j], None, None)]
+        _ = [ImageOutput(probabilities[j], None, None)]
     bare = time.process_time() - began
     assert shadow.compared == 0
     return (monitored - bare) / requests * 1e6
@@ -70,7 +71,7 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(1)
     models = f"a={BUNDLED_WEIGHTS},b={BUNDLED_WEIGHTS}"
-    settings = Settings(models=models, shadow="a:b:0", ood_threshold="30", device="cpu", backend="torch", warmup=False)
+    settings = Settings(models=models, shadow="a:b:0", ood_threshold="0.5", device="cpu", backend="torch", warmup=False)
     engine = Engine.load(settings)
     report: dict[str, Any] = {
         "cpu": cpu_model(),
@@ -99,9 +100,9 @@ def markdown(report: dict[str, Any]) -> str:
             f"# What out-of-distribution scores, drift gauges and a shadow at fraction 0 cost a request ({report['cpu_count']} cores)",
             "",
             f"`python -m bench.compare.monitoring_cost --requests {report['requests']} --batch {report['batch']}`: the "
-            "engine's calls for one computed request of one image on the bundled checkpoint (embedding rows copied "
-            f"out of its batch of {report['batch']}, Mahalanobis scores, the drift window of "
-            f"{report['drift_window']} images and both gauges, the shadow pair passed over), timed directly against "
+            "engine's calls for one computed request of one image on the bundled checkpoint (its share of its batch "
+            f"of {report['batch']}: the embedding rows copied out, the images scored into the drift window of "
+            f"{report['drift_window']} images and both gauges set; the shadow pair passed over), timed directly against "
             f"the same loop without them; CPU time on one thread, the best of {report['repeats']} runs. The share is "
             "of the server's CPU per computed request in `bench/results/cache-cpu.json` (`python -m bench.cache`, "
             f"cache off). On {report['cpu']}.",

@@ -4,15 +4,29 @@ Two gauges per model (Prometheus `vit_drift_score{model, kind}`), for a checkpoi
 - `prediction`: the total variation distance between the window's predicted classes and the reference's class
   prior, from 0 (the same mix of classes as the reference data) to 1 (none of the classes it had);
 - `embedding`: the window's mean out-of-distribution score (the Mahalanobis distance of each image's embedding
-  to the nearest class mean; model/reference/), in the same units as `ood_score`.
+  to the nearest class mean, or 1 - its top probability, as the statistics say; model/reference/), in the same
+  units as `ood_score`.
+
+The window is fed a batch at a time (`Watching`, the batcher's observer): every image the version computed,
+whoever asked and whether or not they asked for scores, scored once per batch.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import torch
+
+from app.core.backends.predictor import ImageOutput
+from app.core.batcher import BatchObserver
+from model.reference import Reference
+
+
+class Settable(Protocol):
+    def set(self, value: float) -> None: ...
 
 
 class DriftWindow:
@@ -51,3 +65,44 @@ class DriftWindow:
     def embedding_drift(self) -> float:
         """The window's mean out-of-distribution score."""
         return self.score_sum / len(self.scores) if self.scores else 0.0
+
+
+class DriftWatch:
+    """One model version's window, fed its batches' outputs, and the model's two gauges."""
+
+    def __init__(self, reference: Reference, size: int, prediction: Settable, embedding: Settable) -> None:
+        self.reference = reference
+        self.window = DriftWindow(size, reference.prior)
+        self.prediction = prediction
+        self.embedding = embedding
+
+    def add(self, outputs: Sequence[Any]) -> None:
+        """A batch's outputs (`ImageOutput`s, each with its embedding: a watched model computes one for every
+        image) into the window, and the gauges set."""
+        kept = [o for o in outputs if isinstance(o, ImageOutput) and o.embedding is not None]
+        if not kept:
+            return
+        probabilities = torch.stack([o.probabilities for o in kept]).float()
+        embeddings = torch.stack([o.embedding for o in kept if o.embedding is not None])
+        scores = self.reference.scores(embeddings, probabilities).tolist()
+        self.window.add(probabilities.argmax(-1).tolist(), scores)
+        self.prediction.set(self.window.prediction_drift())
+        self.embedding.set(self.window.embedding_drift())
+
+
+class Watching:
+    """A batcher's observer: `metrics`, and `watch` fed each batch's outputs."""
+
+    def __init__(self, metrics: BatchObserver, watch: DriftWatch) -> None:
+        self.metrics = metrics
+        self.watch = watch
+
+    def batch_done(self, size: int, seconds: float, outputs: Sequence[object]) -> None:
+        self.metrics.batch_done(size, seconds, outputs)
+        self.watch.add(outputs)
+
+    def dropped(self, reason: str, count: int) -> None:
+        self.metrics.dropped(reason, count)
+
+    def queue_depth(self, depth: int) -> None:
+        self.metrics.queue_depth(depth)

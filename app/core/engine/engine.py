@@ -20,7 +20,6 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import torch
 from opentelemetry.util.types import AttributeValue
@@ -31,7 +30,6 @@ from app.core.contract.description import ModelDescription, ModelStatus, ShadowR
 from app.core.contract.errors import NOT_READY, InvalidInput, ModelNotFound, NotReady
 from app.core.contract.request import DecodedImage, EncodedImage, InferOptions, Prediction, owned
 from app.core.engine.cache import PredictionCache, digest_images, digest_pixels
-from app.core.engine.drift import DriftWindow
 from app.core.engine.model_set import ModelSet
 from app.core.engine.repository import FileStamp, Repository
 from app.core.engine.served_model import ServedModel, Wanted, expire, prepared_input
@@ -43,9 +41,6 @@ from app.telemetry.metrics import Metrics, ModelMetrics
 from app.telemetry.spans import child_span, record_span, sampled
 from app.telemetry.statistics import ModelStatistics, RequestTiming, StatisticsBook
 from model.device import cuda_unavailable_reason, resolve_device
-
-if TYPE_CHECKING:
-    from prometheus_client import Gauge
 
 log = logging.getLogger("app")
 
@@ -64,7 +59,6 @@ class Engine(Front):
         self.taking_requests = False  # whether requests are taken (also while draining)
         self.started = False
         self.froze_heap = False  # by `start`, for its owner
-        self.drift: dict[str, Watched] = {}  # by model: the version it watches, its window and gauges
         self.shadows = {c: Shadow(ShadowPair(c, d, f), metrics) for c, d, f in settings.shadow_pairs()}
         self.shadow_pumps: dict[str, asyncio.Task[None]] = {}  # by champion: the task feeding its challenger
         check_shadows(self.shadows, models.served)
@@ -346,19 +340,13 @@ class Engine(Front):
     def scored(
         self, model: ServedModel, names: list[str], outputs: list[ImageOutput], options: InferOptions
     ) -> list[Prediction]:
-        """A classifier's predictions, with their out-of-distribution scores where asked for; the images added to
-        the model's drift window where it keeps one."""
+        """A classifier's predictions, with their out-of-distribution scores where asked for (the drift window
+        scores every image a batch at a time: `app.core.engine.drift.Watching`)."""
         reference = model.checkpoint.reference
-        watched = reference is not None and self.settings.drift_window > 0
         scores: list[float | None] = [None] * len(outputs)
-        if (options.ood or watched) and reference is not None and outputs:
+        if options.ood and reference is not None and outputs:
             embeddings = torch.stack([o.embedding for o in outputs if o.embedding is not None])
-            probabilities = torch.stack([o.probabilities for o in outputs])
-            scores = reference.scores(embeddings, probabilities).tolist()
-            if watched:
-                self.watch(model, probabilities, scores)
-        if not options.ood:  # scored for the drift gauges alone: not part of the answer
-            scores = [None] * len(outputs)
+            scores = reference.scores(embeddings, torch.stack([o.probabilities for o in outputs])).tolist()
         threshold = self.settings.ood_threshold_for(model.name) if options.ood else None
         return [prediction(n, o, options, score, threshold) for n, o, score in zip(names, outputs, scores, strict=True)]
 
@@ -438,23 +426,6 @@ class Engine(Front):
             return torch.empty(0, model.labels.zero_shot.embed_dim)
         return await model.labels.of(options.template or described.template, labels, self.run_in_pool)
 
-    def watch(self, model: ServedModel, probabilities: torch.Tensor, scores: list[Any]) -> None:
-        """Add a request's images (their probabilities, (N, C), and scores) to the model's drift window and set
-        its gauges."""
-        assert model.checkpoint.reference is not None
-        watched = self.drift.get(model.name)
-        if watched is None or watched.version != model.version:  # a new version: a new reference, a new window
-            watched = Watched(
-                model.version,
-                DriftWindow(self.settings.drift_window, model.checkpoint.reference.prior),
-                self.metrics.drift.labels(model.name, "prediction"),
-                self.metrics.drift.labels(model.name, "embedding"),
-            )
-            self.drift[model.name] = watched
-        watched.window.add(probabilities.argmax(-1).tolist(), scores)
-        watched.prediction.set(watched.window.prediction_drift())
-        watched.embedding.set(watched.window.embedding_drift())
-
     def shadow(
         self,
         shadow: Shadow,
@@ -512,9 +483,9 @@ class Engine(Front):
     ) -> None:
         """The challenger's answers for one request's picked images, compared with the champion's."""
         n = len(inputs)
-        # the images the challenger computes count in its drift window too: its drift over the champion's traffic
-        reference = challenger.checkpoint.reference
-        watched = reference is not None and self.settings.drift_window > 0
+        # the images the challenger computes count in its drift window too (its batches feed it): its drift over
+        # the champion's traffic
+        watched = challenger.checkpoint.reference is not None and self.settings.drift_window > 0
         plain = Wanted("none", None, watched)
         deadline = time.monotonic() + self.settings.request_timeout_s
         try:
@@ -525,9 +496,6 @@ class Engine(Front):
                 _, outputs, started = await challenger.run_images(inputs, plain, False, self.cpu_pool, deadline)
             theirs = torch.stack([o.probabilities for o in outputs])
             shadow.record(champion, theirs, champion_s, time.monotonic() - started)
-            if watched and reference is not None:
-                embeddings = torch.stack([o.embedding for o in outputs if o.embedding is not None])
-                self.watch(challenger, theirs, reference.scores(embeddings, theirs).tolist())
         except asyncio.CancelledError:
             shadow.shed(n)
             raise
@@ -679,16 +647,6 @@ def decoded_before(inputs: Sequence[EncodedImage | DecodedImage] | torch.Tensor)
     if isinstance(inputs, torch.Tensor):
         return 0.0
     return max((i.decode_s for i in inputs if isinstance(i, DecodedImage)), default=0.0)
-
-
-@dataclasses.dataclass
-class Watched:
-    """A model's drift window, for the version it watches, and its two gauges (their series looked up once)."""
-
-    version: str
-    window: DriftWindow
-    prediction: Gauge
-    embedding: Gauge
 
 
 class VersionChanged(Exception):

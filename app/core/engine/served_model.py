@@ -24,10 +24,11 @@ from app.choices import BackendChoice
 from app.core.backends.onnx_runtime import ForeignGraph, OnnxExportError
 from app.core.backends.predictor import ImageInput, ImageOutput, Predictor, graph_sizes, resolve_backend
 from app.core.backends.text_embeddings import LabelEmbeddings
-from app.core.batcher import DynamicBatcher
+from app.core.batcher import BatchObserver, DynamicBatcher
 from app.core.contract.description import ModelDescription, numeric_version
 from app.core.contract.errors import TIMED_OUT, RequestTimeout
 from app.core.contract.request import AttentionKind, DecodedImage, EncodedImage, owned
+from app.core.engine.drift import DriftWatch, Watching
 from app.core.images.gpu_decode import GpuJpegDecoder, Jpeg, jpeg_decoder_for
 from app.core.images.prepare import ImagePreparer, Prepared
 from app.settings import Settings
@@ -113,7 +114,10 @@ class ServedModel:
         }
         # a predictor that decodes on the device takes a batch to decode while another computes
         in_flight = 2 if predictor.jpeg_decoder is not None else 1
-        batcher = DynamicBatcher(predictor, s.max_batch_size, s.max_wait_ms, s.max_queue, metrics, traced, in_flight)
+        observer: BatchObserver = metrics
+        if checkpoint.reference is not None and s.drift_window > 0:  # its drift window, fed a batch at a time
+            observer = Watching(metrics, DriftWatch(checkpoint.reference, s.drift_window, *metrics.drift_gauges()))
+        batcher = DynamicBatcher(predictor, s.max_batch_size, s.max_wait_ms, s.max_queue, observer, traced, in_flight)
         labels = None
         if checkpoint.zero_shot is not None:
             labels = LabelEmbeddings(checkpoint.zero_shot, s.text_cache_labels, metrics.text_embeddings)
