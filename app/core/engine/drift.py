@@ -13,6 +13,7 @@ whoever asked and whether or not they asked for scores, scored once per batch.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -23,6 +24,8 @@ import torch
 from app.core.backends.predictor import ImageOutput
 from app.core.batcher import BatchObserver
 from model.reference import Reference
+
+log = logging.getLogger("app")
 
 
 class Settable(Protocol):
@@ -99,7 +102,10 @@ class Watching:
 
     def batch_done(self, size: int, seconds: float, outputs: Sequence[object]) -> None:
         self.metrics.batch_done(size, seconds, outputs)
-        self.watch.add(outputs)
+        try:
+            self.watch.add(outputs)
+        except Exception:  # a gauge never fails the batch whose requests wait for its outputs
+            log.exception("drift gauges: a batch's images could not be added to the window")
 
     def dropped(self, reason: str, count: int) -> None:
         self.metrics.dropped(reason, count)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from app.core.engine.drift import DriftWindow
+from app.core.engine.drift import DriftWatch, DriftWindow
 from app.settings import BUNDLED_WEIGHTS
 from harness.images import encode
 from tests.support.clients import ClientFactory, client_factory
@@ -69,3 +69,20 @@ async def test_no_gauges_without_reference_statistics_or_with_the_window_off(
     async with make_bundled(drift_window=0) as client:
         await client.post("/predict", files={"file": ("a.png", png, "image/png")})
         assert drift((await client.get("/metrics")).text, "vit-shapes") == {}
+
+
+async def test_a_window_that_fails_never_keeps_a_batch_from_its_requests(
+    make_bundled: ClientFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The window is fed from the batcher's observer, before the batch's requests are answered: a failure there
+    is logged, and the requests are answered all the same."""
+
+    def broken(self: DriftWatch, outputs: object) -> None:
+        raise RuntimeError("a window that cannot take this batch")
+
+    monkeypatch.setattr(DriftWatch, "add", broken)
+    png = encode(Image.new("RGB", (32, 32)))
+    async with make_bundled() as client:
+        r = await client.post("/predict", files={"file": ("a.png", png, "image/png")})
+    assert r.status_code == 200 and r.json()["results"][0]["top_k"]
+    assert "could not be added to the window" in caplog.text
