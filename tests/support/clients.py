@@ -48,13 +48,21 @@ async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
 def slow_forward(model: ServedModel, seconds: float) -> threading.Event:
     """Make each of this model version's batches take `seconds` longer, so its requests stay in flight; the
     event is set once a batch is under way."""
+    under_way, _ = slow_batches(model, seconds)
+    return under_way
+
+
+def slow_batches(model: ServedModel, seconds: float) -> tuple[threading.Event, threading.Event]:
+    """`slow_forward`, with a second event set once a batch has ended (after its wait and its forward)."""
     original = model.batcher.run_batch
-    under_way = threading.Event()
+    under_way, ended = threading.Event(), threading.Event()
 
     def slow(batch: list[Any]) -> Any:
         under_way.set()
         time.sleep(seconds)
-        return original(batch)
+        outputs = original(batch)
+        ended.set()
+        return outputs
 
     model.batcher.run_batch = slow
-    return under_way
+    return under_way, ended

@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -40,7 +37,7 @@ from app.workers.shared_memory import Arena
 from harness.images import encode
 from model.shapes import make_sample
 from tests.support.checkpoints import write_tiny_checkpoint
-from tests.support.clients import slow_forward, until
+from tests.support.clients import slow_batches, slow_forward, until
 
 FILES = [EncodedImage(f"{i}.png", encode(make_sample(5, i).image)) for i in range(3)]
 
@@ -205,18 +202,7 @@ async def test_a_call_cancelled_while_its_batch_computes_is_answered_once_the_ba
     while its images are in a batch under way is answered, and its region given back for reuse, only once
     that batch has ended."""
     linked: Linked = await make_linked()
-    model = linked.engine.model(None)
-    original = model.batcher.run_batch
-    under_way, ended = threading.Event(), threading.Event()
-
-    def slow(batch: list[Any]) -> Any:
-        under_way.set()
-        time.sleep(0.5)
-        outputs = original(batch)
-        ended.set()
-        return outputs
-
-    model.batcher.run_batch = slow
+    under_way, ended = slow_batches(linked.engine.model(None), 0.5)
     call = asyncio.create_task(linked.plane.infer(InferenceRequest(None, FILES, InferOptions()), identity))
     await until(under_way.is_set)
     call.cancel()
@@ -292,18 +278,7 @@ async def test_a_direct_call_past_its_deadline_in_a_batch_is_answered_once_the_b
     """A call whose deadline passes while its prepared files are in a batch under way times out, counted as a
     failure, and is answered (its region given back) only after that batch, which reads the files in place."""
     linked: Linked = await make_linked()
-    model = linked.engine.model(None)
-    original = model.batcher.run_batch
-    under_way, ended = threading.Event(), threading.Event()
-
-    def slow(batch: list[Any]) -> Any:
-        under_way.set()
-        time.sleep(0.6)
-        outputs = original(batch)
-        ended.set()
-        return outputs
-
-    model.batcher.run_batch = slow
+    _, ended = slow_batches(linked.engine.model(None), 0.6)
     [before] = await linked.plane.statistics()
     with pytest.raises(RequestTimeout):
         await linked.plane.infer(InferenceRequest(None, FILES, InferOptions(), timeout_s=0.2), identity)
@@ -319,18 +294,7 @@ async def test_a_front_end_gone_mid_batch_has_its_arena_unmapped_only_after_that
     """The engine forgets a front-end that exits with a call in its direct lane: the call is dropped, and the
     front-end's arena, which the batch under way reads the call's files from, is unmapped once that batch ends."""
     linked: Linked = await make_linked()
-    model = linked.engine.model(None)
-    original = model.batcher.run_batch
-    under_way, ended = threading.Event(), threading.Event()
-
-    def slow(batch: list[Any]) -> Any:
-        under_way.set()
-        time.sleep(0.5)
-        outputs = original(batch)
-        ended.set()
-        return outputs
-
-    model.batcher.run_batch = slow
+    under_way, ended = slow_batches(linked.engine.model(None), 0.5)
     [peer] = linked.host.peers.values()
     call = asyncio.create_task(linked.plane.infer(InferenceRequest(None, FILES, InferOptions()), identity))
     await until(under_way.is_set)
