@@ -90,17 +90,12 @@ class ModelStatistics:
         self.last_inference_ms = time.time_ns() // 1_000_000
 
     def computed(self, images: int, seconds: float, timing: RequestTiming) -> None:
-        """A request answered by computing its `images` in `seconds`, its time spent as `timing` says (`answered`
-        and the four durations, added in one call: this runs for every request)."""
+        """A request answered by computing its `images` in `seconds`, its time spent as `timing` says."""
         self.answered(images, seconds)
-        for duration, part in (
-            (self.queue, timing.queue),
-            (self.compute_input, timing.compute_input),
-            (self.compute_infer, timing.compute_infer),
-            (self.compute_output, timing.compute_output),
-        ):
-            duration.count += 1
-            duration.ns += max(0, round(part * 1e9))
+        self.queue.add(timing.queue)
+        self.compute_input.add(timing.compute_input)
+        self.compute_infer.add(timing.compute_infer)
+        self.compute_output.add(timing.compute_output)
 
 
 @dataclass

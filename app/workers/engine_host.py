@@ -253,26 +253,18 @@ class EngineHost:
             model = self.engine.direct(self.engine.model(call.model, call.version), call.options)
             if model is None:
                 return False
-            inputs: list[DecodedImage] | torch.Tensor
-            if call.images is not None:
-                images = load_images(call.images, peer.arena)
-                if not all(model.prepared_for(i) for i in images):
-                    return False
-                inputs = cast("list[DecodedImage]", images)
-            else:
-                assert call.pixels is not None
-                inputs = (
-                    call.pixels if isinstance(call.pixels, torch.Tensor) else peer.arena.read_tensor(*call.pixels)  # type: ignore[union-attr]
-                )
+            inputs = call_inputs(call, peer.arena)
+            if not isinstance(inputs, torch.Tensor) and not all(model.prepared_for(i) for i in inputs):
+                return False
             outputs = self.engine.submit(
-                model, inputs, call.options, call.timeout_s, functools.partial(self.answer_queued, peer, call, model)
+                model,
+                cast("list[DecodedImage] | torch.Tensor", inputs),
+                call.options,
+                call.timeout_s,
+                functools.partial(self.answer_queued, peer, call, model),
             )
-        except ServiceError as e:
-            self.reply(peer, Reply(call.id, failure=Failure.of(e)))
-            return True
         except Exception as e:
-            log.exception("engine: unhandled error queueing a request")
-            self.reply(peer, Reply(call.id, failure=Failure.of(e)))
+            self.reply(peer, failed(call.id, e))
             return True
         peer.queued[call.id] = Queued(outputs, model)
         return True
@@ -283,22 +275,15 @@ class EngineHost:
         batch has ended, as `compute` does (and stays among the peer's queued calls until then, so that its arena
         outlives that batch)."""
         if isinstance(done, BaseException):
-            if isinstance(done, asyncio.CancelledError):
-                reply = Reply(call.id, failure=Failure("RequestTimeout", "cancelled"))
-            else:
-                if not isinstance(done, ServiceError):
-                    log.error("engine: unhandled error computing a request: %r", done)
-                reply = Reply(call.id, failure=Failure.of(done))
+            reply = failed(call.id, done)
             if viewed(call.images):
                 self.spawn(self.reply_when_settled(peer, call.id, model, reply))
                 return
         else:
             try:
-                outputs = store_outputs(done.predictions, RegionWriter(peer.arena, call.region))
-                reply = Reply(call.id, None if done.model.version == call.described else done.model, outputs)
+                reply = answered(call, done, peer.arena)
             except Exception as e:
-                log.exception("engine: a request's outputs could not be stored")
-                reply = Reply(call.id, failure=Failure.of(e))
+                reply = failed(call.id, e)
         peer.queued.pop(call.id, None)
         if self.peers.get(peer.identity) is peer:
             self.reply(peer, reply)
@@ -315,13 +300,8 @@ class EngineHost:
         token = attach(call.trace)  # the engine's spans go under the front-end's request span
         try:
             reply = await self.compute(peer, call)
-        except asyncio.CancelledError:
-            reply = Reply(call.id, failure=Failure("RequestTimeout", "cancelled"))
-        except ServiceError as e:
-            reply = Reply(call.id, failure=Failure.of(e))
-        except Exception as e:
-            log.exception("engine: unhandled error computing a request")
-            reply = Reply(call.id, failure=Failure.of(e))
+        except (asyncio.CancelledError, Exception) as e:  # cancelled, a core error, or a fault of the engine's
+            reply = failed(call.id, e)
         finally:
             peer.calls.pop(call.id, None)
             detach(token)
@@ -343,14 +323,7 @@ class EngineHost:
             embedded = await self.engine.embed_texts(self.engine.model(call.model, call.version), call.texts)
             outputs = store_outputs([], RegionWriter(arena, call.region), embedded.text_embeddings)
             return Reply(call.id, None if embedded.model.version == call.described else embedded.model, outputs)
-        inputs: list[EncodedImage | DecodedImage] | torch.Tensor
-        if call.images is not None:
-            inputs = load_images(call.images, arena)
-        else:
-            assert call.pixels is not None
-            inputs = (
-                call.pixels if isinstance(call.pixels, torch.Tensor) else arena.read_tensor(*call.pixels)  # type: ignore[union-attr]
-            )
+        inputs = call_inputs(call, arena)
         model = self.engine.model(call.model, call.version)
         try:
             done: Inference = await self.engine.run(model, inputs, call.options, call.timeout_s)
@@ -358,9 +331,7 @@ class EngineHost:
             if viewed(call.images):  # the front-end reuses the region once answered: not before that batch ends
                 await settled(model)
             raise
-        outputs = store_outputs(done.predictions, RegionWriter(arena, call.region))
-        # the description (20 KB pickled with 1,000 class names) only where the front-end lacks it
-        return Reply(call.id, None if done.model.version == call.described else done.model, outputs)
+        return answered(call, done, arena)
 
     async def repository(self, peer: Peer, call: RepositoryCall) -> None:
         try:
@@ -393,6 +364,30 @@ class EngineHost:
                 return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.acked.wait(), remaining)
+
+
+def call_inputs(call: InferCall, arena: Arena | None) -> list[EncodedImage | DecodedImage] | torch.Tensor:
+    """A call's files (those the front-end prepared left in its arena, as views), or its pixels."""
+    if call.images is not None:
+        return load_images(call.images, arena)
+    assert call.pixels is not None
+    return call.pixels if isinstance(call.pixels, torch.Tensor) else arena.read_tensor(*call.pixels)  # type: ignore[union-attr]
+
+
+def answered(call: InferCall, done: Inference, arena: Arena | None) -> Reply:
+    """A computed call's reply: its outputs in its region, and the description (20 KB pickled with 1,000 class
+    names) only where the front-end lacks it."""
+    outputs = store_outputs(done.predictions, RegionWriter(arena, call.region))
+    return Reply(call.id, None if done.model.version == call.described else done.model, outputs)
+
+
+def failed(call_id: int, error: BaseException) -> Reply:
+    """What failed a call, as its reply: a cancelled one as a timeout; a fault that is no core error, logged."""
+    if isinstance(error, asyncio.CancelledError):
+        return Reply(call_id, failure=Failure("RequestTimeout", "cancelled"))
+    if not isinstance(error, ServiceError):
+        log.error("engine: unhandled error computing a request", exc_info=error)
+    return Reply(call_id, failure=Failure.of(error))
 
 
 async def settled(model: ServedModel) -> None:

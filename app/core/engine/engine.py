@@ -353,10 +353,10 @@ class Engine(Front):
     # The direct lane (the engine process's common request): no coroutine and no task of its own.
     def direct(self, model: ServedModel, options: InferOptions) -> ServedModel | None:
         """The version that would compute a request to `model` with `options` in the direct lane (`submit`), or
-        None where it takes the coroutine path (`run`): the response cache, a zero-shot model, an overlay, a
-        shadow that samples, or a traced request."""
+        None where it takes the coroutine path (`run`): the response cache, a zero-shot model, an overlay, or a
+        shadow that samples. (Whether the request was sampled for a trace is its caller's to check.)"""
         model = self.model_set.current(model)
-        if self.cache is not None or model.labels is not None or options.overlay or model.retired or sampled():
+        if self.cache is not None or model.labels is not None or options.overlay or model.retired:
             return None
         if (shadow := self.shadows.get(model.name)) is not None and shadow.pair.fraction > 0:
             return None
