@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -71,13 +71,14 @@ class DriftWindow:
 
 
 class DriftWatch:
-    """One model version's window, fed its batches' outputs, and the model's two gauges."""
+    """One model version's window, fed its batches' outputs, and the model's two gauges (prediction, embedding),
+    made by `gauges` when the first batch comes: a model that has computed nothing shows none."""
 
-    def __init__(self, reference: Reference, size: int, prediction: Settable, embedding: Settable) -> None:
+    def __init__(self, reference: Reference, size: int, gauges: Callable[[], tuple[Settable, Settable]]) -> None:
         self.reference = reference
         self.window = DriftWindow(size, reference.prior)
-        self.prediction = prediction
-        self.embedding = embedding
+        self.make_gauges = gauges
+        self.gauges: tuple[Settable, Settable] | None = None
 
     def add(self, outputs: Sequence[Any]) -> None:
         """A batch's outputs (`ImageOutput`s, each with its embedding: a watched model computes one for every
@@ -89,8 +90,11 @@ class DriftWatch:
         embeddings = torch.stack([o.embedding for o in kept if o.embedding is not None])
         scores = self.reference.scores(embeddings, probabilities).tolist()
         self.window.add(probabilities.argmax(-1).tolist(), scores)
-        self.prediction.set(self.window.prediction_drift())
-        self.embedding.set(self.window.embedding_drift())
+        if self.gauges is None:
+            self.gauges = self.make_gauges()
+        prediction, embedding = self.gauges
+        prediction.set(self.window.prediction_drift())
+        embedding.set(self.window.embedding_drift())
 
 
 class Watching:

@@ -116,7 +116,7 @@ class ServedModel:
         in_flight = 2 if predictor.jpeg_decoder is not None else 1
         observer: BatchObserver = metrics
         if checkpoint.reference is not None and s.drift_window > 0:  # its drift window, fed a batch at a time
-            observer = Watching(metrics, DriftWatch(checkpoint.reference, s.drift_window, *metrics.drift_gauges()))
+            observer = Watching(metrics, DriftWatch(checkpoint.reference, s.drift_window, metrics.drift_gauges))
         batcher = DynamicBatcher(predictor, s.max_batch_size, s.max_wait_ms, s.max_queue, observer, traced, in_flight)
         labels = None
         if checkpoint.zero_shot is not None:
