@@ -132,6 +132,7 @@ class DynamicBatcher(Generic[In, Out]):
         self._accepting = False
         self._incoming = 0  # images of admitted requests not yet submitted (still decoding)
         self._last_batch_s = 0.0
+        self._depth_due = False  # a report of the queue's depth is scheduled
 
     @property
     def queue_depth(self) -> int:
@@ -157,14 +158,7 @@ class DynamicBatcher(Generic[In, Out]):
         Raises NotReady or Overloaded at once, before the caller spends work on the items. Once
         admitted, the items are accepted: a drain that starts meanwhile still waits for them.
         """
-        if not self._accepting:
-            raise NotReady("the service is shutting down; retry on another replica")
-        waiting = len(self._queue) + self._incoming
-        if waiting + count > self.max_queue:
-            raise Overloaded(
-                f"server overloaded: {waiting} images already waiting (limit {self.max_queue}); retry shortly",
-                retry_after_s=self.retry_after_s(),
-            )
+        self._check_room(count)
         self._incoming += count
         self._idle.clear()
         try:
@@ -173,11 +167,22 @@ class DynamicBatcher(Generic[In, Out]):
             self._incoming -= count
             self._arrived.set()  # the loop may be waiting for these items
 
+    def _check_room(self, count: int) -> None:
+        """NotReady while not accepting; Overloaded where `count` more items would pass `max_queue`."""
+        if not self._accepting:
+            raise NotReady("the service is shutting down; retry on another replica")
+        waiting = len(self._queue) + self._incoming
+        if waiting + count > self.max_queue:
+            raise Overloaded(
+                f"server overloaded: {waiting} images already waiting (limit {self.max_queue}); retry shortly",
+                retry_after_s=self.retry_after_s(),
+            )
+
     def submit(self, payloads: Sequence[In], deadline: float) -> asyncio.Future[list[Out]]:
         """Admit and queue all of one request's items at once, or raise NotReady/Overloaded. The future
         gives their outputs in order; cancelling it drops those not yet computed."""
-        with self.admit(len(payloads)) as admission:
-            return admission.submit(payloads, deadline)
+        self._check_room(len(payloads))
+        return self._enqueue(payloads, deadline)
 
     def _enqueue(self, payloads: Sequence[In], deadline: float) -> asyncio.Future[list[Out]]:
         future: asyncio.Future[list[Out]] = asyncio.get_running_loop().create_future()
@@ -188,8 +193,11 @@ class DynamicBatcher(Generic[In, Out]):
             return future
         now = time.monotonic()
         self._queue.extend(Pending(payload, request, i, now) for i, payload in enumerate(payloads))
+        self._idle.clear()
         self._arrived.set()
-        self._report_depth()
+        if not self._depth_due:  # the gauge once per go of the event loop, not once per request
+            self._depth_due = True
+            asyncio.get_running_loop().call_soon(self._report_depth)
         return future
 
     def retry_after_s(self) -> int:
@@ -314,5 +322,6 @@ class DynamicBatcher(Generic[In, Out]):
             item.request.answer(item.index, output)
 
     def _report_depth(self) -> None:
+        self._depth_due = False
         if self.observer is not None:
             self.observer.queue_depth(len(self._queue))

@@ -45,7 +45,8 @@ class Duration:
 
     def add(self, seconds: float, count: int = 1) -> None:
         self.count += count
-        self.ns += max(0, round(seconds * 1e9))
+        if seconds > 0:  # (a clock's step backwards adds nothing)
+            self.ns += int(seconds * 1e9 + 0.5)
 
 
 @dataclass

@@ -17,7 +17,7 @@ import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import torch
 import zmq
@@ -267,8 +267,8 @@ class RegionWriter:
         room = tensor_bytes(shape)
         if self.arena is None or self.offset + room > self.end or first.dtype != torch.float32:
             return torch.stack(rows)
-        at = self.offset
-        for row in rows:
+        at = self.arena.write_values(self.offset, first)
+        for row in rows[1:]:
             if row.shape != first.shape or row.dtype != first.dtype:
                 raise ValueError(f"rows of one block differ: {tuple(row.shape)} against {tuple(first.shape)}")
             at = self.arena.write_values(at, row)
@@ -289,25 +289,25 @@ def store_outputs(
 ) -> StoredOutputs:
     """The predictions (and a text request's embeddings), each kind as one block of rows, written into the
     region where they fit, inline where they do not."""
-    probabilities = [p.probabilities for p in predictions]
-    maps = every([p.attention_map for p in predictions])
-    embeddings = every([p.embedding for p in predictions])
-    overlays = [p.overlay_png for p in predictions]
+    if not predictions:
+        empty = None if text_embeddings is None else into.tensor(text_embeddings.contiguous())
+        return StoredOutputs([], torch.empty(0, 0), None, None, None, text_embeddings=empty)
+    first = predictions[0]  # each image has the tensors and scores the first has (its options are theirs); an
+    # overlay only where its image could be drawn
+    maps = None if first.attention_map is None else every([p.attention_map for p in predictions])
+    embeddings = None if first.embedding is None else every([p.embedding for p in predictions])
     return StoredOutputs(
         [p.filename for p in predictions],
-        into.rows(probabilities) if probabilities else torch.empty(0, 0),
+        into.rows([p.probabilities for p in predictions]),
         None if maps is None else into.rows(maps),
         None if embeddings is None else into.rows(embeddings),
-        None if all(o is None for o in overlays) else [into.data(o or b"") for o in overlays],
-        present([p.ood_score for p in predictions]),
-        present([p.ood for p in predictions]),
+        None
+        if all(p.overlay_png is None for p in predictions)
+        else [into.data(p.overlay_png or b"") for p in predictions],
+        None if first.ood_score is None else [p.ood_score for p in predictions],
+        None if first.ood is None else [p.ood for p in predictions],
         None if text_embeddings is None else into.tensor(text_embeddings.contiguous()),
     )
-
-
-def present(values: list[Any]) -> list[Any] | None:
-    """A request's values of one kind (every image has one, or none has)."""
-    return None if all(v is None for v in values) else values
 
 
 def every(tensors: list[torch.Tensor | None]) -> list[torch.Tensor] | None:

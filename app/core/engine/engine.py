@@ -119,6 +119,9 @@ class Engine(Front):
 
     def model(self, name: str | None, version: str | None = None) -> ServedModel:
         """The model called `name` (the default one for None), at `version` when one is given."""
+        served = self.served.get(name) if name is not None else self.default
+        if served is not None and (version is None or version == served.version):  # a front-end's call: as named
+            return served
         return self.served[self.describe(name, version).name]
 
     def start(self, freeze_heap: bool = False) -> None:
@@ -342,6 +345,8 @@ class Engine(Front):
     ) -> list[Prediction]:
         """A classifier's predictions, with their out-of-distribution scores where asked for (the drift window
         scores every image a batch at a time: `app.core.engine.drift.Watching`)."""
+        if not options.ood and not options.embedding:  # the common request: its outputs as they came
+            return [Prediction(n, o.probabilities, o.attention_map, None) for n, o in zip(names, outputs, strict=True)]
         reference = model.checkpoint.reference
         scores: list[float | None] = [None] * len(outputs)
         if options.ood and reference is not None and outputs:
@@ -626,13 +631,19 @@ def request_timing(
     started: float, submitted: float, received: float, done: float, outputs: list[ImageOutput]
 ) -> RequestTiming:
     """Where a request's time went (app.telemetry.statistics): it waits for the slowest of its batches."""
-    batches = {id(o.batch): o.batch for o in outputs if o.batch is not None}  # one or a few
-    if not batches:
-        return RequestTiming(0.0, submitted - started, received - submitted, done - received)
     began = input_s = infer_s = output_s = 0.0
-    for b in batches.values():
-        began, input_s = max(began, b.started), max(input_s, b.input_s)
-        infer_s, output_s = max(infer_s, b.infer_s), max(output_s, b.output_s)
+    last = None
+    for o in outputs:  # a request's images lie in one batch or a few, in order
+        b = o.batch
+        if b is None or b is last:
+            continue
+        last = b
+        began = b.started if b.started > began else began
+        input_s = b.input_s if b.input_s > input_s else input_s
+        infer_s = b.infer_s if b.infer_s > infer_s else infer_s
+        output_s = b.output_s if b.output_s > output_s else output_s
+    if last is None:
+        return RequestTiming(0.0, submitted - started, received - submitted, done - received)
     return RequestTiming(
         queue=max(0.0, began - submitted),
         compute_input=(submitted - started) + input_s,
@@ -644,9 +655,13 @@ def request_timing(
 def decoded_before(inputs: Sequence[EncodedImage | DecodedImage] | torch.Tensor) -> float:
     """The time a front-end spent decoding a request's images before it reached the engine (they decode
     together: the longest)."""
+    longest = 0.0
     if isinstance(inputs, torch.Tensor):
-        return 0.0
-    return max((i.decode_s for i in inputs if isinstance(i, DecodedImage)), default=0.0)
+        return longest
+    for i in inputs:
+        if isinstance(i, DecodedImage) and i.decode_s > longest:
+            longest = i.decode_s
+    return longest
 
 
 class VersionChanged(Exception):
