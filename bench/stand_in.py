@@ -269,17 +269,25 @@ def mean_batch(url: str) -> float | None:
     return total / count if count else None
 
 
-def project(model: str, workers: int, per_image_us: dict[str, float], scale: float) -> dict[str, float]:
+def project(
+    model: str,
+    workers: int,
+    per_image_us: dict[str, float],
+    scale: float,
+    device_img_s: tuple[float, float] | None = None,
+    host_cores: int = H100_HOST_CORES,
+) -> dict[str, float]:
     """img/s the CPU side could feed on the H100 host: the smallest of the device, the engine and the
     front-ends (each in H100-host microseconds: this machine's times `scale`), with each of the two decoders
     (`DeviceTimes.images_per_s`): the CUDA decoder, which shares the SMs with the forward, and the hardware
-    JPEG engines at their own rate."""
+    JPEG engines at their own rate. Another GPU host: its device's two rates and its cores given
+    (`scale` then to its cores)."""
     host = {role: us * scale for role, us in per_image_us.items()}
-    device = DeviceTimes(model, MAX_BATCH_SIZE).images_per_s("cuda")
-    hardware = DeviceTimes(model, MAX_BATCH_SIZE).images_per_s("hardware")
+    times = DeviceTimes(model, MAX_BATCH_SIZE)
+    device, hardware = device_img_s or (times.images_per_s("cuda"), times.images_per_s("hardware"))
     engine = 1e6 / host["engine"] if host["engine"] else float("inf")
     generator = host["load generator"] / 1e6  # cores per img/s
-    cores = H100_HOST_CORES - 1 - (host["supervisor"] / 1e6) * device  # the engine's core, the supervisor's share
+    cores = host_cores - 1 - (host["supervisor"] / 1e6) * device  # the engine's core, the supervisor's share
     if workers == 1:
         front = engine  # the one process is the front too
     else:

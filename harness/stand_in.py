@@ -46,7 +46,7 @@ CUDA_DECODE_BESIDE_FORWARD = 0.5
 HARDWARE_DECODE_IMAGES_PER_S = 20_071.0
 SLICE_S = 0.002  # how often a decode wait looks at whether the compute is busy
 # Images per second of the compiled + CUDA-graph bf16 forward, by batch size (bench/results/gpu-h100.md).
-FORWARD_IMAGES_PER_S = {
+FORWARD_IMAGES_PER_S: dict[str, dict[int, float]] = {
     "vit-s16": {1: 2186, 8: 12575, 32: 22159, 128: 24624, 256: 25158, 512: 25527},
     "vit-b16": {1: 1497, 8: 7391, 32: 9746, 128: 10355, 256: 10313, 512: 10565},
 }
@@ -55,19 +55,23 @@ RAW_IMAGES_PER_S = {"vit-s16": 25_756.0, "vit-b16": 10_564.0}  # the best raw fo
 
 @dataclass(frozen=True)
 class DeviceTimes:
-    """How long the H100 takes for a batch: decoding `n` JPEGs, and the forward of `n` images."""
+    """How long the H100 takes for a batch: decoding `n` JPEGs, and the forward of `n` images; another device's
+    rates where given (its forward's img/s by batch size, its CUDA decoder's and its JPEG engines' img/s)."""
 
     model: str
     max_batch_size: int
+    forward_img_s: dict[int, float] | None = None
+    decode_img_s: float = NVJPEG_IMAGES_PER_S
+    hardware_img_s: float = HARDWARE_DECODE_IMAGES_PER_S
 
     def decode_s(self, n: int) -> float:
-        return n / NVJPEG_IMAGES_PER_S
+        return n / self.decode_img_s
 
     def forward_s(self, n: int) -> float:
         """The forward of the captured size `n` is padded to (the service replays CUDA graphs)."""
         sizes = graph_sizes(self.max_batch_size)
         padded = sizes[bisect.bisect_left(sizes, n)] if n <= sizes[-1] else n
-        return batch_seconds(FORWARD_IMAGES_PER_S[self.model], padded)
+        return batch_seconds(self.forward_img_s or FORWARD_IMAGES_PER_S[self.model], padded)
 
     def images_per_s(self, decoder: str = "cuda") -> float:
         """The device's rate at the largest batch, decoding one batch while it computes another (as the
@@ -79,12 +83,12 @@ class DeviceTimes:
         n = self.max_batch_size
         forward = self.forward_s(n)
         if decoder == "hardware":
-            return n / max(forward, n / HARDWARE_DECODE_IMAGES_PER_S)
+            return n / max(forward, n / self.hardware_img_s)
         left = self.decode_s(n) - CUDA_DECODE_BESIDE_FORWARD * forward  # decoding left when the forward ends
         return n / (forward + max(0.0, left))
 
 
-def batch_seconds(rates: dict[int, int], n: int) -> float:
+def batch_seconds(rates: dict[int, float], n: int) -> float:
     """Seconds for a batch of `n`: measured, or linear between the measured sizes around it (beyond the
     largest, at its rate)."""
     sizes = sorted(rates)

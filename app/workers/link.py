@@ -304,8 +304,8 @@ def store_outputs(
         None
         if all(p.overlay_png is None for p in predictions)
         else [into.data(p.overlay_png or b"") for p in predictions],
-        None if first.ood_score is None else [p.ood_score for p in predictions],
-        None if first.ood is None else [p.ood for p in predictions],
+        None if first.ood_score is None else cast("list[float]", [p.ood_score for p in predictions]),
+        None if first.ood is None else cast("list[bool]", [p.ood for p in predictions]),
         None if text_embeddings is None else into.tensor(text_embeddings.contiguous()),
     )
 

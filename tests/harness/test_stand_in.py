@@ -172,3 +172,12 @@ def test_decoding_beside_the_forward_goes_at_half_speed(tmp_path: Path, shared: 
     decoding.close()
     computing.close()
     assert alone >= 0.05 and beside >= 1.8 * 0.05, (alone, beside)
+
+
+def test_another_devices_rates_replace_the_h100s() -> None:
+    """A device given its own forward, CUDA decoder and engine rates is timed by them, not by the H100's."""
+    times = DeviceTimes("vit-b16", 256, {256: 11_199.0}, decode_img_s=14_167.0, hardware_img_s=5_000.0)
+    forward, decode = 256 / 11_199, 256 / 14_167
+    assert times.forward_s(256) == pytest.approx(forward)
+    assert times.images_per_s("cuda") == pytest.approx(256 / (forward + decode - 0.5 * forward))
+    assert times.images_per_s("hardware") == pytest.approx(5_000)  # engines slower than the forward bound it

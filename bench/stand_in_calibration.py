@@ -1,0 +1,171 @@
+"""The stand-in's projections against what a GPU host served: rows of `python -m bench.stand_in` projected again
+with that run's own device rates and its host's cores, beside the rates it measured.
+
+    git show 18e3d3d:bench/results/stand-in-cpu.json > /tmp/h200-era.json
+    git show 18e3d3d:bench/results/gpu-h200.json > /tmp/gpu-h200.json
+    python -m bench.stand_in_calibration /tmp/h200-era.json --gpu /tmp/gpu-h200.json --name stand-in-calibration-h200
+
+The rows should be those of the code the GPU run served (the commits just before it), so that the two measure
+the same service. From the GPU run (`bench/gpu.sh run raw decode served`):
+- the device: its compiled + CUDA-graph forward at batch 256 (the H100's curve over batch sizes, scaled to it:
+  only the largest batch enters the projection), its nvJPEG decode rate, and the CUDA decoder's share of that
+  beside a forward the stand-in assumes (`harness.stand_in.CUDA_DECODE_BESIDE_FORWARD`);
+- the host: its cores, and its one-core PIL rate, which scales a microsecond measured here to one of its cores;
+- the measured rate of each configuration: the best over the concurrencies it was loaded at (VIT_WORKERS=1 is
+  `gpu-decode+graphs`, N front-ends `workers-N`), with its mean batch and the cores the server used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from bench.common import RESULTS, table
+from bench.stand_in import MAX_BATCH_SIZE, project
+from harness.stand_in import FORWARD_IMAGES_PER_S, DeviceTimes
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.stand_in_calibration", description=__doc__.split("\n\n")[0])
+    p.add_argument("rows", type=Path, help="a bench.stand_in results file (JSON)")
+    p.add_argument("--gpu", type=Path, default=RESULTS / "gpu-h200.json", help="a bench.gpu results file (JSON)")
+    p.add_argument("--name", default="stand-in-calibration-h200")
+    p.add_argument("--out", type=Path, default=RESULTS, help="the folder NAME.md and NAME.json go to")
+    return p.parse_args()
+
+
+def device_rate(model: str, gpu: dict[str, Any]) -> float:
+    """The GPU run's device rate for `model` with its CUDA decoder, as the stand-in projects one."""
+    forward_256 = gpu["raw"][model]["img_per_s"]["compiled+graphs"]["256"]
+    ratio = forward_256 / FORWARD_IMAGES_PER_S[model][256]
+    curve = {n: rate * ratio for n, rate in FORWARD_IMAGES_PER_S[model].items()}
+    times = DeviceTimes(model, MAX_BATCH_SIZE, curve, gpu["decode"]["gpu_decode_img_per_s"])
+    return times.images_per_s("cuda")
+
+
+def measured(gpu: dict[str, Any], model: str, route: str, workers: int) -> dict[str, Any] | None:
+    variant = "gpu-decode+graphs" if workers == 1 else f"workers-{workers}"
+    levels = gpu["served"].get(model, {}).get(variant, {}).get(route) or []
+    return max(levels, key=lambda level: level["images_per_s"], default=None)
+
+
+def host_cores(gpu: dict[str, Any]) -> int:
+    found = re.search(r"^(\d+)\s*(?:CPU cores|$)", gpu.get("machine", ""), re.MULTILINE)
+    if not found:
+        raise ValueError("the GPU run does not say how many cores its host has")
+    return int(found.group(1))
+
+
+def calibrated(row: dict[str, Any], gpu: dict[str, Any]) -> dict[str, Any] | None:
+    """One stand-in row projected onto the GPU run's host and device, beside what that host served."""
+    served = measured(gpu, row["model"], row["route"], row["workers"])
+    if row["server"] != "vit-serve" or served is None:
+        return None
+    pil = gpu["decode"]["cpu_img_per_s"]["1"]
+    scale = row["pil_one_core_here_img_s"] / pil
+    per_image = {
+        "engine": row["engine_cpu_us_per_image"],
+        "front-ends": row["frontend_cpu_us_per_image"],
+        "supervisor": row["supervisor_cpu_us_per_image"],
+        "load generator": row["load_generator_cpu_us_per_image"],
+    }
+    device = device_rate(row["model"], gpu)
+    projection = project(row["model"], row["workers"], per_image, scale, (device, device), host_cores(gpu))
+    bound = min(
+        ("device", device),
+        ("engine", projection["engine_ceiling_img_s"]),
+        ("front-ends", projection["frontend_ceiling_img_s"]),
+        key=lambda b: b[1],
+    )[0]
+    return {
+        "model": row["model"],
+        "route": row["route"],
+        "workers": row["workers"],
+        "commit": row["commit"],
+        "core_scale": round(scale, 3),
+        "mean_batch_here": row["mean_batch"],
+        "device_img_s": round(device, 1),
+        "engine_ceiling_img_s": round(projection["engine_ceiling_img_s"], 1),
+        "frontend_ceiling_img_s": round(projection["frontend_ceiling_img_s"], 1),
+        "projected_img_s": round(projection["projected_img_s"], 1),
+        "bound_by": bound,
+        "measured_img_s": round(served["images_per_s"], 1),
+        "measured_concurrency": served["concurrency"],
+        "measured_mean_batch": round(served["mean_batch_size"], 1),
+        "measured_server_cores": round(served["server_cores"], 1),
+        "measured_over_projected": round(served["images_per_s"] / projection["projected_img_s"], 2),
+    }
+
+
+def markdown(entries: list[dict[str, Any]], gpu: dict[str, Any], args: argparse.Namespace) -> str:
+    pil = gpu["decode"]["cpu_img_per_s"]["1"]
+    lines = [
+        "# The stand-in against a GPU host's run",
+        "",
+        f"`python -m bench.stand_in_calibration {args.rows} --gpu {args.gpu}`: rows of `bench.stand_in` "
+        f"projected again with the GPU run's device and host ({host_cores(gpu)} cores, PIL on one core {pil:.0f} "
+        f"img/s; nvJPEG {gpu['decode']['gpu_decode_img_per_s']:,.0f} img/s), beside what that host served "
+        "(the best of its concurrencies). The mean batch is the stand-in's here, and the GPU host's.",
+        "",
+        *table(
+            [
+                "model",
+                "route",
+                "front-ends",
+                "commit",
+                "core scale",
+                "device img/s",
+                "engine ceiling",
+                "front-end ceiling",
+                "projected",
+                "bound by",
+                "measured",
+                "measured / projected",
+                "mean batch here",
+                "mean batch there",
+                "server cores there",
+            ],
+            [
+                [
+                    e["model"],
+                    e["route"],
+                    e["workers"],
+                    e["commit"],
+                    f"{e['core_scale']:.2f}",
+                    f"{e['device_img_s']:,.0f}",
+                    f"{e['engine_ceiling_img_s']:,.0f}",
+                    f"{e['frontend_ceiling_img_s']:,.0f}",
+                    f"{e['projected_img_s']:,.0f}",
+                    e["bound_by"],
+                    f"{e['measured_img_s']:,.0f}",
+                    f"{e['measured_over_projected']:.2f}",
+                    e["mean_batch_here"],
+                    e["measured_mean_batch"],
+                    e["measured_server_cores"],
+                ]
+                for e in entries
+            ],
+            "lllrrrrrrlrrrrr",
+        ),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    args = parse_args()
+    gpu = json.loads(args.gpu.read_text())
+    rows = json.loads(args.rows.read_text())
+    entries = [e for row in rows if (e := calibrated(row, gpu)) is not None]
+    entries.sort(key=lambda e: (e["model"], e["route"], e["workers"]))
+    (args.out / f"{args.name}.json").write_text(json.dumps(entries, indent=1) + "\n")
+    text = markdown(entries, gpu, args)
+    (args.out / f"{args.name}.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

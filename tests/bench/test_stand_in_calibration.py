@@ -1,0 +1,59 @@
+"""`python -m bench.stand_in_calibration`: a stand-in row projected onto a GPU run's host and device, beside
+what that host served."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROW = {
+    "server": "vit-serve",
+    "commit": "abc1234",
+    "model": "vit-b16",
+    "route": "v2",
+    "workers": 4,
+    "mean_batch": 20.0,
+    "engine_cpu_us_per_image": 100.0,
+    "frontend_cpu_us_per_image": 380.0,
+    "supervisor_cpu_us_per_image": 0.0,
+    "load_generator_cpu_us_per_image": 50.0,
+    "pil_one_core_here_img_s": 436.0,  # twice the GPU host's: a microsecond here is two there
+}
+GPU = {
+    "machine": "name, driver_version\nNVIDIA H200, 580\n16\nModel name: Intel(R) Xeon(R) Processor",
+    "raw": {"vit-b16": {"img_per_s": {"compiled+graphs": {"256": 11_000.0}}}},
+    "decode": {"cpu_img_per_s": {"1": 218.0}, "gpu_decode_img_per_s": 12_000.0},
+    "served": {
+        "vit-b16": {
+            "workers-4": {
+                "v2": [
+                    {"concurrency": 32, "images_per_s": 4_000.0, "mean_batch_size": 100.0, "server_cores": 3.0},
+                    {"concurrency": 128, "images_per_s": 4_500.0, "mean_batch_size": 200.0, "server_cores": 3.5},
+                ]
+            }
+        }
+    },
+}
+
+
+def test_a_row_is_projected_with_the_gpu_runs_host_and_device(tmp_path: Path) -> None:
+    rows, gpu = tmp_path / "rows.json", tmp_path / "gpu.json"
+    other = {**ROW, "workers": 8}  # no run of 8 front-ends there: left out
+    rows.write_text(json.dumps([ROW, other, {**ROW, "server": "litserve"}]))
+    gpu.write_text(json.dumps(GPU))
+    command = [sys.executable, "-m", "bench.stand_in_calibration", str(rows), "--gpu", str(gpu)]
+    subprocess.run([*command, "--out", str(tmp_path), "--name", "c"], check=True, capture_output=True)
+    [entry] = json.loads((tmp_path / "c.json").read_text())
+    forward, decode = 256 / 11_000, 256 / 12_000  # the CUDA decoder at half its rate beside the forward
+    assert entry["device_img_s"] == pytest.approx(256 / (forward + decode - 0.5 * forward), abs=0.1)
+    assert entry["core_scale"] == 2.0
+    assert entry["engine_ceiling_img_s"] == 5_000  # one core over 200 µs of it
+    assert entry["frontend_ceiling_img_s"] == pytest.approx(4 * 1e6 / 760, abs=0.1)  # four cores, 760 µs each
+    assert (entry["projected_img_s"], entry["bound_by"]) == (5_000, "engine")
+    assert (entry["measured_img_s"], entry["measured_concurrency"], entry["measured_mean_batch"]) == (4_500, 128, 200)
+    assert entry["measured_over_projected"] == 0.9
+    assert "| vit-b16 | v2 | 4 | abc1234 | 2.00 |" in (tmp_path / "c.md").read_text()
