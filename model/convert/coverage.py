@@ -98,9 +98,31 @@ def build(name: str, small: bool, **kwargs: Any) -> Any:
     return model.eval()
 
 
+def refused_by_structure(name: str, small: bool) -> ConversionError | None:
+    """The converter's refusal of `name` read from the model's structure alone, built on no memory (a refusal
+    never reads a weight's value); None where the structure converts, or where the model cannot be built that
+    way. A refused model then costs no random initialisation of its weights (up to a few hundred million)."""
+    import timm
+
+    try:
+        with torch.device("meta"):
+            try:
+                model = timm.create_model(name, pretrained=False, **({"depth": 2} if small else {}))
+            except TypeError:  # no `depth` argument: built whole, as `build` does
+                model = timm.create_model(name, pretrained=False)
+        from_timm_model(model.eval())
+    except ConversionError as e:
+        return e
+    except Exception:  # a model that needs its values to be built or read: `build` makes it whole
+        return None
+    return None
+
+
 def convert(name: str, small: bool = False) -> Outcome:
     """One architecture's outcome."""
     try:
+        if (refusal := refused_by_structure(name, small)) is not None:
+            raise refusal
         model = build(name, small)
         converted = from_timm_model(model)
         diff = check_equal(converted.build(), converted)

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from model.convert.coverage import FAMILY, Outcome, convert, feature, head_coverage, table
+from model.convert.converted import ConversionError
+from model.convert.coverage import FAMILY, Outcome, build, convert, feature, head_coverage, refused_by_structure, table
+from model.convert.timm_vit import from_timm_model
 
-pytestmark = pytest.mark.slow  # builds every architecture of the family (about three minutes on one core)
+pytestmark = pytest.mark.slow  # converts every architecture of the family (about three minutes on one core)
 
 # The walk is split in shards, each a class: pytest-xdist (--dist loadscope) hands a class to a worker, so the
 # shards run on every worker at once instead of the whole walk on one.
@@ -95,3 +97,19 @@ def test_head_coverage_leaves_out_headless_models_and_counts_stems_apart() -> No
     assert head_coverage(outcomes) == (
         "with a classification head: 1 of 3 (33 %) convert; without the hybrid stems: 1 of 2 (50 %)"
     )
+
+
+@pytest.mark.parametrize("arch", ["vit_small_patch16_18x2_224", "vit_tiny_r_s16_p8_224", "eva02_tiny_patch14_224"])
+def test_a_refusal_read_from_the_structure_is_the_one_the_built_model_gets(arch: str) -> None:
+    """The walk reads a refusal from the model built on no memory (no weights initialised): the same refusal,
+    word for word, as converting the model built with its weights."""
+    from_structure = refused_by_structure(arch, small=True)
+    assert from_structure is not None
+    with pytest.raises(ConversionError) as built:
+        from_timm_model(build(arch, small=True))
+    assert str(from_structure) == str(built.value)
+
+
+def test_a_model_the_converter_takes_is_not_refused_by_its_structure() -> None:
+    assert refused_by_structure("vit_tiny_patch16_224", small=True) is None
+    assert convert("vit_tiny_patch16_224", small=True).result == "converted"
