@@ -73,6 +73,8 @@ def calibrated(row: dict[str, Any], gpu: dict[str, Any]) -> dict[str, Any] | Non
         "load generator": row["load_generator_cpu_us_per_image"],
     }
     device = device_rate(row["model"], gpu)
+    # the GPU run served with nvJPEG, the CUDA decoder: its rate stands for both decoders' (the JPEG engines' column
+    # of `project` is not used here)
     projection = project(row["model"], row["workers"], per_image, scale, (device, device), host_cores(gpu))
     bound = min(
         ("device", device),

@@ -103,9 +103,9 @@ def attach(headers: Mapping[str, str] | None) -> object | None:
 def sent_sampled(headers: Mapping[str, str] | None) -> bool:
     """Whether the context `carrier` sent is a sampled span's: only such a request gets the engine's spans (and
     its batch's link); one that sampling left out is computed as an untraced one."""
-    if not headers or not recording:
+    if not headers or not recording:  # (before the headers are parsed: nothing to extract while tracing is off)
         return False
-    return trace.get_current_span(propagate.extract(dict(headers))).get_span_context().trace_flags.sampled
+    return sampled(propagate.extract(dict(headers)))
 
 
 def detach(token: object | None) -> None:

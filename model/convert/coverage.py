@@ -74,6 +74,17 @@ def parameters(name: str) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def created(name: str, small: bool, **kwargs: Any) -> Any:
+    """timm's model as its constructor initialises it (on the current device); with `small`, two blocks where the
+    architecture takes `depth`."""
+    import timm
+
+    try:
+        return timm.create_model(name, pretrained=False, **({"depth": 2} if small else {}), **kwargs)
+    except TypeError:  # no `depth` argument: built whole
+        return timm.create_model(name, pretrained=False, **kwargs)
+
+
 def build(name: str, small: bool, **kwargs: Any) -> Any:
     """timm's model with seeded random weights (and `kwargs`, such as num_classes); with `small`, two blocks where
     the architecture takes `depth`."""
@@ -81,9 +92,7 @@ def build(name: str, small: bool, **kwargs: Any) -> Any:
 
     torch.manual_seed(0)
     try:
-        model = timm.create_model(name, pretrained=False, **({"depth": 2} if small else {}), **kwargs)
-    except TypeError:  # no `depth` argument: built whole
-        model = timm.create_model(name, pretrained=False, **kwargs)
+        model = created(name, small, **kwargs)
     except Exception:
         if not small:
             raise
@@ -102,14 +111,9 @@ def refused_by_structure(name: str, small: bool) -> ConversionError | None:
     """The converter's refusal of `name` read from the model's structure alone, built on no memory (a refusal
     never reads a weight's value); None where the structure converts, or where the model cannot be built that
     way. A refused model then costs no random initialisation of its weights (up to a few hundred million)."""
-    import timm
-
     try:
         with torch.device("meta"):
-            try:
-                model = timm.create_model(name, pretrained=False, **({"depth": 2} if small else {}))
-            except TypeError:  # no `depth` argument: built whole, as `build` does
-                model = timm.create_model(name, pretrained=False)
+            model = created(name, small)
         from_timm_model(model.eval())
     except ConversionError as e:
         return e
