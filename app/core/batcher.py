@@ -5,7 +5,9 @@ first one arrived, and runs the batch on a dedicated worker thread so the event 
 accepting requests meanwhile. It waits only while more images are known to be coming (requests
 admitted and still decoding): a lone request is not held back for company that will not come.
 Each request gets one future for all its outputs, answered when its last image is computed (a batch
-may hold images of many requests, and a request's images may span batches). Images whose request was
+may hold images of many requests, and a request's images may span batches). A `Group` queues several
+requests' images at once (a front-end's calls to one model with the same options): one entry for all of
+them, whose requests (its parts) are still answered, failed, cancelled and timed out each on its own. Images whose request was
 cancelled (client gone, timed out, another of its images failed) or whose deadline passed are dropped
 before they are computed. A batch that fails is retried in halves, so one bad image fails only its own
 request.
@@ -18,7 +20,9 @@ predictor keeps its own decoding and its computing each to one batch at a time.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
+import itertools
 import logging
 import math
 import time
@@ -32,7 +36,7 @@ from typing import Generic, Protocol, TypeVar, cast
 from opentelemetry.trace import SpanContext, StatusCode
 from opentelemetry.util.types import AttributeValue
 
-from app.core.contract.errors import InferenceFailed, NotReady, Overloaded, RequestTimeout, ServiceError
+from app.core.contract.errors import TIMED_OUT, InferenceFailed, NotReady, Overloaded, RequestTimeout, ServiceError
 from app.telemetry.spans import ROOT, batch_links, current_span_context, tracer
 
 log = logging.getLogger("app.batcher")
@@ -68,6 +72,132 @@ class Request(Generic[Out]):
     def fail(self, error: BaseException) -> None:
         if not self.future.done():
             self.future.set_exception(error)
+
+    def fail_item(self, index: int, error: BaseException) -> None:
+        """Item `index` cannot be computed: the request fails."""
+        self.fail(error)
+
+    def dropped(self, index: int, now: float) -> str | None:
+        """Why item `index` is no longer wanted ("cancelled", "expired"), where the request's own future does
+        not say so; None while it is (a `Group`'s parts end one by one)."""
+        return None
+
+
+class Group(Request[Out]):
+    """Several requests' items as one entry: request k (its part) is items starts[k] to starts[k + 1].
+
+    `on_parts([(k, outputs or error), ...])` is called once for each part, from the event loop: with its outputs
+    once the last of them is computed (the parts a batch completes, together, once the batch's items are
+    answered), or with what ended it (`fail_item` for one of its items, `end`, the deadline timer, or `fail`
+    for all). The future is done (an empty list) once every part has been delivered."""
+
+    def __init__(
+        self,
+        counts: Sequence[int],
+        deadlines: Sequence[float],
+        on_parts: Callable[[list[tuple[int, list[Out] | BaseException]]], None],
+    ) -> None:
+        total = sum(counts)
+        future: asyncio.Future[list[Out]] = asyncio.get_running_loop().create_future()
+        super().__init__(future, [None] * total, max(deadlines), None, total)
+        self.starts = [0, *itertools.accumulate(counts)]
+        self.deadlines = list(deadlines)
+        self.left = list(counts)
+        self.ended = [False] * len(counts)
+        self.live = len(counts)
+        self.on_parts = on_parts
+        self.computed: list[tuple[int, list[Out] | BaseException]] = []  # parts complete, to be delivered
+        self.timer: asyncio.TimerHandle | None = None
+        for k, count in enumerate(counts):
+            if count == 0:
+                self.complete(k)
+        self.arm(min(deadlines))
+
+    def arm(self, deadline: float | None) -> None:
+        """Expire the parts due at `deadline` then (one timer for the group, set again for the next deadline)."""
+        if deadline is not None and self.live:
+            delay = max(0.0, deadline - time.monotonic())
+            self.timer = asyncio.get_running_loop().call_later(delay, self.tick)
+
+    def tick(self) -> None:
+        self.timer = None
+        self.arm(self.expire(time.monotonic()))
+
+    def part(self, index: int) -> int:
+        return bisect.bisect_right(self.starts, index) - 1
+
+    def answer(self, index: int, output: Out) -> None:
+        k = self.part(index)
+        if self.ended[k]:
+            return
+        self.outputs[index] = output
+        self.left[k] -= 1
+        if self.left[k] == 0:
+            self.complete(k)
+
+    def complete(self, k: int) -> None:
+        """Part `k` computed: delivered with the others complete in this go of the event loop."""
+        self.ended[k] = True
+        self.live -= 1
+        if not self.computed:
+            asyncio.get_running_loop().call_soon(self.deliver)
+        self.computed.append((k, cast("list[Out]", self.outputs[self.starts[k] : self.starts[k + 1]])))
+
+    def deliver(self) -> None:
+        parts, self.computed = self.computed, []
+        self.delivered(parts)
+
+    def end(self, k: int, error: BaseException) -> None:
+        """Part `k` answered with `error` now; its items not yet computed are dropped."""
+        if self.ended[k]:
+            return
+        self.ended[k] = True
+        self.live -= 1
+        self.delivered([(k, error)])
+
+    def delivered(self, parts: list[tuple[int, list[Out] | BaseException]]) -> None:
+        try:
+            if parts:
+                self.on_parts(parts)
+        except Exception:
+            log.exception("a grouped request's answer failed")
+        if self.live == 0 and not self.computed and not self.future.done():
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
+            self.future.set_result([])
+
+    def cancel(self, k: int) -> None:
+        """Part `k`'s client went away: answered as cancelled now."""
+        self.end(k, asyncio.CancelledError())
+
+    def fail(self, error: BaseException) -> None:
+        for k in range(len(self.ended)):
+            self.end(k, error)
+
+    def fail_item(self, index: int, error: BaseException) -> None:
+        self.end(self.part(index), error)
+
+    def expire(self, now: float) -> float | None:
+        """End the parts whose deadline has passed (RequestTimeout); the earliest deadline still to come."""
+        soonest = None
+        for k, deadline in enumerate(self.deadlines):
+            if self.ended[k]:
+                continue
+            if deadline <= now:
+                self.end(k, RequestTimeout(TIMED_OUT))
+            elif soonest is None or deadline < soonest:
+                soonest = deadline
+        return soonest
+
+    def dropped(self, index: int, now: float) -> str | None:
+        k = self.part(index)
+        if self.ended[k]:
+            return "cancelled"
+        if self.deadlines[k] <= now:
+            self.end(k, RequestTimeout("the request timed out before its image was computed"))
+            return "expired"
+        return None
 
 
 @dataclass(eq=False)
@@ -178,11 +308,29 @@ class DynamicBatcher(Generic[In, Out]):
                 retry_after_s=self.retry_after_s(),
             )
 
+    def fits(self, count: int) -> bool:
+        """Whether `count` more items would be admitted now."""
+        return self._accepting and len(self._queue) + self._incoming + count <= self.max_queue
+
     def submit(self, payloads: Sequence[In], deadline: float) -> asyncio.Future[list[Out]]:
         """Admit and queue all of one request's items at once, or raise NotReady/Overloaded. The future
         gives their outputs in order; cancelling it drops those not yet computed."""
         self._check_room(len(payloads))
         return self._enqueue(payloads, deadline)
+
+    def submit_group(
+        self,
+        payloads: Sequence[In],
+        counts: Sequence[int],
+        deadlines: Sequence[float],
+        on_parts: Callable[[list[tuple[int, list[Out] | BaseException]]], None],
+    ) -> Group[Out]:
+        """Admit and queue several requests' items as one `Group` (request k: the next counts[k] payloads, wanted
+        until deadlines[k]), or raise NotReady/Overloaded for all of them."""
+        self._check_room(len(payloads))
+        group: Group[Out] = Group(counts, deadlines, on_parts)
+        self._queue_items(payloads, group)
+        return group
 
     def _enqueue(self, payloads: Sequence[In], deadline: float) -> asyncio.Future[list[Out]]:
         future: asyncio.Future[list[Out]] = asyncio.get_running_loop().create_future()
@@ -191,6 +339,10 @@ class DynamicBatcher(Generic[In, Out]):
         if not payloads:
             future.set_result([])
             return future
+        self._queue_items(payloads, request)
+        return future
+
+    def _queue_items(self, payloads: Sequence[In], request: Request[Out]) -> None:
         now = time.monotonic()
         self._queue.extend(Pending(payload, request, i, now) for i, payload in enumerate(payloads))
         self._idle.clear()
@@ -198,7 +350,6 @@ class DynamicBatcher(Generic[In, Out]):
         if not self._depth_due:  # the gauge once per go of the event loop, not once per request
             self._depth_due = True
             asyncio.get_running_loop().call_soon(self._report_depth)
-        return future
 
     def retry_after_s(self) -> int:
         """Seconds until the current queue has likely cleared, at least 1."""
@@ -276,6 +427,11 @@ class DynamicBatcher(Generic[In, Out]):
                 request.fail(RequestTimeout("the request timed out before its image was computed"))
             elif request.future.done():  # cancelled (the client went away), or another of its images failed
                 gone += 1
+            elif (why := request.dropped(item.index, now)) is not None:  # its part of a group has ended
+                if why == "expired":
+                    expired += 1
+                else:
+                    gone += 1
             else:
                 batch.append(item)
         if self.observer is not None:
@@ -306,11 +462,12 @@ class DynamicBatcher(Generic[In, Out]):
                 await self._run(batch[:half])
                 await self._run(batch[half:])
                 return
+            item = batch[0]
             if isinstance(e, ServiceError):  # the image's own fault (a file only the forward step decodes)
-                batch[0].request.fail(e)
+                item.request.fail_item(item.index, e)
                 return
             log.error("inference failed for one image: %s", e)
-            batch[0].request.fail(InferenceFailed("inference failed for this image; see the server log"))
+            item.request.fail_item(item.index, InferenceFailed("inference failed for this image; see the server log"))
             return
         if span is not None:
             span.end()

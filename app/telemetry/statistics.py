@@ -85,18 +85,19 @@ class ModelStatistics:
         stats.compute_infer.add(infer_s)
         stats.compute_output.add(output_s)
 
-    def answered(self, images: int, seconds: float) -> None:
-        self.success.add(seconds)
+    def answered(self, images: int, seconds: float, requests: int = 1) -> None:
+        self.success.add(seconds, requests)
         self.inference_count += images
         self.last_inference_ms = time.time_ns() // 1_000_000
 
-    def computed(self, images: int, seconds: float, timing: RequestTiming) -> None:
-        """A request answered by computing its `images` in `seconds`, its time spent as `timing` says."""
-        self.answered(images, seconds)
-        self.queue.add(timing.queue)
-        self.compute_input.add(timing.compute_input)
-        self.compute_infer.add(timing.compute_infer)
-        self.compute_output.add(timing.compute_output)
+    def computed(self, images: int, seconds: float, timing: RequestTiming, requests: int = 1) -> None:
+        """`requests` (one, or several answered together) answered by computing their `images` in `seconds`
+        (summed over them), their time spent as `timing` (summed) says."""
+        self.answered(images, seconds, requests)
+        self.queue.add(timing.queue, requests)
+        self.compute_input.add(timing.compute_input, requests)
+        self.compute_infer.add(timing.compute_infer, requests)
+        self.compute_output.add(timing.compute_output, requests)
 
 
 @dataclass

@@ -7,7 +7,10 @@ applied the new state, so afterwards each process answers with the new version.
 
 A front-end sends the calls it has ready as one message (a list), and the replies computed in one go of
 the event loop (a batch's requests finish together) leave as one message per front-end: the link costs a
-message per batch, not per request.
+message per batch, not per request. The calls read in one go of the event loop (from every front-end) to one
+model with the same options, on images the front-ends prepared, enter the batcher together
+(`Engine.submit_group`): the model is looked up, the request checked, the queue's room taken and the deadline
+timer set once for all of them. The busier the engine, the more calls each go reads, and the less each costs.
 
 A front-end that dies (its pid watched through a pidfd) has its calls cancelled and its arena unmapped.
 """
@@ -21,7 +24,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -30,7 +33,7 @@ import zmq
 
 from app.core.contract.data_plane import Inference
 from app.core.contract.errors import ServiceError
-from app.core.contract.request import DecodedImage, EncodedImage
+from app.core.contract.request import DecodedImage, EncodedImage, InferOptions
 from app.core.engine.engine import Engine
 from app.core.engine.served_model import ServedModel
 from app.telemetry.spans import attach, detach, sent_sampled
@@ -47,6 +50,7 @@ from app.workers.link import (
     Reply,
     RepositoryCall,
     State,
+    StoredImage,
     dumps,
     load_images,
     loads,
@@ -61,9 +65,10 @@ ACK_TIMEOUT_S = 2.0  # how long a repository change waits for every front-end to
 
 @dataclass(eq=False)
 class Queued:
-    """A call in the engine's direct lane: its images' future in the batcher, and the version computing them."""
+    """A call in the engine's direct lane: how to cancel it (its images not yet computed are dropped, and it is
+    answered as cancelled), and the version computing it."""
 
-    outputs: asyncio.Future[Any]
+    cancel: Callable[[], object]
     model: ServedModel
 
 
@@ -96,6 +101,7 @@ class EngineHost:
         self.acked = asyncio.Event()  # set on each front-end's Ack
         self.tasks: set[asyncio.Task[None]] = set()
         self.flushing = False  # a send of the waiting replies is scheduled
+        self.gathered: list[tuple[Peer, InferCall]] = []  # calls read in this go, to enter the batcher together
 
     def current_state(self) -> State:
         e = self.engine
@@ -175,6 +181,9 @@ class EngineHost:
             log.exception("engine: a message from a front-end could not be handled")
 
     def handle(self, identity: bytes, message: object) -> None:
+        if isinstance(message, InferCall) and self.gather(identity, message):
+            return
+        self.queue_gathered()  # what came before this message is queued before it is handled
         if isinstance(message, Hello):
             self.hello(identity, message)
             return
@@ -185,19 +194,83 @@ class EngineHost:
             peer.acked = max(peer.acked, message.seq)
             self.acked.set()
         elif isinstance(message, InferCall) and message.incarnation == self.incarnation:
-            if not self.queue_directly(peer, message):
-                running = self.spawn(self.infer(peer, message))
-                peer.calls[message.id] = running
-                running.add_done_callback(functools.partial(self.answer_if_never_run, peer, message.id))
+            self.take(peer, message)
         elif isinstance(message, Cancel) and message.incarnation == self.incarnation:
             if (task := peer.calls.get(message.id)) is not None:
                 task.cancel()
             elif (queued := peer.queued.get(message.id)) is not None:
-                queued.outputs.cancel()
+                queued.cancel()
         elif isinstance(message, RepositoryCall) and message.incarnation == self.incarnation:
             self.spawn(self.repository(peer, message))
         elif isinstance(message, Refused) and message.incarnation == self.incarnation:
             self.engine.book.of(message.model, message.version).fail.add(message.seconds)
+
+    def take(self, peer: Peer, call: InferCall) -> None:
+        """`call` queued in the direct lane, or computed by a task of its own (`infer`)."""
+        if not self.queue_directly(peer, call):
+            running = self.spawn(self.infer(peer, call))
+            peer.calls[call.id] = running
+            running.add_done_callback(functools.partial(self.answer_if_never_run, peer, call.id))
+
+    def gather(self, identity: bytes, call: InferCall) -> bool:
+        """Whether `call` joins the calls gathered in this go of the event loop, to enter the batcher together
+        once it ends: those on files (not pixels, not texts), not sampled for a trace. Any other message queues
+        the calls gathered before it is handled, so that each front-end's messages keep their order."""
+        peer = self.peers.get(identity)
+        if peer is None or call.images is None or call.incarnation != self.incarnation:
+            return False
+        if call.texts is not None or sent_sampled(call.trace):
+            return False
+        if not self.gathered:
+            asyncio.get_running_loop().call_soon(self.queue_gathered)
+        self.gathered.append((peer, call))
+        return True
+
+    def queue_gathered(self) -> None:
+        """The calls gathered, queued: those to one model and version with the same options together
+        (`queue_group`), where they can be; the others each on its own."""
+        gathered, self.gathered = self.gathered, []
+        groups: dict[tuple[str | None, str | None, InferOptions], list[tuple[Peer, InferCall]]] = {}
+        for peer, call in gathered:
+            if self.peers.get(peer.identity) is peer:  # not gone since
+                groups.setdefault((call.model, call.version, call.options), []).append((peer, call))
+        for calls in groups.values():
+            if len(calls) > 1 and self.queue_group(calls):
+                continue
+            for peer, call in calls:
+                self.take(peer, call)
+
+    def queue_group(self, calls: list[tuple[Peer, InferCall]]) -> bool:
+        """`calls` (one model and version, the same options) queued in the direct lane as one group
+        (`Engine.submit_group`), where all can go there. False: each is taken on its own."""
+        first = calls[0][1]
+        try:
+            model = self.engine.direct(self.engine.model(first.model, first.version), first.options)
+            if model is None:
+                return False
+            inputs = [load_images(cast("list[StoredImage]", c.images), p.arena) for p, c in calls]
+            if not all(model.prepared_for(i) for images in inputs for i in images):
+                return False
+            answer = functools.partial(self.answer_part, calls, model)
+            group = self.engine.submit_group(
+                model, cast("list[list[DecodedImage]]", inputs), first.options, [c.timeout_s for _, c in calls], answer
+            )
+        except Exception as e:  # refused at once, all alike (no model by that name, an option it cannot take)
+            for peer, call in calls:
+                self.reply(peer, failed(call.id, e))
+            return True
+        if group is None:
+            return False
+        for k, (peer, call) in enumerate(calls):
+            if not group.ended[k]:
+                peer.queued[call.id] = Queued(functools.partial(group.cancel, k), model)
+        return True
+
+    def answer_part(
+        self, calls: list[tuple[Peer, InferCall]], model: ServedModel, k: int, done: Inference | BaseException
+    ) -> None:
+        peer, call = calls[k]
+        self.answer_queued(peer, call, model, done)
 
     def spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(coroutine)
@@ -234,7 +307,7 @@ class EngineHost:
             task.cancel()
         queued = list(peer.queued.values())
         for q in queued:
-            q.outputs.cancel()
+            q.cancel()
         log.info("engine: front-end pid %d gone; %d calls of it cancelled", peer.pid, len(calls) + len(queued))
         if peer.arena is not None:
             arena = peer.arena
@@ -266,7 +339,7 @@ class EngineHost:
         except Exception as e:
             self.reply(peer, failed(call.id, e))
             return True
-        peer.queued[call.id] = Queued(outputs, model)
+        peer.queued[call.id] = Queued(outputs.cancel, model)
         return True
 
     def answer_queued(self, peer: Peer, call: InferCall, model: ServedModel, done: Inference | BaseException) -> None:

@@ -4,6 +4,14 @@ requests reach it over ZeroMQ and shared memory, the device replaced by the stan
     python -m bench.compare.engine_cost --trees . /tmp/before --repeats 3
     python -m bench.compare.engine_cost --profile /tmp/engine.pstats
 
+With `--replay`, each front-end is replaced by a replayer: its requests' files are prepared and written into
+its arena once, and each call is sent again, to the same region, as soon as its answer is back. A replayer
+costs the driver a few µs per call, so the engine, not the driver, is the bound: this is the engine's cost
+per image where front-ends outrun it, as on a GPU host with many cores (the busier the engine, the more
+calls each go of its loop reads, and what it does per go is shared by more of them).
+
+    python -m bench.compare.engine_cost --replay --images 1 --concurrency 256 --trees . /tmp/before
+
 `python -m bench.stand_in` measures the whole service under `hey`, where the HTTP front-ends, the load
 generator and the engine share this machine's two cores and a change of 10 % in the engine's CPU per image
 hides in the noise. This keeps only the link: the engine process as `VIT_WORKERS > 1` starts it (the stand-in
@@ -47,6 +55,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=16, help="requests in flight, over all front-ends")
     p.add_argument("--seconds", type=float, default=8.0, help="measured, after 2 s of warm-up")
     p.add_argument("--profile", type=Path, help="run the engine under cProfile; its stats go here")
+    p.add_argument("--replay", action="store_true", help="replayers instead of front-end data planes (see above)")
     p.add_argument("--name", default="engine-cost-cpu")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--engine", nargs=2, metavar=("ADDRESS", "CHECKPOINT"), help=argparse.SUPPRESS)
@@ -83,6 +92,7 @@ def main() -> None:
         "seconds": args.seconds,
         "repeats": args.repeats,
         "profiled": bool(args.profile),
+        "replay": args.replay,
         "trees": {str(t): commit(t) for t in trees},
         "runs": runs,
     }
@@ -94,6 +104,8 @@ def worker(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
     command = [sys.executable, __file__, "--worker", "--model", args.model, "--images", str(args.images)]
     command += ["--front-ends", str(args.front_ends), "--concurrency", str(args.concurrency)]
     command += ["--seconds", str(args.seconds)]
+    if args.replay:
+        command += ["--replay"]
     if args.profile:
         command += ["--profile", str(args.profile)]
     env = {**os.environ, "PYTHONPATH": str(tree)}
@@ -187,6 +199,12 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
         if args.profile:
             command += ["--profile", str(args.profile)]
         engine = subprocess.Popen(command)
+        if args.replay:
+            try:
+                return await replay(args, folder, address, engine)
+            finally:
+                engine.terminate()
+                engine.wait(60)
         settings = Settings(weights=checkpoint, device="cpu", max_files=64)
         planes = []
         try:
@@ -239,6 +257,137 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+async def replay(
+    args: argparse.Namespace, folder: Path, address: str, engine: subprocess.Popen[bytes]
+) -> dict[str, Any]:
+    """`--front-ends` replayers (see the module note) keeping `--concurrency` calls in flight on the engine."""
+    import dataclasses
+    import itertools
+
+    import zmq
+
+    from app.core.contract.request import DecodedImage, EncodedImage, InferOptions
+    from app.core.images.gpu_decode import Jpeg
+    from app.core.images.prepare import ImagePreparer
+    from app.workers.link import (
+        Channel,
+        Hello,
+        InferCall,
+        RegionWriter,
+        Reply,
+        State,
+        dumps,
+        input_bytes,
+        loads,
+        output_bytes,
+        store_images,
+    )
+    from app.workers.shared_memory import Arena
+    from harness.images import photo_jpeg
+    from model.preprocessing import Preprocessing
+
+    context = zmq.Context()
+    ids = itertools.count()
+    counting = False
+    images = failures = 0
+    replayers: list[Replayer] = []
+
+    class Replayer:
+        def __init__(self, index: int) -> None:
+            self.arena = Arena.create(folder / f"arena{index}.shm", 64 << 20)
+            socket = context.socket(zmq.DEALER)
+            socket.setsockopt(zmq.LINGER, 0)
+            socket.connect(address)
+            self.channel = Channel(socket, self.receive)
+            self.state: State | None = None
+            self.calls: dict[int, InferCall] = {}
+            self.outbox: list[InferCall] = []
+
+        def receive(self, frames: list[bytes]) -> None:
+            nonlocal images, failures
+            message = loads(frames[0])
+            if isinstance(message, State):
+                self.state = message
+                return
+            for reply in message if isinstance(message, list) else [message]:
+                if not isinstance(reply, Reply) or (call := self.calls.pop(reply.id, None)) is None:
+                    continue
+                if counting:
+                    if reply.failure is not None:
+                        failures += 1
+                    elif reply.outputs is not None:
+                        images += len(reply.outputs.filenames)
+                self.post(dataclasses.replace(call, id=next(ids)))
+
+        def post(self, call: InferCall) -> None:
+            if not self.outbox:
+                asyncio.get_running_loop().call_soon(self.flush)
+            self.outbox.append(call)
+            self.calls[call.id] = call
+
+        def flush(self) -> None:
+            calls, self.outbox = self.outbox, []
+            self.channel.send([dumps(calls)])
+
+    try:
+        for i in range(args.front_ends):
+            replayers.append(Replayer(i))
+        deadline = time.monotonic() + 300
+        while any(r.state is None for r in replayers):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the engine did not start")
+            for r in replayers:
+                if r.state is None:
+                    r.channel.send([dumps(Hello(os.getpid(), r.arena.path))])
+            await asyncio.sleep(0.1)
+        state = replayers[0].state
+        assert state is not None
+        model = state.models[0]
+        options = InferOptions()
+        preparer = ImagePreparer(Preprocessing(**model.preprocessing), 50_000_000, True, model.decode == "gpu")
+        files = [EncodedImage(f"{i}.jpg", photo_jpeg(i)) for i in range(args.images)]
+        prepared = [preparer.prepare(f, False) for f in files]  # as a front-end prepares them for this version
+        decoded = [
+            DecodedImage(f.filename, f.data, model.version, None if isinstance(p.pixels, Jpeg) else p.pixels, 0.001)
+            for f, p in zip(files, prepared, strict=True)
+        ]
+        size = max(input_bytes(decoded), output_bytes(model, options, len(decoded)))
+        for c in range(args.concurrency):
+            r = replayers[c % len(replayers)]
+            offset = r.arena.allocate(size)
+            assert offset is not None, "the arena is too small for this many calls"
+            stored = store_images(decoded, RegionWriter(r.arena, (offset, size)))
+            r.post(
+                InferCall(
+                    next(ids), state.incarnation, None, None, options, None, stored, None, (offset, size), model.version
+                )
+            )
+        await asyncio.sleep(2.0)
+        if args.profile:
+            engine.send_signal(signal.SIGUSR1)
+        counting = True
+        engine_cpu, driver_cpu, started = own_cpu_s(engine.pid), time.process_time(), time.monotonic()
+        threads = threads_cpu_s(engine.pid)
+        await asyncio.sleep(args.seconds)
+        engine_cpu = own_cpu_s(engine.pid) - engine_cpu
+        threads = {k: v - threads.get(k, 0.0) for k, v in threads_cpu_s(engine.pid).items()}
+        driver_cpu, elapsed = time.process_time() - driver_cpu, time.monotonic() - started
+        counting = False
+    finally:
+        for r in replayers:
+            r.channel.close()
+            r.arena.unlink()
+        context.term()
+    if failures:
+        raise RuntimeError(f"{failures} calls failed")
+    return {
+        "img_s": images / elapsed,
+        "engine_us_per_image": engine_cpu / images * 1e6,
+        "driver_us_per_image": driver_cpu / images * 1e6,
+        "engine_threads_us_per_image": {k: v / images * 1e6 for k, v in sorted(threads.items()) if v > 0},
+    }
+
+
 def print_profile(path: Path, top: int = 30) -> None:
     import pstats
 
@@ -269,8 +418,9 @@ def markdown(report: dict[str, Any]) -> str:
         [
             f"# What the engine process spends per image over the link ({report['cpu_count']} cores)",
             "",
-            f"`python -m bench.compare.engine_cost`: the engine over the device stand-in ({report['model']}), "
-            f"{report['front_ends']} front-end data planes in one driver process, {report['concurrency']} requests "
+            f"`python -m bench.compare.engine_cost{' --replay' if report.get('replay') else ''}`: the engine over "
+            f"the device stand-in ({report['model']}), {report['front_ends']} "
+            f"{'replayers' if report.get('replay') else 'front-end data planes'} in one driver process, {report['concurrency']} requests "
             f"of {report['images_per_request']} JPEGs in flight, {report['seconds']:.0f} s per run, each tree run "
             f"{report['repeats']} times, alternating. CPU time of the engine process (all its threads) per image, "
             "and by thread (medians)." + profiled,

@@ -25,6 +25,7 @@ import torch
 from opentelemetry.util.types import AttributeValue
 
 from app.core.backends.predictor import ImageOutput
+from app.core.batcher import Group
 from app.core.contract.data_plane import Inference, InferenceRequest
 from app.core.contract.description import ModelDescription, ModelStatus, ShadowReport, canonical_version
 from app.core.contract.errors import NOT_READY, InvalidInput, ModelNotFound, NotReady
@@ -419,6 +420,69 @@ class Engine(Front):
 
         outputs.add_done_callback(finish)
         return outputs
+
+    def submit_group(
+        self,
+        model: ServedModel,
+        calls: Sequence[Sequence[DecodedImage]],
+        options: InferOptions,
+        timeouts: Sequence[float | None],
+        answer: Callable[[int, Inference | BaseException], None],
+    ) -> Group[ImageOutput] | None:
+        """`submit` for several requests to `model` with the same `options`, on images prepared for its version
+        (a front-end's calls read from one message): queued as one `Group`, each request still answered on its
+        own, `answer(k, ...)` for request k, as its images are computed. None where they would not all fit in
+        the queue: submitted one by one, each has its own answer. Raises what refuses them all at once
+        (InvalidInput, NotReady)."""
+        stats = self.book.of(model.name, model.version)
+        now = time.monotonic()
+        started = [now - decoded_before(c) for c in calls]
+        deadlines = [now + self.time_limit(t) for t in timeouts]
+        counts = [len(c) for c in calls]
+        if not model.batcher.fits(sum(counts)):
+            return None
+        try:
+            wanted = self.wanted(model, calls[0], options)  # for images, the model's and the options' alone
+            payloads = [wanted.input(prepared_input(i)) for c in calls for i in c]
+        except Exception:
+            for s in started:
+                stats.fail.add(time.monotonic() - s)
+            raise
+        submitted = time.monotonic()
+
+        def finish(parts: list[tuple[int, list[ImageOutput] | BaseException]]) -> None:
+            """The parts a batch completed (their statistics counted together), or one that ended."""
+            received = time.monotonic()
+            answers: list[tuple[int, Inference | BaseException]] = []
+            images = 0
+            seconds = queue = compute_input = compute_infer = compute_output = 0.0
+            for k, done in parts:
+                if isinstance(done, BaseException):
+                    if not isinstance(done, asyncio.CancelledError):
+                        stats.fail.add(time.monotonic() - started[k])
+                    answers.append((k, done))
+                    continue
+                try:
+                    predictions = self.scored(model, [i.filename for i in calls[k]], done, options)
+                    timing = request_timing(started[k], submitted, received, time.monotonic(), done)
+                except Exception as e:
+                    stats.fail.add(time.monotonic() - started[k])
+                    answers.append((k, e))
+                    continue
+                images += len(predictions)
+                seconds += time.monotonic() - started[k]
+                queue += timing.queue
+                compute_input += timing.compute_input
+                compute_infer += timing.compute_infer
+                compute_output += timing.compute_output
+                answers.append((k, Inference(model.description, predictions, options.labels)))
+            if computed := len(answers) - sum(isinstance(a, BaseException) for _, a in answers):
+                summed = RequestTiming(queue, compute_input, compute_infer, compute_output)
+                stats.computed(images, seconds, summed, computed)
+            for k, answered in answers:
+                answer(k, answered)
+
+        return model.batcher.submit_group(payloads, counts, deadlines, finish)
 
     async def label_embeddings(self, model: ServedModel, options: InferOptions) -> torch.Tensor:
         """A zero-shot request's label embeddings (L, D): its labels (or the model's defaults) in its template (or

@@ -286,3 +286,114 @@ async def test_batcher_keeps_serving_after_a_failure() -> None:
         await bad
     assert await batcher.submit([21], far()) == [42]
     await batcher.stop()
+
+
+class Parts:
+    """A group's `on_parts`: every delivery, as it came."""
+
+    def __init__(self) -> None:
+        self.deliveries: list[list[tuple[int, list[int] | BaseException]]] = []
+
+    def __call__(self, parts: list[tuple[int, list[int] | BaseException]]) -> None:
+        self.deliveries.append(list(parts))
+
+    def of(self, k: int) -> list[int] | BaseException:
+        (answer,) = [a for delivery in self.deliveries for part, a in delivery if part == k]
+        return answer
+
+
+async def test_a_groups_requests_are_answered_each_with_its_own_outputs_and_together() -> None:
+    run = Recorder()
+    batcher: DynamicBatcher[int, int] = DynamicBatcher(run, max_batch_size=8, max_wait_ms=0, max_queue=100)
+    batcher.start()
+    parts = Parts()
+    group = batcher.submit_group([1, 2, 3, 4, 5], [1, 3, 0, 1], [far()] * 4, parts)
+    await group.future
+    await batcher.stop()
+    assert run.batches == [[1, 2, 3, 4, 5]]
+    assert [parts.of(k) for k in range(4)] == [[2], [4, 6, 8], [], [10]]
+    # the request without images is answered at once; the three the batch completed, in one delivery
+    assert sorted(len(d) for d in parts.deliveries) == [1, 3]
+
+
+async def test_a_groups_bad_image_fails_only_its_own_request() -> None:
+    run = Recorder(poison=3)
+    batcher: DynamicBatcher[int, int] = DynamicBatcher(run, max_batch_size=8, max_wait_ms=0, max_queue=100)
+    batcher.start()
+    parts = Parts()
+    group = batcher.submit_group([0, 1, 2, 3, 4, 5], [2, 2, 2], [far()] * 3, parts)
+    await group.future
+    await batcher.stop()
+    assert parts.of(0) == [0, 2] and parts.of(2) == [8, 10]
+    assert isinstance(parts.of(1), InferenceFailed)
+
+
+async def test_a_groups_request_ended_alone_has_its_queued_images_dropped() -> None:
+    run = Recorder()
+    run.gate.clear()
+    observer = Observer()
+    batcher: DynamicBatcher[int, int] = DynamicBatcher(run, 2, 0, 100, observer)
+    batcher.start()
+    busy = batcher.submit([0], far())
+    await until(run.entered.is_set)
+    parts = Parts()
+    group = batcher.submit_group([7, 8, 9], [2, 1], [far()] * 2, parts)
+    group.cancel(0)  # its client went away
+    assert len(parts.deliveries) == 1 and isinstance(parts.of(0), asyncio.CancelledError)  # answered at once
+    run.gate.set()
+    await group.future
+    assert await busy == [0]
+    await batcher.stop()
+    assert parts.of(1) == [18]
+    assert all(7 not in b and 8 not in b for b in run.batches)
+    assert observer.drops == {"cancelled": 2}
+
+
+async def test_a_groups_requests_keep_their_own_deadlines() -> None:
+    run = Recorder()
+    run.gate.clear()
+    batcher: DynamicBatcher[int, int] = DynamicBatcher(run, 1, 0, 100)
+    batcher.start()
+    busy = batcher.submit([0], far())
+    await until(run.entered.is_set)
+    parts = Parts()
+    group = batcher.submit_group([5, 6], [1, 1], [time.monotonic() + 0.05, far()], parts)
+    await until(lambda: parts.deliveries != [])  # the timer answers the first, while the worker is held
+    assert isinstance(parts.of(0), RequestTimeout)
+    run.gate.set()
+    await group.future
+    await busy
+    await batcher.stop()
+    assert parts.of(1) == [12]
+    assert [5] not in run.batches
+
+
+async def test_a_group_that_does_not_fit_is_refused_whole() -> None:
+    run = Recorder()
+    run.gate.clear()
+    batcher: DynamicBatcher[int, int] = DynamicBatcher(run, max_batch_size=1, max_wait_ms=0, max_queue=3)
+    batcher.start()
+    busy = batcher.submit([0], far())
+    await until(run.entered.is_set)
+    assert batcher.fits(3) and not batcher.fits(4)
+    with pytest.raises(Overloaded):
+        batcher.submit_group([1, 2, 3, 4], [2, 2], [far()] * 2, Parts())
+    run.gate.set()
+    await busy
+    await batcher.stop()
+    assert run.batches == [[0]]
+
+
+async def test_stopping_fails_every_request_of_a_queued_group() -> None:
+    run = Recorder()
+    run.gate.clear()
+    batcher: DynamicBatcher[int, int] = DynamicBatcher(run, 1, 0, 100)
+    batcher.start()
+    batcher.submit([0], far())
+    await until(run.entered.is_set)
+    parts = Parts()
+    group = batcher.submit_group([1, 2], [1, 1], [far()] * 2, parts)
+    run.gate.set()
+    await batcher.stop()
+    assert group.future.done()
+    assert all(isinstance(parts.of(k), NotReady) for k in range(2))

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -239,6 +240,61 @@ async def test_a_plain_call_is_answered_from_its_batch_without_a_task_and_counte
     for kind in ("queue", "compute_input", "compute_infer", "compute_output"):
         assert getattr(after, kind).count - getattr(before, kind).count == 1, kind
     assert peer.queued == {} and linked.arena.in_use == 0
+
+
+async def test_calls_read_in_one_go_enter_the_batcher_together_and_are_each_answered_and_counted(
+    make_linked: Callable[..., Awaitable[Linked]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The calls the engine reads in one go, from every front-end, to one model with the same options enter the
+    batcher as one group. Each still gets its own outputs and is counted as a request of its own; one cancelled
+    is answered as cancelled, and not counted."""
+    first, second = await make_linked(), await make_linked()
+    engine, host = first.engine, first.host
+    model = engine.model(None)
+    options = InferOptions("rollout")
+    expected = await engine.infer(InferenceRequest(None, FILES, options), identity)
+    [before] = await first.plane.statistics()
+    groups: list[int] = []
+    submit_group = engine.submit_group
+
+    def spying(*args: Any) -> Any:
+        groups.append(len(args[1]))
+        return submit_group(*args)
+
+    monkeypatch.setattr(engine, "submit_group", spying)
+    images = [
+        StoredImage(f.filename, f.data, model.version, model.preparer.prepare(f, keep_image=False).pixels)
+        for f in FILES
+    ]
+    answers: dict[int, asyncio.Future[Reply]] = {}
+    for linked in (first, second):
+        [peer] = [p for p in host.peers.values() if p.arena is not None and p.arena.path == linked.arena.path]
+        for image in images:
+            call_id = 3000 + len(answers)
+            answers[call_id] = asyncio.get_running_loop().create_future()
+            linked.plane.pending[call_id] = remote.Pending(answers[call_id], None)
+            host.handle(
+                peer.identity, InferCall(call_id, host.incarnation, None, None, options, None, [image], None, None, "")
+            )
+    assert groups == []  # gathered until the go ends, or until another message comes
+    host.handle(peer.identity, Cancel(3004, host.incarnation))  # the second front-end's second call
+    assert groups == [6]
+    for call_id, answer in answers.items():
+        reply = await asyncio.wait_for(answer, 10)
+        if call_id == 3004:
+            assert reply.failure is not None and reply.failure.kind == "RequestTimeout"
+            continue
+        assert reply.failure is None and reply.outputs is not None
+        [got] = remote.load_predictions(reply.outputs, None)
+        want = expected.predictions[(call_id - 3000) % len(FILES)]
+        assert got.filename == want.filename
+        torch.testing.assert_close(got.probabilities, want.probabilities)
+        torch.testing.assert_close(got.attention_map, want.attention_map)
+    [after] = await first.plane.statistics()
+    assert after.success.count - before.success.count == 5 and after.fail.count == before.fail.count
+    assert after.inference_count - before.inference_count == 5
+    assert after.queue.count - before.queue.count == 5
+    assert all(p.queued == {} for p in host.peers.values())
 
 
 async def test_a_call_that_sampling_left_out_takes_the_direct_lane_and_a_sampled_one_gets_its_spans(
