@@ -13,7 +13,11 @@ supervisor) and of the load generator.
 The projection is what the CPU side could feed on the H100 host (16 cores): the smallest of
 - the device's rate (the stand-in's batch times at the largest batch, one batch decoding while another
   computes);
-- the engine's ceiling: one core (a Python process, its GIL) over the engine's CPU per image;
+- the engine's ceiling: one core (a Python process, its GIL) over the engine's CPU per image. With `--replay`,
+  that CPU is the engine's where front-ends outrun it (`bench.compare.engine_cost --replay`, the route's
+  images and concurrency): at its ceiling the engine is that busy, and its loop's work per go is shared by
+  the many calls each go reads. Without, it is what the engine spent here, where two cores leave it mostly
+  idle;
 - the front-ends' ceiling: one core each, on the cores left once the engine and the load generator have
   theirs, over the front-ends' CPU per image (one process: the same process as the engine, so its ceiling).
 CPU times are scaled to the H100 host's cores by one measured ratio: that host's one-core PIL rate for the
@@ -89,6 +93,12 @@ def parse_args() -> argparse.Namespace:
         help="also LitServe over the same stand-in (predict only), with as many API servers as front-ends",
     )
     p.add_argument("--peer-workers", type=int, default=4, help="LitServe's workers_per_device (default 4)")
+    p.add_argument(
+        "--replay",
+        action="store_true",
+        help="also measure the engine where front-ends outrun it (bench.compare.engine_cost --replay, at the "
+        "route's images and concurrency) and take the engine's ceiling from that",
+    )
     p.add_argument(
         "--profile",
         type=float,
@@ -332,6 +342,7 @@ def main() -> None:
     concurrency = args.concurrency or default_concurrency
     here_pil = pil_one_core_rate()
     print(f"PIL on one core: {here_pil:.0f} img/s here, {H100_PIL_ONE_CORE:.0f} on the H100 host")
+    replayed = engine_replayed(args, concurrency) if args.replay else None
     entries: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -342,7 +353,7 @@ def main() -> None:
         else:
             load = Load(folder / "v2", "application/octet-stream", v2_headers, concurrency)
         for workers in args.workers:
-            entries.append(service_entry(args, checkpoint, load, workers, here_pil))
+            entries.append(service_entry(args, checkpoint, load, workers, here_pil, replayed))
             print(json.dumps(entries[-1]), flush=True)
             if args.peer and args.route == "predict":
                 entries.append(litserve_entry(args, load, workers, here_pil))
@@ -350,8 +361,27 @@ def main() -> None:
     report(entries, args)
 
 
+def engine_replayed(args: argparse.Namespace, concurrency: int) -> float:
+    """The engine's CPU µs per image here where front-ends outrun it: `bench.compare.engine_cost --replay` with
+    this route's images a request and requests in flight, in this checkout."""
+    from bench.compare import engine_cost
+
+    _, images, _ = ROUTES[args.route]
+    replay = argparse.Namespace(
+        model=args.model, images=images, front_ends=4, concurrency=concurrency, seconds=8.0, replay=True, profile=None
+    )
+    run = engine_cost.worker(Path(__file__).resolve().parent.parent, replay)
+    print(f"the engine where front-ends outrun it: {json.dumps(run)}", flush=True)
+    return float(run["engine_us_per_image"])
+
+
 def service_entry(
-    args: argparse.Namespace, checkpoint: Path, load: Load, workers: int, here_pil: float
+    args: argparse.Namespace,
+    checkpoint: Path,
+    load: Load,
+    workers: int,
+    here_pil: float,
+    replayed: float | None = None,
 ) -> dict[str, Any]:
     """The service with VIT_WORKERS=`workers` over the stand-in: measured here, projected on the H100 host."""
     path, images, _ = ROUTES[args.route]
@@ -374,7 +404,7 @@ def service_entry(
         route = path.format(model=checkpoint.stem)  # VIT_WEIGHTS serves the file under its stem
         m = measure(server, route, load, args.seconds, images, lambda: roles(server.proc.pid, workers))
         sampled = profile(server, route, load, args.profile, roles(server.proc.pid, workers)) if args.profile else None
-    entry = summary("vit-serve", args, workers, load, m, here_pil)
+    entry = summary("vit-serve", args, workers, load, m, here_pil, replayed)
     if sampled:
         entry["profile"] = sampled
     entry["settings"] = {k: v for k, v in env.items() if k.startswith("VIT_") and k != "VIT_WEIGHTS"}
@@ -435,15 +465,26 @@ def litserve_workers(url: str, load: Load) -> dict[int, dict[str, int]]:
 
 
 def summary(
-    server: str, args: argparse.Namespace, workers: int, load: Load, m: Measured, here_pil: float
+    server: str,
+    args: argparse.Namespace,
+    workers: int,
+    load: Load,
+    m: Measured,
+    here_pil: float,
+    replayed: float | None = None,
 ) -> dict[str, Any]:
-    """One results entry: what was measured, per image, and the projection."""
+    """One results entry: what was measured, per image, and the projection (the engine's ceiling from its CPU
+    per image where front-ends outrun it, when `replayed`)."""
     _, images, _ = ROUTES[args.route]
     scale = here_pil / H100_PIL_ONE_CORE  # a microsecond here is `scale` microseconds on the H100 host's cores
     served_images = m.served_img_s * m.seconds
     per_image = {role: s / served_images * 1e6 for role, s in m.cpu_s.items() if role != "other"}
     per_image.setdefault("supervisor", 0.0)
-    projection = project(args.model, workers, per_image, scale)
+    if workers == 1:  # one process, the front-end too: the replay measures an engine process of its own
+        replayed = None
+    engine = per_image if replayed is None else {**per_image, "engine": replayed}
+    projection = project(args.model, workers, engine, scale)
+    extra = {} if replayed is None else {"engine_replayed_cpu_us_per_image": round(replayed, 1)}
     return {
         "server": server,
         "commit": commit(Path(__file__).resolve().parent.parent),
@@ -459,6 +500,7 @@ def summary(
         "frontend_cpu_us_per_image": round(per_image["front-ends"], 1),
         "supervisor_cpu_us_per_image": round(per_image["supervisor"], 1),
         "load_generator_cpu_us_per_image": round(per_image["load generator"], 1),
+        **extra,
         "cores_busy_here": {role: round(s / m.seconds, 2) for role, s in m.cpu_s.items()},
         **{k: round(v, 1) for k, v in projection.items()},
         "raw_img_s": RAW_IMAGES_PER_S[args.model],
@@ -497,6 +539,9 @@ def markdown(entries: list[dict[str, Any]]) -> str:
             f"{e['core_scale_to_h100_host']:.2f}",
             f"{e['engine_cpu_us_per_image'] * e['core_scale_to_h100_host']:.0f}",
             f"{e['frontend_cpu_us_per_image'] * e['core_scale_to_h100_host']:.0f}",
+            f"{e['engine_replayed_cpu_us_per_image'] * e['core_scale_to_h100_host']:.0f}"
+            if "engine_replayed_cpu_us_per_image" in e
+            else "",
             f"{e['supervisor_cpu_us_per_image']:.0f}",
             f"{e['load_generator_cpu_us_per_image']:.0f}",
             f"{e['device_img_s']:.0f}",
@@ -512,6 +557,7 @@ def markdown(entries: list[dict[str, Any]]) -> str:
     header = [
         *("server", "commit", "model", "route", "workers", "served here img/s", "engine µs/img", "front-ends µs/img"),
         *("core scale", "engine µs/img, host core", "front-ends µs/img, host core"),
+        "engine µs/img where front-ends outrun it, host core",
         *("supervisor µs/img", "hey µs/img", "device img/s, CUDA decoder", "device img/s, JPEG engines"),
         *("engine ceiling", "front-end ceiling", "projected img/s, CUDA decoder", "of raw"),
         "projected img/s, JPEG engines",
@@ -523,6 +569,8 @@ def markdown(entries: list[dict[str, Any]]) -> str:
         "(times the run's core scale: the one-core PIL rate here over the H100 host's); ceilings and the",
         "projection on the H100 host's 16 cores, CPU times scaled by the one-core PIL rate of the same JPEG.",
         "A projection with the device's work replaced by the H100's measured durations, not a GPU measurement.",
+        "Where a row has the engine's CPU where front-ends outrun it (`--replay`: `bench.compare.engine_cost "
+        "--replay` at the route's images and concurrency), the engine's ceiling is one core over that.",
         "Two devices side by side. *CUDA decoder*: nvJPEG at its H100 rate (11,296 img/s), at "
         f"{CUDA_DECODE_BESIDE_FORWARD:.2f} of it while the forward runs (they share the SMs; the H200 measured "
         "0.47 to 0.61) and at its own rate after. *JPEG engines*: the hardware decoder beside the SMs at "
@@ -530,7 +578,7 @@ def markdown(entries: list[dict[str, Any]]) -> str:
         "nvImageCodec 0.9 in three runs. Beside a forward that never pauses they decoded 1,000 to 1,300, so this "
         "column is a ceiling (bench/results/gpu-h200-jpeg-engines.md).",
         "",
-        *table(header, rows, "llllr" + "r" * 15),
+        *table(header, rows, "llllr" + "r" * 16),
         "",
     ]
     calibration = [e for e in entries if "h100_measured_img_s" in e]

@@ -66,8 +66,8 @@ def calibrated(row: dict[str, Any], gpu: dict[str, Any]) -> dict[str, Any] | Non
         return None
     pil = gpu["decode"]["cpu_img_per_s"]["1"]
     scale = row["pil_one_core_here_img_s"] / pil
-    per_image = {
-        "engine": row["engine_cpu_us_per_image"],
+    per_image = {  # the engine where front-ends outrun it, where the row measured that (`bench.stand_in --replay`)
+        "engine": row.get("engine_replayed_cpu_us_per_image", row["engine_cpu_us_per_image"]),
         "front-ends": row["frontend_cpu_us_per_image"],
         "supervisor": row["supervisor_cpu_us_per_image"],
         "load generator": row["load_generator_cpu_us_per_image"],
