@@ -15,9 +15,9 @@ The projection is what the CPU side could feed on the H100 host (16 cores): the 
   computes);
 - the engine's ceiling: one core (a Python process, its GIL) over the engine's CPU per image. With `--replay`,
   that CPU is the engine's where front-ends outrun it (`bench.compare.engine_cost --replay`, the route's
-  images and concurrency): at its ceiling the engine is that busy, and its loop's work per go is shared by
-  the many calls each go reads. Without, it is what the engine spent here, where two cores leave it mostly
-  idle;
+  images, as many requests in flight as the GPU sweep's largest load: 256 for /predict, 128 for V2): at its
+  ceiling the engine is that busy, and its loop's work per go is shared by the many calls each go reads.
+  Without, it is what the engine spent here, where two cores leave it mostly idle;
 - the front-ends' ceiling: one core each, on the cores left once the engine and the load generator have
   theirs, over the front-ends' CPU per image (one process: the same process as the engine, so its ceiling).
 CPU times are scaled to the H100 host's cores by one measured ratio: that host's one-core PIL rate for the
@@ -71,6 +71,9 @@ H100_ONE_PROCESS = {
     ("vit-s16", "predict"): (802, 1.0),
 }
 ROUTES = {"predict": ("/predict", 1, 64), "v2": ("/v2/models/{model}/infer", 8, 16)}  # path, images, concurrency
+# requests in flight where the engine is replayed (--replay): the largest load of the GPU sweep (bench/gpu/serving.py),
+# where the service served its best
+REPLAY_CONCURRENCY = {"predict": 256, "v2": 128}
 MAX_BATCH_SIZE = 256
 
 
@@ -96,8 +99,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--replay",
         action="store_true",
-        help="also measure the engine where front-ends outrun it (bench.compare.engine_cost --replay, at the "
-        "route's images and concurrency) and take the engine's ceiling from that",
+        help="also measure the engine where front-ends outrun it (bench.compare.engine_cost --replay: the route's "
+        "images, 256 /predict or 128 V2 requests in flight, the GPU sweep's largest load) and take the engine's "
+        "ceiling from that",
     )
     p.add_argument(
         "--profile",
@@ -342,7 +346,7 @@ def main() -> None:
     concurrency = args.concurrency or default_concurrency
     here_pil = pil_one_core_rate()
     print(f"PIL on one core: {here_pil:.0f} img/s here, {H100_PIL_ONE_CORE:.0f} on the H100 host")
-    replayed = engine_replayed(args, concurrency) if args.replay else None
+    replayed = engine_replayed(args) if args.replay else None
     entries: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -361,14 +365,20 @@ def main() -> None:
     report(entries, args)
 
 
-def engine_replayed(args: argparse.Namespace, concurrency: int) -> float:
+def engine_replayed(args: argparse.Namespace) -> float:
     """The engine's CPU µs per image here where front-ends outrun it: `bench.compare.engine_cost --replay` with
-    this route's images a request and requests in flight, in this checkout."""
+    this route's images a request, as many requests in flight as the GPU sweep's largest load, in this checkout."""
     from bench.compare import engine_cost
 
     _, images, _ = ROUTES[args.route]
     replay = argparse.Namespace(
-        model=args.model, images=images, front_ends=4, concurrency=concurrency, seconds=8.0, replay=True, profile=None
+        model=args.model,
+        images=images,
+        front_ends=4,
+        concurrency=REPLAY_CONCURRENCY[args.route],
+        seconds=8.0,
+        replay=True,
+        profile=None,
     )
     run = engine_cost.worker(Path(__file__).resolve().parent.parent, replay)
     print(f"the engine where front-ends outrun it: {json.dumps(run)}", flush=True)
@@ -570,7 +580,8 @@ def markdown(entries: list[dict[str, Any]]) -> str:
         "projection on the H100 host's 16 cores, CPU times scaled by the one-core PIL rate of the same JPEG.",
         "A projection with the device's work replaced by the H100's measured durations, not a GPU measurement.",
         "Where a row has the engine's CPU where front-ends outrun it (`--replay`: `bench.compare.engine_cost "
-        "--replay` at the route's images and concurrency), the engine's ceiling is one core over that.",
+        "--replay`, the route's images, 256 /predict or 128 V2 requests in flight), the engine's ceiling is one "
+        "core over that.",
         "Two devices side by side. *CUDA decoder*: nvJPEG at its H100 rate (11,296 img/s), at "
         f"{CUDA_DECODE_BESIDE_FORWARD:.2f} of it while the forward runs (they share the SMs; the H200 measured "
         "0.47 to 0.61) and at its own rate after. *JPEG engines*: the hardware decoder beside the SMs at "
