@@ -5,6 +5,11 @@ with that run's own device rates and its host's cores, beside the rates it measu
     git show 18e3d3d:bench/results/gpu-h200.json > /tmp/gpu-h200.json
     python -m bench.stand_in_calibration /tmp/h200-era.json --gpu /tmp/gpu-h200.json --name stand-in-calibration-h200
 
+With `--replay-tree TREE` (a checkout of that code: `git worktree add /tmp/h200-era 18e3d3d`), the engine's ceiling
+comes from its CPU per image where front-ends outrun it, as `bench.stand_in --replay` takes it: `bench.compare.
+engine_cost --replay` runs TREE's engine here, at the route's images and the GPU sweep's largest load, and the figure
+is scaled by this machine's one-core PIL rate, measured in the same run.
+
 The rows should be those of the code the GPU run served (the commits just before it), so that the two measure
 the same service. From the GPU run (`bench/gpu.sh run raw decode served`):
 - the device: its compiled + CUDA-graph forward at batch 256 (the H100's curve over batch sizes, scaled to it:
@@ -34,6 +39,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--gpu", type=Path, default=RESULTS / "gpu-h200.json", help="a bench.gpu results file (JSON)")
     p.add_argument("--name", default="stand-in-calibration-h200")
     p.add_argument("--out", type=Path, default=RESULTS, help="the folder NAME.md and NAME.json go to")
+    p.add_argument("--replay-tree", type=Path, help="measure the engine of the rows' code where front-ends outrun it")
     return p.parse_args()
 
 
@@ -88,6 +94,8 @@ def calibrated(row: dict[str, Any], gpu: dict[str, Any]) -> dict[str, Any] | Non
         "workers": row["workers"],
         "commit": row["commit"],
         "core_scale": round(scale, 3),
+        "engine_host_us_per_image": round(per_image["engine"] * scale, 1),
+        "engine_replayed": "engine_replayed_cpu_us_per_image" in row,
         "mean_batch_here": row["mean_batch"],
         "device_img_s": round(device, 1),
         "engine_ceiling_img_s": round(projection["engine_ceiling_img_s"], 1),
@@ -102,15 +110,55 @@ def calibrated(row: dict[str, Any], gpu: dict[str, Any]) -> dict[str, Any] | Non
     }
 
 
+def replayed(rows: list[dict[str, Any]], tree: Path) -> list[dict[str, Any]]:
+    """The rows with serving processes given the engine's CPU per image where front-ends outrun it, measured here
+    in `tree`'s code (once per model and route) and put in each row's own microseconds (its machine's PIL rate
+    against this one's)."""
+    from bench.compare import engine_cost
+    from bench.stand_in import REPLAY_CONCURRENCY, ROUTES, pil_one_core_rate
+
+    here_pil = pil_one_core_rate()
+    figures: dict[tuple[str, str], float] = {}
+    out = []
+    for row in rows:
+        if row["server"] != "vit-serve" or row["workers"] == 1:
+            out.append(row)
+            continue
+        key = (row["model"], row["route"])
+        if key not in figures:
+            _, images, _ = ROUTES[row["route"]]
+            run = engine_cost.worker(
+                tree.resolve(),
+                argparse.Namespace(
+                    model=row["model"],
+                    images=images,
+                    front_ends=4,
+                    concurrency=REPLAY_CONCURRENCY[row["route"]],
+                    seconds=8.0,
+                    replay=True,
+                    profile=None,
+                ),
+            )
+            figures[key] = run["engine_us_per_image"]
+            print(f"{tree}, {key}: the engine where front-ends outrun it: {json.dumps(run)}", flush=True)
+        us = figures[key] * here_pil / row["pil_one_core_here_img_s"]
+        out.append({**row, "engine_replayed_cpu_us_per_image": round(us, 1)})
+    return out
+
+
 def markdown(entries: list[dict[str, Any]], gpu: dict[str, Any], args: argparse.Namespace) -> str:
     pil = gpu["decode"]["cpu_img_per_s"]["1"]
     lines = [
         "# The stand-in against a GPU host's run",
         "",
-        f"`python -m bench.stand_in_calibration {args.rows} --gpu {args.gpu}`: rows of `bench.stand_in` "
+        f"`python -m bench.stand_in_calibration {args.rows} --gpu {args.gpu}"
+        + (f" --replay-tree {args.replay_tree}" if args.replay_tree else "")
+        + "`: rows of `bench.stand_in` "
         f"projected again with the GPU run's device and host ({host_cores(gpu)} cores, PIL on one core {pil:.0f} "
         f"img/s; nvJPEG {gpu['decode']['gpu_decode_img_per_s']:,.0f} img/s), beside what that host served "
-        "(the best of its concurrencies). The mean batch is the stand-in's here, and the GPU host's.",
+        "(the best of its concurrencies). The mean batch is the stand-in's here, and the GPU host's. An engine figure "
+        "marked *replayed* is its CPU where front-ends outrun it (`--replay-tree`), which sets its ceiling; the others "
+        "are what it spent in the stand-in's row.",
         "",
         *table(
             [
@@ -119,6 +167,7 @@ def markdown(entries: list[dict[str, Any]], gpu: dict[str, Any], args: argparse.
                 "front-ends",
                 "commit",
                 "core scale",
+                "engine µs/img, host core",
                 "device img/s",
                 "engine ceiling",
                 "front-end ceiling",
@@ -137,6 +186,7 @@ def markdown(entries: list[dict[str, Any]], gpu: dict[str, Any], args: argparse.
                     e["workers"],
                     e["commit"],
                     f"{e['core_scale']:.2f}",
+                    f"{e['engine_host_us_per_image']:.0f}" + (" (replayed)" if e["engine_replayed"] else ""),
                     f"{e['device_img_s']:,.0f}",
                     f"{e['engine_ceiling_img_s']:,.0f}",
                     f"{e['frontend_ceiling_img_s']:,.0f}",
@@ -150,7 +200,7 @@ def markdown(entries: list[dict[str, Any]], gpu: dict[str, Any], args: argparse.
                 ]
                 for e in entries
             ],
-            "lllrrrrrrlrrrrr",
+            "lllrrrrrrrlrrrrr",
         ),
         "",
     ]
@@ -161,6 +211,8 @@ def main() -> None:
     args = parse_args()
     gpu = json.loads(args.gpu.read_text())
     rows = json.loads(args.rows.read_text())
+    if args.replay_tree is not None:
+        rows = replayed(rows, args.replay_tree)
     entries = [e for row in rows if (e := calibrated(row, gpu)) is not None]
     entries.sort(key=lambda e: (e["model"], e["route"], e["workers"]))
     (args.out / f"{args.name}.json").write_text(json.dumps(entries, indent=1) + "\n")

@@ -58,6 +58,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--replay", action="store_true", help="replayers instead of front-end data planes (see above)")
     p.add_argument("--name", default="engine-cost-cpu")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--jpegs", type=Path, help=argparse.SUPPRESS)  # a worker's: the files its requests send
     p.add_argument("--engine", nargs=2, metavar=("ADDRESS", "CHECKPOINT"), help=argparse.SUPPRESS)
     return p.parse_args()
 
@@ -100,7 +101,10 @@ def main() -> None:
 
 
 def worker(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """One run in `tree`'s code: this file run as a script there, so that `app` is that tree's."""
+    """One run in `tree`'s code: this file run as a script there, so that `app` is that tree's. Every tree is sent
+    the same JPEGs, made here."""
+    from harness.images import photo_jpeg
+
     command = [sys.executable, __file__, "--worker", "--model", args.model, "--images", str(args.images)]
     command += ["--front-ends", str(args.front_ends), "--concurrency", str(args.concurrency)]
     command += ["--seconds", str(args.seconds)]
@@ -109,7 +113,11 @@ def worker(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
     if args.profile:
         command += ["--profile", str(args.profile)]
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    out = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, check=True).stdout
+    with tempfile.TemporaryDirectory() as jpegs:
+        for i in range(args.images):
+            (Path(jpegs) / f"{i}.jpg").write_bytes(photo_jpeg(i))
+        command += ["--jpegs", jpegs]
+        out = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, check=True).stdout
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return result
 
@@ -183,13 +191,12 @@ async def serve_engine(address: str, checkpoint: Path, model: str, profile: Path
 async def drive(args: argparse.Namespace) -> dict[str, Any]:
     """The engine process started, `--front-ends` data planes over it, loaded for `--seconds`."""
     from app.core.contract.data_plane import Inference, InferenceRequest
-    from app.core.contract.request import EncodedImage, InferOptions
+    from app.core.contract.request import InferOptions
     from app.settings import Settings
     from app.telemetry.metrics import Metrics
     from app.workers.remote import RemoteEngine
     from app.workers.shared_memory import Arena
     from bench.gpu.serving import random_checkpoint
-    from harness.images import photo_jpeg
 
     with tempfile.TemporaryDirectory(dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None) as tmp:
         folder = Path(tmp)
@@ -215,7 +222,7 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
             for plane in planes:
                 if not await plane.wait_engine(300):
                     raise RuntimeError("the engine did not start")
-            files = [EncodedImage(f"{i}.jpg", photo_jpeg(i)) for i in range(args.images)]
+            files = jpeg_files(args.jpegs)
             request = InferenceRequest(None, files, InferOptions())
             images = 0
             counting = False
@@ -266,7 +273,7 @@ async def replay(
 
     import zmq
 
-    from app.core.contract.request import DecodedImage, EncodedImage, InferOptions
+    from app.core.contract.request import DecodedImage, InferOptions
     from app.core.images.gpu_decode import Jpeg
     from app.core.images.prepare import ImagePreparer
     from app.workers.link import (
@@ -282,10 +289,12 @@ async def replay(
         output_bytes,
         store_images,
     )
+    from app.workers.remote import RemoteEngine
     from app.workers.shared_memory import Arena
-    from harness.images import photo_jpeg
     from model.preprocessing import Preprocessing
 
+    # calls leave as the tree's front-ends send them: those of one go as one message, or (before it did) one each
+    together = hasattr(RemoteEngine, "post")
     context = zmq.Context()
     ids = itertools.count()
     counting = False
@@ -327,7 +336,11 @@ async def replay(
 
         def flush(self) -> None:
             calls, self.outbox = self.outbox, []
-            self.channel.send([dumps(calls)])
+            if together:
+                self.channel.send([dumps(calls)])
+            else:
+                for call in calls:
+                    self.channel.send([dumps(call)])
 
     try:
         for i in range(args.front_ends):
@@ -345,7 +358,7 @@ async def replay(
         model = state.models[0]
         options = InferOptions()
         preparer = ImagePreparer(Preprocessing(**model.preprocessing), 50_000_000, True, model.decode == "gpu")
-        files = [EncodedImage(f"{i}.jpg", photo_jpeg(i)) for i in range(args.images)]
+        files = jpeg_files(args.jpegs)
         prepared = [preparer.prepare(f, False) for f in files]  # as a front-end prepares them for this version
         decoded = [
             DecodedImage(f.filename, f.data, model.version, None if isinstance(p.pixels, Jpeg) else p.pixels, 0.001)
@@ -386,6 +399,13 @@ async def replay(
         "driver_us_per_image": driver_cpu / images * 1e6,
         "engine_threads_us_per_image": {k: v / images * 1e6 for k, v in sorted(threads.items()) if v > 0},
     }
+
+
+def jpeg_files(folder: Path) -> list[Any]:
+    """The JPEGs the parent wrote into `folder`, as the requests' files."""
+    from app.core.contract.request import EncodedImage
+
+    return [EncodedImage(p.name, p.read_bytes()) for p in sorted(folder.glob("*.jpg"))]
 
 
 def print_profile(path: Path, top: int = 30) -> None:
