@@ -134,6 +134,14 @@ class Settings(BaseSettings):
         "decoder, torchvision's nvJPEG); nvimgcodec: the same with nvImageCodec, the GPU's hardware JPEG engines "
         "first and its CUDA decoder for the rest; cpu: every image is decoded on the CPU",
     )
+    hw_decoder_load: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="With VIT_DECODE=nvimgcodec: the share of each batch's plain JPEGs given to the GPU's hardware "
+        "JPEG engines, the rest to its CUDA decoder (DALI's hw_decoder_load). 1: the engines take every file they "
+        "can, the CUDA decoder what they leave",
+    )
     jpeg_draft: bool = Field(
         True,
         description="On the CPU, a JPEG whose shorter side is at least twice the checkpoint's resize size is "

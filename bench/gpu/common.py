@@ -31,6 +31,13 @@ VARIANTS: dict[str, dict[str, str]] = {
     "workers-12": {"VIT_DECODE": "auto", "VIT_CUDA_GRAPHS": "true", "VIT_WORKERS": "12"},
     # nvImageCodec: the GPU's hardware JPEG engines, then its CUDA decoder, instead of nvJPEG
     "workers-8-nvimgcodec": {"VIT_DECODE": "nvimgcodec", "VIT_CUDA_GRAPHS": "true", "VIT_WORKERS": "8"},
+    # the same, half of each batch to the engines and half to the CUDA decoder (VIT_HW_DECODER_LOAD)
+    "workers-8-nvimgcodec-0.5": {
+        "VIT_DECODE": "nvimgcodec",
+        "VIT_HW_DECODER_LOAD": "0.5",
+        "VIT_CUDA_GRAPHS": "true",
+        "VIT_WORKERS": "8",
+    },
     # every image decoded by PIL on the front-ends' cores instead of on the GPU: what the CPUs add
     "workers-8-cpu-decode": {"VIT_DECODE": "cpu", "VIT_CUDA_GRAPHS": "true", "VIT_WORKERS": "8"},
 }

@@ -193,15 +193,19 @@ def photo_jpegs() -> dict[str, bytes]:
     return files
 
 
-@pytest.mark.parametrize("engines", [True, False], ids=["engines-then-cuda-decoder", "cuda-decoder-alone"])
-def test_nvimagecodec_decodes_as_the_cpu_path_with_or_without_the_jpeg_engines(engines: bool) -> None:
-    """The engines' pixels, and the CUDA decoder's (what a GPU without engines uses), are the CPU path's within
-    the decoders' rounding; no file falls back to the CPU."""
+@pytest.mark.parametrize(
+    ("engines", "load"),
+    [(True, 1.0), (True, 0.5), (False, 1.0)],
+    ids=["engines-then-cuda-decoder", "split-between-them", "cuda-decoder-alone"],
+)
+def test_nvimagecodec_decodes_as_the_cpu_path_with_or_without_the_jpeg_engines(engines: bool, load: float) -> None:
+    """The engines' pixels, the CUDA decoder's (what a GPU without engines uses), and a batch split between them
+    (VIT_HW_DECODER_LOAD), are the CPU path's within the decoders' rounding; no file falls back to the CPU."""
     from app.core.images.gpu_decode import GpuJpegDecoder, Jpeg, NvImageCodecJpeg
     from harness.models import VIT_S16_PREPROCESSING
 
     device = torch.device("cuda", torch.cuda.current_device())
-    decode = NvImageCodecJpeg(device, engines=engines)
+    decode = NvImageCodecJpeg(device, engines=engines, load=load)
     if engines and any(name in torch.cuda.get_device_name(device) for name in ENGINE_GPUS):
         assert decode.engines and decode.name.startswith("the JPEG engines")  # the hardware path is under test
     if not engines:

@@ -31,6 +31,8 @@ def test_several_models_in_order() -> None:
         ({"device": "gpu"}, "VIT_DEVICE must be auto, cpu, cuda or cuda:N"),
         ({"max_queue": 4, "max_files": 8}, r"VIT_MAX_QUEUE \(4\) must be at least VIT_MAX_FILES \(8\)"),
         ({"max_batch_size": 0}, "greater than or equal to 1"),
+        ({"hw_decoder_load": 0}, "greater than 0"),
+        ({"hw_decoder_load": 1.5}, "less than or equal to 1"),
     ],
 )
 def test_bad_values_are_refused(values: dict[str, object], message: str) -> None:

@@ -104,21 +104,20 @@ class TorchvisionJpeg:
 
 class NvImageCodecJpeg:
     """nvImageCodec's batched decoder: the hardware JPEG engines first (with `engines`, where the GPU has
-    them), then the CUDA decoder for the files they leave. Files -> (3, H, W) uint8 RGB on the device,
-    decoded on the current stream; None where both fail."""
+    them), `load` of each batch (DALI's hw_decoder_load), then the CUDA decoder for the rest and for the files
+    they leave. Files -> (3, H, W) uint8 RGB on the device, decoded on the current stream; None where both
+    fail."""
 
-    def __init__(self, device: torch.device, engines: bool = True) -> None:
+    def __init__(self, device: torch.device, engines: bool = True, load: float = 1.0) -> None:
         from nvidia import nvimgcodec  # here: only a GPU host loads the codec library
 
-        kinds = [nvimgcodec.BackendKind.HW_GPU_ONLY] if engines else []
-        kinds.append(nvimgcodec.BackendKind.HYBRID_CPU_GPU)  # the CUDA decoder (Huffman on the CPU below 1 MP)
         self.nvimgcodec = nvimgcodec
         self.device = device
-        backends = [nvimgcodec.Backend(k) for k in kinds]
-        self.decoder = nvimgcodec.Decoder(device_id=device.index or 0, backends=backends)
+        self.decoder = nvimgcodec.Decoder(device_id=device.index or 0, backends=decoder_backends(engines, load))
         self.params = nvimgcodec.DecodeParams(apply_exif_orientation=False, color_spec=nvimgcodec.ColorSpec.SRGB)
         self.engines = engines and has_jpeg_engines(nvimgcodec, device)
-        self.name = "the JPEG engines, then the CUDA decoder" if self.engines else "the CUDA decoder"
+        share = "" if load == 1 else f" ({load:g} of a batch)"
+        self.name = f"the JPEG engines{share}, then the CUDA decoder" if self.engines else "the CUDA decoder"
         self.name += " (nvImageCodec)"
 
     def __call__(self, files: Sequence[bytes | memoryview]) -> list[Tensor | None]:
@@ -127,6 +126,17 @@ class NvImageCodecJpeg:
         images = self.decoder.decode(streams, params=self.params, cuda_stream=stream.cuda_stream)
         # (H, W, C) -> (3, H, W): a grayscale file's one channel repeated, as torchvision's RGB mode gives it
         return [None if i is None else torch.from_dlpack(i).permute(2, 0, 1).expand(3, -1, -1) for i in images]
+
+
+def decoder_backends(engines: bool, load: float) -> list[Any]:
+    """nvImageCodec's backends, in the order it tries them: the hardware JPEG engines with `load` of a batch
+    (with `engines`), then the CUDA decoder (Huffman on the CPU below 1 MP) for the rest."""
+    from nvidia import nvimgcodec
+
+    if not 0 < load <= 1:
+        raise ValueError(f"the JPEG engines' load is a share of a batch in (0, 1], got {load}")
+    backends = [nvimgcodec.Backend(nvimgcodec.BackendKind.HW_GPU_ONLY, load_hint=load)] if engines else []
+    return [*backends, nvimgcodec.Backend(nvimgcodec.BackendKind.HYBRID_CPU_GPU)]
 
 
 def writable(file: bytes | memoryview) -> bytearray | memoryview:
@@ -143,9 +153,12 @@ def has_jpeg_engines(nvimgcodec: Any, device: torch.device) -> bool:
     return engines_only.decode(nvimgcodec.CodeStream(blank_jpeg((3, 64, 64)))) is not None
 
 
-def jpeg_decoder_for(choice: DecodeChoice, device: torch.device) -> TorchvisionJpeg | NvImageCodecJpeg:
-    """The GPU decoder `VIT_DECODE` names: `nvimgcodec`, or torchvision's nvJPEG for `auto`."""
-    return NvImageCodecJpeg(device) if choice == "nvimgcodec" else TorchvisionJpeg(device)
+def jpeg_decoder_for(
+    choice: DecodeChoice, device: torch.device, hw_load: float = 1.0
+) -> TorchvisionJpeg | NvImageCodecJpeg:
+    """The GPU decoder `VIT_DECODE` names: `nvimgcodec` (its engines given `hw_load` of a batch,
+    VIT_HW_DECODER_LOAD), or torchvision's nvJPEG for `auto`."""
+    return NvImageCodecJpeg(device, load=hw_load) if choice == "nvimgcodec" else TorchvisionJpeg(device)
 
 
 class GpuJpegDecoder:

@@ -17,7 +17,14 @@ from PIL import Image
 
 from app.core.contract.errors import InvalidInput, ServiceError
 from app.core.images.decode import decode_image, open_image
-from app.core.images.gpu_decode import GpuJpegDecoder, Jpeg, TorchvisionJpeg, blank_jpeg, gpu_decodable
+from app.core.images.gpu_decode import (
+    GpuJpegDecoder,
+    Jpeg,
+    TorchvisionJpeg,
+    blank_jpeg,
+    decoder_backends,
+    gpu_decodable,
+)
 from app.core.images.prepare import Preprocessor
 from harness.images import encode
 from model.preprocessing import Preprocessing
@@ -110,3 +117,18 @@ def test_the_warm_up_image_is_a_plain_jpeg_of_the_input_shape() -> None:
         data = blank_jpeg(shape)
         image = Image.open(io.BytesIO(data))
         assert image.size == shape[:0:-1] and decodable(data)
+
+
+def test_nvimagecodec_tries_the_jpeg_engines_with_their_share_then_the_cuda_decoder() -> None:
+    """VIT_HW_DECODER_LOAD as nvImageCodec takes it (its own `Backend` objects, built here without a GPU): the
+    engines first with that share of a batch, then the CUDA decoder for the rest; without the engines, that
+    decoder alone."""
+    from nvidia import nvimgcodec
+
+    engines, cuda = decoder_backends(True, 0.6)
+    assert engines.backend_kind == nvimgcodec.BackendKind.HW_GPU_ONLY and engines.load_hint == pytest.approx(0.6)
+    assert cuda.backend_kind == nvimgcodec.BackendKind.HYBRID_CPU_GPU and cuda.load_hint == 1.0
+    [alone] = decoder_backends(False, 0.6)
+    assert alone.backend_kind == nvimgcodec.BackendKind.HYBRID_CPU_GPU
+    with pytest.raises(ValueError, match="share of a batch"):
+        decoder_backends(True, 0)
