@@ -57,3 +57,18 @@ def test_a_row_is_projected_with_the_gpu_runs_host_and_device(tmp_path: Path) ->
     assert (entry["measured_img_s"], entry["measured_concurrency"], entry["measured_mean_batch"]) == (4_500, 128, 200)
     assert entry["measured_over_projected"] == 0.9
     assert "| vit-b16 | v2 | 4 | abc1234 | 2.00 |" in (tmp_path / "c.md").read_text()
+
+
+def test_a_rows_engine_replayed_where_front_ends_outrun_it_sets_its_ceiling(tmp_path: Path) -> None:
+    """A row with the engine's CPU where front-ends outrun it (`bench.stand_in --replay`) is projected with that
+    figure, not with what the engine spent under `hey`, and the page says which it used."""
+    rows, gpu = tmp_path / "rows.json", tmp_path / "gpu.json"
+    rows.write_text(json.dumps([{**ROW, "engine_replayed_cpu_us_per_image": 50.0}]))
+    gpu.write_text(json.dumps(GPU))
+    command = [sys.executable, "-m", "bench.stand_in_calibration", str(rows), "--gpu", str(gpu)]
+    subprocess.run([*command, "--out", str(tmp_path), "--name", "c"], check=True, capture_output=True)
+    [entry] = json.loads((tmp_path / "c.json").read_text())
+    assert entry["engine_replayed"] and entry["engine_host_us_per_image"] == 100.0  # 50 µs here, two there
+    assert entry["engine_ceiling_img_s"] == 10_000  # one core over 100 µs of it
+    assert entry["bound_by"] == "front-ends"
+    assert "| 100 (replayed) |" in (tmp_path / "c.md").read_text()
