@@ -6,10 +6,10 @@ accepting requests meanwhile. It waits only while more images are known to be co
 admitted and still decoding): a lone request is not held back for company that will not come.
 Each request gets one future for all its outputs, answered when its last image is computed (a batch
 may hold images of many requests, and a request's images may span batches). A `Group` queues several
-requests' images at once (a front-end's calls to one model with the same options): one entry for all of
-them, whose requests (its parts) are still answered, failed, cancelled and timed out each on its own. Images whose request was
-cancelled (client gone, timed out, another of its images failed) or whose deadline passed are dropped
-before they are computed. A batch that fails is retried in halves, so one bad image fails only its own
+requests' images at once (the engine process's calls read together, to one model with the same options):
+one entry for all of them, whose requests (its parts) are still answered, failed, cancelled and timed out
+each on its own. Images whose request was cancelled (client gone, timed out, another of its images failed)
+or whose deadline passed are dropped before they are computed. A batch that fails is retried in halves, so one bad image fails only its own
 request.
 
 With `in_flight` 2 (a predictor that decodes JPEGs on the device), the next batch is taken and handed to a

@@ -5,7 +5,8 @@ requests reach it over ZeroMQ and shared memory, the device replaced by the stan
     python -m bench.compare.engine_cost --profile /tmp/engine.pstats
 
 With `--replay`, each front-end is replaced by a replayer: its requests' files are prepared and written into
-its arena once, and each call is sent again, to the same region, as soon as its answer is back. A replayer
+its arena once, and each call, whose outputs have a region of their own, is sent again as soon as its answer is
+back. A replayer
 costs the driver a few µs per call, so the engine, not the driver, is the bound: this is the engine's cost
 per image where front-ends outrun it, as on a GPU host with many cores (the busier the engine, the more
 calls each go of its loop reads, and what it does per go is shared by more of them).
@@ -276,6 +277,7 @@ async def replay(
     from app.core.contract.request import DecodedImage, InferOptions
     from app.core.images.gpu_decode import Jpeg
     from app.core.images.prepare import ImagePreparer
+    from app.settings import Settings
     from app.workers.link import (
         Channel,
         Hello,
@@ -357,22 +359,32 @@ async def replay(
         assert state is not None
         model = state.models[0]
         options = InferOptions()
-        preparer = ImagePreparer(Preprocessing(**model.preprocessing), 50_000_000, True, model.decode == "gpu")
+        limits = Settings.model_fields
+        preprocessing = Preprocessing(**model.preprocessing)
+        preparer = ImagePreparer(preprocessing, limits["max_image_pixels"].default, True, model.decode == "gpu")
         files = jpeg_files(args.jpegs)
         prepared = [preparer.prepare(f, False) for f in files]  # as a front-end prepares them for this version
         decoded = [
             DecodedImage(f.filename, f.data, model.version, None if isinstance(p.pixels, Jpeg) else p.pixels, 0.001)
             for f, p in zip(files, prepared, strict=True)
         ]
-        size = max(input_bytes(decoded), output_bytes(model, options, len(decoded)))
+        # each replayer's files written once, where every call of it reads them; each call's outputs in a region
+        # of its own (a front-end's call has one region for both: its files in, then its outputs over them)
+        stored = {}
+        for r in replayers:
+            room = input_bytes(decoded)
+            at = r.arena.allocate(room)
+            assert at is not None, "the arena is too small for the files"
+            stored[r] = store_images(decoded, RegionWriter(r.arena, (at, room)))
+        size = output_bytes(model, options, len(decoded))
         for c in range(args.concurrency):
             r = replayers[c % len(replayers)]
             offset = r.arena.allocate(size)
             assert offset is not None, "the arena is too small for this many calls"
-            stored = store_images(decoded, RegionWriter(r.arena, (offset, size)))
+            region = (offset, size)
             r.post(
                 InferCall(
-                    next(ids), state.incarnation, None, None, options, None, stored, None, (offset, size), model.version
+                    next(ids), state.incarnation, None, None, options, None, stored[r], None, region, model.version
                 )
             )
         await asyncio.sleep(2.0)

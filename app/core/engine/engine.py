@@ -430,7 +430,7 @@ class Engine(Front):
         answer: Callable[[int, Inference | BaseException], None],
     ) -> Group[ImageOutput] | None:
         """`submit` for several requests to `model` with the same `options`, on images prepared for its version
-        (a front-end's calls read from one message): queued as one `Group`, each request still answered on its
+        (the engine process's calls read together): queued as one `Group`, each request still answered on its
         own, `answer(k, ...)` for request k, as its images are computed. None where they would not all fit in
         the queue: submitted one by one, each has its own answer. Raises what refuses them all at once
         (InvalidInput, NotReady)."""
