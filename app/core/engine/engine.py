@@ -448,7 +448,7 @@ class Engine(Front):
             for s in started:
                 stats.fail.add(time.monotonic() - s)
             raise
-        submitted = time.monotonic()
+        submitted = 0.0  # set once the group is queued: no part is delivered before
 
         def finish(parts: list[tuple[int, list[ImageOutput] | BaseException]]) -> None:
             """The parts a batch completed (their statistics counted together), or one that ended."""
@@ -482,7 +482,14 @@ class Engine(Front):
             for k, answered in answers:
                 answer(k, answered)
 
-        return model.batcher.submit_group(payloads, counts, deadlines, finish)
+        try:
+            group = model.batcher.submit_group(payloads, counts, deadlines, finish)
+        except Exception:  # refused whole (the service began to drain)
+            for s in started:
+                stats.fail.add(time.monotonic() - s)
+            raise
+        submitted = time.monotonic()
+        return group
 
     async def label_embeddings(self, model: ServedModel, options: InferOptions) -> torch.Tensor:
         """A zero-shot request's label embeddings (L, D): its labels (or the model's defaults) in its template (or
