@@ -346,7 +346,7 @@ def main() -> None:
     concurrency = args.concurrency or default_concurrency
     here_pil = pil_one_core_rate()
     print(f"PIL on one core: {here_pil:.0f} img/s here, {H100_PIL_ONE_CORE:.0f} on the H100 host")
-    replayed = engine_replayed(args) if args.replay else None
+    replayed = engine_replayed(args.model, args.route) if args.replay else None
     entries: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -365,23 +365,24 @@ def main() -> None:
     report(entries, args)
 
 
-def engine_replayed(args: argparse.Namespace) -> float:
+def engine_replayed(model: str, route: str, tree: Path | None = None) -> float:
     """The engine's CPU µs per image here where front-ends outrun it: `bench.compare.engine_cost --replay` with
-    this route's images a request, as many requests in flight as the GPU sweep's largest load, in this checkout."""
+    `route`'s images a request and as many requests in flight as the GPU sweep's largest load, in `tree`'s code
+    (this checkout's by default)."""
     from bench.compare import engine_cost
 
-    _, images, _ = ROUTES[args.route]
+    _, images, _ = ROUTES[route]
     replay = argparse.Namespace(
-        model=args.model,
+        model=model,
         images=images,
         front_ends=4,
-        concurrency=REPLAY_CONCURRENCY[args.route],
+        concurrency=REPLAY_CONCURRENCY[route],
         seconds=8.0,
         replay=True,
         profile=None,
     )
-    run = engine_cost.worker(Path(__file__).resolve().parent.parent, replay)
-    print(f"the engine where front-ends outrun it: {json.dumps(run)}", flush=True)
+    run = engine_cost.worker((tree or Path(__file__).parent.parent).resolve(), replay)
+    print(f"{tree or 'here'}, {model} {route}: the engine where front-ends outrun it: {json.dumps(run)}", flush=True)
     return float(run["engine_us_per_image"])
 
 

@@ -5,7 +5,7 @@ with that run's own device rates and its host's cores, beside the rates it measu
     git show 18e3d3d:bench/results/gpu-h200.json > /tmp/gpu-h200.json
     python -m bench.stand_in_calibration /tmp/h200-era.json --gpu /tmp/gpu-h200.json --name stand-in-calibration-h200
 
-With `--replay-tree TREE` (a checkout of that code: `git worktree add /tmp/h200-era 18e3d3d`), the engine's ceiling
+With `--replay-tree TREE` (a checkout of that code: `git worktree add /tmp/h200era 18e3d3d`), the engine's ceiling
 comes from its CPU per image where front-ends outrun it, as `bench.stand_in --replay` takes it: `bench.compare.
 engine_cost --replay` runs TREE's engine here, at the route's images and the GPU sweep's largest load, and the figure
 is scaled by this machine's one-core PIL rate, measured in the same run.
@@ -114,8 +114,7 @@ def replayed(rows: list[dict[str, Any]], tree: Path) -> list[dict[str, Any]]:
     """The rows with serving processes given the engine's CPU per image where front-ends outrun it, measured here
     in `tree`'s code (once per model and route) and put in each row's own microseconds (its machine's PIL rate
     against this one's)."""
-    from bench.compare import engine_cost
-    from bench.stand_in import REPLAY_CONCURRENCY, ROUTES, pil_one_core_rate
+    from bench.stand_in import engine_replayed, pil_one_core_rate
 
     here_pil = pil_one_core_rate()
     figures: dict[tuple[str, str], float] = {}
@@ -126,21 +125,7 @@ def replayed(rows: list[dict[str, Any]], tree: Path) -> list[dict[str, Any]]:
             continue
         key = (row["model"], row["route"])
         if key not in figures:
-            _, images, _ = ROUTES[row["route"]]
-            run = engine_cost.worker(
-                tree.resolve(),
-                argparse.Namespace(
-                    model=row["model"],
-                    images=images,
-                    front_ends=4,
-                    concurrency=REPLAY_CONCURRENCY[row["route"]],
-                    seconds=8.0,
-                    replay=True,
-                    profile=None,
-                ),
-            )
-            figures[key] = run["engine_us_per_image"]
-            print(f"{tree}, {key}: the engine where front-ends outrun it: {json.dumps(run)}", flush=True)
+            figures[key] = engine_replayed(row["model"], row["route"], tree)
         us = figures[key] * here_pil / row["pil_one_core_here_img_s"]
         out.append({**row, "engine_replayed_cpu_us_per_image": round(us, 1)})
     return out
