@@ -225,13 +225,10 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
                     raise RuntimeError("the engine did not start")
             files = jpeg_files(args.jpegs)
             request = InferenceRequest(None, files, InferOptions())
-            images = 0
-            counting = False
+            count = Count()
 
             def counted(done: Inference) -> None:
-                nonlocal images
-                if counting:
-                    images += len(done.predictions)
+                count.add(len(done.predictions))
 
             async def client(plane: RemoteEngine, until: asyncio.Event) -> None:
                 while not until.is_set():
@@ -239,17 +236,7 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
 
             stop = asyncio.Event()
             clients = [asyncio.create_task(client(planes[c % len(planes)], stop)) for c in range(args.concurrency)]
-            await asyncio.sleep(2.0)
-            if args.profile:
-                engine.send_signal(signal.SIGUSR1)
-            counting = True
-            engine_cpu, driver_cpu, started = own_cpu_s(engine.pid), time.process_time(), time.monotonic()
-            threads = threads_cpu_s(engine.pid)
-            await asyncio.sleep(args.seconds)
-            engine_cpu = own_cpu_s(engine.pid) - engine_cpu
-            threads = {k: v - threads.get(k, 0.0) for k, v in threads_cpu_s(engine.pid).items()}
-            driver_cpu, elapsed = time.process_time() - driver_cpu, time.monotonic() - started
-            counting = False
+            result = await measured(args, engine, count)
             stop.set()
             await asyncio.gather(*clients)
         finally:
@@ -257,12 +244,7 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
                 await plane.shutdown()
             engine.terminate()
             engine.wait(60)
-    return {
-        "img_s": images / elapsed,
-        "engine_us_per_image": engine_cpu / images * 1e6,
-        "driver_us_per_image": driver_cpu / images * 1e6,
-        "engine_threads_us_per_image": {k: v / images * 1e6 for k, v in sorted(threads.items()) if v > 0},
-    }
+    return result
 
 
 async def replay(
@@ -299,8 +281,8 @@ async def replay(
     together = hasattr(RemoteEngine, "post")
     context = zmq.Context()
     ids = itertools.count()
-    counting = False
-    images = failures = 0
+    count = Count()
+    failures = 0
     replayers: list[Replayer] = []
 
     class Replayer:
@@ -315,7 +297,7 @@ async def replay(
             self.outbox: list[InferCall] = []
 
         def receive(self, frames: list[bytes]) -> None:
-            nonlocal images, failures
+            nonlocal failures
             message = loads(frames[0])
             if isinstance(message, State):
                 self.state = message
@@ -323,11 +305,10 @@ async def replay(
             for reply in message if isinstance(message, list) else [message]:
                 if not isinstance(reply, Reply) or (call := self.calls.pop(reply.id, None)) is None:
                     continue
-                if counting:
-                    if reply.failure is not None:
-                        failures += 1
-                    elif reply.outputs is not None:
-                        images += len(reply.outputs.filenames)
+                if reply.failure is not None:
+                    failures += 1 if count.counting else 0
+                elif reply.outputs is not None:
+                    count.add(len(reply.outputs.filenames))
                 self.post(dataclasses.replace(call, id=next(ids)))
 
         def post(self, call: InferCall) -> None:
@@ -387,17 +368,7 @@ async def replay(
                     next(ids), state.incarnation, None, None, options, None, stored[r], None, region, model.version
                 )
             )
-        await asyncio.sleep(2.0)
-        if args.profile:
-            engine.send_signal(signal.SIGUSR1)
-        counting = True
-        engine_cpu, driver_cpu, started = own_cpu_s(engine.pid), time.process_time(), time.monotonic()
-        threads = threads_cpu_s(engine.pid)
-        await asyncio.sleep(args.seconds)
-        engine_cpu = own_cpu_s(engine.pid) - engine_cpu
-        threads = {k: v - threads.get(k, 0.0) for k, v in threads_cpu_s(engine.pid).items()}
-        driver_cpu, elapsed = time.process_time() - driver_cpu, time.monotonic() - started
-        counting = False
+        result = await measured(args, engine, count)
     finally:
         for r in replayers:
             r.channel.close()
@@ -405,6 +376,36 @@ async def replay(
         context.term()
     if failures:
         raise RuntimeError(f"{failures} calls failed")
+    return result
+
+
+class Count:
+    """Images answered, counted only while `counting`."""
+
+    def __init__(self) -> None:
+        self.counting = False
+        self.images = 0
+
+    def add(self, images: int) -> None:
+        if self.counting:
+            self.images += images
+
+
+async def measured(args: argparse.Namespace, engine: subprocess.Popen[bytes], count: Count) -> dict[str, Any]:
+    """After 2 s of warm-up, the engine's CPU (all of it, and by thread) and the driver's per image answered over
+    `--seconds`, and the rate (the engine's profiler on over the same time, with `--profile`)."""
+    await asyncio.sleep(2.0)
+    if args.profile:
+        engine.send_signal(signal.SIGUSR1)
+    count.counting = True
+    engine_cpu, driver_cpu, started = own_cpu_s(engine.pid), time.process_time(), time.monotonic()
+    threads = threads_cpu_s(engine.pid)
+    await asyncio.sleep(args.seconds)
+    engine_cpu = own_cpu_s(engine.pid) - engine_cpu
+    threads = {k: v - threads.get(k, 0.0) for k, v in threads_cpu_s(engine.pid).items()}
+    driver_cpu, elapsed = time.process_time() - driver_cpu, time.monotonic() - started
+    count.counting = False
+    images = count.images
     return {
         "img_s": images / elapsed,
         "engine_us_per_image": engine_cpu / images * 1e6,
