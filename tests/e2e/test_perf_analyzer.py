@@ -77,8 +77,10 @@ def measure(server: Server, protocol: str, input_data: Path, *extra: str) -> Non
     url = server.url.removeprefix("http://") if protocol == "http" else server.grpc_target
     before = inference_count(server)
     command = [PERF_ANALYZER, "-m", MODEL, "-u", url, "-i", protocol, "--input-data", str(input_data), *extra]
-    # a shared 2-core machine: wide stability bounds, so that the run ends; the figures are not the test's
-    command += ["--measurement-interval", "1500", "--stability-percentage", "100", "--max-trials", "5"]
+    # the figures are not the test's, so any three windows count as stable: perf_analyzer calls a run stable when
+    # the slowest of its last three windows is within the percentage of the fastest, and on a shared 2-core
+    # machine one window in a run can stall for more than twice the others'
+    command += ["--measurement-interval", "1500", "--stability-percentage", "100000", "--max-trials", "5"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
