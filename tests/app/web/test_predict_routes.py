@@ -8,12 +8,17 @@ import os
 import re
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
 import pytest
 import torch
+from fastapi import FastAPI, Query
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.testclient import TestClient
 from PIL import Image
+from starlette.datastructures import QueryParams
 
 from app.core.contract.description import numeric_version
 from app.core.engine.engine import Engine
@@ -21,6 +26,7 @@ from app.settings import Settings
 from app.web import uploads
 from app.web.app import create_app
 from app.web.middleware import RequestIds
+from app.web.predict_routes import PredictQuery, read_query
 from harness.images import encode
 from model.checkpoint import load_checkpoint, save_checkpoint
 from model.shapes import SHAPE_CLASSES, make_sample
@@ -450,3 +456,47 @@ async def test_a_max_softmax_reference_scores_one_minus_the_top_probability(
     for result in r.json()["results"]:
         assert result["ood_score"] == pytest.approx(1 - max(result["probabilities"]), abs=1e-6)
     assert info["ood_method"] == "max_softmax" and info["ood_p99"] == pytest.approx(reference.held_out_p99)
+
+
+QUERIES = [
+    "",
+    "top_k=3&attention=rollout&overlay=true",
+    "top_k=3&top_k=7",  # a plain field repeated: the last value
+    "embedding=1&normalize=yes&ood=false&model=tiny",
+    "labels=cat,dog&label=a%2C+b&label=c&template=a+photo+of+a+%7B%7D.",
+    "label=",
+    "top_k=",
+    "top_k=0",
+    "top_k=abc&attention=sideways&overlay=maybe",
+    "atention=rollout",  # misspelt
+    "x=1&x=2&y=3&top_k=1001",
+    "target=3&attention=gradient&target=cat",
+]
+
+
+@pytest.mark.parametrize("query", QUERIES)
+def test_predicts_query_is_read_as_fastapi_reads_its_model(query: str) -> None:
+    """`/predict`'s route reads its query itself (`read_query`); FastAPI, reading the same model as a `Query()`
+    parameter of a route of its own, gives the same values, or the same errors in the same order."""
+
+    def errors(exc: RequestValidationError) -> list[tuple[Any, ...]]:
+        return [(tuple(e["loc"]), e["type"], e["msg"], e.get("input")) for e in exc.errors()]
+
+    app = FastAPI()
+
+    @app.get("/q")
+    async def q(query: Annotated[PredictQuery, Query()]) -> dict[str, Any]:
+        return query.model_dump()
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Any, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"errors": [list(e) for e in errors(exc)]}, status_code=422)
+
+    theirs = TestClient(app).get(f"/q?{query}").json()
+    try:
+        ours: dict[str, Any] = read_query(QueryParams(query)).model_dump()
+    except RequestValidationError as e:
+        ours = {"errors": [list(error) for error in errors(e)]}
+    assert json.loads(json.dumps(ours)) == theirs
+    if query.startswith("atention") or "top_k=0" in query:
+        assert "errors" in theirs  # the battery has bad queries, whose errors are compared
