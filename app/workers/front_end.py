@@ -4,6 +4,7 @@ the engine process through a `RemoteEngine`."""
 from __future__ import annotations
 
 import asyncio
+import gc
 
 from app.serving import Serving
 from app.settings import Settings
@@ -26,6 +27,10 @@ async def serve_front_end(host: str, port: int, settings: Settings, plane: Remot
         await serving.start()
     except OSError as e:
         return startup_failed(e)
+    # As the engine process freezes its heap (Engine.start): everything alive now (torch, the app and its routes)
+    # is collected once and frozen, so that the collections requests set off walk only what requests make.
+    gc.collect()
+    gc.freeze()
     code = await serving.run(stop)
     shutdown_tracing()
     return code
