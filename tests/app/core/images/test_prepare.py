@@ -81,3 +81,33 @@ def test_the_pixel_limit_is_the_preparers() -> None:
         ImagePreparer(P, 100, jpeg_draft=False, gpu_jpegs=False).prepare(
             EncodedImage("big.png", encode(photo())), False
         )
+
+
+async def test_plain_jpegs_for_the_gpu_are_told_without_the_pool_and_the_rest_go_to_it() -> None:
+    """A serving process's event loop reads a plain JPEG's markers itself (`plain_jpeg`); only the other files
+    cost a hand-off to the pool. The files come back in their order, each as `prepare` makes it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    class CountingPool(ThreadPoolExecutor):
+        handed = 0
+
+        def submit(self, *args, **kwargs):  # type: ignore[no-untyped-def,override]
+            CountingPool.handed += 1
+            return super().submit(*args, **kwargs)
+
+    plain, progressive, png = (
+        encode(photo(), "JPEG", quality=90),
+        encode(photo(), "JPEG", progressive=True),
+        encode(photo()),
+    )
+    files = [EncodedImage("a.jpg", plain), EncodedImage("b.jpg", progressive), EncodedImage("c.png", png)]
+    with CountingPool(2) as pool:
+        on_gpu = await ImagePreparer(P, LIMIT, jpeg_draft=False, gpu_jpegs=True).prepare_all(files, False, pool)
+        assert CountingPool.handed == 2  # the progressive JPEG and the PNG
+        assert on_gpu[0].pixels == Jpeg(plain, "a.jpg")
+        for prepared, data in zip(on_gpu[1:], (progressive, png), strict=True):
+            assert isinstance(prepared.pixels, torch.Tensor)
+            torch.testing.assert_close(prepared.pixels, cpu_pixels(data), atol=0, rtol=0)
+        CountingPool.handed = 0
+        everything = await ImagePreparer(P, LIMIT, jpeg_draft=False, gpu_jpegs=True).prepare_all(files, True, pool)
+        assert CountingPool.handed == 3 and all(p.image is not None for p in everything)  # overlays: decoded here
