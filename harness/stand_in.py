@@ -1,8 +1,8 @@
 """A device stand-in: the GPU's part of the serving path replaced by waits of the durations an H100 measured.
 
 For benchmarks and tests only. `install("vit-b16")` makes every model the service loads in this process a
-`StandInPredictor`: it takes plain JPEGs encoded, as the predictor does that decodes them on the GPU (so the
-CPU pool only checks their headers, and serving front-ends send the bytes on), and each batch "decodes"
+`StandInPredictor`: it takes plain JPEGs encoded, as the predictor does that decodes them on the GPU (so only
+their headers are checked, from their markers or by PIL on the CPU pool, and serving front-ends send the bytes on), and each batch "decodes"
 them and runs the "forward" as `time.sleep`s, which hold no GIL and use no CPU; the decoder and the compute
 each take one batch at a time, so with the batcher's two batches in flight one decodes while the other
 computes, as on the GPU. The waits last:
