@@ -55,8 +55,8 @@ from harness.load import parse_hey, start_hey
 from harness.models import VIT_S16_PREPROCESSING
 from harness.server import ServerProcess, children, free_port
 from harness.stand_in import (
-    CUDA_DECODE_BESIDE_FORWARD,
     HARDWARE_DECODE_IMAGES_PER_S,
+    NVJPEG_IMAGES_PER_S,
     RAW_IMAGES_PER_S,
     DeviceTimes,
 )
@@ -583,9 +583,9 @@ def markdown(entries: list[dict[str, Any]]) -> str:
         "Where a row has the engine's CPU where front-ends outrun it (`--replay`: `bench.compare.engine_cost "
         "--replay`, the route's images, 256 /predict or 128 V2 requests in flight), the engine's ceiling is one "
         "core over that.",
-        "Two devices side by side. *CUDA decoder*: nvJPEG at its H100 rate (11,296 img/s), at "
-        f"{CUDA_DECODE_BESIDE_FORWARD:.2f} of it while the forward runs (they share the SMs; the H200 measured "
-        "0.47 to 0.61) and at its own rate after. *JPEG engines*: the hardware decoder beside the SMs at "
+        "Two devices side by side. *CUDA decoder*: nvJPEG with the resize at its H100 rate "
+        f"({NVJPEG_IMAGES_PER_S:,.0f} img/s), one batch's decoding after another's forward (they share the SMs). "
+        "*JPEG engines*: the hardware decoder beside the SMs at "
         f"{HARDWARE_DECODE_IMAGES_PER_S:,.0f} img/s, the lowest rate the H200's engines decoded alone through "
         "nvImageCodec 0.9 in three runs. Beside a forward that never pauses they decoded 1,000 to 1,300, so this "
         "column is a ceiling (bench/results/gpu-h200-jpeg-engines.md).",

@@ -13,8 +13,8 @@ is scaled by this machine's one-core PIL rate, measured in the same run.
 The rows should be those of the code the GPU run served (the commits just before it), so that the two measure
 the same service. From the GPU run (`bench/gpu.sh run raw decode served`):
 - the device: its compiled + CUDA-graph forward at batch 256 (the H100's curve over batch sizes, scaled to it:
-  only the largest batch enters the projection), its nvJPEG decode rate, and the CUDA decoder's share of that
-  beside a forward the stand-in assumes (`harness.stand_in.CUDA_DECODE_BESIDE_FORWARD`);
+  only the largest batch enters the projection), and its nvJPEG rate with the resize on the GPU (decoding alone
+  in a run that did not time the resize), one batch's decoding after another's forward, as the stand-in runs them;
 - the host: its cores, and its one-core PIL rate, which scales a microsecond measured here to one of its cores;
 - the measured rate of each configuration: the best over the concurrencies it was loaded at (VIT_WORKERS=1 is
   `gpu-decode+graphs`, N front-ends `workers-N`), with its mean batch and the cores the server used.
@@ -48,8 +48,14 @@ def device_rate(model: str, gpu: dict[str, Any]) -> float:
     forward_256 = gpu["raw"][model]["img_per_s"]["compiled+graphs"]["256"]
     ratio = forward_256 / FORWARD_IMAGES_PER_S[model][256]
     curve = {n: rate * ratio for n, rate in FORWARD_IMAGES_PER_S[model].items()}
-    times = DeviceTimes(model, MAX_BATCH_SIZE, curve, gpu["decode"]["gpu_decode_img_per_s"])
+    times = DeviceTimes(model, MAX_BATCH_SIZE, curve, decode_rate(gpu))
     return times.images_per_s("cuda")
+
+
+def decode_rate(gpu: dict[str, Any]) -> float:
+    """The GPU run's nvJPEG img/s with the resize on the GPU, which the service does to each JPEG there."""
+    decode: dict[str, float] = gpu["decode"]
+    return decode.get("gpu_decode_resize_img_per_s", decode["gpu_decode_img_per_s"])
 
 
 def measured(gpu: dict[str, Any], model: str, route: str, workers: int) -> dict[str, Any] | None:
@@ -140,7 +146,7 @@ def markdown(entries: list[dict[str, Any]], gpu: dict[str, Any], args: argparse.
         + (f" --replay-tree {args.replay_tree}" if args.replay_tree else "")
         + "`: rows of `bench.stand_in` "
         f"projected again with the GPU run's device and host ({host_cores(gpu)} cores, PIL on one core {pil:.0f} "
-        f"img/s; nvJPEG {gpu['decode']['gpu_decode_img_per_s']:,.0f} img/s), beside what that host served "
+        f"img/s; nvJPEG with the resize {decode_rate(gpu):,.0f} img/s), beside what that host served "
         "(the best of its concurrencies). The mean batch is the stand-in's here, and the GPU host's. An engine figure "
         "marked *replayed* is its CPU where front-ends outrun it (`--replay-tree`), which sets its ceiling; the others "
         "are what it spent in the stand-in's row.",

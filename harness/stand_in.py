@@ -7,10 +7,12 @@ them and runs the "forward" as `time.sleep`s, which hold no GIL and use no CPU; 
 each take one batch at a time, so with the batcher's two batches in flight one decodes while the other
 computes, as on the GPU. The waits last:
 
-- decoding: nvJPEG's rate in batches of 64 on the H100, 11,296 img/s (bench/results/gpu-h100.md), and
-  half that while the compute runs: the CUDA decoder shares the SMs with the forward. On the H200 a CUDA
-  decoder (nvImageCodec's) beside a graphed ViT-B/16 forward kept 0.47 to 0.61 of its own rate, while the
-  forward kept 0.98 of its own (bench/results/gpu-h200-jpeg-engines.md); the forward's 2 % is left out;
+- decoding: nvJPEG's rate with the resize on the GPU (what the service does to each JPEG there), in batches
+  of 64 on the H100, 10,906 img/s (bench/results/gpu-h100.md). The CUDA decoder shares the SMs with the forward,
+  so the two run one after the other: a batch's decoding waits while another batch computes. On the H200,
+  nvImageCodec's CUDA decoder, run from a second thread and stream beside a graphed forward, kept 0.47 to 0.61
+  of its own rate (bench/results/gpu-h200-jpeg-engines.md); but the service's own run on that device is
+  projected best by one after the other (docs/performance.md, the stand-in against the GPU run);
 - the forward: the compiled + CUDA-graph time per batch size measured there, the batch padded to the
   captured size as the service's CUDA graphs pad it, times between measured sizes interpolated.
 
@@ -37,9 +39,7 @@ from app.core.images.gpu_decode import Jpeg
 from app.telemetry.statistics import BatchTiming
 from model.checkpoint import Checkpoint
 
-NVJPEG_IMAGES_PER_S = 11_296.0  # decode only, batches of 64, 500x375 JPEGs
-# The CUDA decoder's share of its own rate while the forward runs (H200, 0.47-0.61 over three runs).
-CUDA_DECODE_BESIDE_FORWARD = 0.5
+NVJPEG_IMAGES_PER_S = 10_906.0  # decode and resize on the GPU, batches of 64, 500x375 JPEGs (H100)
 # The H200's hardware JPEG engines through nvImageCodec 0.9, alone: 20,071 to 26,835 img/s over three runs (the
 # lowest is taken). Beside a forward that never pauses they fell to 1,008 to 1,275; the service, whose GPU
 # pauses between batches, served 4,368 img/s with them (bench/results/gpu-h200-jpeg-engines.md).
@@ -77,15 +77,14 @@ class DeviceTimes:
         """The device's rate at the largest batch, decoding one batch while it computes another (as the
         predictor does): what it could serve if the CPU side never kept it waiting.
 
-        `cuda`: the CUDA decoder, at CUDA_DECODE_BESIDE_FORWARD of its rate while the forward runs and at its
-        own rate after. `hardware`: the JPEG engines beside the SMs at their own rate
-        (HARDWARE_DECODE_IMAGES_PER_S, the H200's alone); how much less they give beside a forward is not in it."""
+        `cuda`: the CUDA decoder, one batch's decoding after another's forward (they share the SMs). `hardware`:
+        the JPEG engines beside the SMs at their own rate (HARDWARE_DECODE_IMAGES_PER_S, the H200's alone); how
+        much less they give beside a forward is not in it."""
         n = self.max_batch_size
         forward = self.forward_s(n)
         if decoder == "hardware":
             return n / max(forward, n / self.hardware_img_s)
-        left = self.decode_s(n) - CUDA_DECODE_BESIDE_FORWARD * forward  # decoding left when the forward ends
-        return n / (forward + max(0.0, left))
+        return n / (forward + self.decode_s(n))
 
 
 def batch_seconds(rates: dict[int, float], n: int) -> float:
@@ -118,17 +117,19 @@ class Device:
         self.compute.close()
 
     def decode(self, n: int) -> None:
-        """Wait out the decoding of `n` JPEGs: at the decoder's rate while the compute is idle, at
-        CUDA_DECODE_BESIDE_FORWARD of it while the compute is busy (looked at every SLICE_S)."""
+        """Wait out the decoding of `n` JPEGs at the decoder's rate, only while the compute is idle (looked at
+        every SLICE_S): the CUDA decoder and the forward share the SMs."""
         if not n:
             return
         with self.decoder:
-            left = self.times.decode_s(n)  # seconds of decoding at the full rate
+            left = self.times.decode_s(n)  # seconds of decoding
             while left > 0:
-                speed = CUDA_DECODE_BESIDE_FORWARD if self.compute.busy() else 1.0
-                step = min(SLICE_S, left / speed)
+                if self.compute.busy():
+                    time.sleep(SLICE_S)
+                    continue
+                step = min(SLICE_S, left)
                 time.sleep(step)
-                left -= step * speed
+                left -= step
 
     def forward(self, n: int) -> None:
         with self.compute:

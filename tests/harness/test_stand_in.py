@@ -78,7 +78,7 @@ def test_the_forward_lasts_what_the_h100_measured(model: str, n: int, seconds: f
     """Measured sizes as measured; a batch padded to its CUDA graph's size (200 -> 224), whose time lies on the
     line between the measured sizes around it."""
     assert DeviceTimes(model, 256).forward_s(n) == pytest.approx(seconds)
-    assert DeviceTimes(model, 256).decode_s(64) == pytest.approx(64 / 11_296)
+    assert DeviceTimes(model, 256).decode_s(64) == pytest.approx(64 / 10_906)  # with the resize on the GPU
 
 
 def test_outputs_have_the_models_shapes(tiny_checkpoint: Path) -> None:
@@ -142,20 +142,18 @@ async def test_the_engine_decodes_a_batch_while_it_computes_another(
 
 
 def test_the_device_rate_with_each_decoder() -> None:
-    """The CUDA decoder at half its rate while the forward runs, its own after; the engines beside the SMs at
+    """The CUDA decoder one batch after another's forward (they share the SMs); the engines beside the SMs at
     their own rate."""
     times = DeviceTimes("vit-b16", 256)
-    forward, decode = 256 / 10_313, 256 / 11_296
-    assert times.images_per_s("cuda") == pytest.approx(256 / (forward + decode - 0.5 * forward))
+    forward, decode = 256 / 10_313, 256 / 10_906
+    assert times.images_per_s("cuda") == pytest.approx(256 / (forward + decode))
     assert times.images_per_s("hardware") == pytest.approx(10_313)  # the engines (20,071 img/s) outpace it
-    one = DeviceTimes("vit-b16", 1)  # one image's forward outlasts twice its decoding: the forward bounds it
-    assert one.images_per_s("cuda") == pytest.approx(1 / one.forward_s(1))
 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["one-process", "over-a-shared-folder"])
-def test_decoding_beside_the_forward_goes_at_half_speed(tmp_path: Path, shared: bool) -> None:
+def test_decoding_waits_while_the_forward_runs(tmp_path: Path, shared: bool) -> None:
     times = DeviceTimes("vit-b16", 256)
-    n = round(0.05 * 11_296)  # 50 ms of decoding alone
+    n = round(0.05 * 10_906)  # 50 ms of decoding alone
     decoding = Device(times, tmp_path if shared else None)
     computing = Device(times, tmp_path) if shared else decoding  # another process's Device, as it would be
     started = time.monotonic()
@@ -166,12 +164,13 @@ def test_decoding_beside_the_forward_goes_at_half_speed(tmp_path: Path, shared: 
     while not computing.compute.busy():  # the forward holds the compute
         time.sleep(0.001)
     started = time.monotonic()
-    decoding.decode(n)  # 100 ms at half speed, all of it beside the forward
+    decoding.decode(n)  # waits for the forward, then 50 ms
     beside = time.monotonic() - started
+    forward_ended = not computing.compute.busy()
     forward.join()
     decoding.close()
     computing.close()
-    assert alone >= 0.05 and beside >= 1.8 * 0.05, (alone, beside)
+    assert alone >= 0.05 and forward_ended and beside >= 0.3 + 0.05, (alone, beside)
 
 
 def test_another_devices_rates_replace_the_h100s() -> None:
@@ -179,5 +178,5 @@ def test_another_devices_rates_replace_the_h100s() -> None:
     times = DeviceTimes("vit-b16", 256, {256: 11_199.0}, decode_img_s=14_167.0, hardware_img_s=5_000.0)
     forward, decode = 256 / 11_199, 256 / 14_167
     assert times.forward_s(256) == pytest.approx(forward)
-    assert times.images_per_s("cuda") == pytest.approx(256 / (forward + decode - 0.5 * forward))
+    assert times.images_per_s("cuda") == pytest.approx(256 / (forward + decode))
     assert times.images_per_s("hardware") == pytest.approx(5_000)  # engines slower than the forward bound it
