@@ -4,15 +4,16 @@ the CPU time of every process per image, and what that could feed on the H100 ho
     python -m bench.stand_in --model vit-b16 --route v2 --workers 1 2 4 --seconds 15
     python -m bench.stand_in --model vit-b16 --route predict --workers 1 4 --json /tmp/predict.json
 
-For each VIT_WORKERS value: `python -m app` with the stand-in in place of the GPU (the H100's decode and
+For each VIT_WORKERS value: `python -m app` with the stand-in in place of the GPU (the H200's decode and
 forward times as waits that use no CPU), loaded with `hey` at a concurrency that keeps this machine's cores
 busy: `/predict` with one 500x375 JPEG a request, or V2 binary with 8 a request. It records the served
 img/s, and the CPU time per image of each process role (the engine, the front-ends together, the
 supervisor) and of the load generator.
 
-The projection is what the CPU side could feed on the H100 host (16 cores): the smallest of
-- the device's rate (the stand-in's batch times at the largest batch, one batch decoding while another
-  computes);
+The projection is what the CPU side could feed on a 16-core GPU host (the H100's, as the H200's): the smallest of
+- the device's rate (the stand-in's batch times at the largest batch): with the CUDA decoder, a batch's
+  decoding and another's forward one after the other, as they share the SMs; with the JPEG engines, decoding
+  beside the forward at the engines' rate;
 - the engine's ceiling: one core (a Python process, its GIL) over the engine's CPU per image. With `--replay`,
   that CPU is the engine's where front-ends outrun it (`bench.compare.engine_cost --replay`, the route's
   images, as many requests in flight as the GPU sweep's largest load: 256 for /predict, 128 for V2): at its
@@ -328,6 +329,7 @@ def projected_again(entry: dict[str, Any], machine: str) -> dict[str, Any]:
         "machine": entry.get("machine", machine),
         "device_img_s": round(device["cuda"], 1),
         "device_hardware_img_s": round(device["hardware"], 1),
+        "raw_img_s": RAW_IMAGES_PER_S[entry["model"]],
         "projected_img_s": round(min(device["cuda"], cpu), 1),
         "projected_hardware_img_s": round(min(device["hardware"], cpu), 1),
     }
@@ -579,11 +581,12 @@ def markdown(entries: list[dict[str, Any]]) -> str:
         "`python -m bench.stand_in` (see its docstring). CPU µs per image measured here, and in µs of a GPU-host core",
         "(times the run's core scale: the one-core PIL rate here over the H100 host's); ceilings and the",
         "projection on the H100 host's 16 cores, CPU times scaled by the one-core PIL rate of the same JPEG.",
-        "A projection with the device's work replaced by the H100's measured durations, not a GPU measurement.",
+        "A projection with the device's work replaced by the H200's measured durations (the run that served the "
+        "service, 18e3d3d), not a GPU measurement.",
         "Where a row has the engine's CPU where front-ends outrun it (`--replay`: `bench.compare.engine_cost "
         "--replay`, the route's images, 256 /predict or 128 V2 requests in flight), the engine's ceiling is one "
         "core over that.",
-        "Two devices side by side. *CUDA decoder*: nvJPEG with the resize at its H100 rate "
+        "Two devices side by side. *CUDA decoder*: nvJPEG with the resize at its H200 rate "
         f"({NVJPEG_IMAGES_PER_S:,.0f} img/s), one batch's decoding after another's forward (they share the SMs). "
         "*JPEG engines*: the hardware decoder beside the SMs at "
         f"{HARDWARE_DECODE_IMAGES_PER_S:,.0f} img/s, the lowest rate the H200's engines decoded alone through "

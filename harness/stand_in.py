@@ -1,4 +1,4 @@
-"""A device stand-in: the GPU's part of the serving path replaced by waits of the durations an H100 measured.
+"""A device stand-in: the GPU's part of the serving path replaced by waits of the durations an H200 measured.
 
 For benchmarks and tests only. `install("vit-b16")` makes every model the service loads in this process a
 `StandInPredictor`: it takes plain JPEGs encoded, as the predictor does that decodes them on the GPU (so only
@@ -8,13 +8,15 @@ each take one batch at a time, so with the batcher's two batches in flight one d
 computes, as on the GPU. The waits last:
 
 - decoding: nvJPEG's rate with the resize on the GPU (what the service does to each JPEG there), in batches
-  of 64 on the H100, 10,906 img/s (bench/results/gpu-h100.md). The CUDA decoder shares the SMs with the forward,
+  of 64, 13,921 img/s in the H200 run that served the service (18e3d3d; a later run on an H200 measured 10,864,
+  bench/results/gpu-h200.md). The CUDA decoder shares the SMs with the forward,
   so the two run one after the other: a batch's decoding waits while another batch computes. On the H200,
   nvImageCodec's CUDA decoder, run from a second thread and stream beside a graphed forward, kept 0.47 to 0.61
   of its own rate (bench/results/gpu-h200-jpeg-engines.md); but the service's own run on that device is
   projected best by one after the other (docs/performance.md, the stand-in against the GPU run);
-- the forward: the compiled + CUDA-graph time per batch size measured there, the batch padded to the
-  captured size as the service's CUDA graphs pad it, times between measured sizes interpolated.
+- the forward: the compiled + CUDA-graph time per batch size, the batch padded to the captured size as the
+  service's CUDA graphs pad it, times between measured sizes interpolated. The H200 run timed batch 256: the
+  curve over batch sizes is the H100's (bench/results/gpu-h100.md), scaled to the H200's figure at 256.
 
 It returns outputs of the model's shapes (probabilities over its classes, the embedding, a map's grid).
 Everything else is the real code: HTTP, gRPC, codecs, multipart, the engine, the batcher, shared memory,
@@ -39,23 +41,29 @@ from app.core.images.gpu_decode import Jpeg
 from app.telemetry.statistics import BatchTiming
 from model.checkpoint import Checkpoint
 
-NVJPEG_IMAGES_PER_S = 10_906.0  # decode and resize on the GPU, batches of 64, 500x375 JPEGs (H100)
+NVJPEG_IMAGES_PER_S = 13_921.0  # decode and resize on the GPU, batches of 64, 500x375 JPEGs (the H200 run, 18e3d3d)
 # The H200's hardware JPEG engines through nvImageCodec 0.9, alone: 20,071 to 26,835 img/s over three runs (the
 # lowest is taken). Beside a forward that never pauses they fell to 1,008 to 1,275; the service, whose GPU
 # pauses between batches, served 4,368 img/s with them (bench/results/gpu-h200-jpeg-engines.md).
 HARDWARE_DECODE_IMAGES_PER_S = 20_071.0
 SLICE_S = 0.002  # how often a decode wait looks at whether the compute is busy
-# Images per second of the compiled + CUDA-graph bf16 forward, by batch size (bench/results/gpu-h100.md).
-FORWARD_IMAGES_PER_S: dict[str, dict[int, float]] = {
+# Images per second of the compiled + CUDA-graph bf16 forward by batch size: the H100's curve
+# (bench/results/gpu-h100.md), scaled to the H200's at batch 256 (bench/results/gpu-h200.md).
+H100_FORWARD_IMAGES_PER_S: dict[str, dict[int, float]] = {
     "vit-s16": {1: 2186, 8: 12575, 32: 22159, 128: 24624, 256: 25158, 512: 25527},
     "vit-b16": {1: 1497, 8: 7391, 32: 9746, 128: 10355, 256: 10313, 512: 10565},
 }
-RAW_IMAGES_PER_S = {"vit-s16": 25_756.0, "vit-b16": 10_564.0}  # the best raw forward of each, any variant
+H200_FORWARD_256 = {"vit-s16": 28_284.0, "vit-b16": 11_199.0}
+FORWARD_IMAGES_PER_S: dict[str, dict[int, float]] = {
+    model: {n: rate * H200_FORWARD_256[model] / curve[256] for n, rate in curve.items()}
+    for model, curve in H100_FORWARD_IMAGES_PER_S.items()
+}
+RAW_IMAGES_PER_S = {"vit-s16": 28_284.0, "vit-b16": 11_316.0}  # the H200's best raw forward of each, any variant
 
 
 @dataclass(frozen=True)
 class DeviceTimes:
-    """How long the H100 takes for a batch: decoding `n` JPEGs, and the forward of `n` images; another device's
+    """How long the H200 takes for a batch: decoding `n` JPEGs, and the forward of `n` images; another device's
     rates where given (its forward's img/s by batch size, its CUDA decoder's and its JPEG engines' img/s)."""
 
     model: str
@@ -227,7 +235,7 @@ def install(model: str, max_batch_size: int) -> None:
     """Every model this process loads from now on is served by a `StandInPredictor` timed as `model` with
     CUDA graphs captured up to `max_batch_size` (VIT_MAX_BATCH_SIZE)."""
     if model not in FORWARD_IMAGES_PER_S:
-        raise ValueError(f"no H100 timings for {model!r}; there are: {', '.join(FORWARD_IMAGES_PER_S)}")
+        raise ValueError(f"no device timings for {model!r}; there are: {', '.join(FORWARD_IMAGES_PER_S)}")
     from app.core.engine.served_model import ServedModel
 
     def build_predictor(name: str, checkpoint: Checkpoint, *args: object, **kwargs: object) -> StandInPredictor:
