@@ -25,6 +25,10 @@ APP0, APP1, APP2, APP13, APP14 = 0xE0, 0xE1, 0xE2, 0xED, 0xEE
 EXIF, MPF, PHOTOSHOP = b"Exif\x00\x00", b"MPF\x00", b"Photoshop 3.0\x00"
 ORIENTATION, SHORT = 0x0112, 3
 TIFF_ORDER = {b"II*\x00": "<", b"MM\x00*": ">"}
+# It runs on a serving process's event loop: a file with more segments, or an EXIF directory with more entries,
+# than a camera or an encoder writes is left to PIL on the pool rather than walked here.
+MAX_SEGMENTS = 64
+MAX_ENTRIES = 256
 
 
 def plain_jpeg(data: bytes | memoryview, max_pixels: int) -> bool:
@@ -35,7 +39,7 @@ def plain_jpeg(data: bytes | memoryview, max_pixels: int) -> bool:
         return False
     size = len(view)
     at, frame, exif = 2, False, False
-    while True:
+    for _ in range(MAX_SEGMENTS):
         if at + 4 > size or view[at] != 0xFF:
             return False  # cut short, or bytes between segments (PIL skips them; here: ask PIL)
         marker = view[at + 1]
@@ -72,6 +76,8 @@ def plain_jpeg(data: bytes | memoryview, max_pixels: int) -> bool:
         elif marker not in SKIPPED:
             return False  # arithmetic coding, progressive and lossless frames, hierarchical markers
         at = end
+    else:
+        return False
     return frame and ends_whole(view)
 
 
@@ -102,7 +108,7 @@ def upright(tiff: memoryview) -> bool:
     if first < 8 or first + 2 > len(tiff):
         return False
     (count,) = struct.unpack_from(order + "H", tiff, first)
-    if first + 2 + 12 * count + 4 > len(tiff):
+    if count > MAX_ENTRIES or first + 2 + 12 * count + 4 > len(tiff):
         return False  # PIL reads what it can of a directory cut short: ask it
     orientations = []
     for entry in range(first + 2, first + 2 + 12 * count, 12):

@@ -32,9 +32,9 @@ def jpeg(image: Image.Image | None = None, **kw: object) -> bytes:
 
 
 def exif(orientation: int | None, order: str = "<", kind: int = 3, extra_tags: int = 1) -> bytes:
-    """An EXIF block (APP1's payload): a first directory with a Make-like tag or more, and an orientation."""
+    """An EXIF block (APP1's payload): a first directory with private ASCII tags, and an orientation."""
     head = (b"II*\x00" if order == "<" else b"MM\x00*") + struct.pack(order + "I", 8)
-    entries = [struct.pack(order + "HHI4s", 0x010F + i, 2, 4, b"abc\x00") for i in range(extra_tags)]
+    entries = [struct.pack(order + "HHI4s", 0xC000 + i, 2, 4, b"abc\x00") for i in range(extra_tags)]
     if orientation is not None:
         value = (
             struct.pack(order + "H", orientation) + b"\x00\x00" if kind == 3 else struct.pack(order + "I", orientation)
@@ -167,3 +167,17 @@ def test_no_mutation_of_a_jpeg_is_taken_where_pil_would_not_take_it() -> None:
         else:
             refused += 1
     assert taken > 300 and refused > 300  # the walk reaches both verdicts
+
+
+def test_a_file_of_many_segments_is_left_to_pil() -> None:
+    """The markers are read on a serving process's event loop: past what an encoder writes (64 segments, 256
+    EXIF entries), the file goes to PIL on the pool, which takes it all the same."""
+    many = jpeg()
+    for _ in range(60):
+        many = with_segment(many, 0xFE, b"a comment")
+    assert pils(many) and not plain_jpeg(many, LIMIT)
+    fewer = with_segment(jpeg(), 0xFE, b"a comment")
+    assert plain_jpeg(fewer, LIMIT)
+    crowded = jpeg(exif=exif(1, extra_tags=300))
+    assert pils(crowded) and not plain_jpeg(crowded, LIMIT)
+    assert plain_jpeg(jpeg(exif=exif(1, extra_tags=200)), LIMIT)
