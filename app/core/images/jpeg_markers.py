@@ -7,7 +7,7 @@ reads the same facts from the file's markers, in a few microseconds, on the call
 
 It answers True only for files the PIL check would send to the GPU, and only for the common shape of one: a
 baseline or extended sequential JPEG (SOF0, SOF1) of 8 bits and one or three components, within the pixel
-limit, its segments whole, at most one EXIF block whose orientation, if it has one, is upright, no other APP1
+limit, at most 64 segments, each whole, at most one EXIF block whose orientation, if it has one, is upright, no other APP1
 segment (XMP, where PIL reads an orientation too), no MPF (PIL then opens the file as an MPO), no Photoshop
 resources (PIL walks them), and the file ending in its end-of-image marker. Anything else, unusual or broken, answers False: the caller then asks PIL, as before,
 whose verdict (the GPU, the CPU, or a 4xx) stands.
