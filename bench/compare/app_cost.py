@@ -13,12 +13,17 @@ time, and times its CPU per request:
 Each tree (a checkout, `git worktree add /tmp/before REV`) runs in its own process with its own code, the
 trees alternating `--repeats` times; each run times `--rounds` rounds of `--calls` requests per route.
 The best round is the figure least touched by whatever else the machine runs; the median is beside it.
+Beside each route, the garbage collector's time per request (every collection the requests set off, timed by
+its callbacks; a full collection is rare and long, so its mean over many requests is the figure to read). With
+`--freeze-heap`, everything alive once the app is built and warm is frozen first
+(`gc.freeze()`), as a serving front-end and the engine process freeze theirs.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import io
 import json
 import os
@@ -40,6 +45,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--calls", type=int, default=400)
     p.add_argument("--name", default="app-cost-cpu")
+    p.add_argument(
+        "--freeze-heap", action="store_true", help="freeze the heap once the app is warm, as a front-end does"
+    )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args()
 
@@ -47,15 +55,15 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     if args.worker:
-        print(json.dumps(asyncio.run(measure(args.rounds, args.calls))))
+        print(json.dumps(asyncio.run(measure(args.rounds, args.calls, args.freeze_heap))))
         return
     trees = [t.resolve() for t in args.trees]
-    rounds: dict[str, dict[str, list[float]]] = {str(t): {label: [] for label in ROUTES} for t in trees}
+    rounds: dict[str, dict[str, list[float]]] = {str(t): {} for t in trees}
     for repeat in range(args.repeats):
         for tree in trees if repeat % 2 == 0 else trees[::-1]:
-            run = worker(tree, args.rounds, args.calls)
+            run = worker(tree, args.rounds, args.calls, args.freeze_heap)
             for label, values in run.items():
-                rounds[str(tree)][label] += values
+                rounds[str(tree)].setdefault(label, []).extend(values)
             print(tree, {label: round(min(v)) for label, v in run.items()}, flush=True)
     from bench.common import commit, write_results  # the parent only: a worker imports nothing of this tree
 
@@ -64,22 +72,24 @@ def main() -> None:
         "repeats": args.repeats,
         "rounds": args.rounds,
         "calls": args.calls,
+        "freeze_heap": args.freeze_heap,
         "trees": {str(t): commit(t) for t in trees},
         "us_per_request": rounds,
     }
     write_results(args.name, report, markdown(report))
 
 
-def worker(tree: Path, rounds: int, calls: int) -> dict[str, list[float]]:
+def worker(tree: Path, rounds: int, calls: int, freeze_heap: bool) -> dict[str, list[float]]:
     """One run in `tree`'s code: this file run as a script there, so that `app` is that tree's."""
     command = [sys.executable, __file__, "--worker", "--rounds", str(rounds), "--calls", str(calls)]
+    command += ["--freeze-heap"] if freeze_heap else []
     env = {**os.environ, "PYTHONPATH": str(tree)}
     out = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, check=True).stdout
     result: dict[str, list[float]] = json.loads(out.strip().splitlines()[-1])
     return result
 
 
-async def measure(rounds: int, calls: int) -> dict[str, list[float]]:
+async def measure(rounds: int, calls: int, freeze_heap: bool) -> dict[str, list[float]]:
     try:
         from app.core.engine.engine import Engine
     except ImportError:  # a tree before the core's rooms (1c251d3)
@@ -100,14 +110,39 @@ async def measure(rounds: int, calls: int) -> dict[str, list[float]]:
         for label, asked in requests.items():  # the first /predict fills the cache
             status = await call(app, *asked)
             assert status == expected[label], (label, status)
-        times: dict[str, list[float]] = {label: [] for label in requests}
+        if freeze_heap:
+            gc.collect()
+            gc.freeze()
+        collecting = Collections()
+        times: dict[str, list[float]] = {label: [] for label in [*requests, *(f"{r}: collector" for r in requests)]}
         for _ in range(rounds):
             for label, asked in requests.items():
+                collecting.seconds = 0.0
                 started = time.process_time()
                 for _ in range(calls):
                     await call(app, *asked)
                 times[label].append((time.process_time() - started) / calls * 1e6)
+                times[f"{label}: collector"].append(collecting.seconds / calls * 1e6)
+        collecting.stop()
     return times
+
+
+class Collections:
+    """The garbage collector's time, summed over its collections from now on."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.started = 0.0
+        gc.callbacks.append(self.on_gc)
+
+    def on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self.started = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self.started
+
+    def stop(self) -> None:
+        gc.callbacks.remove(self.on_gc)
 
 
 def upload() -> tuple[bytes, str]:
@@ -177,6 +212,7 @@ def markdown(report: dict[str, Any]) -> str:
                     label,
                     f"{min(values):.0f}",
                     f"{statistics.median(values):.0f}",
+                    f"{statistics.mean(values):.0f}",
                     f"{min(values) / health:.2f}",
                 ]
             )
@@ -186,9 +222,11 @@ def markdown(report: dict[str, Any]) -> str:
             "",
             f"`python -m bench.compare.app_cost`: ASGI calls in process, one at a time, the bundled model on the CPU "
             f"with a 64 MiB cache; each tree run {report['repeats']} times, alternating, each run "
-            f"{report['rounds']} rounds of {report['calls']} requests per route. CPU time per request.",
+            f"{report['rounds']} rounds of {report['calls']} requests per route. CPU time per request; *collector*: "
+            "the garbage collector's time per request, within it"
+            + (", the heap frozen once the app was warm (`--freeze-heap`)." if report.get("freeze_heap") else "."),
             "",
-            *table(["tree", "request", "best round, µs", "median round, µs", "best / health"], rows),
+            *table(["tree", "request", "best round, µs", "median round, µs", "mean, µs", "best / health"], rows),
             "",
         ]
     )
