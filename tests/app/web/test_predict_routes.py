@@ -9,6 +9,7 @@ import re
 import threading
 from pathlib import Path
 from typing import Annotated, Any
+from unittest.mock import MagicMock
 
 import httpx
 import pytest
@@ -25,8 +26,9 @@ from app.core.engine.engine import Engine
 from app.settings import Settings
 from app.web import uploads
 from app.web.app import create_app
+from app.web.dependencies import authorized_data_plane
 from app.web.middleware import RequestIds
-from app.web.predict_routes import PredictQuery, read_query
+from app.web.predict_routes import PredictEndpointRoute, PredictQuery, read_query, router
 from harness.images import encode
 from model.checkpoint import load_checkpoint, save_checkpoint
 from model.shapes import SHAPE_CLASSES, make_sample
@@ -500,3 +502,17 @@ def test_predicts_query_is_read_as_fastapi_reads_its_model(query: str) -> None:
     assert json.loads(json.dumps(ours)) == theirs
     if query.startswith("atention") or "top_k=0" in query:
         assert "errors" in theirs  # the battery has bad queries, whose errors are compared
+
+
+def test_predicts_route_resolves_all_its_endpoint_asks_for() -> None:
+    """`PredictEndpointRoute` calls the endpoint with the request, the plane and the query, and runs nothing else:
+    FastAPI's own reading of the endpoint finds exactly those, and no dependency of the route or its routers, which
+    the route would skip."""
+    (route,) = [r for r in router.routes if getattr(r, "path", "") == "/predict"]
+    assert isinstance(route, PredictEndpointRoute)
+    asked = route.dependant
+    assert [d.call for d in asked.dependencies] == [authorized_data_plane]
+    assert [p.name for p in asked.query_params] == ["query"] and asked.request_param_name == "request"
+    assert not (asked.path_params or asked.header_params or asked.cookie_params or asked.body_params)
+    app = create_app(MagicMock())  # only its routers are read
+    assert route.dependencies == router.dependencies == app.router.dependencies == []
