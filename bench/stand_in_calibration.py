@@ -94,6 +94,10 @@ def calibrated(row: dict[str, Any], gpu: dict[str, Any]) -> dict[str, Any] | Non
         ("front-ends", projection["frontend_ceiling_img_s"]),
         key=lambda b: b[1],
     )[0]
+    # the serving processes' CPU per image, in the GPU host's microseconds: the stand-in's (its roles together), and
+    # what that host's processes spent (their cores over the rate they served)
+    server_us = sum(per_image[role] for role in ("engine", "front-ends", "supervisor")) * scale
+    there_us = served["server_cores"] * 1e6 / served["images_per_s"]
     return {
         "model": row["model"],
         "route": row["route"],
@@ -113,6 +117,9 @@ def calibrated(row: dict[str, Any], gpu: dict[str, Any]) -> dict[str, Any] | Non
         "measured_mean_batch": round(served["mean_batch_size"], 1),
         "measured_server_cores": round(served["server_cores"], 1),
         "measured_over_projected": round(served["images_per_s"] / projection["projected_img_s"], 2),
+        "server_host_us_per_image": round(server_us, 1),
+        "measured_server_us_per_image": round(there_us, 1),
+        "server_cpu_measured_over_projected": round(there_us / server_us, 2),
     }
 
 
@@ -149,7 +156,9 @@ def markdown(entries: list[dict[str, Any]], gpu: dict[str, Any], args: argparse.
         f"img/s; nvJPEG with the resize {decode_rate(gpu):,.0f} img/s), beside what that host served "
         "(the best of its concurrencies). The mean batch is the stand-in's here, and the GPU host's. An engine figure "
         "marked *replayed* is its CPU where front-ends outrun it (`--replay-tree`), which sets its ceiling; the others "
-        "are what it spent in the stand-in's row.",
+        "are what it spent in the stand-in's row. *Server CPU per image*: the serving processes' (engine, front-ends, "
+        "supervisor) in µs of the GPU host's cores, the stand-in's against what that host's spent (its server cores "
+        "over the img/s it served).",
         "",
         *table(
             [
@@ -169,6 +178,9 @@ def markdown(entries: list[dict[str, Any]], gpu: dict[str, Any], args: argparse.
                 "mean batch here",
                 "mean batch there",
                 "server cores there",
+                "server CPU µs/img, stand-in",
+                "server CPU µs/img there",
+                "there / stand-in",
             ],
             [
                 [
@@ -188,10 +200,13 @@ def markdown(entries: list[dict[str, Any]], gpu: dict[str, Any], args: argparse.
                     e["mean_batch_here"],
                     e["measured_mean_batch"],
                     e["measured_server_cores"],
+                    f"{e['server_host_us_per_image']:,.0f}",
+                    f"{e['measured_server_us_per_image']:,.0f}",
+                    f"{e['server_cpu_measured_over_projected']:.2f}",
                 ]
                 for e in entries
             ],
-            "lllrrrrrrrlrrrrr",
+            "lllrrrrrrrlrrrrrrrr",
         ),
         "",
     ]

@@ -58,6 +58,11 @@ def test_a_row_is_projected_with_the_gpu_runs_host_and_device(tmp_path: Path) ->
     assert entry["engine_ceiling_img_s"] == 5_000  # one core over 200 µs of it
     assert entry["frontend_ceiling_img_s"] == pytest.approx(4 * 1e6 / 760, abs=0.1)  # four cores, 760 µs each
     assert (entry["projected_img_s"], entry["bound_by"]) == (5_000, "engine")
+    # the serving processes' CPU per image in the host's µs: the stand-in's engine and front-ends (200 + 760), and
+    # that host's 3.5 cores over the 4,500 img/s they served
+    assert entry["server_host_us_per_image"] == 960
+    assert entry["measured_server_us_per_image"] == pytest.approx(3.5e6 / 4_500, abs=0.1)
+    assert entry["server_cpu_measured_over_projected"] == 0.81
     assert (entry["measured_img_s"], entry["measured_concurrency"], entry["measured_mean_batch"]) == (4_500, 128, 200)
     assert entry["measured_over_projected"] == 0.9
     assert "| vit-b16 | v2 | 4 | abc1234 | 2.00 |" in (tmp_path / "c.md").read_text()
