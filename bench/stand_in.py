@@ -291,15 +291,19 @@ def project(
     scale: float,
     device_img_s: tuple[float, float] | None = None,
     host_cores: int = H100_HOST_CORES,
+    device_replayed: float | None = None,
 ) -> dict[str, float]:
     """img/s the CPU side could feed on the H100 host: the smallest of the device, the engine and the
     front-ends (each in H100-host microseconds: this machine's times `scale`), with each of the two decoders
     (`DeviceTimes.images_per_s`): the CUDA decoder, which shares the SMs with the forward, and the hardware
     JPEG engines at their own rate. Another GPU host: its device's two rates and its cores given
-    (`scale` then to its cores)."""
+    (`scale` then to its cores). `device_replayed`: the img/s the replayed engine served over the stand-in's
+    device (`Replayed`), which caps the CUDA decoder's: the device as the engine's batching attains it."""
     host = {role: us * scale for role, us in per_image_us.items()}
     times = DeviceTimes(model, MAX_BATCH_SIZE)
     device, hardware = device_img_s or (times.images_per_s("cuda"), times.images_per_s("hardware"))
+    if device_replayed is not None:
+        device = min(device, device_replayed)
     engine = 1e6 / host["engine"] if host["engine"] else float("inf")
     generator = host["load generator"] / 1e6  # cores per img/s
     cores = host_cores - 1 - (host["supervisor"] / 1e6) * device  # the engine's core, the supervisor's share
@@ -323,6 +327,7 @@ def projected_again(entry: dict[str, Any], machine: str) -> dict[str, Any]:
     """An entry projected with the current device model; its CPU ceilings (from the unrounded measurement)
     and the machine it was measured on kept."""
     device = {d: DeviceTimes(entry["model"], MAX_BATCH_SIZE).images_per_s(d) for d in ("cuda", "hardware")}
+    device["cuda"] = min(device["cuda"], entry.get("device_replayed_img_s", device["cuda"]))
     cpu = min(entry["engine_ceiling_img_s"], entry["frontend_ceiling_img_s"])
     return {
         **entry,
@@ -367,10 +372,21 @@ def main() -> None:
     report(entries, args)
 
 
-def engine_replayed(model: str, route: str, tree: Path | None = None) -> float:
-    """The engine's CPU µs per image here where front-ends outrun it: `bench.compare.engine_cost --replay` with
-    `route`'s images a request and as many requests in flight as the GPU sweep's largest load, in `tree`'s code
-    (this checkout's by default)."""
+@dataclass(frozen=True)
+class Replayed:
+    """The engine where front-ends outrun it (`bench.compare.engine_cost --replay`): its CPU µs per image here, and
+    the img/s it served. With more requests in flight than two batches hold, that rate is the stand-in's device as
+    the engine's batching attains it: two batches in flight, each formed within VIT_MAX_WAIT_MS, a decode waiting for
+    the forward before it."""
+
+    engine_us_per_image: float
+    img_s: float
+
+
+def engine_replayed(model: str, route: str, tree: Path | None = None) -> Replayed:
+    """The engine here where front-ends outrun it: `bench.compare.engine_cost --replay` with `route`'s images a
+    request and as many requests in flight as the GPU sweep's largest load, in `tree`'s code (this checkout's by
+    default, whose stand-in waits for the device's durations)."""
     from bench.compare import engine_cost
 
     _, images, _ = ROUTES[route]
@@ -385,7 +401,7 @@ def engine_replayed(model: str, route: str, tree: Path | None = None) -> float:
     )
     run = engine_cost.worker((tree or Path(__file__).parent.parent).resolve(), replay)
     print(f"{tree or 'here'}, {model} {route}: the engine where front-ends outrun it: {json.dumps(run)}", flush=True)
-    return float(run["engine_us_per_image"])
+    return Replayed(float(run["engine_us_per_image"]), float(run["img_s"]))
 
 
 def service_entry(
@@ -394,7 +410,7 @@ def service_entry(
     load: Load,
     workers: int,
     here_pil: float,
-    replayed: float | None = None,
+    replayed: Replayed | None = None,
 ) -> dict[str, Any]:
     """The service with VIT_WORKERS=`workers` over the stand-in: measured here, projected on the H100 host."""
     path, images, _ = ROUTES[args.route]
@@ -484,10 +500,10 @@ def summary(
     load: Load,
     m: Measured,
     here_pil: float,
-    replayed: float | None = None,
+    replayed: Replayed | None = None,
 ) -> dict[str, Any]:
-    """One results entry: what was measured, per image, and the projection (the engine's ceiling from its CPU
-    per image where front-ends outrun it, when `replayed`)."""
+    """One results entry: what was measured, per image, and the projection (when `replayed`, the engine's ceiling
+    from its CPU per image where front-ends outrun it, and the CUDA decoder's device at most the rate it served)."""
     _, images, _ = ROUTES[args.route]
     scale = here_pil / H100_PIL_ONE_CORE  # a microsecond here is `scale` microseconds on the H100 host's cores
     served_images = m.served_img_s * m.seconds
@@ -495,9 +511,16 @@ def summary(
     per_image.setdefault("supervisor", 0.0)
     if workers == 1:  # one process, the front-end too: the replay measures an engine process of its own
         replayed = None
-    engine = per_image if replayed is None else {**per_image, "engine": replayed}
-    projection = project(args.model, workers, engine, scale)
-    extra = {} if replayed is None else {"engine_replayed_cpu_us_per_image": round(replayed, 1)}
+    engine = per_image if replayed is None else {**per_image, "engine": replayed.engine_us_per_image}
+    projection = project(args.model, workers, engine, scale, device_replayed=replayed and replayed.img_s)
+    extra = (
+        {}
+        if replayed is None
+        else {
+            "engine_replayed_cpu_us_per_image": round(replayed.engine_us_per_image, 1),
+            "device_replayed_img_s": round(replayed.img_s, 1),
+        }
+    )
     return {
         "server": server,
         "commit": commit(Path(__file__).resolve().parent.parent),
@@ -585,7 +608,8 @@ def markdown(entries: list[dict[str, Any]]) -> str:
         "service, 18e3d3d), not a GPU measurement.",
         "Where a row has the engine's CPU where front-ends outrun it (`--replay`: `bench.compare.engine_cost "
         "--replay`, the route's images, 256 /predict or 128 V2 requests in flight), the engine's ceiling is one "
-        "core over that.",
+        "core over that, and the CUDA decoder's device rate is at most the img/s that replayed engine served over the "
+        "stand-in's device: the device as the engine's batching attains it.",
         "Two devices side by side. *CUDA decoder*: nvJPEG with the resize at its H200 rate "
         f"({NVJPEG_IMAGES_PER_S:,.0f} img/s), one batch's decoding after another's forward (they share the SMs). "
         "*JPEG engines*: the hardware decoder beside the SMs at "

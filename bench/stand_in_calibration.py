@@ -44,7 +44,8 @@ def parse_args() -> argparse.Namespace:
 
 
 def device_rate(model: str, gpu: dict[str, Any]) -> float:
-    """The GPU run's device rate for `model` with its CUDA decoder, as the stand-in projects one."""
+    """The GPU run's device rate for `model` with its CUDA decoder, as the stand-in's durations give it (one batch's
+    decoding after another's forward, at batch 256)."""
     forward_256 = gpu["raw"][model]["img_per_s"]["compiled+graphs"]["256"]
     ratio = forward_256 / FORWARD_IMAGES_PER_S[model][256]
     curve = {n: rate * ratio for n, rate in FORWARD_IMAGES_PER_S[model].items()}
@@ -84,7 +85,9 @@ def calibrated(row: dict[str, Any], gpu: dict[str, Any]) -> dict[str, Any] | Non
         "supervisor": row["supervisor_cpu_us_per_image"],
         "load generator": row["load_generator_cpu_us_per_image"],
     }
-    device = device_rate(row["model"], gpu)
+    # with --replay-tree: at most what this checkout's engine served over the stand-in's device, which waits for the
+    # H200 run's durations (the device as the engine's batching attains it)
+    device = min(device_rate(row["model"], gpu), row.get("device_replayed_img_s", float("inf")))
     # the GPU run served with nvJPEG, the CUDA decoder: its rate stands for both decoders' (the JPEG engines' column
     # of `project` is not used here)
     projection = project(row["model"], row["workers"], per_image, scale, (device, device), host_cores(gpu))
@@ -126,11 +129,12 @@ def calibrated(row: dict[str, Any], gpu: dict[str, Any]) -> dict[str, Any] | Non
 def replayed(rows: list[dict[str, Any]], tree: Path) -> list[dict[str, Any]]:
     """The rows with serving processes given the engine's CPU per image where front-ends outrun it, measured here
     in `tree`'s code (once per model and route) and put in each row's own microseconds (its machine's PIL rate
-    against this one's)."""
+    against this one's); and the device's rate as the engine's batching attains it: the img/s this checkout's
+    engine serves, replayed, over the stand-in's device, whose waits are the H200 run's durations."""
     from bench.stand_in import engine_replayed, pil_one_core_rate
 
     here_pil = pil_one_core_rate()
-    figures: dict[tuple[str, str], float] = {}
+    figures: dict[tuple[str, str], tuple[float, float]] = {}
     out = []
     for row in rows:
         if row["server"] != "vit-serve" or row["workers"] == 1:
@@ -138,9 +142,11 @@ def replayed(rows: list[dict[str, Any]], tree: Path) -> list[dict[str, Any]]:
             continue
         key = (row["model"], row["route"])
         if key not in figures:
-            figures[key] = engine_replayed(row["model"], row["route"], tree)
-        us = figures[key] * here_pil / row["pil_one_core_here_img_s"]
-        out.append({**row, "engine_replayed_cpu_us_per_image": round(us, 1)})
+            engine = engine_replayed(row["model"], row["route"], tree).engine_us_per_image
+            figures[key] = (engine, engine_replayed(row["model"], row["route"]).img_s)
+        engine, device = figures[key]
+        us = engine * here_pil / row["pil_one_core_here_img_s"]
+        out.append({**row, "engine_replayed_cpu_us_per_image": round(us, 1), "device_replayed_img_s": round(device, 1)})
     return out
 
 
@@ -156,7 +162,9 @@ def markdown(entries: list[dict[str, Any]], gpu: dict[str, Any], args: argparse.
         f"img/s; nvJPEG with the resize {decode_rate(gpu):,.0f} img/s), beside what that host served "
         "(the best of its concurrencies). The mean batch is the stand-in's here, and the GPU host's. An engine figure "
         "marked *replayed* is its CPU where front-ends outrun it (`--replay-tree`), which sets its ceiling; the others "
-        "are what it spent in the stand-in's row. *Server CPU per image*: the serving processes' (engine, front-ends, "
+        "are what it spent in the stand-in's row. With `--replay-tree` the device's img/s is at most what this "
+        "checkout's engine served, replayed, over the stand-in's device (the device as the engine's batching attains "
+        "it). *Server CPU per image*: the serving processes' (engine, front-ends, "
         "supervisor) in µs of the GPU host's cores, the stand-in's against what that host's spent (its server cores "
         "over the img/s it served).",
         "",

@@ -81,3 +81,17 @@ def test_a_rows_engine_replayed_where_front_ends_outrun_it_sets_its_ceiling(tmp_
     assert entry["engine_ceiling_img_s"] == 10_000  # one core over 100 µs of it
     assert entry["bound_by"] == "front-ends"
     assert "| 100 (replayed) |" in (tmp_path / "c.md").read_text()
+
+
+def test_a_rows_device_is_at_most_what_the_replayed_engine_served(tmp_path: Path) -> None:
+    """With the rate the replayed engine served over the stand-in's device (the device as the engine's batching
+    attains it), the CUDA decoder's device is at most that."""
+    rows, gpu = tmp_path / "rows.json", tmp_path / "gpu.json"
+    row = {**ROW, "engine_replayed_cpu_us_per_image": 50.0, "device_replayed_img_s": 5_000.0}
+    rows.write_text(json.dumps([row]))
+    gpu.write_text(json.dumps(GPU))
+    command = [sys.executable, "-m", "bench.stand_in_calibration", str(rows), "--gpu", str(gpu)]
+    subprocess.run([*command, "--out", str(tmp_path), "--name", "c"], check=True, capture_output=True)
+    [entry] = json.loads((tmp_path / "c.json").read_text())
+    assert entry["device_img_s"] == 5_000  # below the durations' 256 / (256 / 11,000 + 256 / 11,500)
+    assert (entry["projected_img_s"], entry["bound_by"]) == (5_000, "device")
