@@ -382,6 +382,13 @@ class Replayed:
     engine_us_per_image: float
     img_s: float
 
+    @property
+    def device_img_s(self) -> float | None:
+        """The rate as the device's, unless the engine was busy most of the time here (over 0.8 of a core): then this
+        machine bound it, not the device."""
+        busy = self.engine_us_per_image * self.img_s / 1e6
+        return self.img_s if busy <= 0.8 else None
+
 
 def engine_replayed(model: str, route: str, tree: Path | None = None) -> Replayed:
     """The engine here where front-ends outrun it: `bench.compare.engine_cost --replay` with `route`'s images a
@@ -512,15 +519,13 @@ def summary(
     if workers == 1:  # one process, the front-end too: the replay measures an engine process of its own
         replayed = None
     engine = per_image if replayed is None else {**per_image, "engine": replayed.engine_us_per_image}
-    projection = project(args.model, workers, engine, scale, device_replayed=replayed and replayed.img_s)
-    extra = (
-        {}
-        if replayed is None
-        else {
-            "engine_replayed_cpu_us_per_image": round(replayed.engine_us_per_image, 1),
-            "device_replayed_img_s": round(replayed.img_s, 1),
-        }
-    )
+    device_replayed = replayed.device_img_s if replayed is not None else None
+    projection = project(args.model, workers, engine, scale, device_replayed=device_replayed)
+    extra: dict[str, float] = {}
+    if replayed is not None:
+        extra["engine_replayed_cpu_us_per_image"] = round(replayed.engine_us_per_image, 1)
+    if device_replayed is not None:
+        extra["device_replayed_img_s"] = round(device_replayed, 1)
     return {
         "server": server,
         "commit": commit(Path(__file__).resolve().parent.parent),

@@ -134,7 +134,7 @@ def replayed(rows: list[dict[str, Any]], tree: Path) -> list[dict[str, Any]]:
     from bench.stand_in import engine_replayed, pil_one_core_rate
 
     here_pil = pil_one_core_rate()
-    figures: dict[tuple[str, str], tuple[float, float]] = {}
+    figures: dict[tuple[str, str], tuple[float, float | None]] = {}
     out = []
     for row in rows:
         if row["server"] != "vit-serve" or row["workers"] == 1:
@@ -143,10 +143,13 @@ def replayed(rows: list[dict[str, Any]], tree: Path) -> list[dict[str, Any]]:
         key = (row["model"], row["route"])
         if key not in figures:
             engine = engine_replayed(row["model"], row["route"], tree).engine_us_per_image
-            figures[key] = (engine, engine_replayed(row["model"], row["route"]).img_s)
+            figures[key] = (engine, engine_replayed(row["model"], row["route"]).device_img_s)
         engine, device = figures[key]
         us = engine * here_pil / row["pil_one_core_here_img_s"]
-        out.append({**row, "engine_replayed_cpu_us_per_image": round(us, 1), "device_replayed_img_s": round(device, 1)})
+        replayed = {"engine_replayed_cpu_us_per_image": round(us, 1)}
+        if device is not None:
+            replayed["device_replayed_img_s"] = round(device, 1)
+        out.append({**row, **replayed})
     return out
 
 
