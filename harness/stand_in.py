@@ -2,18 +2,18 @@
 
 For benchmarks and tests only. `install("vit-b16")` makes every model the service loads in this process a
 `StandInPredictor`: it takes plain JPEGs encoded, as the predictor does that decodes them on the GPU (so only
-their headers are checked, from their markers or by PIL on the CPU pool, and serving front-ends send the bytes on), and each batch "decodes"
-them and runs the "forward" as `time.sleep`s, which hold no GIL and use no CPU; the decoder and the compute
-each take one batch at a time, so with the batcher's two batches in flight one decodes while the other
-computes, as on the GPU. The waits last:
+their headers are checked, from their markers or by PIL on the CPU pool, and serving front-ends send the bytes
+on), and each batch "decodes" them and runs the "forward" as `time.sleep`s, which hold no GIL and use no CPU.
+The decoder and the compute each take one batch at a time, and a batch's decoding waits while another batch
+computes: with the batcher's two batches in flight, one is decoded as soon as the other's forward ends. The
+waits last:
 
 - decoding: nvJPEG's rate with the resize on the GPU (what the service does to each JPEG there), in batches
   of 64, 13,921 img/s in the H200 run that served the service (18e3d3d; a later run on an H200 measured 10,864,
-  bench/results/gpu-h200.md). The CUDA decoder shares the SMs with the forward,
-  so the two run one after the other: a batch's decoding waits while another batch computes. On the H200,
-  nvImageCodec's CUDA decoder, run from a second thread and stream beside a graphed forward, kept 0.47 to 0.61
-  of its own rate (bench/results/gpu-h200-jpeg-engines.md); but the service's own run on that device is
-  projected best by one after the other (docs/performance.md, the stand-in against the GPU run);
+  bench/results/gpu-h200.md). The CUDA decoder shares the SMs with the forward, so the two run one after the
+  other. On the H200, nvImageCodec's CUDA decoder, run from a second thread and stream beside a graphed forward,
+  kept 0.47 to 0.61 of its own rate (bench/results/gpu-h200-jpeg-engines.md); but the service's own run on
+  that device is projected best by one after the other (docs/performance.md, the stand-in against the GPU run);
 - the forward: the compiled + CUDA-graph time per batch size, the batch padded to the captured size as the
   service's CUDA graphs pad it, times between measured sizes interpolated. The H200 run timed batch 256: the
   curve over batch sizes is the H100's (bench/results/gpu-h100.md), scaled to the H200's figure at 256.
@@ -82,8 +82,8 @@ class DeviceTimes:
         return batch_seconds(self.forward_img_s or FORWARD_IMAGES_PER_S[self.model], padded)
 
     def images_per_s(self, decoder: str = "cuda") -> float:
-        """The device's rate at the largest batch, decoding one batch while it computes another (as the
-        predictor does): what it could serve if the CPU side never kept it waiting.
+        """The device's rate at the largest batch, with two batches in flight (as the predictor keeps them): what it
+        could serve if the CPU side never kept it waiting.
 
         `cuda`: the CUDA decoder, one batch's decoding after another's forward (they share the SMs). `hardware`:
         the JPEG engines beside the SMs at their own rate (HARDWARE_DECODE_IMAGES_PER_S, the H200's alone); how
