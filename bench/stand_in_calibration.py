@@ -146,10 +146,10 @@ def replayed(rows: list[dict[str, Any]], tree: Path) -> list[dict[str, Any]]:
             figures[key] = (engine, engine_replayed(row["model"], row["route"]).device_img_s)
         engine, device = figures[key]
         us = engine * here_pil / row["pil_one_core_here_img_s"]
-        replayed = {"engine_replayed_cpu_us_per_image": round(us, 1)}
+        added = {"engine_replayed_cpu_us_per_image": round(us, 1)}
         if device is not None:
-            replayed["device_replayed_img_s"] = round(device, 1)
-        out.append({**row, **replayed})
+            added["device_replayed_img_s"] = round(device, 1)
+        out.append({**row, **added})
     return out
 
 
