@@ -441,13 +441,6 @@ class Engine(Front):
         counts = [len(c) for c in calls]
         if not model.batcher.fits(sum(counts)):
             return None
-        try:
-            wanted = self.wanted(model, calls[0], options)  # for images, the model's and the options' alone
-            payloads = [wanted.input(prepared_input(i)) for c in calls for i in c]
-        except Exception:
-            for s in started:
-                stats.fail.add(time.monotonic() - s)
-            raise
         submitted = 0.0  # set once the group is queued: no part is delivered before
 
         def finish(parts: list[tuple[int, list[ImageOutput] | BaseException]]) -> None:
@@ -483,8 +476,10 @@ class Engine(Front):
                 answer(k, answered)
 
         try:
+            wanted = self.wanted(model, calls[0], options)  # for images, the model's and the options' alone
+            payloads = [wanted.input(prepared_input(i)) for c in calls for i in c]
             group = model.batcher.submit_group(payloads, counts, deadlines, finish)
-        except Exception:  # refused whole (the service began to drain)
+        except Exception:  # refused whole: options the model refuses, or the service began to drain
             for s in started:
                 stats.fail.add(time.monotonic() - s)
             raise

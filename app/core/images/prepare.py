@@ -77,7 +77,9 @@ class ImagePreparer:
         """Every file prepared, each in a `decode` span under the caller's span: a plain JPEG that the GPU decodes
         is told from its markers here, on the caller's thread (`plain_jpeg`: a few microseconds, less than the
         hand-off to a pool thread); every other file on `pool`, all at once."""
-        prepared = [self.plain_jpeg(i) for i in images] if self.gpu_jpegs and not keep_images else [None] * len(images)
+        prepared = (
+            [self.left_encoded(i) for i in images] if self.gpu_jpegs and not keep_images else [None] * len(images)
+        )
         rest = [i for i, p in zip(images, prepared, strict=True) if p is None]
         if not rest:
             return cast(list[Prepared], prepared)
@@ -90,7 +92,7 @@ class ImagePreparer:
         )
         return [p if p is not None else next(done) for p in prepared]
 
-    def plain_jpeg(self, image: EncodedImage | DecodedImage) -> Prepared | None:
+    def left_encoded(self, image: EncodedImage | DecodedImage) -> Prepared | None:
         """The file, left encoded for the GPU, where its markers say it is a plain JPEG; None where PIL decides
         (on the pool, in its own `decode` span). The span of a file taken here is opened once the markers are
         read, so that a file has one whichever way it goes: it leaves out their few microseconds."""
