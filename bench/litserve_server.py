@@ -1,6 +1,14 @@
 """The peer: LitServe serving the same checkpoint with the same decode, preprocessing and batch settings.
 
 python -m bench.litserve_server --weights weights/vit-shapes.safetensors --port 8001 [--backend onnxruntime]
+python -m bench.litserve_server --weights W --api-servers 8 --workers-per-device 4 --decode gpu   # on a GPU
+
+With `--decode cpu` each request's image is decoded and preprocessed by PIL in `decode_request`. With
+`--decode gpu` (a GPU host, as the service's defaults) `decode_request` keeps the upload's bytes and `batch()`
+decodes the batch's JPEGs with the service's own GPU decoder (torchvision's nvJPEG, then the checkpoint's
+resize, crop and normalisation on the device), the way LitServe's docs put batch-wide work in `batch()`.
+Several API servers (`num_api_servers`) and inference workers per device (`workers_per_device`) with
+`fast_queue=True` are LitServe's advice for throughput.
 """
 
 import argparse
@@ -15,17 +23,21 @@ from torch import Tensor
 from app.core.backends.onnx_runtime import exported
 from app.core.backends.predictor import inference_dtype
 from app.core.images.decode import decode_image
+from app.core.images.gpu_decode import GpuJpegDecoder, Jpeg, TorchvisionJpeg
 from app.core.images.prepare import Preprocessor
 from model.checkpoint import load_checkpoint
 from model.device import resolve_device
 
 
 class ViTLitAPI(ls.LitAPI):
-    def __init__(self, weights: str, max_batch_size: int, wait_ms: float, threads: int, backend: str) -> None:
+    def __init__(
+        self, weights: str, max_batch_size: int, wait_ms: float, threads: int, backend: str, decode: str = "cpu"
+    ) -> None:
         super().__init__(max_batch_size=max_batch_size, batch_timeout=wait_ms / 1000.0)
         self.weights = weights
         self.threads = threads
         self.backend = backend
+        self.decode = decode
 
     def setup(self, device: str) -> None:
         # setup() runs in LitServe's inference worker, a process of its own: the thread count must be
@@ -33,9 +45,9 @@ class ViTLitAPI(ls.LitAPI):
         if self.threads:
             torch.set_num_threads(self.threads)
         self.worker_threads = torch.get_num_threads()
-        self.device = resolve_device("auto")
-        self.dtype = inference_dtype(self.device)
-        self.ckpt = load_checkpoint(self.weights, self.device)
+        self.model_device = resolve_device("auto")
+        self.dtype = inference_dtype(self.model_device)
+        self.ckpt = load_checkpoint(self.weights, self.model_device)
         self.model = self.ckpt.model.to(self.dtype).eval()
         self.logits: Callable[[Tensor], Tensor] = self.model
         if self.backend in ("onnxruntime", "onnxruntime-int8"):  # the service's own ONNX backend, made the same way
@@ -44,20 +56,28 @@ class ViTLitAPI(ls.LitAPI):
             graph = exported(self.model, shape, self.worker_threads, int8=self.backend == "onnxruntime-int8")
             self.logits = lambda x: graph(x)[0]
         self.pre = Preprocessor(self.ckpt.preprocessing)
+        self.gpu_decoder = GpuJpegDecoder(
+            self.ckpt.preprocessing, self.model_device, self.decode_on_cpu, TorchvisionJpeg(self.model_device)
+        )
+
+    def decode_on_cpu(self, file: Jpeg) -> Tensor:
+        return self.pre(decode_image(bytes(file.data), file.filename, self.ckpt.config.in_channels, 40_000_000))
 
     # The annotation must be the real Request class (no postponed annotations in this module):
     # LitServe reads it to parse the body as a form rather than JSON.
-    def decode_request(self, request: Request) -> Tensor:
+    def decode_request(self, request: Request) -> Tensor | Jpeg:
         upload = request["file"]
-        data = upload.file.read()
-        return self.pre(decode_image(data, upload.filename or "file", self.ckpt.config.in_channels, 40_000_000))
+        file = Jpeg(upload.file.read(), upload.filename or "file")
+        return file if self.decode == "gpu" else self.decode_on_cpu(file)
 
-    def batch(self, inputs: list[Tensor]) -> Tensor:
-        return torch.stack(inputs)
+    def batch(self, inputs: list[Tensor | Jpeg]) -> Tensor:
+        if self.decode == "gpu":  # the batch's JPEGs in one decoder call (a file nvJPEG rejects: PIL)
+            return self.gpu_decoder([i for i in inputs if isinstance(i, Jpeg)])
+        return torch.stack([i for i in inputs if isinstance(i, Tensor)])
 
     @torch.inference_mode()
     def predict(self, x: Tensor) -> Tensor:
-        return self.logits(x.to(self.device, self.dtype)).float().softmax(-1).cpu()
+        return self.logits(x.to(self.model_device, self.dtype)).float().softmax(-1).cpu()
 
     def unbatch(self, output: Tensor) -> list[Tensor]:
         return list(output)
@@ -74,6 +94,8 @@ class ViTLitAPI(ls.LitAPI):
             "probabilities": probs.tolist(),
             "worker_threads": self.worker_threads,
             "backend": self.backend,
+            "decode": self.decode,
+            "device": self.model_device.type,
         }
 
 
@@ -85,10 +107,16 @@ def main() -> None:
     p.add_argument("--wait-ms", type=float, default=5.0)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--backend", choices=["torch", "onnxruntime", "onnxruntime-int8"], default="torch")
+    p.add_argument("--decode", choices=["cpu", "gpu"], default="cpu", help="where each batch's JPEGs are decoded")
+    p.add_argument("--api-servers", type=int, default=1, help="LitServe's num_api_servers")
+    p.add_argument("--workers-per-device", type=int, default=1, help="LitServe's workers_per_device")
     args = p.parse_args()
-    api = ViTLitAPI(args.weights, args.max_batch_size, args.wait_ms, args.threads, args.backend)
-    server = ls.LitServer(api, accelerator="auto", workers_per_device=1, timeout=30)
-    server.run(port=args.port, log_level="warning", generate_client_file=False)
+    api = ViTLitAPI(args.weights, args.max_batch_size, args.wait_ms, args.threads, args.backend, args.decode)
+    several = args.api_servers > 1 or args.workers_per_device > 1
+    server = ls.LitServer(
+        api, accelerator="auto", workers_per_device=args.workers_per_device, timeout=30, fast_queue=several
+    )
+    server.run(port=args.port, num_api_servers=args.api_servers, log_level="warning", generate_client_file=False)
 
 
 if __name__ == "__main__":

@@ -64,12 +64,16 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def check_peer(server: ServerProcess, body: Path, content_type: str, threads: int, backend: str) -> int:
-    """The torch threads and backend LitServe's inference worker really runs; they must be the service's."""
+def check_peer(
+    server: ServerProcess, body: Path, content_type: str, threads: int, backend: str, decode: str = "cpu"
+) -> int:
+    """The torch threads, backend and decoding LitServe's inference worker really runs; they must be the service's."""
     r = httpx.post(
         server.url + "/predict", content=body.read_bytes(), headers={"content-type": content_type}, timeout=60
     )
     r.raise_for_status()
+    if r.json()["decode"] != decode:
+        raise SystemExit(f"LitServe's worker decodes on {r.json()['decode']}, the benchmark asked {decode}")
     worker: int = r.json()["worker_threads"]
     if threads and worker != threads:
         raise SystemExit(f"LitServe's worker runs {worker} torch threads, the service {threads}: not a fair peer")

@@ -48,7 +48,17 @@ def start_service(weights: Path, max_batch_size: int, wait_ms: float, threads: i
     return server
 
 
-def start_litserve(weights: Path, max_batch_size: int, wait_ms: float, threads: int, backend: str) -> ServerProcess:
+def start_litserve(
+    weights: Path,
+    max_batch_size: int,
+    wait_ms: float,
+    threads: int,
+    backend: str,
+    api_servers: int = 1,
+    workers_per_device: int = 1,
+    decode: str = "cpu",
+) -> ServerProcess:
+    """LitServe (bench.litserve_server) serving `weights`: its API servers, inference workers and decoding as given."""
     port = free_port()
     argv = [
         sys.executable,
@@ -66,6 +76,12 @@ def start_litserve(weights: Path, max_batch_size: int, wait_ms: float, threads: 
         str(threads),
         "--backend",
         backend,
+        "--api-servers",
+        str(api_servers),
+        "--workers-per-device",
+        str(workers_per_device),
+        "--decode",
+        decode,
     ]
     server = ServerProcess(argv, {}, port, "/health")
     server.wait_ready(180)

@@ -32,6 +32,15 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=6.0, help="seconds per load level")
     p.add_argument("--peer", action="store_true", help="also serve with LitServe (the peer)")
     p.add_argument(
+        "--peer-models", nargs="+", choices=sorted(MODELS), default=["vit-b16"], help="models LitServe serves"
+    )
+    p.add_argument(
+        "--peer-configs",
+        nargs="+",
+        default=["4x4", "8x4"],
+        help="LitServe configurations, num_api_servers x workers_per_device",
+    )
+    p.add_argument(
         "--report",
         type=Path,
         nargs="+",

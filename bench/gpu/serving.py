@@ -9,6 +9,7 @@ import statistics
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -230,6 +231,43 @@ def profile(args: argparse.Namespace, folder: Path, seconds: float = 8.0) -> dic
     return result
 
 
+def peer(
+    args: argparse.Namespace,
+    checkpoint: Path,
+    config: str,
+    predict_levels: Callable[[ServerProcess, str], list[dict[str, Any]]],
+    folder: Path,
+    form_type: str,
+) -> dict[str, Any]:
+    """LitServe on `config` ("APIxWORKERS": num_api_servers x workers_per_device), each worker one torch
+    thread, `fast_queue`, the same batch settings, and each batch's JPEGs decoded on the GPU in `batch()` with
+    the service's decoder; checked, then loaded as the service's /predict is."""
+    api_servers, workers = (int(n) for n in config.split("x"))
+    started = time.perf_counter()
+    server = start_litserve(checkpoint, args.max_batch_size, args.wait_ms, 1, "torch", api_servers, workers, "gpu")
+    try:
+        startup = time.perf_counter() - started
+        check_peer(server, folder / "form", form_type, 1, "torch", "gpu")
+        print(f"== litserve {config}: ready in {startup:.1f} s")
+        return {
+            "startup_s": startup,
+            "configuration": {
+                "litserve": "0.2.19",
+                "num_api_servers": api_servers,
+                "workers_per_device": workers,
+                "fast_queue": api_servers > 1 or workers > 1,
+                "torch_threads_per_worker": 1,
+                "max_batch_size": args.max_batch_size,
+                "batch_timeout_ms": args.wait_ms,
+                "decode": "GPU, in batch(): torchvision nvJPEG + the checkpoint's resize, crop, normalise",
+                "model": "eager, bf16",
+            },
+            "predict": predict_levels(server, f"litserve {config} /predict"),
+        }
+    finally:
+        server.stop()
+
+
 def served(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     form_type, v2_headers = bodies(folder, args.images_per_request)
     result: dict[str, Any] = {
@@ -282,12 +320,8 @@ def served(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
                 log = server.stop()
                 with (args.out / "servers.log").open("a") as f:
                     f.write(f"== {name} {variant}\n{log[-20000:]}\n")
-        if args.peer:
-            server = start_litserve(checkpoint, args.max_batch_size, args.wait_ms, 0, "torch")
-            try:
-                check_peer(server, folder / "form", form_type, 0, "torch")
-                result[name]["litserve"] = {"predict": predict_levels(server, "litserve /predict")}
-            finally:
-                server.stop()
+        if args.peer and name in args.peer_models:
+            for config in args.peer_configs:
+                result[name][f"litserve-{config}"] = peer(args, checkpoint, config, predict_levels, folder, form_type)
         save(args.out, "served", result)
     return result
