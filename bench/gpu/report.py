@@ -68,7 +68,7 @@ def best_served(model: dict[str, Any]) -> dict[str, Any]:
     rows = [
         r
         for variant, runs in model.items()
-        if variant != "litserve" and isinstance(runs, dict)
+        if not variant.startswith("litserve") and isinstance(runs, dict)
         for route in ("predict", "v2")
         for r in runs.get(route, [])
     ]
@@ -100,7 +100,37 @@ def targets(data: dict[str, Any]) -> dict[str, Any]:
                 for variant in ("cpu-decode", "gpu-decode+graphs")
                 if variant in model
             }
+        if against := against_litserve(model):
+            out[name]["vs_litserve_best"] = against
     return out
+
+
+def best_predict(runs: dict[str, Any]) -> dict[int, tuple[float, str]]:
+    """Per /predict concurrency, the most images/s any of these servers served, and which server."""
+    best: dict[int, tuple[float, str]] = {}
+    for server, run in runs.items():
+        for r in run.get("predict", []):
+            if r["concurrency"] not in best or r["images_per_s"] > best[r["concurrency"]][0]:
+                best[r["concurrency"]] = (r["images_per_s"], server)
+    return best
+
+
+def against_litserve(model: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """Best against best on /predict at each concurrency: the service's variants against LitServe's
+    configurations (`litserve-APIxWORKERS`, each decoding on the GPU)."""
+    peers = {v: r for v, r in model.items() if v.startswith("litserve-") and isinstance(r, dict)}
+    ours = {v: r for v, r in model.items() if not v.startswith("litserve") and isinstance(r, dict)}
+    theirs, mine = best_predict(peers), best_predict(ours)
+    return {
+        c: {
+            "service": mine[c][1],
+            "service_img_per_s": mine[c][0],
+            "litserve": theirs[c][1],
+            "litserve_img_per_s": theirs[c][0],
+            "ratio": mine[c][0] / theirs[c][0],
+        }
+        for c in sorted(set(mine) & set(theirs))
+    }
 
 
 def timeline_lines(t: dict[str, Any]) -> list[str]:
@@ -207,7 +237,7 @@ def hardware_decoders(h: dict[str, Any]) -> list[str]:
 
 
 def markdown(d: dict[str, Any]) -> str:
-    c, dec = d.get("ceilings"), d["decode"]
+    c, dec = d.get("ceilings"), d.get("decode")
     lines = [f"{d.get('machine', '')}", ""]
     if c:  # a run may leave the ceilings out
         lines += [
@@ -238,7 +268,22 @@ def markdown(d: dict[str, Any]) -> str:
         ]
     if pipe := d["raw"].get("pipeline"):
         lines += pipeline_lines(pipe, d["raw"])
-    lines += [
+    if dec:  # a run may leave the preprocessing rates out
+        lines += preprocessing_lines(dec)
+    if "hwdecode" in d:
+        lines += hardware_decoders(d["hwdecode"])
+    lines += served_lines(d)
+    if "profile" in d:
+        lines += profile_lines(d["profile"])
+    if "timeline" in d:
+        lines += timeline_lines(d["timeline"])
+    if "tests" in d:
+        lines += ["", f"GPU tests (`tests/app/test_cuda.py`): {d['tests']['summary'].strip('= ')}"]
+    return "\n".join(lines) + "\n"
+
+
+def preprocessing_lines(dec: dict[str, Any]) -> list[str]:
+    return [
         "## Preprocessing a 500x375 JPEG (decode, resize to 248, crop 224, normalise)",
         "",
         *table(
@@ -257,11 +302,12 @@ def markdown(d: dict[str, Any]) -> str:
         f"max {dec['max_abs_diff_vs_cpu']:.3f}.",
         "",
     ]
-    if "hwdecode" in d:
-        lines += hardware_decoders(d["hwdecode"])
+
+
+def served_lines(d: dict[str, Any]) -> list[str]:
     sv = d["served"]
     st = sv["settings"]
-    lines += [
+    lines = [
         "## Served (500x375 JPEGs; `hey`; /predict: one image per multipart request; V2: "
         f"{st['images_per_request']} images per binary request)",
         "",
@@ -326,24 +372,50 @@ def markdown(d: dict[str, Any]) -> str:
     header = ["model", "served best img/s", "raw compiled best", "served / raw", "p99 there"]
     header += ["/predict vs LitServe, both decoding on the CPU", "/predict vs LitServe, the defaults (GPU decoding)"]
     lines += table(header, rows, "lrrrrll")
-    if "profile" in d:
-        lines += [
-            "",
-            "## Where the served process spends its time (py-spy, 8 s at 250 Hz, vit-b16 with the defaults)",
-            "",
-            "Share of wall time each thread was sampled running; *holding the GIL*: sampled with `--gil`.",
-            "",
+    lines += litserve_lines(sv, d["targets"])
+    return lines
+
+
+def litserve_lines(sv: dict[str, Any], targets: dict[str, Any]) -> list[str]:
+    """Each LitServe configuration as the benchmark checked and recorded it, and best against best."""
+    lines: list[str] = []
+    for name, t in targets.items():
+        if not (against := t.get("vs_litserve_best")):
+            continue
+        lines += ["", f"## /predict against LitServe ({name}, best against best at each concurrency)", ""]
+        for variant, run in models_in(sv)[name].items():
+            if variant.startswith("litserve-") and "configuration" in run:
+                settings = ", ".join(f"{k} {v}" for k, v in run["configuration"].items())
+                lines.append(f"- *{variant}*: {settings}; ready in {run['startup_s']:.1f} s")
+        lines.append("")
+        rows = [
+            [
+                c,
+                a["service"],
+                f"{a['service_img_per_s']:.0f}",
+                a["litserve"],
+                f"{a['litserve_img_per_s']:.0f}",
+                f"{a['ratio']:.2f}x",
+            ]
+            for c, a in against.items()
         ]
-        labels = {"-gil": ", holding the GIL", "predict": "/predict c=256", "v2": "V2 x8 c=64"}
-        rows = []
-        for kind, shares in d["profile"].items():
-            label = kind
-            for was, becomes in labels.items():
-                label = label.replace(was, becomes)
-            rows.append([label, *(f"{shares.get(t, 0):.0%}" for t in ("event loop", "cpu pool", "forward thread"))])
-        lines += table(["load", "event loop", "CPU pool", "forward thread"], rows)
-    if "timeline" in d:
-        lines += timeline_lines(d["timeline"])
-    if "tests" in d:
-        lines += ["", f"GPU tests (`tests/app/test_cuda.py`): {d['tests']['summary'].strip('= ')}"]
-    return "\n".join(lines) + "\n"
+        lines += table(["concurrency", "service", "img/s", "LitServe", "img/s", "service / LitServe"], rows, "rlrlrr")
+    return lines
+
+
+def profile_lines(profile: dict[str, Any]) -> list[str]:
+    lines = [
+        "",
+        "## Where the served process spends its time (py-spy, 8 s at 250 Hz, vit-b16 with the defaults)",
+        "",
+        "Share of wall time each thread was sampled running; *holding the GIL*: sampled with `--gil`.",
+        "",
+    ]
+    labels = {"-gil": ", holding the GIL", "predict": "/predict c=256", "v2": "V2 x8 c=64"}
+    rows = []
+    for kind, shares in profile.items():
+        label = kind
+        for was, becomes in labels.items():
+            label = label.replace(was, becomes)
+        rows.append([label, *(f"{shares.get(t, 0):.0%}" for t in ("event loop", "cpu pool", "forward thread"))])
+    return lines + table(["load", "event loop", "CPU pool", "forward thread"], rows)
