@@ -64,13 +64,15 @@ def models_in(part: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in part.items() if k in MODELS}
 
 
-def best_served(model: dict[str, Any]) -> dict[str, Any]:
+def best_served(model: dict[str, Any], route: str | None = None) -> dict[str, Any]:
+    """The service's best load level (not LitServe's), over both routes or on `route`."""
     rows = [
         r
         for variant, runs in model.items()
         if not variant.startswith("litserve") and isinstance(runs, dict)
-        for route in ("predict", "v2")
-        for r in runs.get(route, [])
+        for each in ("predict", "v2")
+        if route in (None, each)
+        for r in runs.get(each, [])
     ]
     return max(rows, key=lambda r: r["images_per_s"])
 
@@ -88,6 +90,10 @@ def targets(data: dict[str, Any]) -> dict[str, Any]:
             "raw_compiled_best_img_per_s": compiled_best,
             "served_over_raw": served["images_per_s"] / compiled_best,
             "p99_ms_there": served["p99_ms"],
+            **{
+                f"{route}_over_raw": best_served(model, route)["images_per_s"] / compiled_best
+                for route in ("predict", "v2")
+            },
         }
         if "litserve" in model:  # LitServe decodes with PIL in its one inference worker, on the CPU
             out[name]["vs_litserve"] = {
@@ -365,13 +371,15 @@ def served_lines(d: dict[str, Any]) -> list[str]:
                 f"{t['raw_compiled_best_img_per_s']:.0f}",
                 f"{t['served_over_raw']:.2f}",
                 f"{t['p99_ms_there']:.0f} ms",
+                *(f"{t[k]:.2f}" if k in t else "" for k in ("v2_over_raw", "predict_over_raw")),
                 ratios("cpu-decode"),
                 ratios("gpu-decode+graphs"),
             ]
         )
-    header = ["model", "served best img/s", "raw compiled best", "served / raw", "p99 there"]
+    header = ["model", "served best img/s", "raw compiled best", "served / raw", "p99 there", "V2 / raw"]
+    header += ["/predict / raw"]
     header += ["/predict vs LitServe, both decoding on the CPU", "/predict vs LitServe, the defaults (GPU decoding)"]
-    lines += table(header, rows, "lrrrrll")
+    lines += table(header, rows, "lrrrrrrll")
     lines += litserve_lines(sv, d["targets"])
     return lines
 
