@@ -40,6 +40,10 @@ run)
   python3 -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__)" | tee -a "$OUT/gpu.txt"
   echo "$(nproc) CPU cores: $(lscpu | sed -n 's/^Model name: *//p')" | tee -a "$OUT/gpu.txt"
   python3 -m bench.gpu --out "$OUT" "$@"
+  # A device returns a few files from $OUT: the parts' JSON (the profile's summary included) stay files, and the
+  # py-spy stacks and the servers' logs travel as one archive.
+  (cd "$OUT" && shopt -s nullglob && extras=(profile-*.txt servers.log) &&
+    if [ ${#extras[@]} -gt 0 ]; then tar czf stacks-and-logs.tar.gz "${extras[@]}" && rm -f "${extras[@]}"; fi)
   ;;
 *)
   echo "usage: bash bench/gpu.sh prepare | run PARTS... [options]" >&2

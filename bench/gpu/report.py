@@ -10,20 +10,32 @@ from bench.common import RESULTS, table
 from bench.gpu.common import MODELS
 
 
-def summarize_profile(path: Path) -> dict[str, float]:
-    """Share of wall time each thread of the server was sampled in (py-spy raw output, 250 Hz)."""
-    counts: dict[str, int] = {}
+def summarize_profile(path: Path, seconds: float = 8.0, rate: int = 250) -> dict[str, float]:
+    """Cores each part of the server was sampled running in (py-spy raw output with --subprocesses): samples over
+    rate x seconds, summed over threads, so 1.0 is one thread running the whole time. The parts: the engine's
+    forward thread, the engine process's other threads (its loop), the CPU pool, the front-end processes, the
+    supervisor; one process serving alone counts its own threads as the event loop."""
+    samples = []
     for line in path.read_text().splitlines():
         stack, _, n = line.rpartition(" ")
-        thread = (
-            "forward thread"
-            if "Predictor.__call__" in stack
-            else "cpu pool"
-            if "_WorkItem.run" in stack
-            else "event loop"
-        )
-        counts[thread] = counts.get(thread, 0) + int(n)
-    return {k: v / (250 * 8) for k, v in sorted(counts.items())}
+        processes = [f.split(":")[0] for f in stack.split(";") if f.startswith("process ")]
+        samples.append((stack, processes[-1] if processes else "", len(processes), int(n)))
+    engine = {pid for stack, pid, _, _ in samples if "Predictor.__call__" in stack}
+    several = len({pid for _, pid, _, _ in samples}) > 1
+    counts: dict[str, int] = {}
+    for stack, pid, depth, n in samples:
+        if "Predictor.__call__" in stack:
+            part = "forward thread"
+        elif "_WorkItem.run" in stack:
+            part = "cpu pool"
+        elif not several:
+            part = "event loop"
+        elif pid in engine:
+            part = "engine loop"
+        else:
+            part = "supervisor" if depth == 1 else "front-ends"
+        counts[part] = counts.get(part, 0) + n
+    return {k: v / (rate * seconds) for k, v in sorted(counts.items())}
 
 
 def report(folders: list[Path], name: str) -> None:
@@ -48,10 +60,13 @@ def report(folders: list[Path], name: str) -> None:
             timelines = {k: v["timeline"] for k, v in runs.items() if isinstance(v, dict) and "timeline" in v}
             if timelines:
                 data["timeline"] = {"model": runs.get("model"), **timelines}
+            for kind, run in runs.items():
+                if isinstance(run, dict) and run.get("cores"):  # summarised on the device
+                    data.setdefault("profile", {})[kind] = run["cores"]
         for kind in ("v2", "predict"):
             for gil in ("", "-gil"):
                 found = folder / f"profile-{kind}{gil}.txt"
-                if found.is_file():
+                if found.is_file():  # the stacks themselves, where they came back
                     data.setdefault("profile", {})[f"{kind}{gil}"] = summarize_profile(found)
     data["targets"] = targets(data)
     (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2))
@@ -80,12 +95,15 @@ def best_served(model: dict[str, Any], route: str | None = None) -> dict[str, An
 def targets(data: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, model in models_in(data.get("served", {})).items():
+        if against := against_litserve(model):
+            out[name] = {"vs_litserve_best": against}
         if name not in data.get("raw", {}):
             continue
         raw_rates = data["raw"][name]["img_per_s"]
         compiled_best = max(raw_rates["compiled"].values())
         served = best_served(model)
         out[name] = {
+            **out.get(name, {}),
             "served_best_img_per_s": served["images_per_s"],
             "raw_compiled_best_img_per_s": compiled_best,
             "served_over_raw": served["images_per_s"] / compiled_best,
@@ -106,8 +124,6 @@ def targets(data: dict[str, Any]) -> dict[str, Any]:
                 for variant in ("cpu-decode", "gpu-decode+graphs")
                 if variant in model
             }
-        if against := against_litserve(model):
-            out[name]["vs_litserve_best"] = against
     return out
 
 
@@ -253,8 +269,9 @@ def markdown(d: dict[str, Any]) -> str:
             f"**{c['copy_tb_per_s']:.2f} TB/s** (bytes read + written).",
             "",
         ]
-    lines += ["## Raw forward, bf16 (img/s; logits and embedding, random input)", ""]
-    for name, r in models_in(d["raw"]).items():
+    if "raw" in d:
+        lines += ["## Raw forward, bf16 (img/s; logits and embedding, random input)", ""]
+    for name, r in models_in(d.get("raw", {})).items():
         rates = r["img_per_s"]
         best = max(max(v.values()) for v in rates.values() if v)
         tflops = best * r["gflops_per_image"] / 1e3
@@ -272,7 +289,7 @@ def markdown(d: dict[str, Any]) -> str:
             ),
             "",
         ]
-    if pipe := d["raw"].get("pipeline"):
+    if pipe := d.get("raw", {}).get("pipeline"):
         lines += pipeline_lines(pipe, d["raw"])
     if dec:  # a run may leave the preprocessing rates out
         lines += preprocessing_lines(dec)
@@ -348,6 +365,9 @@ def served_lines(d: dict[str, Any]) -> list[str]:
         rows.append([name, "startup (process start to ready)", starts, *[""] * 7])
     header = ["model", "server", "route", "concurrency", "img/s", "p50 ms", "p99 ms", "mean batch", "GPU %"]
     lines += table([*header, "server cores"], rows, "lllrrrrrrr")
+    lines += litserve_lines(sv, d["targets"])
+    if not any("served_over_raw" in t for t in d["targets"].values()):  # no raw forward in these runs
+        return lines
     lines += ["", "## Targets", ""]
     if any("vs_litserve" in t for t in d["targets"].values()):
         lines += [
@@ -357,6 +377,8 @@ def served_lines(d: dict[str, Any]) -> list[str]:
         ]
     rows = []
     for name, t in d["targets"].items():
+        if "served_over_raw" not in t:  # no raw forward in these runs
+            continue
         peer = t.get("vs_litserve", {})
         if peer and not isinstance(next(iter(peer.values())), dict):  # a result file from before the split
             peer = {"gpu-decode+graphs": peer}
@@ -379,9 +401,7 @@ def served_lines(d: dict[str, Any]) -> list[str]:
     header = ["model", "served best img/s", "raw compiled best", "served / raw", "p99 there", "V2 / raw"]
     header += ["/predict / raw"]
     header += ["/predict vs LitServe, both decoding on the CPU", "/predict vs LitServe, the defaults (GPU decoding)"]
-    lines += table(header, rows, "lrrrrrrll")
-    lines += litserve_lines(sv, d["targets"])
-    return lines
+    return lines + table(header, rows, "lrrrrrrll")
 
 
 def litserve_lines(sv: dict[str, Any], targets: dict[str, Any]) -> list[str]:
@@ -412,11 +432,14 @@ def litserve_lines(sv: dict[str, Any], targets: dict[str, Any]) -> list[str]:
 
 
 def profile_lines(profile: dict[str, Any]) -> list[str]:
+    parts = sorted({part for shares in profile.values() for part in shares})
     lines = [
         "",
-        "## Where the served process spends its time (py-spy, 8 s at 250 Hz, vit-b16 with the defaults)",
+        "## Where the served processes spend their time (py-spy, 8 s at 250 Hz, vit-b16 with the defaults)",
         "",
-        "Share of wall time each thread was sampled running; *holding the GIL*: sampled with `--gil`.",
+        "Cores each part was sampled running (summed over its threads and processes: 1.00 is one thread the whole "
+        "time); *holding the GIL*: sampled with `--gil`. *engine loop*: the engine process's threads other than "
+        "the forward thread.",
         "",
     ]
     labels = {"-gil": ", holding the GIL", "predict": "/predict c=256", "v2": "V2 x8 c=64"}
@@ -425,5 +448,5 @@ def profile_lines(profile: dict[str, Any]) -> list[str]:
         label = kind
         for was, becomes in labels.items():
             label = label.replace(was, becomes)
-        rows.append([label, *(f"{shares.get(t, 0):.0%}" for t in ("event loop", "cpu pool", "forward thread"))])
-    return lines + table(["load", "event loop", "CPU pool", "forward thread"], rows)
+        rows.append([label, *(f"{shares.get(part, 0):.2f}" for part in parts)])
+    return lines + table(["load", *parts], rows, "l" + "r" * len(parts))

@@ -18,6 +18,7 @@ import torch
 
 from bench.common import multipart
 from bench.gpu.common import MODELS, VARIANTS, save
+from bench.gpu.report import summarize_profile
 from bench.run import check_peer
 from harness.images import photo_jpeg
 from harness.load import ServerProcess, run_hey, start_litserve
@@ -223,6 +224,7 @@ def profile(args: argparse.Namespace, folder: Path, seconds: float = 8.0) -> dic
                 result[f"{kind}{'-gil' if gil else ''}"] = {
                     "requests_per_s": r.requests_per_s,
                     "timeline": timeline(before, after, took),
+                    "cores": summarize_profile(target, seconds) if target.is_file() else {},
                     "py_spy": spy_out[-500:],
                 }
                 print(f"  profiled {kind} c={c} gil={gil}: {r.requests_per_s:.0f} req/s; {spy_out[-200:]}", flush=True)
