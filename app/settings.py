@@ -142,6 +142,14 @@ class Settings(BaseSettings):
         "JPEG engines, the rest to its CUDA decoder (DALI's hw_decoder_load). 1: the engines take every file they "
         "can, the CUDA decoder what they leave",
     )
+    cpu_decode_share: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="With JPEGs decoded on the GPU: the share of plain JPEGs that the serving processes decode on "
+        "their CPU pools instead, every file in turn (1 in 4 at 0.25), to take decoding off the SMs where the host "
+        "has cores to spare; 0: the GPU decodes every plain JPEG",
+    )
     jpeg_draft: bool = Field(
         True,
         description="On the CPU, a JPEG whose shorter side is at least twice the checkpoint's resize size is "

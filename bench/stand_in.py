@@ -105,6 +105,13 @@ def parse_args() -> argparse.Namespace:
         "ceiling from that",
     )
     p.add_argument(
+        "--cpu-decode-share",
+        type=float,
+        default=0.0,
+        help="VIT_CPU_DECODE_SHARE: the share of plain JPEGs the front-ends decode with PIL; the device decodes the "
+        "rest (not with --replay, whose engine takes every JPEG encoded)",
+    )
+    p.add_argument(
         "--profile",
         type=float,
         default=0,
@@ -292,16 +299,21 @@ def project(
     device_img_s: tuple[float, float] | None = None,
     host_cores: int = H100_HOST_CORES,
     device_replayed: float | None = None,
+    cpu_share: float = 0.0,
 ) -> dict[str, float]:
     """img/s the CPU side could feed on the H100 host: the smallest of the device, the engine and the
     front-ends (each in H100-host microseconds: this machine's times `scale`), with each of the two decoders
     (`DeviceTimes.images_per_s`): the CUDA decoder, which shares the SMs with the forward, and the hardware
     JPEG engines at their own rate. Another GPU host: its device's two rates and its cores given
     (`scale` then to its cores). `device_replayed`: the img/s the replayed engine served over the stand-in's
-    device (`Replayed`), which caps the CUDA decoder's: the device as the engine's batching attains it."""
+    device (`Replayed`), which caps the CUDA decoder's: the device as the engine's batching attains it. `cpu_share`:
+    the JPEGs the front-ends decoded (VIT_CPU_DECODE_SHARE), which the device does not."""
     host = {role: us * scale for role, us in per_image_us.items()}
     times = DeviceTimes(model, MAX_BATCH_SIZE)
-    device, hardware = device_img_s or (times.images_per_s("cuda"), times.images_per_s("hardware"))
+    device, hardware = device_img_s or (
+        times.images_per_s("cuda", cpu_share),
+        times.images_per_s("hardware", cpu_share),
+    )
     if device_replayed is not None:
         device = min(device, device_replayed)
     engine = 1e6 / host["engine"] if host["engine"] else float("inf")
@@ -326,7 +338,8 @@ def project(
 def projected_again(entry: dict[str, Any], machine: str) -> dict[str, Any]:
     """An entry projected with the current device model; its CPU ceilings (from the unrounded measurement)
     and the machine it was measured on kept."""
-    device = {d: DeviceTimes(entry["model"], MAX_BATCH_SIZE).images_per_s(d) for d in ("cuda", "hardware")}
+    share = entry.get("cpu_decode_share", 0.0)
+    device = {d: DeviceTimes(entry["model"], MAX_BATCH_SIZE).images_per_s(d, share) for d in ("cuda", "hardware")}
     device["cuda"] = min(device["cuda"], entry.get("device_replayed_img_s", device["cuda"]))
     cpu = min(entry["engine_ceiling_img_s"], entry["frontend_ceiling_img_s"])
     return {
@@ -349,6 +362,8 @@ def main() -> None:
         machine = named.group(1) if named else cpu_model()
         report([projected_again(e, machine) for e in json.loads(target.read_text())], args)
         return
+    if args.replay and args.cpu_decode_share:
+        raise SystemExit("--replay replays an engine that takes every JPEG encoded: leave out --cpu-decode-share")
     _, _, default_concurrency = ROUTES[args.route]
     concurrency = args.concurrency or default_concurrency
     here_pil = pil_one_core_rate()
@@ -434,6 +449,7 @@ def service_entry(
         "VIT_MAX_FILES": "64",
         "VIT_LOG_LEVEL": "warning",
         "VIT_GRPC_PORT": "0",
+        "VIT_CPU_DECODE_SHARE": str(args.cpu_decode_share),
     }
     argv = [sys.executable, "-m", "harness.stand_in_app", "--host", "127.0.0.1", "--port", str(port)]
     with ServerProcess(argv, env, port) as server:
@@ -520,12 +536,15 @@ def summary(
         replayed = None
     engine = per_image if replayed is None else {**per_image, "engine": replayed.engine_us_per_image}
     device_replayed = replayed.device_img_s if replayed is not None else None
-    projection = project(args.model, workers, engine, scale, device_replayed=device_replayed)
+    share = args.cpu_decode_share
+    projection = project(args.model, workers, engine, scale, device_replayed=device_replayed, cpu_share=share)
     extra: dict[str, float] = {}
     if replayed is not None:
         extra["engine_replayed_cpu_us_per_image"] = round(replayed.engine_us_per_image, 1)
     if device_replayed is not None:
         extra["device_replayed_img_s"] = round(device_replayed, 1)
+    if share:
+        extra["cpu_decode_share"] = share
     return {
         "server": server,
         "commit": commit(Path(__file__).resolve().parent.parent),

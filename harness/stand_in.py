@@ -81,18 +81,20 @@ class DeviceTimes:
         padded = sizes[bisect.bisect_left(sizes, n)] if n <= sizes[-1] else n
         return batch_seconds(self.forward_img_s or FORWARD_IMAGES_PER_S[self.model], padded)
 
-    def images_per_s(self, decoder: str = "cuda") -> float:
+    def images_per_s(self, decoder: str = "cuda", cpu_share: float = 0.0) -> float:
         """The device's rate at the largest batch, with two batches in flight (as the predictor keeps them): what it
         could serve if the CPU side never kept it waiting.
 
         `cuda`: the CUDA decoder, one batch's decoding after another's forward (they share the SMs). `hardware`:
         the JPEG engines beside the SMs at their own rate (HARDWARE_DECODE_IMAGES_PER_S, the H200's alone); how
-        much less they give beside a forward is not in it."""
+        much less they give beside a forward is not in it. `cpu_share`: the share of the JPEGs decoded on the host's
+        CPUs instead (VIT_CPU_DECODE_SHARE), which the device does not decode."""
         n = self.max_batch_size
         forward = self.forward_s(n)
+        on_device = n * (1.0 - cpu_share)
         if decoder == "hardware":
-            return n / max(forward, n / self.hardware_img_s)
-        return n / (forward + self.decode_s(n))
+            return n / max(forward, on_device / self.hardware_img_s)
+        return n / (forward + self.decode_s(on_device))
 
 
 def batch_seconds(rates: dict[int, float], n: int) -> float:

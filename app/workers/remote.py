@@ -337,7 +337,9 @@ class RemoteEngine(Front):
         if (preparer := self.preparers.get(key)) is None:
             s = self.settings
             p = Preprocessing(**model.preprocessing)
-            preparer = self.preparers[key] = ImagePreparer(p, s.max_image_pixels, s.jpeg_draft, model.decode == "gpu")
+            gpu_jpegs = model.decode == "gpu"
+            preparer = ImagePreparer(p, s.max_image_pixels, s.jpeg_draft, gpu_jpegs, s.cpu_decode_share)
+            self.preparers[key] = preparer
         return preparer
 
     def store_inputs(

@@ -33,6 +33,8 @@ def test_several_models_in_order() -> None:
         ({"max_batch_size": 0}, "greater than or equal to 1"),
         ({"hw_decoder_load": 0}, "greater than 0"),
         ({"hw_decoder_load": 1.5}, "less than or equal to 1"),
+        ({"cpu_decode_share": -0.1}, "greater than or equal to 0"),
+        ({"cpu_decode_share": 1.5}, "less than or equal to 1"),
     ],
 )
 def test_bad_values_are_refused(values: dict[str, object], message: str) -> None:

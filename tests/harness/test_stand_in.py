@@ -151,6 +151,9 @@ def test_the_device_rate_with_each_decoder() -> None:
     forward, decode = 256 / 11_199, 256 / 13_921
     assert times.images_per_s("cuda") == pytest.approx(256 / (forward + decode))
     assert times.images_per_s("hardware") == pytest.approx(11_199)  # the engines (20,071 img/s) outpace it
+    # the JPEGs the front-ends decode (VIT_CPU_DECODE_SHARE) leave the device's decoder
+    assert times.images_per_s("cuda", 0.25) == pytest.approx(256 / (forward + 0.75 * decode))
+    assert times.images_per_s("cuda", 1.0) == pytest.approx(11_199)
 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["one-process", "over-a-shared-folder"])

@@ -87,7 +87,9 @@ class ServedModel:
         )
         # plain JPEGs are left encoded only for a predictor that decodes them (a fallback to torch has none)
         gpu_jpegs = predictor.jpeg_decoder is not None
-        preparer = ImagePreparer(p, settings.max_image_pixels, settings.jpeg_draft, gpu_jpegs)
+        preparer = ImagePreparer(
+            p, settings.max_image_pixels, settings.jpeg_draft, gpu_jpegs, settings.cpu_decode_share
+        )
         z = checkpoint.zero_shot
         classes = f"{len(checkpoint.classes)} classes"
         if z is not None:

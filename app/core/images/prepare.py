@@ -51,20 +51,30 @@ class Prepared:
 
 class ImagePreparer:
     """One model version's way from a file to its input: decode (a large JPEG scaled inside libjpeg when
-    `jpeg_draft`), check, preprocess; a plain JPEG is only checked when `gpu_jpegs` (nvJPEG decodes it)."""
+    `jpeg_draft`), check, preprocess; a plain JPEG is only checked when `gpu_jpegs` (nvJPEG decodes it), except
+    for `cpu_share` of them, every file in turn, which are decoded here too (VIT_CPU_DECODE_SHARE)."""
 
-    def __init__(self, preprocessing: Preprocessing, max_pixels: int, jpeg_draft: bool, gpu_jpegs: bool) -> None:
+    def __init__(
+        self,
+        preprocessing: Preprocessing,
+        max_pixels: int,
+        jpeg_draft: bool,
+        gpu_jpegs: bool,
+        cpu_share: float = 0.0,
+    ) -> None:
         self.preprocessor = Preprocessor(preprocessing)
         self.channels = preprocessing.channels
         self.max_pixels = max_pixels
         self.draft_to = preprocessing.resize_size if jpeg_draft else None
         self.gpu_jpegs = gpu_jpegs
+        self.cpu_share = cpu_share
+        self.cpu_credit = 0.0  # the share owed to the CPU so far: a file goes there each time it reaches 1
 
-    def prepare(self, image: EncodedImage | DecodedImage, keep_image: bool) -> Prepared:
+    def prepare(self, image: EncodedImage | DecodedImage, keep_image: bool, leave_jpeg: bool = True) -> Prepared:
         """Decode, validate and preprocess one image file (CPU work: run it on a pool thread); a `DecodedImage`
-        again from its file."""
+        again from its file. A JPEG the GPU decodes stays encoded unless `leave_jpeg` is false."""
         header = open_image(image.data, image.filename, self.max_pixels)
-        if self.gpu_jpegs and not keep_image and gpu_decodable(header, image.data):
+        if self.gpu_jpegs and leave_jpeg and not keep_image and gpu_decodable(header, image.data):
             return Prepared(image.filename, None, Jpeg(image.data, image.filename))
         # An overlay is drawn on the image as sent: decoded in full.
         draft_to = None if keep_image else self.draft_to
@@ -76,33 +86,52 @@ class ImagePreparer:
     ) -> list[Prepared]:
         """Every file prepared, each in a `decode` span under the caller's span: a plain JPEG that the GPU decodes
         is told from its markers here, on the caller's thread (`plain_jpeg`: a few microseconds, less than the
-        hand-off to a pool thread); every other file on `pool`, all at once."""
-        prepared = (
-            [self.left_encoded(i) for i in images] if self.gpu_jpegs and not keep_images else [None] * len(images)
-        )
-        rest = [i for i, p in zip(images, prepared, strict=True) if p is None]
+        hand-off to a pool thread); every other file, and the plain JPEGs of the CPU's share, on `pool`, all at
+        once."""
+        prepared: list[Prepared | None] = [None] * len(images)
+        leave = [True] * len(images)  # false: decoded on the pool even if the GPU could
+        if self.gpu_jpegs and not keep_images:
+            for k, image in enumerate(images):
+                if plain_jpeg(image.data, self.max_pixels):
+                    if self.decode_here():
+                        leave[k] = False
+                    else:
+                        prepared[k] = self.left_encoded(image)
+        rest = [k for k, p in enumerate(prepared) if p is None]
         if not rest:
             return cast(list[Prepared], prepared)
         loop = asyncio.get_running_loop()
         context = otel_context.get_current()
         done = iter(
             await asyncio.gather(
-                *(loop.run_in_executor(pool, self.prepare_traced, context, i, keep_images) for i in rest)
+                *(
+                    loop.run_in_executor(pool, self.prepare_traced, context, images[k], keep_images, leave[k])
+                    for k in rest
+                )
             )
         )
         return [p if p is not None else next(done) for p in prepared]
 
-    def left_encoded(self, image: EncodedImage | DecodedImage) -> Prepared | None:
-        """The file, left encoded for the GPU, where its markers say it is a plain JPEG; None where PIL decides
-        (on the pool, in its own `decode` span). The span of a file taken here is opened once the markers are
-        read, so that a file has one whichever way it goes: it leaves out their few microseconds."""
-        if not plain_jpeg(image.data, self.max_pixels):
-            return None
+    def left_encoded(self, image: EncodedImage | DecodedImage) -> Prepared:
+        """A plain JPEG (its markers said so), left encoded for the GPU, in its `decode` span: opened once the
+        markers are read, so that a file has one whichever way it goes; it leaves out their few microseconds."""
         with child_span("decode", {"vit.image.filename": image.filename, "vit.image.bytes": len(image.data)}):
             return Prepared(image.filename, None, Jpeg(image.data, image.filename))
 
+    def decode_here(self) -> bool:
+        """Whether this plain JPEG is the CPU's turn: `cpu_share` of them, spread evenly over the files."""
+        self.cpu_credit += self.cpu_share
+        if self.cpu_credit < 1.0:
+            return False
+        self.cpu_credit -= 1.0
+        return True
+
     def prepare_traced(
-        self, context: otel_context.Context, image: EncodedImage | DecodedImage, keep_image: bool
+        self,
+        context: otel_context.Context,
+        image: EncodedImage | DecodedImage,
+        keep_image: bool,
+        leave_jpeg: bool = True,
     ) -> Prepared:
         """`prepare` in a `decode` span under `context` (it runs on a pool thread, outside the request's)."""
         attributes: dict[str, AttributeValue] = {
@@ -110,4 +139,4 @@ class ImagePreparer:
             "vit.image.bytes": len(image.data),
         }
         with child_span("decode", attributes, context):
-            return self.prepare(image, keep_image)
+            return self.prepare(image, keep_image, leave_jpeg)

@@ -111,3 +111,36 @@ async def test_plain_jpegs_for_the_gpu_are_told_without_the_pool_and_the_rest_go
         CountingPool.handed = 0
         everything = await ImagePreparer(P, LIMIT, jpeg_draft=False, gpu_jpegs=True).prepare_all(files, True, pool)
         assert CountingPool.handed == 3 and all(p.image is not None for p in everything)  # overlays: decoded here
+
+
+@pytest.mark.parametrize(("share", "on_cpu"), [(0.0, []), (0.25, [3, 7]), (0.5, [1, 3, 5, 7]), (1.0, list(range(8)))])
+async def test_the_cpu_decodes_its_share_of_plain_jpegs_in_turn(share: float, on_cpu: list[int]) -> None:
+    """VIT_CPU_DECODE_SHARE: of the plain JPEGs the GPU would decode, that share is decoded on the pool instead,
+    every file in turn, to the CPU path's pixels; files the GPU cannot take do not count toward it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    jpegs = [encode(photo(40 + i, 30), "JPEG", quality=90) for i in range(8)]
+    png = encode(photo(), "PNG")
+    files = [EncodedImage(f"{i}.jpg", data) for i, data in enumerate(jpegs)]
+    files.insert(2, EncodedImage("x.png", png))  # decoded on the pool whatever the share
+    preparer = ImagePreparer(P, LIMIT, jpeg_draft=False, gpu_jpegs=True, cpu_share=share)
+    with ThreadPoolExecutor(2) as pool:
+        prepared = await preparer.prepare_all(files, False, pool)
+    assert isinstance(prepared.pop(2).pixels, torch.Tensor)
+    for i, (p, data) in enumerate(zip(prepared, jpegs, strict=True)):
+        if i in on_cpu:
+            assert isinstance(p.pixels, torch.Tensor), i
+            torch.testing.assert_close(p.pixels, cpu_pixels(data), atol=0, rtol=0)
+        else:
+            assert p.pixels == Jpeg(data, f"{i}.jpg"), i
+
+
+async def test_the_cpu_share_carries_over_from_one_request_to_the_next() -> None:
+    """A share below one file a request still reaches the CPU: the turn is counted over the preparer's files."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    data = encode(photo(), "JPEG", quality=90)
+    preparer = ImagePreparer(P, LIMIT, jpeg_draft=False, gpu_jpegs=True, cpu_share=0.25)
+    with ThreadPoolExecutor(1) as pool:
+        answers = [(await preparer.prepare_all([EncodedImage("a.jpg", data)], False, pool))[0] for _ in range(8)]
+    assert [isinstance(a.pixels, torch.Tensor) for a in answers] == [False, False, False, True] * 2
