@@ -38,6 +38,13 @@ VARIANTS: dict[str, dict[str, str]] = {
         "VIT_CUDA_GRAPHS": "true",
         "VIT_WORKERS": "8",
     },
+    # three plain JPEGs in ten decoded by PIL in the front-ends, the rest by nvJPEG (VIT_CPU_DECODE_SHARE)
+    "workers-8-cpu-share-0.3": {
+        "VIT_DECODE": "auto",
+        "VIT_CPU_DECODE_SHARE": "0.3",
+        "VIT_CUDA_GRAPHS": "true",
+        "VIT_WORKERS": "8",
+    },
     # every image decoded by PIL on the front-ends' cores instead of on the GPU: what the CPUs add
     "workers-8-cpu-decode": {"VIT_DECODE": "cpu", "VIT_CUDA_GRAPHS": "true", "VIT_WORKERS": "8"},
 }
