@@ -63,10 +63,11 @@ def report(folders: list[Path], name: str) -> None:
             for kind, run in runs.items():
                 if isinstance(run, dict) and run.get("cores"):  # summarised on the device
                     data.setdefault("profile", {})[kind] = run["cores"]
+        summarised = set(data.get("profile", {})) if (folder / "profile.json").is_file() else set()
         for kind in ("v2", "predict"):
             for gil in ("", "-gil"):
                 found = folder / f"profile-{kind}{gil}.txt"
-                if found.is_file():  # the stacks themselves, where they came back
+                if found.is_file() and f"{kind}{gil}" not in summarised:  # from before the device summarised
                     data.setdefault("profile", {})[f"{kind}{gil}"] = summarize_profile(found)
     data["targets"] = targets(data)
     (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2))

@@ -10,6 +10,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -254,7 +255,7 @@ def peer(
         return {
             "startup_s": startup,
             "configuration": {
-                "litserve": "0.2.19",
+                "litserve": metadata.version("litserve"),  # the server runs in this interpreter
                 "num_api_servers": api_servers,
                 "workers_per_device": workers,
                 "fast_queue": api_servers > 1 or workers > 1,
