@@ -1,8 +1,8 @@
 """`shapes`: a procedural 10-class image dataset, deterministic from a seed.
 
-Each sample is a 64x64 RGB image of one geometric shape, filled or outlined (a stroke inside its edge or
-about it), with its proportions varied within what keeps it that shape, at a random colour, size (from 0.3 to
-0.9 of the side), rotation and position, over a plain, gradient (linear or radial), noisy, blotched, striped,
+Each sample is a 64x64 RGB image of one geometric shape, filled or outlined (a stroke of 2 to 6 px, inside its
+edge or about it), with its proportions varied within what keeps it that shape, at a random colour, size (from
+0.35 to 0.85 of the side), rotation and position, over a plain, gradient (linear or radial), noisy, blotched, striped,
 cluttered or natural-texture (1/f colour noise) background with thin distracting lines, and occasionally blurred
 or JPEG re-encoded; together with the shape's pixel mask (its silhouette, interior included).
 `make_background` draws what is none of the ten (training's outliers): those backgrounds alone, or natural
@@ -34,6 +34,12 @@ SHAPE_CLASSES: list[str] = [
 NO_SHAPE = -1  # the label of a background drawn without a shape (`make_background`)
 IMAGE_SIZE = 64
 SUPERSAMPLE = 4  # shapes are drawn at 4x and downsampled, for anti-aliased edges
+# The task's spec: a shape's size (its circumscribed diameter) from 35 to 85 % of the side, outlines 2 to 6 px.
+SIZE_RANGE = (0.35, 0.85)
+STROKE_RANGE = (2.0, 6.0)
+# A ring's band is this much wider than the thickest outline, in pixels, at every size: no image is both an
+# outlined circle and a ring.
+RING_BAND_MARGIN = 2.0
 
 Polygon = list[tuple[float, float]]
 
@@ -75,9 +81,16 @@ def crescent_polygon(r2: float = 0.8, d: float = 0.55) -> Polygon:
     return arc(0, 0, 1.0, a_outer, 2 * math.pi - a_outer) + arc(d, 0, r2, a_inner, 2 * math.pi - a_inner)[::-1][1:-1]
 
 
-def outlines(label: int, rng: np.random.Generator) -> list[tuple[Polygon, bool]]:
-    """The shape in unit coordinates (circumradius 1) as (polygon, is_hole) pairs, its proportions drawn
-    from ranges that keep it the shape it is."""
+def ring_hole(radius: float, rng: np.random.Generator) -> float:
+    """A ring's hole, as a fraction of its radius (in px): 0.3 to 0.45, smaller where that would leave a band no
+    wider than the thickest outline plus `RING_BAND_MARGIN`."""
+    widest = 1.0 - (STROKE_RANGE[1] + RING_BAND_MARGIN) / radius
+    return min(float(rng.uniform(0.3, 0.45)), widest)
+
+
+def outlines(label: int, rng: np.random.Generator, radius: float) -> list[tuple[Polygon, bool]]:
+    """The shape in unit coordinates (circumradius 1, `radius` px once drawn) as (polygon, is_hole) pairs, its
+    proportions drawn from ranges that keep it the shape it is."""
     name = SHAPE_CLASSES[label]
     if name == "circle":
         return [(regular_polygon(64), False)]
@@ -109,9 +122,7 @@ def outlines(label: int, rng: np.random.Generator) -> list[tuple[Polygon, bool]]
         ]
         return [(pts, False)]
     if name == "ring":
-        # A band of 0.55 to 0.7 of r: wider than any outline (at most 0.35 r), so a filled ring never looks
-        # like an outlined circle.
-        hole = float(rng.uniform(0.3, 0.45))
+        hole = ring_hole(radius, rng)
         return [(regular_polygon(64), False), ([(hole * x, hole * y) for x, y in regular_polygon(64)], True)]
     if name == "crescent":
         return [(crescent_polygon(float(rng.uniform(0.74, 0.86)), float(rng.uniform(0.45, 0.62))), False)]
@@ -219,11 +230,11 @@ def contrasting_colour(rng: np.random.Generator, bg: np.ndarray) -> np.ndarray:
 def render_shape(label: int, rng: np.random.Generator) -> tuple[Image.Image, Image.Image]:
     """(coverage, silhouette) masks at supersampled resolution, mode L."""
     big = IMAGE_SIZE * SUPERSAMPLE
-    diameter = rng.uniform(0.3, 0.9) * IMAGE_SIZE
+    diameter = rng.uniform(*SIZE_RANGE) * IMAGE_SIZE
     r = diameter / 2
     filled = bool(rng.random() < 0.5)
-    # An outline at most 0.35 r thick, inside the edge or about it (then half of it lies outside).
-    stroke = float(rng.uniform(1.0, max(1.0, min(6.0, 0.35 * r))))
+    # An outline inside the edge or about it (then half of it lies outside), at any size.
+    stroke = float(rng.uniform(*STROKE_RANGE))
     about = not filled and bool(rng.random() < 0.5)
     margin = min(r + (stroke / 2 + 0.5 if about else 0.0), IMAGE_SIZE / 2)
     cx, cy = rng.uniform(margin, IMAGE_SIZE - margin), rng.uniform(margin, IMAGE_SIZE - margin)
@@ -234,7 +245,7 @@ def render_shape(label: int, rng: np.random.Generator) -> tuple[Image.Image, Ima
             [((cx + r * (ca * x - sa * y)) * SUPERSAMPLE, (cy + r * (sa * x + ca * y)) * SUPERSAMPLE) for x, y in poly],
             hole,
         )
-        for poly, hole in outlines(label, rng)
+        for poly, hole in outlines(label, rng, r)
     ]
     silhouette = Image.new("L", (big, big), 0)
     d = ImageDraw.Draw(silhouette)

@@ -1,7 +1,7 @@
 """A second renderer of the `shapes` task, to measure how a model generalises: held out from training.
 
-It draws the task as the dataset describes it (the ten shapes, filled or outlined, any colour with contrast,
-from about a third of the side to most of it, any rotation and position, over plain, gradient, noisy, textured
+It draws the task as the dataset's spec describes it (the ten shapes, filled or outlined with a stroke of 2 to
+6 px, any colour with contrast, from 35 to 85 % of the side, any rotation and position, over plain, gradient, noisy, textured
 or cluttered backgrounds with thin distracting lines, sometimes blurred, noisy or JPEG-compressed) with drawing
 code of its own: shapes are signed areas evaluated on a supersampled grid in numpy, outlines are bands about
 the edge rather than strokes drawn inward, proportions vary within each shape, and the backgrounds and
@@ -23,6 +23,9 @@ from model.shapes import IMAGE_SIZE, SHAPE_CLASSES, ShapeSample
 
 SUPERSAMPLE = 3
 GRID = (np.arange(IMAGE_SIZE * SUPERSAMPLE) + 0.5) / SUPERSAMPLE  # pixel centres of the supersampled grid
+DIAMETER = (0.35, 0.85)  # of the side
+STROKE = (2.0, 6.0)  # an outline's width in px, whatever the shape's size
+RING_BAND = STROKE[1] * 1.25  # a ring's band in px at the least: a quarter wider than the widest outline
 
 
 def polygon(n: int, rotation: float = 0.0) -> np.ndarray:
@@ -36,9 +39,9 @@ def star(points: int, inner: float) -> np.ndarray:
     return np.stack([r * np.cos(a), r * np.sin(a)], axis=1)
 
 
-def parts(label: int, rng: np.random.Generator) -> list[tuple[np.ndarray, bool]]:
-    """The shape in unit coordinates (within the unit circle) as (polygon, is_hole), proportions drawn from
-    ranges that keep it what it is."""
+def parts(label: int, rng: np.random.Generator, radius: float) -> list[tuple[np.ndarray, bool]]:
+    """The shape in unit coordinates (within the unit circle; `radius` px once placed) as (polygon, is_hole),
+    proportions drawn from ranges that keep it what it is."""
     name = SHAPE_CLASSES[label]
     if name == "circle":
         return [(polygon(96), False)]
@@ -56,8 +59,9 @@ def parts(label: int, rng: np.random.Generator) -> list[tuple[np.ndarray, bool]]
         w = rng.uniform(0.24, 0.36)
         arm = np.array([(w, -1), (w, -w), (1, -w), (1, w), (w, w), (w, 1), (-w, 1), (-w, w), (-1, w), (-1, -w)])
         return [(np.vstack([arm, [(-w, -w), (-w, -1)]]) * 0.95, False)]
-    if name == "ring":
-        return [(polygon(96), False), (polygon(96) * rng.uniform(0.3, 0.45), True)]
+    if name == "ring":  # the hole leaves a band of 0.55 to 0.7 of the radius, and never less than RING_BAND px
+        band = max(rng.uniform(0.55, 0.7) * radius, RING_BAND)
+        return [(polygon(96), False), (polygon(96) * (1 - band / radius), True)]
     if name == "crescent":  # the unit disk less a disk shifted right: its left arc, then the bite's edge back
         inner, shift = rng.uniform(0.75, 0.85), rng.uniform(0.45, 0.6)
         x = (1 - inner**2 + shift**2) / (2 * shift)  # where the two circles cross
@@ -107,20 +111,20 @@ def distance_to_edges(points: np.ndarray) -> np.ndarray:
 
 def coverage(label: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """(coverage in [0, 1], silhouette) at IMAGE_SIZE: the shape placed, filled or outlined."""
-    radius = rng.uniform(0.33, 0.9) * IMAGE_SIZE / 2
-    margin = radius + 1.5
+    radius = rng.uniform(*DIAMETER) * IMAGE_SIZE / 2
+    outlined, width = rng.random() >= 0.5, rng.uniform(*STROKE)
+    margin = radius + (width / 2 if outlined else 0.0) + 0.5
     cx, cy = rng.uniform(margin, IMAGE_SIZE - margin), rng.uniform(margin, IMAGE_SIZE - margin)
     angle = rng.uniform(0, 2 * math.pi)
     rotation = np.array([[math.cos(angle), -math.sin(angle)], [math.sin(angle), math.cos(angle)]])
-    placed = [(unit @ rotation.T * radius + (cx, cy), hole) for unit, hole in parts(label, rng)]
+    placed = [(unit @ rotation.T * radius + (cx, cy), hole) for unit, hole in parts(label, rng, radius)]
     silhouette = np.zeros((GRID.size, GRID.size), dtype=bool)
     for points, hole in placed:
         silhouette = silhouette & ~inside(points) if hole else silhouette | inside(points)
-    if rng.random() < 0.5:
+    if not outlined:
         drawn = silhouette
-    else:  # a band about the edge, up to half inside and half out
-        width = rng.uniform(1.0, 2.6)
-        drawn = np.min([distance_to_edges(points) for points, _ in placed], axis=0) <= width
+    else:  # a band `width` px wide centred on the edge: half inside, half out
+        drawn = np.min([distance_to_edges(points) for points, _ in placed], axis=0) <= width / 2
 
     def down(a: np.ndarray) -> np.ndarray:
         return a.reshape(IMAGE_SIZE, SUPERSAMPLE, IMAGE_SIZE, SUPERSAMPLE).mean(axis=(1, 3))

@@ -50,7 +50,7 @@ def test_images_vary() -> None:
     images, _, masks = render_dataset(50, seed=1)
     assert len({img.tobytes() for img in images}) == 50
     sizes = masks.reshape(50, -1).sum(1)
-    assert sizes.max() > 3 * sizes.min()  # sizes range from 30 % to 90 % of the side
+    assert sizes.max() > 3 * sizes.min()  # sizes range from 35 % to 85 % of the side
 
 
 def test_a_background_without_a_shape_is_drawn_as_the_shapes_are() -> None:
@@ -92,3 +92,47 @@ def test_irregular_regions_are_rounded_and_leave_no_mask() -> None:
     samples = [make_background(9, i) for i in range(40)]
     assert all(s.label == NO_SHAPE and not s.mask.any() for s in samples)
     assert len({np.asarray(s.image).tobytes() for s in samples}) == 40
+
+
+def circle_outlines(n: int) -> list[tuple[float, float]]:
+    """(radius, stroke) of `n` outlined circles as `render_shape` draws them, in px of the 64 px image: the
+    radius from the silhouette's area, the stroke from the outline's (the narrowest reading, a band about the
+    edge, where the stroke may lie inside it)."""
+    from model.shapes import SUPERSAMPLE, render_shape
+
+    rng, out = np.random.default_rng(7), []
+    while len(out) < n:
+        coverage, silhouette = render_shape(SHAPE_CLASSES.index("circle"), rng)
+        drawn = np.asarray(coverage) >= 128
+        if np.array_equal(drawn, np.asarray(silhouette) >= 128):
+            continue  # filled
+        r = float(np.sqrt((np.asarray(silhouette) >= 128).sum() / np.pi)) / SUPERSAMPLE
+        out.append((r, float(drawn.sum()) / SUPERSAMPLE**2 / (2 * np.pi * r)))
+    return out
+
+
+def test_outlines_are_2_to_6_px_at_every_size() -> None:
+    """The spec: a stroke of 2 to 6 px whatever the shape's size, so a small shape is drawn with thick outlines
+    too."""
+    outlined = circle_outlines(120)
+    small = [s for r, s in outlined if r < 0.45 * IMAGE_SIZE / 2]
+    assert min(s for _, s in outlined) > 1.5 and max(s for _, s in outlined) < 6.5
+    assert small and max(small) > 4.5
+
+
+def ring_band(mask: np.ndarray) -> float:
+    """A ring's band in px, from its mask: the farthest of its pixels from its centre less the nearest."""
+    ys, xs = np.nonzero(mask)
+    d = np.hypot(ys - ys.mean(), xs - xs.mean())
+    return float(d.max() - d.min())
+
+
+def test_a_rings_band_is_wider_than_the_thickest_outline_at_every_size() -> None:
+    """No image is both a valid outlined circle (stroke up to 6 px) and a valid ring, the smallest included."""
+    from model.shapes import STROKE_RANGE
+
+    ring = SHAPE_CLASSES.index("ring")
+    rings = [s for s in (make_sample(11, i) for i in range(600)) if s.label == ring]
+    extents = [np.ptp(np.nonzero(s.mask)[0]) + 1 for s in rings]
+    assert len(rings) > 30 and min(extents) < 0.45 * IMAGE_SIZE  # small rings among them
+    assert min(ring_band(s.mask) for s in rings) > STROKE_RANGE[1] + 1  # wider by more than a pixel
