@@ -8,7 +8,8 @@ transforms of the libraries a checkpoint can come from:
   (`resize="center_crop"`, `resize_backend="pil"`);
 - Hugging Face's `ViTImageProcessor` (transformers 5) resizes a uint8 tensor with antialiasing to
   image_size x image_size (`resize="squash"`, `resize_backend="tensor"`), which is also what
-  checkpoints trained here have always used.
+  checkpoints trained here have always used; its processors that crop (CLIP's) put an odd margin's extra
+  pixel after the crop (`crop_offset="floor"`), where torchvision rounds half to even.
 
 The resizing, cropping and colour conversions are torchvision's (`transforms.v2.functional`), computed
 the same way on the same kernels (`torch.nn.functional.interpolate`, PIL's `resize`; a test compares them
@@ -33,6 +34,7 @@ from torch.nn import functional as F
 ResizePolicy = Literal["squash", "center_crop"]
 ResizeBackend = Literal["tensor", "pil"]
 Interpolation = Literal["bilinear", "bicubic"]
+CropOffset = Literal["round", "floor"]
 
 PIL_RESAMPLING: dict[str, Image.Resampling] = {
     "bilinear": Image.Resampling.BILINEAR,
@@ -53,6 +55,9 @@ class Preprocessing:
     crop_pct: float = 1.0  # resize to floor(image_size / crop_pct) first, then centre-crop image_size
     interpolation: Interpolation = "bilinear"
     resize_backend: ResizeBackend = "tensor"  # resize a uint8 tensor (antialiased) or the PIL image
+    # the centre crop's first row and column, (H - S) / 2: rounded half to even (torchvision, timm) or floored
+    # (transformers' image processors); they differ where that margin is odd by one pixel
+    crop_offset: CropOffset = "round"
 
     def __post_init__(self) -> None:
         if self.image_size < 1:
@@ -71,6 +76,8 @@ class Preprocessing:
             raise ValueError(f"interpolation must be one of {get_args(Interpolation)}, got {self.interpolation!r}")
         if self.resize_backend not in get_args(ResizeBackend):
             raise ValueError(f"resize_backend must be one of {get_args(ResizeBackend)}, got {self.resize_backend!r}")
+        if self.crop_offset not in get_args(CropOffset):
+            raise ValueError(f"crop_offset must be one of {get_args(CropOffset)}, got {self.crop_offset!r}")
 
     @property
     def resize_size(self) -> int:
@@ -90,6 +97,7 @@ class Preprocessing:
             crop_pct=float(d.get("crop_pct", 1.0)),
             interpolation=d.get("interpolation", "bilinear"),
             resize_backend=d.get("resize_backend", "tensor"),
+            crop_offset=d.get("crop_offset", "round"),
         )
 
     def with_image_size(self, image_size: int) -> Preprocessing:
@@ -103,6 +111,7 @@ class Preprocessing:
             self.crop_pct,
             self.interpolation,
             self.resize_backend,
+            self.crop_offset,
         )
 
 
@@ -111,7 +120,7 @@ def resize_and_crop(image: Any, p: Preprocessing) -> Any:
     size = p.resize_size
     image = resize(image, (size, size) if p.resize == "squash" else size, p.interpolation)
     if size != p.image_size or p.resize == "center_crop":
-        image = center_crop(image, p.image_size)
+        image = center_crop(image, p.image_size, p.crop_offset)
     return image
 
 
@@ -184,12 +193,16 @@ def native_uint8_resize(interpolation: Interpolation) -> bool:
     return True
 
 
-def center_crop(image: Any, size: int) -> Any:
-    """The central size x size window (of an image at least that large), as torchvision's `center_crop`."""
+def center_crop(image: Any, size: int, offset: CropOffset = "round") -> Any:
+    """The central size x size window (of an image at least that large), as torchvision's `center_crop` (offset
+    "round") or transformers' (offset "floor")."""
     height, width = (image.height, image.width) if isinstance(image, Image.Image) else image.shape[-2:]
     if size > height or size > width:
         raise ValueError(f"cannot centre-crop {size}x{size} out of a {width}x{height} image")
-    top, left = round((height - size) / 2.0), round((width - size) / 2.0)
+    if offset == "floor":
+        top, left = (height - size) // 2, (width - size) // 2
+    else:
+        top, left = round((height - size) / 2.0), round((width - size) / 2.0)
     if isinstance(image, Image.Image):
         return image.crop((left, top, left + size, top + size))
     return image[..., top : top + size, left : left + size]

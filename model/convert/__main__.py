@@ -8,7 +8,15 @@ from pathlib import Path
 
 from model.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from model.convert import __doc__ as PACKAGE_DOC
-from model.convert.converted import ConversionError, Converted, check_equal, read_classes, read_labels
+from model.convert.converted import (
+    ConversionError,
+    Converted,
+    check_equal,
+    check_preprocessing,
+    describe,
+    read_classes,
+    read_labels,
+)
 from model.vit import param_count_str
 
 
@@ -108,6 +116,7 @@ def convert(args: argparse.Namespace) -> Path:
     source = dict(converted.source)
     if not args.no_check:
         source["max_relative_logit_diff"] = check_equal(model, converted)
+        source["preprocessing_check"] = check_preprocessing(model, converted)
     save_checkpoint(
         args.output,
         model,
@@ -122,12 +131,16 @@ def convert(args: argparse.Namespace) -> Path:
         f"{source['source']} {source.get('arch', source.get('model_dir', ''))}: ViT {param_count_str(model.num_parameters())} "
         f"params, {config.image_size} px, patch {config.patch_size}, {outputs(written)}, pool {config.pool}"
     )
-    print(
-        f"preprocessing: {p.resize} {p.resize_size} -> {p.image_size} px, {p.interpolation} ({p.resize_backend}), "
-        f"mean {p.mean}, std {p.std}"
-    )
+    print(f"preprocessing: {describe(p)}")
     if "max_relative_logit_diff" in source:
         print(f"logits match the source model: max relative difference {source['max_relative_logit_diff']:.1e}")
+    if source.get("preprocessing_check"):
+        c = source["preprocessing_check"]
+        print(
+            f"preprocessing matches the source's processor on {c['checked_images']} image files (JPEG and PNG, square "
+            f"and not): pixels at most {c['max_pixel_levels']:.2f} levels of 255 apart, outputs from the files "
+            f"within {c['max_relative_output_diff']:.1e} (relative)"
+        )
     print(f"wrote {args.output} ({written.identity})")
     return Path(args.output)
 

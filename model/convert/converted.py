@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 import re
 from collections.abc import Callable
@@ -9,16 +10,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+from PIL import Image
 from torch import Tensor, nn
 
-from model.preprocessing import Preprocessing
+from model.preprocessing import EvalTransform, Preprocessing
 from model.vit import ViT, ViTConfig
 from model.zero_shot import ZeroShot, ZeroShotConfig
 
 # Logits of the converted model may differ from the library's by float rounding only; anything
 # above this (relative to the logits' scale) means a feature was missed, and nothing is written.
 MAX_RELATIVE_LOGIT_DIFF = 1e-4
+# The source library's own processor and the checkpoint's preprocessing, on the same image files, may differ by
+# rounding: a pixel a level of 255 apart here and there (two resize kernels rounding one value each way). A wrong
+# mean, resize or crop moves most pixels by several levels.
+MAX_PIXEL_LEVELS = 1.01
+MAX_MEAN_PIXEL_LEVELS = 0.05
+# and the outputs end to end (file -> preprocessing -> model) by what such pixels move them
+MAX_RELATIVE_OUTPUT_DIFF = 1e-2
 
 
 class ConversionError(Exception):
@@ -46,6 +56,8 @@ class Converted:
     zero_shot_state: dict[str, Tensor] = field(default_factory=dict)
     tokenizer: bytes = b""
     reference_text: Callable[[Tensor], Tensor] | None = None
+    # the library's own preprocessing: a decoded RGB image file -> the (C, H, W) pixels its model takes
+    preprocess: Callable[[Image.Image], Tensor] | None = None
 
     def build(self) -> ViT:
         """Our model with the converted weights; every tensor must find its place."""
@@ -111,6 +123,71 @@ def check_equal(model: nn.Module, converted: Converted, batch: int = 2) -> float
             f"limit {MAX_RELATIVE_LOGIT_DIFF:.0e}): the source uses something this converter does not map"
         )
     return diff
+
+
+def check_images(p: Preprocessing) -> list[tuple[str, Image.Image]]:
+    """Image files to preprocess both ways, as decoded from their bytes: JPEG and PNG, square and not, larger and
+    smaller than the model's input, one whose crop margin is odd (where libraries put the odd pixel differently),
+    with sharp edges and texture (a `shapes` drawing with seeded noise)."""
+    from model.shapes import make_sample
+
+    size, resized = p.image_size, p.resize_size
+    odd = size + 3 + 4 * max(0, (resized - size) // 4 + 1)  # a long side cropped with a margin of 2k + 1.5 each way
+    sides = [(2 * size + 6, 2 * size + 6), (3 * size // 2 + 7, size + 1), (size // 2 + 3, size + 9)]
+    sides += [(size - 5, size - 5), (resized, odd)]
+    files = []
+    for i, (side, kind) in enumerate(zip(sides, ["png", "jpeg", "png", "jpeg", "png"], strict=True)):
+        drawing = make_sample(20261127, i).image.resize(side, Image.Resampling.BICUBIC)
+        noise = np.random.default_rng(i).normal(0, 12, (side[1], side[0], 3))
+        pixels = np.clip(np.asarray(drawing, dtype=np.float64) + noise, 0, 255).astype(np.uint8)
+        encoded = io.BytesIO()
+        Image.fromarray(pixels).save(encoded, format=kind.upper(), quality=90)
+        files.append((f"{side[0]}x{side[1]}.{kind}", Image.open(io.BytesIO(encoded.getvalue())).convert("RGB")))
+    return files
+
+
+@torch.inference_mode()
+def check_preprocessing(model: nn.Module, converted: Converted) -> dict[str, Any]:
+    """Raise unless the checkpoint's preprocessing and the source library's own give the same pixels on the same
+    image files, and the outputs from each file agree end to end; returns the figures for the checkpoint's record."""
+    if converted.preprocess is None:
+        return {}
+    p = converted.preprocessing
+    std = torch.tensor(p.std).view(-1, 1, 1)
+    ours, theirs, worst, mean = [], [], 0.0, 0.0
+    for name, image in check_images(p):
+        mine, library = EvalTransform(p)(image), converted.preprocess(image).float()
+        if mine.shape != library.shape:
+            raise ConversionError(
+                f"on {name} the source's processor gives pixels of shape {tuple(library.shape)}, the checkpoint's "
+                f"preprocessing {tuple(mine.shape)}: {describe(p)} is not what the source does"
+            )
+        levels = (mine - library).abs() * std * 255  # in levels of the 0-255 image
+        worst, mean = max(worst, float(levels.max())), max(mean, float(levels.mean()))
+        if worst > MAX_PIXEL_LEVELS or mean > MAX_MEAN_PIXEL_LEVELS:
+            raise ConversionError(
+                f"on {name} the checkpoint's preprocessing ({describe(p)}) differs from the source's processor by up "
+                f"to {worst:.1f} levels of 255 ({mean:.2f} on average): the source preprocesses otherwise"
+            )
+        ours.append(mine)
+        theirs.append(library)
+    mine_out, library_out = model(torch.stack(ours)).float(), converted.reference(torch.stack(theirs)).float()
+    diff = float((mine_out - library_out).abs().max() / library_out.abs().max().clamp_min(1.0))
+    if not diff <= MAX_RELATIVE_OUTPUT_DIFF:
+        raise ConversionError(
+            f"from the same image files the converted model's outputs differ from the source's by {diff:.2e} "
+            f"(relative; limit {MAX_RELATIVE_OUTPUT_DIFF:.0e})"
+        )
+    return {"checked_images": len(ours), "max_pixel_levels": round(worst, 4), "max_relative_output_diff": diff}
+
+
+def describe(p: Preprocessing) -> str:
+    """One line of what a Preprocessing does."""
+    return (
+        f"{p.resize} {p.resize_size} -> {p.image_size} px"
+        + (" (odd margins floored)" if p.crop_offset == "floor" else "")
+        + f", {p.interpolation} ({p.resize_backend}), mean {p.mean}, std {p.std}"
+    )
 
 
 def read_classes(path: Path, num_classes: int) -> list[str]:

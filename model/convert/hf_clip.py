@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from model.convert.converted import ConversionError, Converted, mlp_ratio, unsupported
-from model.convert.hf_vit import hf_preprocessing
+from model.convert.hf_vit import hf_image_processor, hf_preprocessing, processor_pixels
 from model.text import TextConfig, TextPool
 from model.tokenizer import TokenizerConfig
 from model.vit import Activation, ViTConfig
@@ -75,7 +75,8 @@ def convert_hf_clip(model_dir: Path) -> Converted:
     text_state = {f"text.{k}": v for k, v in text_tower_state(state, siglip).items()}
     text_state["logit_scale"] = state["logit_scale"].reshape(1)
     text_state["logit_bias"] = state["logit_bias"].reshape(1) if siglip else torch.zeros(1)
-    preprocessing = hf_preprocessing(model_dir / "preprocessor_config.json", config)
+    processor = hf_image_processor(model_dir)
+    preprocessing = hf_preprocessing(processor, config)
 
     def reference(x: Tensor) -> Tensor:
         out = model.get_image_features(pixel_values=x)
@@ -102,6 +103,7 @@ def convert_hf_clip(model_dir: Path) -> Converted:
         zero_shot_state=text_state,
         tokenizer=tokenizer_bytes,
         reference_text=reference_text,
+        preprocess=processor_pixels(processor),
     )
 
 

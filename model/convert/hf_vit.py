@@ -5,17 +5,19 @@ register token, and `DeiTForImageClassificationWithTeacher`, whose two heads are
 
 transformers loads the directory (model.safetensors or pytorch_model.bin, with its own handling of
 older key names); its separate query, key and value projections are stacked into our fused qkv.
-The image processor's settings come from preprocessor_config.json, or ViTImageProcessor's defaults.
+The image processor's settings come from preprocessor_config.json or, as transformers 5 saves a processor,
+processor_config.json's `image_processor`; a directory with neither is refused, never served on guessed settings.
 """
 
 from __future__ import annotations
 
-import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from PIL import Image
 from torch import Tensor
 
 from model.convert.converted import ConversionError, Converted, Renames, mlp_ratio, rename_key, unsupported
@@ -43,6 +45,8 @@ RENAMES: Renames = [
 SHARED_BIAS = re.compile(BODY + r"shared_position_bias\.relative_position_bias_table$")  # one for every layer
 QKV = re.compile(LAYER + r"attention\.([qkv])_proj\.(weight|bias)$")
 RESAMPLE: dict[int, Interpolation] = {2: "bilinear", 3: "bicubic"}  # PIL's resampling filter numbers
+# where a directory keeps its image processor's settings (transformers 5: processor_config.json's image_processor)
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 
 
 def convert_hf(model_dir: Path) -> Converted:
@@ -66,7 +70,8 @@ def convert_hf(model_dir: Path) -> Converted:
         raise ConversionError(f"{model_dir}: transformers could not load it ({e})") from e
     config = hf_vit_config(hf_config, model)
     classes = [str(hf_config.id2label[i]) for i in range(config.num_classes)]
-    preprocessing = hf_preprocessing(model_dir / "preprocessor_config.json", config)
+    processor = hf_image_processor(model_dir)
+    preprocessing = hf_preprocessing(processor, config)
 
     def reference(x: Tensor) -> Tensor:
         logits: Tensor = model(pixel_values=x).logits
@@ -74,7 +79,7 @@ def convert_hf(model_dir: Path) -> Converted:
 
     source = {"source": "huggingface", "model_dir": model_dir.name, "transformers_version": transformers.__version__}
     state = map_state_dict(model.state_dict(), config)
-    return Converted(config, state, classes, preprocessing, reference, source)
+    return Converted(config, state, classes, preprocessing, reference, source, preprocess=processor_pixels(processor))
 
 
 def hf_vit_config(c: Any, model: Any) -> ViTConfig:
@@ -135,26 +140,52 @@ def map_state_dict(state: dict[str, Tensor], config: ViTConfig) -> dict[str, Ten
     return out
 
 
-def hf_preprocessing(path: Path, config: ViTConfig) -> Preprocessing:
+def hf_image_processor(model_dir: Path) -> Any:
+    """transformers' image processor for the directory, as its pipelines load it: from preprocessor_config.json or
+    processor_config.json's `image_processor` (how transformers 5 saves a processor). Refused without either."""
+    from transformers import AutoImageProcessor
+
+    where = " and ".join(name for name in PROCESSOR_FILES)
+    missing = ConversionError(
+        f"{model_dir}: no image processor settings (looked for {where}); save the model's processor beside it, e.g. "
+        "AutoProcessor.from_pretrained(SOURCE).save_pretrained(DIR), and convert again"
+    )
+    if not any((model_dir / name).is_file() for name in PROCESSOR_FILES):
+        raise missing
+    try:
+        return AutoImageProcessor.from_pretrained(model_dir, local_files_only=True)
+    except OSError:  # a processor_config.json without an image processor (a tokenizer's alone)
+        raise missing from None
+    except ValueError as e:
+        raise ConversionError(f"{model_dir}: transformers could not load its image processor ({e})") from e
+
+
+def processor_pixels(processor: Any) -> Callable[[Image.Image], Tensor]:
+    """The image processor as a function: a PIL image -> the (C, H, W) pixels it gives the model."""
+
+    def preprocess(image: Image.Image) -> Tensor:
+        pixels: Tensor = processor(images=image, return_tensors="pt")["pixel_values"][0]
+        return pixels
+
+    return preprocess
+
+
+def hf_preprocessing(processor: Any, config: ViTConfig) -> Preprocessing:
     """The image processor's resize and normalisation as our Preprocessing (transformers 5 resizes tensors)."""
-    p: dict[str, Any] = {}
-    if path.is_file():
-        try:
-            p = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
-            raise ConversionError(f"{path}: not readable JSON ({e})") from e
+    p = processor.to_dict()  # the saved settings over the processor class's defaults
+    where = type(processor).__name__
     size = config.image_size
-    resample = int(p.get("resample", 2))
+    resample = int(p.get("resample", 2))  # PIL.Image.Resampling, or its number
     if resample not in RESAMPLE:
-        raise unsupported(f"resample={resample} in {path.name} (2, bilinear, and 3, bicubic, are supported)")
+        raise unsupported(f"resample={resample} of {where} (2, bilinear, and 3, bicubic, are supported)")
     if p.get("do_rescale", True) and abs(float(p.get("rescale_factor", 1 / 255)) - 1 / 255) > 1e-9:
-        raise unsupported(f"rescale_factor={p['rescale_factor']} in {path.name} (only 1/255)")
+        raise unsupported(f"rescale_factor={p['rescale_factor']} of {where} (only 1/255)")
     if not p.get("do_resize", True):
-        raise unsupported(f"do_resize=false in {path.name}: images would have to arrive at {size} px already")
+        raise unsupported(f"do_resize=false of {where}: images would have to arrive at {size} px already")
     mean, std = (p.get("image_mean", [0.5] * 3), p.get("image_std", [0.5] * 3))
     if not p.get("do_normalize", True):
         mean, std = [0.0] * 3, [1.0] * 3
-    policy, crop_pct = hf_resize_policy(p.get("size", {"height": size, "width": size}), p, size, path)
+    policy, crop_pct = hf_resize_policy(p.get("size", {"height": size, "width": size}), p, size, where)
     return Preprocessing(
         image_size=size,
         channels=config.in_channels,
@@ -164,17 +195,25 @@ def hf_preprocessing(path: Path, config: ViTConfig) -> Preprocessing:
         crop_pct=crop_pct,
         interpolation=RESAMPLE[resample],
         resize_backend="tensor",
+        crop_offset="floor",  # transformers' center_crop: (H - S) // 2
     )
 
 
-def hf_resize_policy(target: Any, p: dict[str, Any], size: int, path: Path) -> tuple[Any, float]:
+def hf_resize_policy(target: Any, p: dict[str, Any], size: int, where: str) -> tuple[Any, float]:
     """(resize policy, crop_pct) from the processor's `size` and optional centre crop."""
-    crop = p.get("crop_size", {}) if p.get("do_center_crop", False) else {}
+    cropped = bool(p.get("do_center_crop", False))
+    crop = p.get("crop_size", {}) if cropped else {}
     crop_side = crop.get("height", size) if isinstance(crop, dict) else int(crop)
     if crop_side != size or (isinstance(crop, dict) and crop.get("width", size) != size):
-        raise ConversionError(f"{path.name} crops to {crop}, but the model takes {size} px")
+        raise ConversionError(f"{where} crops to {crop}, but the model takes {size} px")
     if isinstance(target, dict) and "shortest_edge" in target:
+        if not cropped:
+            raise unsupported(f"size={target} of {where} without a centre crop (images keep their aspect ratio)")
         return "center_crop", size / int(target["shortest_edge"])
     if isinstance(target, dict) and target.get("height") == target.get("width") and target.get("height"):
+        if not cropped and int(target["height"]) != size:
+            raise ConversionError(
+                f"{where} resizes to {target['height']} px with no crop, but the model takes {size} px"
+            )
         return "squash", size / int(target["height"])
-    raise unsupported(f"size={target} in {path.name} (square height/width or shortest_edge)")
+    raise unsupported(f"size={target} of {where} (square height/width or shortest_edge)")

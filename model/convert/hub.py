@@ -16,12 +16,13 @@ import tempfile
 from pathlib import Path
 
 from model.checkpoint import save_checkpoint
-from model.convert.converted import ConversionError, Converted, check_equal
+from model.convert.converted import ConversionError, Converted, check_equal, check_preprocessing
 
 log = logging.getLogger("app")
 HF_FILES = [
     "config.json",
     "preprocessor_config.json",
+    "processor_config.json",  # transformers 5 keeps the image processor's settings here
     "model.safetensors",
     "pytorch_model.bin",
     # a CLIP or SigLIP model's tokenizer, which its checkpoint carries
@@ -96,6 +97,7 @@ def converted_checkpoint(hub: str, ident: str, cache: Path | None) -> tuple[Path
     model = converted.build()
     source = dict(converted.source) | {"hub": f"{hub}:{ident}", "revision": revision(fetched)}
     source["max_relative_logit_diff"] = check_equal(model, converted)
+    source["preprocessing_check"] = check_preprocessing(model, converted)
     if target is None:
         target = Path(tempfile.mkdtemp(prefix="vit-serve-hub-")) / f"{slug}.safetensors"
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -55,8 +55,10 @@ def convert_open_clip(arch: str, weights: Path | None, pretrained: str | None) -
 
 
 def from_open_clip_model(model: Any, tokenizer: Any) -> Converted:
-    """An open_clip CLIP or CustomTextCLIP model (float32, eval) and its tokenizer, converted."""
+    """An open_clip CLIP or CustomTextCLIP model (float32, eval) and its tokenizer, converted; its preprocessing
+    checked against the evaluation transform open_clip.create_model_and_transforms gives."""
     import open_clip
+    from open_clip.transform import PreprocessCfg, image_transform_v2
 
     config, image, preprocessing = image_tower(model)
     text_module = getattr(model, "text", model)  # CustomTextCLIP keeps its text tower apart
@@ -87,6 +89,7 @@ def from_open_clip_model(model: Any, tokenizer: Any) -> Converted:
         zero_shot_state=state,
         tokenizer=tokenizer_bytes,
         reference_text=reference_text,
+        preprocess=image_transform_v2(PreprocessCfg(**model.visual.preprocess_cfg), is_train=False),
     )
 
 

@@ -88,7 +88,7 @@ def patch_side(model: Any) -> int:
 def from_timm_model(m: Any) -> Converted:
     """Convert a built timm model (any weights), refusing what our ViT does not implement."""
     import timm
-    from timm.data import resolve_data_config
+    from timm.data import create_transform, resolve_data_config
 
     if type(m).__name__ == "Eva":  # EVA-02 and the rotary ViTs
         config = eva_config(m)
@@ -104,9 +104,11 @@ def from_timm_model(m: Any) -> Converted:
             state |= parallel_block_state(b, ours) if config.parallel else block_state(b, ours, layer_scales(b))
     if m.patch_embed.proj.bias is None:  # CLIP-style bias-free patch embedding: a zero bias is the same
         state["patch_embed.proj.bias"] = torch.zeros(config.dim)
-    preprocessing = timm_preprocessing(resolve_data_config(model=m), config)
+    data = resolve_data_config(model=m)
+    preprocessing = timm_preprocessing(data, config)
     source = {"source": "timm", "timm_version": timm.__version__}
-    return Converted(config, state, timm_classes(m, config.num_classes), preprocessing, m, source)
+    classes = timm_classes(m, config.num_classes)
+    return Converted(config, state, classes, preprocessing, m, source, preprocess=create_transform(**data))
 
 
 def timm_config(m: Any) -> ViTConfig:

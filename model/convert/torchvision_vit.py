@@ -74,7 +74,8 @@ def convert_torchvision(arch: str, weights: Path | None, pretrained: bool, weigh
     classes = categories if len(categories) == config.num_classes else numbered_classes(config.num_classes)
     info = {"source": "torchvision", "arch": arch, "weights": source, "recipe": recipe.name}
     info["torchvision_version"] = torchvision.__version__
-    return Converted(config, state, classes, torchvision_preprocessing(recipe, config), model, info)
+    preprocessing = torchvision_preprocessing(recipe, config)
+    return Converted(config, state, classes, preprocessing, model, info, preprocess=recipe_transform(recipe, config))
 
 
 def torchvision_model_for(arch: str, state: dict[str, Tensor], path: Path) -> Any:
@@ -126,6 +127,16 @@ def torchvision_config(m: Any) -> ViTConfig:
         mlp_ratio=mlp_ratio(int(m.hidden_dim), int(m.mlp_dim)),
         norm_eps=float(first.ln_1.eps),
     )
+
+
+def recipe_transform(recipe: Any, config: ViTConfig) -> Any:
+    """The recipe's own `weights.transforms()`; for weights of another size, torchvision's same transform with the
+    recipe's crop ratio at that size (what `torchvision_preprocessing` records)."""
+    t = recipe.transforms()
+    if int(t.crop_size[0]) == config.image_size:
+        return t
+    resize = round(config.image_size * int(t.resize_size[0]) / int(t.crop_size[0]))
+    return recipe.transforms(crop_size=config.image_size, resize_size=resize)  # the recipe's keywords, two changed
 
 
 def torchvision_preprocessing(recipe: Any, config: ViTConfig) -> Preprocessing:

@@ -20,7 +20,13 @@ from torchvision.models import get_model_weights
 
 from model.checkpoint import load_checkpoint
 from model.convert.__main__ import main as convert_main
-from model.convert.converted import MAX_RELATIVE_LOGIT_DIFF, ConversionError, check_equal
+from model.convert.converted import (
+    MAX_PIXEL_LEVELS,
+    MAX_RELATIVE_LOGIT_DIFF,
+    ConversionError,
+    check_equal,
+    check_preprocessing,
+)
 from model.convert.timm_vit import from_timm_model
 from model.convert.torchvision_vit import matching_recipe, torchvision_preprocessing
 from model.rollout import attention_map
@@ -71,6 +77,9 @@ def test_converted_logits_equal_the_library(pretrained: Callable[[str], Pretrain
     ckpt = load_checkpoint(ref.checkpoint)
     assert ckpt.training["converted_from"]["source"] in ("timm", "torchvision", "huggingface")
     assert ckpt.training["converted_from"]["max_relative_logit_diff"] <= 1e-4
+    # the library's own evaluation transform ran on the same JPEG and PNG files as the checkpoint's preprocessing
+    check = ckpt.training["converted_from"]["preprocessing_check"]
+    assert check["checked_images"] == 5 and check["max_pixel_levels"] <= MAX_PIXEL_LEVELS
 
 
 @pytest.mark.parametrize(
@@ -278,7 +287,7 @@ def test_hf_labels_and_processor(pretrained: Callable[[str], Pretrained]) -> Non
 
 def test_hf_transformers4_directory_with_pytorch_model_bin(tmp_path: Path) -> None:
     from transformers import ViTConfig as HFConfig
-    from transformers import ViTForImageClassification
+    from transformers import ViTForImageClassification, ViTImageProcessor
 
     config = HFConfig(
         hidden_size=32,
@@ -293,6 +302,7 @@ def test_hf_transformers4_directory_with_pytorch_model_bin(tmp_path: Path) -> No
     m = ViTForImageClassification(config).eval()
     torch.nn.init.normal_(m.classifier.weight, std=2.0)
     m.save_pretrained(tmp_path / "d")
+    ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(tmp_path / "d")  # bilinear, mean 0.5
     # the layout transformers 4 wrote: pytorch_model.bin, with its key names
     (tmp_path / "d" / "model.safetensors").unlink()
     torch.save({transformers4_name(k): v for k, v in m.state_dict().items()}, tmp_path / "d" / "pytorch_model.bin")
@@ -333,6 +343,9 @@ def test_hf_deit_and_beit_convert_exactly(tmp_path: Path, family: str, options: 
             if hasattr(m, name):
                 torch.nn.init.normal_(getattr(m, name).weight, std=2.0)
     m.eval().save_pretrained(tmp_path / "d")
+    processor = transformers.BeitImageProcessor if family == "beit" else transformers.DeiTImageProcessor
+    resized = dict(size={"height": 36, "width": 36}, crop_size={"height": 32, "width": 32}, do_center_crop=True)
+    processor(**resized).save_pretrained(tmp_path / "d")
     out = convert_main(["hf", "--model-dir", str(tmp_path / "d"), "--output", str(tmp_path / "o.safetensors")])
     same_logits(out, lambda x: m(pixel_values=x).logits)
     model = load_checkpoint(out).model
@@ -422,6 +435,49 @@ def test_the_check_catches_a_wrong_mapping() -> None:
     converted.state_dict["blocks.0.attn.qkv.weight"] = torch.cat([qkv[dim : 2 * dim], qkv[:dim], qkv[2 * dim :]])
     with pytest.raises(ConversionError, match="logits differ from the source model's"):
         check_equal(converted.build(), converted)
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        {"resize": "squash"},  # a non-square file squashed where the source crops
+        {"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)},  # ImageNet's, where the source has 0.5
+        {"interpolation": "bilinear"},  # the source resizes bicubic
+        {"resize_backend": "tensor"},  # the source resizes the PIL image
+    ],
+)
+def test_a_preprocessing_unlike_the_sources_is_caught_on_image_files(wrong: dict[str, Any]) -> None:
+    """The check starts from files, not tensors: whatever the logits say, a preprocessing that is not the source's
+    library's is refused."""
+    import dataclasses
+
+    m = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=5).eval()
+    converted = from_timm_model(m)
+    assert check_preprocessing(converted.build(), converted)["max_pixel_levels"] <= MAX_PIXEL_LEVELS
+    converted.preprocessing = dataclasses.replace(converted.preprocessing, **wrong)
+    with pytest.raises(ConversionError, match="differs from the source's processor"):
+        check_preprocessing(converted.build(), converted)
+
+
+def test_a_directory_without_its_image_processor_is_refused_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Never served on guessed settings: the files looked for, and how to supply them."""
+    from transformers import ViTConfig as HFConfig
+    from transformers import ViTForImageClassification
+
+    config = HFConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=48, image_size=32)
+    ViTForImageClassification(config).save_pretrained(tmp_path / "d")
+    out = tmp_path / "o.safetensors"
+    with pytest.raises(SystemExit) as exited:
+        convert_main(["hf", "--model-dir", str(tmp_path / "d"), "--output", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exited.value.code == 2 and not out.exists()
+    assert err == (
+        f"error: {tmp_path / 'd'}: no image processor settings (looked for preprocessor_config.json and "
+        "processor_config.json); save the model's processor beside it, e.g. "
+        "AutoProcessor.from_pretrained(SOURCE).save_pretrained(DIR), and convert again"
+    )
 
 
 def test_module_entry_point_help(capsys: pytest.CaptureFixture[str]) -> None:

@@ -56,6 +56,35 @@ def test_probabilities_equal_the_transformers_pipeline(converted: tuple[Repo, Pa
         torch.testing.assert_close(ours(checkpoint, image, LABELS), theirs, atol=1e-4, rtol=0)
 
 
+def test_a_clip_saved_as_transformers_5_saves_it_equals_the_pipeline_loaded_from_its_folder(
+    converted: tuple[Repo, Path], photo: Image.Image
+) -> None:
+    """CLIPProcessor.save_pretrained writes processor_config.json and no preprocessor_config.json: the converter
+    reads the image processor from it (shortest edge, centre crop, bicubic, CLIP's mean and std), and the
+    probabilities from JPEG and PNG files of other sizes equal transformers' pipeline loaded from the folder."""
+    import io
+
+    from transformers import pipeline
+
+    repo, checkpoint = converted
+    p = load_checkpoint(checkpoint).preprocessing
+    if repo.model.config.model_type != "clip":
+        assert (repo.path / "preprocessor_config.json").is_file()  # SigLIP: the image processor saved alone
+        return
+    assert not (repo.path / "preprocessor_config.json").exists() and (repo.path / "processor_config.json").is_file()
+    assert (p.resize, p.interpolation, p.mean) == ("center_crop", "bicubic", (0.48145466, 0.4578275, 0.40821073))
+    classify = pipeline("zero-shot-image-classification", model=str(repo.path))
+    for kind, size in (("JPEG", (75, 40)), ("PNG", (33, 90))):
+        encoded = io.BytesIO()
+        photo.resize(size).save(encoded, format=kind)
+        image = Image.open(io.BytesIO(encoded.getvalue())).convert("RGB")
+        answers = {
+            a["label"]: a["score"] for a in classify(image, candidate_labels=LABELS, hypothesis_template=TEMPLATE)
+        }
+        theirs = torch.tensor([answers[label] for label in LABELS])
+        torch.testing.assert_close(ours(checkpoint, image, LABELS), theirs, atol=1e-4, rtol=0)
+
+
 def test_the_template_and_the_order_of_labels_are_the_requests(
     converted: tuple[Repo, Path], photo: Image.Image
 ) -> None:

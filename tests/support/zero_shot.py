@@ -38,7 +38,7 @@ class Repo:
 
 
 def clip_repo(folder: Path, seed: int = 0) -> Repo:
-    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPTokenizer
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor, CLIPTokenizer
 
     path = folder / "clip"
     vocab, merges = clip_vocabulary(folder / "clip-bpe")
@@ -66,8 +66,10 @@ def clip_repo(folder: Path, seed: int = 0) -> Repo:
     torch.manual_seed(seed)
     model = CLIPModel(config).eval()
     processor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
-    for part in (model, tokenizer, processor):
-        part.save_pretrained(path)
+    model.save_pretrained(path)
+    # as transformers 5 saves a processor: processor_config.json (the image processor's settings nested in it)
+    # and the tokenizer's files, no preprocessor_config.json (siglip_repo saves the image processor alone)
+    CLIPProcessor(image_processor=processor, tokenizer=tokenizer).save_pretrained(path)
     return Repo(path, model, tokenizer, processor)
 
 
