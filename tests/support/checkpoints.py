@@ -51,6 +51,34 @@ def replace_checkpoint(path: Path, seed: int) -> str:
     return numeric_version(load_checkpoint(path).content_hash)
 
 
+def write_broken_checkpoints(folder: Path) -> dict[str, str]:
+    """Files in a model repository that fail to load, each its own way: {model name: what the reason says}."""
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    (folder / "corrupt.safetensors").write_bytes(b"not a safetensors file")
+    save_file({"w": torch.zeros(2)}, str(folder / "foreign.safetensors"))  # safetensors, not a checkpoint of ours
+    good = write_tiny_checkpoint(folder / ".good.tmp")
+    with safe_open(str(good), framework="pt") as f:
+        tensors, metadata = {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata())  # noqa: SIM118
+    good.unlink()
+
+    def with_config(name: str, **changes: object) -> None:
+        config = json.loads(metadata["config"]) | changes
+        save_file(tensors, str(folder / f"{name}.safetensors"), metadata=metadata | {"config": json.dumps(config)})
+
+    with_config("refused", pool="weird")  # an architecture our ViT does not build
+    with_config("huge", dim=2**20, heads=1)  # its blocks need terabytes: the allocation fails
+    return {
+        "corrupt": "not a readable safetensors file",
+        "foreign": "not a checkpoint of this project",
+        "refused": "invalid metadata",
+        "huge": "can't allocate memory",
+    }
+
+
 @dataclass
 class Pretrained:
     """A library's model at random init, converted through the CLI, with the library's own eval pipeline.

@@ -15,6 +15,7 @@ import ctypes
 import ctypes.util
 import gc
 import logging
+import re
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -28,11 +29,23 @@ from app.core.contract.errors import LoadFailed, ModelNotFound, NotAllowed, NotR
 from app.core.engine.repository import FileStamp, Repository, check_name
 from app.core.engine.served_model import ServedModel
 from app.telemetry.metrics import Metrics
+from model.checkpoint import CheckpointError
 
 log = logging.getLogger("app")
 T = TypeVar("T")
 
 Build = Callable[[str, Path], ServedModel]  # loads and warms one checkpoint (blocking)
+
+
+# an absolute path in an error's text (not a URL's, not a relative one): its folders are dropped, its name kept
+ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~-])(?:/[^/\s'\"`:;,()\[\]]+)+/(?=[^/\s]*)")
+
+
+def what_failed(e: Exception) -> str:
+    """What is wrong with a model's file, for clients: the checkpoint's own reason, or the error's first line, with
+    no folder of the server's disk in it."""
+    text = e.reason if isinstance(e, CheckpointError) else (str(e).strip().splitlines() or [type(e).__name__])[0]
+    return ABSOLUTE_PATH.sub("", text) or type(e).__name__
 
 
 class ModelSet:
@@ -125,8 +138,10 @@ class ModelSet:
             try:
                 new = await asyncio.to_thread(self.build, name, path)
             except Exception as e:  # any failure to load must leave the service as it was
-                reason = f"failed to load {path.name}: {e}" + (f"; version {serving} goes on serving" if old else "")
-                log.error("model %s: %s", name, reason)
+                # clients name models, never paths: the file's place on the server goes to the log alone
+                log.error("model %s: failed to load %s: %s", name, path, e)
+                reason = f"failed to load {path.name}: {what_failed(e)}"
+                reason += f"; version {serving} goes on serving" if old else ""
                 self.metrics.model_load_failures.labels(name).inc()
                 self.status[name] = ModelStatus(name, "UNAVAILABLE", serving, reason)
                 raise LoadFailed(reason) from None

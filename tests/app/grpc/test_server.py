@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -13,6 +14,7 @@ from app.core.contract.request import EncodedImage, InferOptions
 from harness.images import encode
 from model.shapes import make_sample
 from tests.app.grpc.conftest import Edge, EdgeFactory
+from tests.support.checkpoints import write_broken_checkpoints
 from tests.support.clients import slow_forward, until
 from tests.support.grpc_requests import expect, image_request, probabilities
 
@@ -151,3 +153,20 @@ async def test_stopping_answers_the_calls_under_way(edge: Edge) -> None:
     await edge.server.stop(5)
     assert len((await under_way).outputs) == 1
     await expect(edge.stub.ModelInfer(image_request(PNGS[0])), grpc.StatusCode.UNAVAILABLE, "")
+
+
+async def test_a_file_that_fails_to_load_is_named_never_placed(make_edge: EdgeFactory, tmp_path: Path) -> None:
+    """As over REST: the load's answer and the index name the model's file and what is wrong with it, not its path."""
+    broken = write_broken_checkpoints(tmp_path)
+    async with make_edge(model_repository=tmp_path, model_control="explicit") as edge:
+        for name, what in broken.items():
+            load = pb.RepositoryModelLoadRequest(model_name=name)
+            failed = await expect(
+                edge.stub.RepositoryModelLoad(load),
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"failed to load {name}.safetensors: ",
+            )
+            assert what in (failed.details() or "") and "/" not in (failed.details() or ""), failed.details()
+        index = await edge.stub.RepositoryIndex(pb.RepositoryIndexRequest())
+    reasons = {m.name: m.reason for m in index.models if m.name in broken}
+    assert all(what in reasons[name] and "/" not in reasons[name] for name, what in broken.items()), reasons

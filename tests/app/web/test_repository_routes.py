@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.checkpoints import replace_checkpoint, write_tiny_checkpoint
+from tests.support.checkpoints import replace_checkpoint, write_broken_checkpoints, write_tiny_checkpoint
 from tests.support.clients import ClientFactory
 
 
@@ -96,3 +96,25 @@ async def test_changes_need_an_api_key(make_client: ClientFactory, repository: P
         assert (await client.post("/v2/repository/index")).status_code == 200
         assert (await client.get("/v2/models/stats")).status_code == 200  # like the index: no key
         assert (await client.post("/v2/repository/models/a/load", headers={"x-api-key": "k"})).status_code == 200
+
+
+async def test_a_file_that_fails_to_load_is_named_never_placed(
+    make_client: ClientFactory, repository: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every way a file fails to load (corrupt, not a checkpoint, a refused architecture, out of memory, gone) is
+    answered with the model's file name and what is wrong with it; where it lies on the server goes to the log."""
+    broken = write_broken_checkpoints(repository)
+    async with make_client(model_repository=repository, model_control="explicit", api_keys="k") as client:
+        for name, what in broken.items():
+            r = await client.post(f"/v2/repository/models/{name}/load", headers={"x-api-key": "k"})
+            error = r.json()["error"]
+            assert r.status_code == 400 and error.startswith(f"failed to load {name}.safetensors: "), error
+            assert what in error and "/" not in error, error
+            assert str(repository / f"{name}.safetensors") in caplog.text  # the server's log has the path
+        (repository / "corrupt.safetensors").unlink()  # gone since the index listed it
+        r = await client.post("/v2/repository/models/corrupt/load", headers={"x-api-key": "k"})
+        assert r.status_code == 404 and r.json()["error"] == "no model named 'corrupt' in the model repository"
+        index = {m["name"]: m for m in (await client.post("/v2/repository/index")).json()}  # no key needed
+    for name, what in broken.items():
+        assert index[name]["state"] == "UNAVAILABLE" and what in index[name]["reason"], index[name]
+        assert "/" not in index[name]["reason"], index[name]
