@@ -284,8 +284,10 @@ def intake_for(model: ModelDescription, limits: Limits, regions: SharedMemoryReg
     )
 
 
-def server_metadata() -> V2ServerMetadata:
-    return V2ServerMetadata(name=SERVER_NAME, version=__version__, extensions=EXTENSIONS)
+def server_metadata(shared_memory: bool) -> V2ServerMetadata:
+    """The server's name, version and extensions: system shared memory only where clients may register regions."""
+    extensions = [e for e in EXTENSIONS if shared_memory or e != "system_shared_memory"]
+    return V2ServerMetadata(name=SERVER_NAME, version=__version__, extensions=extensions)
 
 
 def platform(model: ModelDescription) -> str:

@@ -189,7 +189,7 @@ class InferenceServicer:
     async def ServerMetadata(
         self, request: pb.ServerMetadataRequest, context: grpc.aio.ServicerContext
     ) -> pb.ServerMetadataResponse:
-        return v2_grpc.server_metadata(server_metadata())
+        return v2_grpc.server_metadata(server_metadata(self.plane.regions.limit > 0))
 
     @rpc(pb.ModelMetadataRequest, serving=True)
     async def ModelMetadata(

@@ -42,7 +42,7 @@ from app.codecs.v2 import (
 from app.core.contract.data_plane import DataPlane, Inference, InferenceRequest
 from app.core.contract.errors import InvalidInput, NotSupported
 from app.core.contract.regions import CUDA_NOT_SUPPORTED
-from app.web.dependencies import AuthorizedPlane, ReadyPlane, ServingPlane
+from app.web.dependencies import AuthorizedPlane, Plane, ReadyPlane, ServingPlane
 from app.web.disconnects import respond_unless_disconnected
 from app.web.errors import V2Route
 from app.web.uploads import read_body
@@ -105,9 +105,9 @@ INFER_BODY = {
 
 
 @router.get("", response_model=V2ServerMetadata)
-async def server_metadata_route() -> V2ServerMetadata:
+async def server_metadata_route(plane: Plane) -> V2ServerMetadata:
     """Server metadata: name, version and protocol extensions."""
-    return server_metadata()
+    return server_metadata(plane.regions.limit > 0)
 
 
 @router.get("/health/live", response_model=V2Live)

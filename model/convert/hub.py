@@ -1,13 +1,15 @@
 """Models named on a hub, converted once: `timm:<model name>` and `hf:<repo id>`.
 
 The weights come through the libraries' own hub code (huggingface_hub, which timm's pretrained weights also
-use): downloaded when online, read from the local hub cache when offline (`HF_HUB_OFFLINE=1`). They are
+use): downloaded when online, read from the local hub cache when offline (`HF_HUB_OFFLINE=1`, or a hub that does
+not answer one request within seconds: nothing waits on the libraries' retries). They are
 converted with the parity check, and the checkpoint is kept in a cache folder under the hub revision it came
 from, so that a restart, or another process, converts nothing.
 """
 
 from __future__ import annotations
 
+import functools
 import glob
 import logging
 import os
@@ -35,6 +37,43 @@ HF_FILES = [
 ]
 
 
+PROBE_TIMEOUT_S = 3.0  # how long the hub has to answer before it counts as unreachable
+
+
+@functools.cache  # once per process: several hub names, one wait at most
+def hub_unreachable() -> str | None:
+    """Why the hub cannot be asked now (HF_HUB_OFFLINE set, or no answer to one request within PROBE_TIMEOUT_S),
+    or None when it answers."""
+    import httpx
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set"
+    try:
+        httpx.head(constants.ENDPOINT, timeout=PROBE_TIMEOUT_S)
+    except httpx.HTTPError as e:
+        return f"{constants.ENDPOINT} did not answer within {PROBE_TIMEOUT_S:.0f} s ({type(e).__name__})"
+    return None
+
+
+def not_fetched(ident: str, e: Exception, offline: str | None) -> ConversionError:
+    """The one line for a hub download that failed: offline and not in the cache, or the hub's own error."""
+    if offline is not None:
+        return ConversionError(f"could not fetch {ident}: {offline}, and the local hub cache holds no copy of it")
+    return ConversionError(f"could not fetch {ident} ({type(e).__name__}: {first_line(e)})")
+
+
+def check_reachable(what: str) -> None:
+    """Refuse a library's own download (timm's or open_clip's `--pretrained`) at once when the hub does not answer:
+    their retries would take a minute to say the same. HF_HUB_OFFLINE=1 lets them read the hub cache instead."""
+    offline = hub_unreachable()
+    if offline is not None and offline != "HF_HUB_OFFLINE is set":
+        raise ConversionError(
+            f"could not fetch {what}: {offline}; set HF_HUB_OFFLINE=1 to use the local hub cache, or download the "
+            "weights elsewhere and pass --weights FILE"
+        )
+
+
 def fetch_timm(name: str) -> Path:
     """The weights file of timm's pretrained `name` (an architecture, with its tag: `vit_base_patch16_224.augreg2_in21k_ft_in1k`)."""
     import timm
@@ -48,20 +87,23 @@ def fetch_timm(name: str) -> Path:
             f"timm's {name!r} has no weights on the Hugging Face hub; download them and convert the file with "
             "python -m model.convert timm --weights"
         )
+    offline = hub_unreachable()
     try:
-        return Path(hf_hub_download(cfg.hf_hub_id, cfg.hf_hub_filename or "model.safetensors"))
+        filename = cfg.hf_hub_filename or "model.safetensors"
+        return Path(hf_hub_download(cfg.hf_hub_id, filename, local_files_only=offline is not None))
     except Exception as e:  # offline without the file, network, authentication: many types
-        raise ConversionError(f"could not fetch {cfg.hf_hub_id} ({type(e).__name__}: {first_line(e)})") from e
+        raise not_fetched(cfg.hf_hub_id, e, offline) from e
 
 
 def fetch_hf(repo: str) -> Path:
     """The folder of Hugging Face repo `repo` (config, processor and weights), from the hub or its cache."""
     from huggingface_hub import snapshot_download
 
+    offline = hub_unreachable()
     try:
-        return Path(snapshot_download(repo, allow_patterns=HF_FILES))
+        return Path(snapshot_download(repo, allow_patterns=HF_FILES, local_files_only=offline is not None))
     except Exception as e:
-        raise ConversionError(f"could not fetch {repo} ({type(e).__name__}: {first_line(e)})") from e
+        raise not_fetched(repo, e, offline) from e
 
 
 def mtime(path: Path) -> float:

@@ -8,6 +8,7 @@ import io
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from app.settings import BUNDLED_WEIGHTS
 from harness.images import encode
 from harness.server import ROOT, Server, free_port
 from model.shapes import make_sample
+from tests.support.network import silent_endpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 TIMM_NAME = "vit_tiny_patch16_224.augreg_in21k_ft_in1k"
@@ -149,6 +151,31 @@ def test_a_hub_name_that_cannot_be_served_fails_the_start_with_one_line(
     failures = [line for line in done.stderr.splitlines() if "startup failed" in line]
     assert len(failures) == 1 and message in failures[0], done.stderr[-2000:]
     assert "Traceback" not in done.stderr
+
+
+def test_a_hub_that_does_not_answer_fails_the_start_at_once_with_one_line(tmp_path: Path) -> None:
+    """Without HF_HUB_OFFLINE, on a network that drops packets: one probe of a few seconds, then the local hub cache
+    alone (here empty), never the libraries' minute of retries and their lines."""
+    env = {"VIT_MODELS": "x=hf:nobody/nothing", "HF_HUB_CACHE": str(tmp_path / "empty-hub"), "VIT_DEVICE": "cpu"}
+    env |= {"VIT_HUB_CACHE": str(tmp_path / "converted"), "VIT_WEIGHTS": str(BUNDLED_WEIGHTS), "VIT_GRPC_PORT": "0"}
+    base = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    with silent_endpoint() as endpoint:
+        started = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-m", "app", "--port", str(free_port())],
+            cwd=ROOT,
+            env={**base, **env, "HF_ENDPOINT": endpoint},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        took = time.monotonic() - started
+    assert done.returncode == 3, done.stderr[-2000:]
+    failures = [line for line in done.stderr.splitlines() if "startup failed" in line]
+    expected = f"could not fetch nobody/nothing: {endpoint} did not answer within 3 s (ReadTimeout), and the local hub"
+    assert len(failures) == 1 and expected in failures[0], done.stderr[-2000:]
+    assert "Retry" not in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert took < 45, took  # the probe's 3 s and the start, not the retries' minute (or a hang, on this endpoint)
 
 
 def runtime_set_only(folder: Path) -> dict[str, str]:

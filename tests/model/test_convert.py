@@ -480,6 +480,41 @@ def test_a_directory_without_its_image_processor_is_refused_with_one_line(
     )
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["timm", "--arch", "vit_tiny_patch16_224.augreg_in21k_ft_in1k", "--pretrained"],
+        ["open_clip", "--arch", "ViT-B-32", "--pretrained", "openai"],
+    ],
+)
+def test_pretrained_on_a_hub_that_does_not_answer_is_refused_at_once(tmp_path: Path, argv: list[str]) -> None:
+    """Not a minute of the libraries' retries: one probe, then one line saying what to do."""
+    import os
+    import time
+
+    from tests.support.network import silent_endpoint
+
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"} | {"HF_HUB_CACHE": str(tmp_path / "hub")}
+    with silent_endpoint() as endpoint:
+        started = time.monotonic()
+        r = subprocess.run(
+            [sys.executable, "-m", "model.convert", *argv, "--output", str(tmp_path / "o.safetensors")],
+            env=env | {"HF_ENDPOINT": endpoint},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        took = time.monotonic() - started
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        f"error: could not fetch {'timm' if argv[0] == 'timm' else 'open_clip'}"
+        + ("'s pretrained vit_tiny_patch16_224.augreg_in21k_ft_in1k" if argv[0] == "timm" else "'s ViT-B-32 (openai)")
+        + f": {endpoint} did not answer within 3 s (ReadTimeout); set HF_HUB_OFFLINE=1 to use the local hub cache, "
+        "or download the weights elsewhere and pass --weights FILE"
+    ]
+    assert took < 45, took  # the probe and the imports, not the retries
+
+
 def test_module_entry_point_help(capsys: pytest.CaptureFixture[str]) -> None:
     r = subprocess.run([sys.executable, "-m", "model.convert", "--help"], capture_output=True, text=True, check=True)
     assert "{timm,torchvision,hf,open_clip}" in r.stdout

@@ -170,3 +170,10 @@ async def test_a_file_that_fails_to_load_is_named_never_placed(make_edge: EdgeFa
         index = await edge.stub.RepositoryIndex(pb.RepositoryIndexRequest())
     reasons = {m.name: m.reason for m in index.models if m.name in broken}
     assert all(what in reasons[name] and "/" not in reasons[name] for name, what in broken.items()), reasons
+
+
+async def test_system_shared_memory_is_listed_where_clients_may_register(make_edge: EdgeFactory) -> None:
+    for regions in (0, 4):
+        async with make_edge(shared_memory_regions=regions) as edge:
+            server = await edge.stub.ServerMetadata(pb.ServerMetadataRequest())
+        assert ("system_shared_memory" in server.extensions) == (regions > 0)

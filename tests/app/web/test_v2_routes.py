@@ -391,3 +391,13 @@ async def test_an_output_parameter_the_service_does_not_know_is_a_400_that_names
     wanted = [{"name": "probabilities", "parameters": {"classification": 2}}]
     r = await client.post(INFER, json={"inputs": [image], "outputs": wanted})
     assert r.status_code == 200 and r.json()["outputs"][0]["datatype"] == "BYTES", r.text
+
+
+@pytest.mark.parametrize("regions", [0, 4])
+async def test_system_shared_memory_is_listed_where_clients_may_register(
+    make_client: ClientFactory, regions: int
+) -> None:
+    """VIT_SHARED_MEMORY_REGIONS=0 turns the extension off: /v2 does not advertise what it refuses."""
+    async with make_client(shared_memory_regions=regions) as client:
+        extensions = (await client.get("/v2")).json()["extensions"]
+    assert ("system_shared_memory" in extensions) == (regions > 0) and "model_repository" in extensions
