@@ -49,7 +49,7 @@ class ApiKeys:
         for key in self.keys:
             matched |= hmac.compare_digest(given.encode(), key.encode())
         if not matched:
-            raise Unauthorized("missing or invalid API key; send it in the X-API-Key header")
+            raise Unauthorized("missing or invalid API key")  # each edge says how its protocol carries one
 
 
 def find_model(served: list[ModelDescription], name: str | None, version: str | None = None) -> ModelDescription:

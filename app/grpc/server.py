@@ -55,6 +55,7 @@ log = logging.getLogger("app")
 SERVICE = "inference.GRPCInferenceService"  # the RPCs' names on the wire: /inference.GRPCInferenceService/ModelInfer
 
 Code = grpc.StatusCode
+KEY_HINT = "send it in the x-api-key metadata, or as authorization: Bearer KEY"  # how gRPC carries an API key
 STATUS: dict[type[ServiceError], grpc.StatusCode] = {
     PayloadTooLarge: Code.RESOURCE_EXHAUSTED,
     UnsupportedMediaType: Code.INVALID_ARGUMENT,
@@ -105,7 +106,7 @@ def rpc(
                 response = await method(self, request, context)
             except ServiceError as e:
                 code = STATUS.get(type(e), Code.INTERNAL)
-                detail = e.detail
+                detail = f"{e.detail}; {KEY_HINT}" if isinstance(e, Unauthorized) else e.detail
                 if e.retry_after_s is not None:
                     detail += f" (retry after {e.retry_after_s} s)"
                     context.set_trailing_metadata((("retry-after", str(e.retry_after_s)),))

@@ -35,6 +35,7 @@ from app.core.contract.errors import (
 )
 
 log = logging.getLogger("app")
+KEY_HINT = "send it in the X-API-Key header, or as Authorization: Bearer KEY"  # how HTTP carries an API key
 
 PREDICT_STATUS: dict[type[ServiceError], int] = {
     PayloadTooLarge: 413,
@@ -99,7 +100,8 @@ def install_error_handlers(app: FastAPI) -> None:
     async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
         protocol = protocol_of(request)
         headers = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s is not None else None
-        return protocol.response(protocol.status_of(exc), exc.detail, headers)
+        detail = f"{exc.detail}; {KEY_HINT}" if isinstance(exc, Unauthorized) else exc.detail
+        return protocol.response(protocol.status_of(exc), detail, headers)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

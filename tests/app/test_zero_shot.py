@@ -133,8 +133,15 @@ async def test_labels_are_parsed_in_order_and_templates_change_the_answer(
 @pytest.mark.parametrize(
     ("params", "says"),
     [
-        ({}, "no default labels: name the classes"),
-        ({"labels": "cat,,dog"}, "an empty label"),
+        # in words true of both protocols: /predict's query and V2's parameter
+        (
+            {},
+            "no default labels: name the classes to choose among (/predict: labels=cat,dog or a repeated label=; "
+            "V2: the request parameter labels)",
+        ),
+        ({"labels": ""}, "the labels name no class: give at least one"),
+        ({"labels": " , "}, "the labels name no class: give at least one"),
+        ({"labels": "cat,,dog"}, "an empty label among 3"),
         ({"labels": "cat,dog,cat"}, "label 'cat' is named twice"),
         ({"labels": "cat", "template": "no place"}, "must hold one {}"),
         ({"labels": "cat", "template": "{} and {}"}, "must hold one {}"),
@@ -152,9 +159,15 @@ async def test_what_a_zero_shot_model_cannot_answer_is_a_422_that_says_why(
 
 
 async def test_a_classifier_refuses_labels(client: httpx.AsyncClient, photo: Image.Image) -> None:
-    for params in ({"labels": "cat,dog"}, {"template": "a {}"}):
+    """Each parameter is told what it is for: labels name classes, a template is a prompt."""
+    for params, says in (
+        ({"labels": "cat,dog"}, "labels name the classes of a zero-shot model"),
+        ({"label": "cat"}, "labels name the classes of a zero-shot model"),
+        ({"template": "a {}"}, "a template is the prompt a zero-shot model (CLIP, SigLIP) sets each label in"),
+    ):
         r = await predict(client, encode(photo), **params)
-        assert r.status_code == 422 and "is a classifier with fixed classes" in r.json()["detail"], r.text
+        detail = r.json()["detail"]
+        assert r.status_code == 422 and says in detail and "is a classifier with fixed classes" in detail, r.text
 
 
 async def test_default_labels_answer_a_request_that_names_none(

@@ -275,7 +275,9 @@ def test_api_key_and_too_large_image_errors(browser: webdriver.Chrome, tmp_path:
         small = encode(make_sample(3, 0).image.resize((24, 24)))
         upload(browser, tmp_path, {"small.png": small})
         error = result(browser, "small.png").find_element(By.CSS_SELECTOR, ".error")
-        assert error.text == "missing or invalid API key; send it in the X-API-Key header"
+        assert (
+            error.text == "missing or invalid API key; send it in the X-API-Key header, or as Authorization: Bearer KEY"
+        )
         key = browser.find_element(By.ID, "api-key")
         assert key.is_displayed()
         key.send_keys("s3cret")

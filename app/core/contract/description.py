@@ -7,7 +7,7 @@ from typing import Any
 
 from app.choices import Backend, DecodedOn, ModelState, Precision, Quantization
 from app.core.contract.errors import InvalidInput
-from app.core.contract.request import MAX_LABELS
+from app.core.contract.request import HOW_TO_NAME_LABELS, MAX_LABELS
 from model.version import numeric_version
 
 
@@ -71,15 +71,19 @@ class ModelDescription:
         """InvalidInput unless the labels and template fit the model: a classifier takes neither, and a zero-shot
         model without default labels needs labels to answer probabilities (`classify`)."""
         if self.zero_shot is None and (labels is not None or template is not None):
-            asked = "labels" if labels is not None else "template"
+            asked = (
+                "labels name the classes of a zero-shot model (CLIP, SigLIP)"
+                if labels is not None
+                else "a template is the prompt a zero-shot model (CLIP, SigLIP) sets each label in"
+            )
             raise InvalidInput(
-                f"{asked} names the classes of a zero-shot model (CLIP, SigLIP); model {self.name} is a classifier "
-                f"with fixed classes: {', '.join(self.classes[:10])}{', ...' if len(self.classes) > 10 else ''}"
+                f"{asked}; model {self.name} is a classifier with fixed classes, so send neither labels nor a "
+                f"template: {', '.join(self.classes[:10])}{', ...' if len(self.classes) > 10 else ''}"
             )
         if self.zero_shot is not None and labels is None and not self.classes and classify:
             raise InvalidInput(
-                f"model {self.name} is zero-shot and has no default labels: name the classes to choose among, as "
-                "labels=cat,dog,a red car (or a repeated label=)"
+                f"model {self.name} is zero-shot and has no default labels: name the classes to choose among "
+                f"({HOW_TO_NAME_LABELS})"
             )
 
 

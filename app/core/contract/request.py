@@ -76,10 +76,14 @@ class InferOptions:
                 raise InvalidInput(str(e)) from None
 
 
+# how each protocol names a zero-shot request's classes, for messages the core writes once for both
+HOW_TO_NAME_LABELS = "/predict: labels=cat,dog or a repeated label=; V2: the request parameter labels"
+
+
 def check_labels(labels: tuple[str, ...]) -> None:
     """Labels a request names: at least one, at most MAX_LABELS, none empty or repeated; InvalidInput otherwise."""
-    if not labels:
-        raise InvalidInput("labels names no label: give at least one, as labels=cat,dog or label=cat&label=dog")
+    if not any(map(str.strip, labels)):  # none, or only empty ones (`labels=`)
+        raise InvalidInput(f"the labels name no class: give at least one ({HOW_TO_NAME_LABELS})")
     if len(labels) > MAX_LABELS:
         raise InvalidInput(f"{len(labels)} labels in one request; at most {MAX_LABELS}")
     if not all(map(str.strip, labels)):  # checked whole first: a request of 1,000 labels runs this every time

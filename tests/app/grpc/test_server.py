@@ -88,7 +88,11 @@ async def test_outputs_parameters_and_classification(edge: Edge) -> None:
 
 async def test_api_keys_guard_inference_and_model_changes(make_edge: EdgeFactory) -> None:
     async with make_edge(api_keys="k1,k2") as edge:
-        await expect(edge.stub.ModelInfer(image_request(PNGS[0])), grpc.StatusCode.UNAUTHENTICATED, "API key")
+        refused = await expect(edge.stub.ModelInfer(image_request(PNGS[0])), grpc.StatusCode.UNAUTHENTICATED, "API key")
+        # how gRPC carries a key, not HTTP's header
+        assert refused.details() == (
+            "missing or invalid API key; send it in the x-api-key metadata, or as authorization: Bearer KEY"
+        )
         await expect(
             edge.stub.ModelInfer(image_request(PNGS[0]), metadata=(("x-api-key", "wrong"),)),
             grpc.StatusCode.UNAUTHENTICATED,

@@ -308,7 +308,11 @@ async def test_models_and_versions(client: httpx.AsyncClient) -> None:
 async def test_api_keys_guard_infer(make_client: ClientFactory, shape_png: bytes) -> None:
     async with make_client(api_keys="k1") as client:
         header, binary = image_request(shape_png)
-        assert_v2_error(await infer_binary(client, header, binary), 401, "missing or invalid API key")
+        assert_v2_error(
+            await infer_binary(client, header, binary),
+            401,
+            "missing or invalid API key; send it in the X-API-Key header, or as Authorization: Bearer KEY",
+        )
         r = await infer_binary(client, header, binary, headers={"Authorization": "Bearer k1"})
         assert r.status_code == 200, r.text
         assert (await client.get("/v2/models/tiny")).status_code == 200  # metadata stays open, as /v1/model
