@@ -52,6 +52,7 @@ async def test_the_gauges_rise_when_traffic_shifts_and_fall_when_it_returns(make
         return drift((await client.get("/metrics")).text, "vit-shapes")
 
     async with make_bundled(drift_window=32, max_files=16) as client:
+        assert drift((await client.get("/metrics")).text, "vit-shapes") == {}  # they appear with the first batch
         before = await send(shapes[:32])
         during = await send(noise)
         after = await send(shapes[32:])
