@@ -185,7 +185,7 @@ def describe(p: Preprocessing) -> str:
     """One line of what a Preprocessing does."""
     return (
         f"{p.resize} {p.resize_size} -> {p.image_size} px"
-        + (" (odd margins floored)" if p.crop_offset == "floor" else "")
+        + (" (odd margins floored)" if p.crop_offset == "floor" and p.resize == "center_crop" else "")
         + f", {p.interpolation} ({p.resize_backend}), mean {p.mean}, std {p.std}"
     )
 

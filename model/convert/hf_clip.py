@@ -54,6 +54,7 @@ def convert_hf_clip(model_dir: Path) -> Converted:
     hf_config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
     if hf_config.model_type not in MODEL_TYPES:
         raise ConversionError(f"{model_dir}: model_type {hf_config.model_type!r} is not CLIP or SigLIP")
+    processor = hf_image_processor(model_dir)  # before the weights load: a directory without one fails at once
     try:
         model = AutoModel.from_pretrained(model_dir, local_files_only=True).float().eval()
         tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
@@ -75,7 +76,6 @@ def convert_hf_clip(model_dir: Path) -> Converted:
     text_state = {f"text.{k}": v for k, v in text_tower_state(state, siglip).items()}
     text_state["logit_scale"] = state["logit_scale"].reshape(1)
     text_state["logit_bias"] = state["logit_bias"].reshape(1) if siglip else torch.zeros(1)
-    processor = hf_image_processor(model_dir)
     preprocessing = hf_preprocessing(processor, config)
 
     def reference(x: Tensor) -> Tensor:

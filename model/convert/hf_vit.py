@@ -63,6 +63,7 @@ def convert_hf(model_dir: Path) -> Converted:
         )
     if hf_config.hidden_act != "gelu":
         raise unsupported(f"the activation {hf_config.hidden_act!r} (only exact GELU, 'gelu')")
+    processor = hf_image_processor(model_dir)  # before the weights load: a directory without one fails at once
     try:
         # float32 whatever dtype it was saved in: the checkpoint and the logit check are float32
         model = AutoModelForImageClassification.from_pretrained(model_dir, local_files_only=True).float().eval()
@@ -70,7 +71,6 @@ def convert_hf(model_dir: Path) -> Converted:
         raise ConversionError(f"{model_dir}: transformers could not load it ({e})") from e
     config = hf_vit_config(hf_config, model)
     classes = [str(hf_config.id2label[i]) for i in range(config.num_classes)]
-    processor = hf_image_processor(model_dir)
     preprocessing = hf_preprocessing(processor, config)
 
     def reference(x: Tensor) -> Tensor:
