@@ -13,6 +13,7 @@ from PIL import Image
 
 from model.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from model.convert.__main__ import main as convert_main
+from model.convert.converted import MAX_PIXEL_LEVELS
 from model.preprocessing import EvalTransform
 from model.reference import Reference
 from model.zero_shot import check_template
@@ -222,6 +223,9 @@ def test_open_clip_probabilities_equal_open_clips_own(
     torch.testing.assert_close(ours(checkpoint, photo, LABELS), theirs, atol=1e-4, rtol=0)
     ids, _ = load_checkpoint(checkpoint).zero_shot.tokenizer(texts)  # type: ignore[union-attr]
     assert torch.equal(ids, tokenizer(texts)[:, : ids.shape[1]])  # open_clip pads every text to its context
+    # its evaluation transform (create_model_and_transforms') ran on the same image files as the checkpoint's
+    check = load_checkpoint(checkpoint).training["converted_from"]["preprocessing_check"]
+    assert check["checked_images"] == 5 and check["max_pixel_levels"] <= MAX_PIXEL_LEVELS
 
 
 def test_class_statistics_and_evaluation_refuse_a_zero_shot_model(
