@@ -9,7 +9,6 @@ from, so that a restart, or another process, converts nothing.
 
 from __future__ import annotations
 
-import functools
 import glob
 import logging
 import os
@@ -19,6 +18,7 @@ from pathlib import Path
 
 from model.checkpoint import save_checkpoint
 from model.convert.converted import ConversionError, Converted, check_equal, check_preprocessing
+from model.convert.reachable import hub_unreachable
 
 log = logging.getLogger("app")
 HF_FILES = [
@@ -37,41 +37,11 @@ HF_FILES = [
 ]
 
 
-PROBE_TIMEOUT_S = 3.0  # how long the hub has to answer before it counts as unreachable
-
-
-@functools.cache  # once per process: several hub names, one wait at most
-def hub_unreachable() -> str | None:
-    """Why the hub cannot be asked now (HF_HUB_OFFLINE set, or no answer to one request within PROBE_TIMEOUT_S),
-    or None when it answers."""
-    import httpx
-    from huggingface_hub import constants
-
-    if constants.HF_HUB_OFFLINE:
-        return "HF_HUB_OFFLINE is set"
-    try:
-        httpx.head(constants.ENDPOINT, timeout=PROBE_TIMEOUT_S)
-    except httpx.HTTPError as e:
-        return f"{constants.ENDPOINT} did not answer within {PROBE_TIMEOUT_S:.0f} s ({type(e).__name__})"
-    return None
-
-
 def not_fetched(ident: str, e: Exception, offline: str | None) -> ConversionError:
     """The one line for a hub download that failed: offline and not in the cache, or the hub's own error."""
     if offline is not None:
         return ConversionError(f"could not fetch {ident}: {offline}, and the local hub cache holds no copy of it")
     return ConversionError(f"could not fetch {ident} ({type(e).__name__}: {first_line(e)})")
-
-
-def check_reachable(what: str) -> None:
-    """Refuse a library's own download (timm's or open_clip's `--pretrained`) at once when the hub does not answer:
-    their retries would take a minute to say the same. HF_HUB_OFFLINE=1 lets them read the hub cache instead."""
-    offline = hub_unreachable()
-    if offline is not None and offline != "HF_HUB_OFFLINE is set":
-        raise ConversionError(
-            f"could not fetch {what}: {offline}; set HF_HUB_OFFLINE=1 to use the local hub cache, or download the "
-            "weights elsewhere and pass --weights FILE"
-        )
 
 
 def fetch_timm(name: str) -> Path:

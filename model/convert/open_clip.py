@@ -39,7 +39,7 @@ def convert_open_clip(arch: str, weights: Path | None, pretrained: str | None) -
     if arch not in open_clip.list_models():
         raise ConversionError(f"open_clip has no model {arch!r}; see open_clip.list_models()")
     if pretrained is not None:
-        from model.convert.hub import check_reachable
+        from model.convert.reachable import check_reachable
 
         check_reachable(f"open_clip's {arch} ({pretrained})")
     try:

@@ -43,7 +43,7 @@ def convert_timm(arch: str, weights: Path | None, pretrained: bool) -> Converted
     if arch not in timm.list_models() and arch.split(".")[0] not in timm.list_models():
         raise ConversionError(f"timm has no model {arch!r}; see timm.list_models('vit_*')")
     if pretrained:
-        from model.convert.hub import check_reachable
+        from model.convert.reachable import check_reachable
 
         check_reachable(f"timm's pretrained {arch}")
         try:
