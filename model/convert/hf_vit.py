@@ -145,7 +145,7 @@ def hf_image_processor(model_dir: Path) -> Any:
     processor_config.json's `image_processor` (how transformers 5 saves a processor). Refused without either."""
     from transformers import AutoImageProcessor
 
-    where = " and ".join(name for name in PROCESSOR_FILES)
+    where = " and ".join(PROCESSOR_FILES)
     missing = ConversionError(
         f"{model_dir}: no image processor settings (looked for {where}); save the model's processor beside it, e.g. "
         "AutoProcessor.from_pretrained(SOURCE).save_pretrained(DIR), and convert again"
