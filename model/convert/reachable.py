@@ -15,14 +15,14 @@ OFFLINE_SET = "HF_HUB_OFFLINE is set"  # the user's own choice: the libraries re
 def hub_unreachable() -> str | None:
     """Why the hub cannot be asked now (HF_HUB_OFFLINE set, or no answer to one request within PROBE_TIMEOUT_S),
     or None when it answers."""
-    import httpx
     from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
 
     if constants.HF_HUB_OFFLINE:
         return OFFLINE_SET
-    try:
-        httpx.head(constants.ENDPOINT, timeout=PROBE_TIMEOUT_S)
-    except httpx.HTTPError as e:
+    try:  # huggingface_hub's own session: its HTTP library, proxies and headers, and none of its retries
+        get_session().head(constants.ENDPOINT, timeout=PROBE_TIMEOUT_S)
+    except Exception as e:  # timeouts, refused connections, names that do not resolve: the library's many types
         return f"{constants.ENDPOINT} did not answer within {PROBE_TIMEOUT_S:.0f} s ({type(e).__name__})"
     return None
 

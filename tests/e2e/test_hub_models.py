@@ -45,7 +45,7 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     """A hub cache holding timm's TIMM_NAME and a small transformers ViT; timm's model is returned to compare with."""
     import timm
     from safetensors.torch import save_file
-    from transformers import ViTConfig, ViTForImageClassification
+    from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
 
     root = tmp_path_factory.mktemp("hub")
     torch.manual_seed(0)
@@ -67,6 +67,7 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
         label2id={v: k for k, v in labels.items()},
     )
     ViTForImageClassification(config).save_pretrained(snapshot(root, HF_REPO))
+    ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(snapshot(root, HF_REPO))
     refused = timm.create_model(REFUSED_NAME.split(".")[0], pretrained=False)  # a feature the converter lacks
     hub_id = timm.models.get_pretrained_cfg(REFUSED_NAME).hf_hub_id
     save_file(refused.state_dict(), str(snapshot(root, hub_id) / "model.safetensors"))

@@ -38,7 +38,16 @@ def make_bundled() -> ClientFactory:
 async def test_the_gauges_rise_when_traffic_shifts_and_fall_when_it_returns(make_bundled: ClientFactory) -> None:
     from model.shapes import make_sample
 
-    shapes = [encode(make_sample(20261121, i).image) for i in range(64)]
+    # held-out shapes, then others of the same class mix: at a window of 32 a mix of its own moves the prediction
+    # gauge as much as a shift of traffic does, and only the kind of traffic is to move it here
+    before_set = [make_sample(20261121, i) for i in range(32)]
+    wanted, after_set = [s.label for s in before_set], []
+    for i in range(32, 2000):
+        sample = make_sample(20261121, i)
+        if sample.label in wanted:
+            wanted.remove(sample.label)
+            after_set.append(sample)
+    assert not wanted
     noise = [
         encode(Image.fromarray(np.random.default_rng(i).integers(0, 256, (64, 64, 3), np.uint8))) for i in range(32)
     ]
@@ -53,9 +62,9 @@ async def test_the_gauges_rise_when_traffic_shifts_and_fall_when_it_returns(make
 
     async with make_bundled(drift_window=32, max_files=16) as client:
         assert drift((await client.get("/metrics")).text, "vit-shapes") == {}  # they appear with the first batch
-        before = await send(shapes[:32])
+        before = await send([encode(s.image) for s in before_set])
         during = await send(noise)
-        after = await send(shapes[32:])
+        after = await send([encode(s.image) for s in after_set])
     assert during["embedding"] > 2 * before["embedding"] and during["embedding"] > 2 * after["embedding"]
     assert during["prediction"] > before["prediction"] + 0.2 and after["prediction"] < during["prediction"] - 0.2
 
