@@ -38,7 +38,7 @@ Build = Callable[[str, Path], ServedModel]  # loads and warms one checkpoint (bl
 
 
 # an absolute path in an error's text (not a URL's, not a relative one): its folders are dropped, its name kept
-ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~-])(?:/[^/\s'\"`:;,()\[\]]+)+/(?=[^/\s]*)")
+ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~-])(?:/[^/\s'\"`:;,()\[\]]+)+/")
 
 
 def what_failed(e: Exception) -> str:
