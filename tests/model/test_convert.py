@@ -481,13 +481,18 @@ def test_a_directory_without_its_image_processor_is_refused_with_one_line(
 
 
 @pytest.mark.parametrize(
-    "argv",
+    ("argv", "what"),
     [
-        ["timm", "--arch", "vit_tiny_patch16_224.augreg_in21k_ft_in1k", "--pretrained"],
-        ["open_clip", "--arch", "ViT-B-32", "--pretrained", "openai"],
+        (
+            ["timm", "--arch", "vit_tiny_patch16_224.augreg_in21k_ft_in1k", "--pretrained"],
+            "timm's pretrained vit_tiny_patch16_224.augreg_in21k_ft_in1k",
+        ),
+        (["open_clip", "--arch", "ViT-B-32", "--pretrained", "openai"], "open_clip's ViT-B-32 (openai)"),
     ],
 )
-def test_pretrained_on_a_hub_that_does_not_answer_is_refused_at_once(tmp_path: Path, argv: list[str]) -> None:
+def test_pretrained_on_a_hub_that_does_not_answer_is_refused_at_once(
+    tmp_path: Path, argv: list[str], what: str
+) -> None:
     """Not a minute of the libraries' retries: one probe, then one line saying what to do."""
     import os
     import time
@@ -507,10 +512,8 @@ def test_pretrained_on_a_hub_that_does_not_answer_is_refused_at_once(tmp_path: P
         took = time.monotonic() - started
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().splitlines() == [
-        f"error: could not fetch {'timm' if argv[0] == 'timm' else 'open_clip'}"
-        + ("'s pretrained vit_tiny_patch16_224.augreg_in21k_ft_in1k" if argv[0] == "timm" else "'s ViT-B-32 (openai)")
-        + f": {endpoint} did not answer within 3 s (ReadTimeout); set HF_HUB_OFFLINE=1 to use the local hub cache, "
-        "or download the weights elsewhere and pass --weights FILE"
+        f"error: could not fetch {what}: {endpoint} did not answer within 3 s (ReadTimeout); set HF_HUB_OFFLINE=1 to "
+        "use the local hub cache, or download the weights elsewhere and pass --weights FILE"
     ]
     assert took < 45, took  # the probe and the imports, not the retries
 
