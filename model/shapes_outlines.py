@@ -29,7 +29,7 @@ def make_sample(seed: int, index: int) -> ShapeSample:
         outer, inner = (r, r - stroke) if rng.random() < 0.5 else (r + stroke / 2, r - stroke / 2)
     else:
         outer, inner = r, r - max(rng.uniform(0.55, 0.7) * r, 8.0)
-    drawn, silhouette = disc(cx, cy, outer, inner), disc(cx, cy, max(outer, r), inner if label == RING else 0.0)
+    drawn, silhouette = disc(cx, cy, outer, inner), disc(cx, cy, outer, inner if label == RING else 0.0)
     alpha = np.asarray(drawn.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BOX), dtype=np.float64) / 255
     image = bg * (1 - alpha[..., None]) + contrasting_colour(rng, bg) * alpha[..., None]
     mask = np.asarray(silhouette.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BOX)) >= 128

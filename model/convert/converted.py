@@ -153,10 +153,10 @@ def check_preprocessing(model: nn.Module, converted: Converted) -> dict[str, Any
     if converted.preprocess is None:
         return {}
     p = converted.preprocessing
-    std = torch.tensor(p.std).view(-1, 1, 1)
+    transform, std = EvalTransform(p), torch.tensor(p.std).view(-1, 1, 1)
     ours, theirs, worst, mean = [], [], 0.0, 0.0
     for name, image in check_images(p):
-        mine, library = EvalTransform(p)(image), converted.preprocess(image).float()
+        mine, library = transform(image), converted.preprocess(image).float()
         if mine.shape != library.shape:
             raise ConversionError(
                 f"on {name} the source's processor gives pixels of shape {tuple(library.shape)}, the checkpoint's "

@@ -10,6 +10,7 @@ from, so that a restart, or another process, converts nothing.
 from __future__ import annotations
 
 import glob
+import json
 import logging
 import os
 import re
@@ -90,6 +91,19 @@ def revision(fetched: Path) -> str:
     return folder.name
 
 
+def preprocessing_checked(path: Path) -> bool:
+    """Whether a kept conversion was checked against its source's own preprocessing on image files. One made before
+    that check may carry settings guessed where the source's processor was not read, and is converted again."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            training = json.loads((f.metadata() or {}).get("training", "{}"))
+    except Exception:  # unreadable: convert it again
+        return False
+    return bool(training.get("converted_from", {}).get("preprocessing_check"))
+
+
 def converted_checkpoint(hub: str, ident: str, cache: Path | None) -> tuple[Path, bool]:
     """The checkpoint of hub model `hub:ident`, and whether it was converted now (False: found in `cache`)."""
     slug = re.sub(r"[^A-Za-z0-9._-]+", "--", ident)
@@ -101,9 +115,13 @@ def converted_checkpoint(hub: str, ident: str, cache: Path | None) -> tuple[Path
         if not kept:
             raise
         log.warning("%s:%s cannot be fetched now; serving the conversion kept in %s", hub, ident, kept[-1])
+        if not preprocessing_checked(kept[-1]):
+            log.warning(
+                "%s was converted before preprocessing was checked against the source: convert it online", kept[-1]
+            )
         return kept[-1], False
     target = None if cache is None else cache / hub / f"{slug}@{revision(fetched)[:16]}.safetensors"
-    if target is not None and target.is_file():
+    if target is not None and target.is_file() and preprocessing_checked(target):
         return target, False
     converted = convert(hub, ident, fetched)
     model = converted.build()

@@ -5,6 +5,7 @@ parity check and kept in VIT_HUB_CACHE; a name that cannot be fetched or convert
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import httpx
 import pytest
 import torch
 from PIL import Image
+from safetensors.torch import save_file
 
 from app.settings import BUNDLED_WEIGHTS
 from harness.images import encode
@@ -74,6 +76,13 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     return root, m
 
 
+def read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata())  # noqa: SIM118
+
+
 def hub_env(root: Path, cache: Path, models: str) -> dict[str, str]:
     return {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(root), "VIT_HUB_CACHE": str(cache), "VIT_MODELS": models}
 
@@ -112,6 +121,17 @@ def test_hub_names_serve_offline_converted_once(hub: tuple[Path, Any], tmp_path:
         second_log = again.stop()
     assert " converted to " not in second_log and second_log.count("converted before") == 2, second_log
     assert {p: p.stat().st_mtime_ns for p in cache.rglob("*.safetensors")} == stamps
+
+    # a conversion kept from before the preprocessing check may carry guessed settings: it is made again
+    older = cache / f"hf/someone--tiny-vit@{COMMIT[:16]}.safetensors"
+    tensors, metadata = read_safetensors(older)
+    training = json.loads(metadata["training"])
+    del training["converted_from"]["preprocessing_check"]
+    save_file(tensors, str(older), metadata=metadata | {"training": json.dumps(training)})
+    with Server(BUNDLED_WEIGHTS, **env) as third:
+        assert httpx.get(f"{third.url}/health/ready").status_code == 200
+        third_start = third.stop()
+    assert third_start.count(" converted to ") == 1 and "hf:someone/tiny-vit converted to" in third_start, third_start
 
     gone = {**env, "HF_HUB_CACHE": str(tmp_path / "empty-hub")}  # offline, and the hub's own cache lost
     with Server(BUNDLED_WEIGHTS, **gone) as kept:
