@@ -16,8 +16,9 @@ ONNX_BACKENDS: tuple[Backend, ...] = ("onnxruntime", "onnxruntime-int8")
 
 Precision = Literal["float32", "bfloat16", "float16", "int8"]  # the arithmetic of plain predictions
 Quantization = Literal["dynamic", "static"]  # how an int8 graph was made
-# VIT_DECODE: auto decodes plain JPEGs on a GPU (nvJPEG); nvimgcodec: its JPEG engines, then the CUDA decoder
-DecodeChoice = Literal["auto", "nvimgcodec", "cpu"]
+# VIT_DECODE: auto decodes plain JPEGs on a GPU (nvJPEG); nvimgcodec and dali: its JPEG engines, then the CUDA
+# decoder (through nvImageCodec, or DALI's mixed decoder)
+DecodeChoice = Literal["auto", "nvimgcodec", "dali", "cpu"]
 # VIT_V2_OUTPUTS: the outputs V2 lists and answers: all of them, or probabilities alone (a plain classification)
 V2OutputsChoice = Literal["all", "probabilities"]
 DecodedOn = Literal["cpu", "gpu"]  # where a model's plain JPEGs are decoded

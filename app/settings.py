@@ -132,13 +132,14 @@ class Settings(BaseSettings):
         "auto",
         description="auto: on a GPU, plain JPEGs are decoded and resized there, a batch at a time (the CUDA "
         "decoder, torchvision's nvJPEG); nvimgcodec: the same with nvImageCodec, the GPU's hardware JPEG engines "
-        "first and its CUDA decoder for the rest; cpu: every image is decoded on the CPU",
+        "first and its CUDA decoder for the rest; dali: the same with DALI's mixed decoder (the [dali] extra; "
+        "not measured on a GPU yet); cpu: every image is decoded on the CPU",
     )
     hw_decoder_load: float = Field(
         1.0,
         gt=0,
         le=1,
-        description="With VIT_DECODE=nvimgcodec: the share of each batch's plain JPEGs given to the GPU's hardware "
+        description="With VIT_DECODE=nvimgcodec or dali: the share of each batch's plain JPEGs given to the GPU's hardware "
         "JPEG engines, the rest to its CUDA decoder (DALI's hw_decoder_load). 1: the engines take every file they "
         "can, the CUDA decoder what they leave",
     )

@@ -9,15 +9,18 @@ resized together. Every other image (PNG, progressive, CMYK, rotated by EXIF, ov
 on the CPU as before, and a JPEG that the GPU rejects is decoded again by PIL, whose verdict
 (pixels, or a 4xx for a broken file) is final.
 
-Two decoders (`VIT_DECODE`):
+Three decoders (`VIT_DECODE`):
 - `auto`: torchvision's nvJPEG, the CUDA decoder, on the SMs (with the Huffman stage on CPU threads for
   images under a megapixel).
 - `nvimgcodec`: nvImageCodec, with the GPU's hardware JPEG engines first (A100, H100, H200 and others carry
   them) and its CUDA decoder for what they leave (every file on a GPU without engines). Its pixels are
-  nearer PIL's (its chroma upsampling is PIL's). Alone, the H200's engines decode two to three times as
-  many JPEGs a second as the CUDA decoder; beside a forward that never pauses they decoded a twentieth of
-  that, and the service served less with them than with nvJPEG (bench/results/gpu-h200-jpeg-engines.md), so
-  `auto` stays nvJPEG.
+  nearer PIL's (its chroma upsampling is PIL's).
+- `dali`: DALI's mixed decoder (the `[dali]` extra), the engines and the CUDA decoder behind DALI's own
+  stream-ordered pools, as Triton's DALI backend decodes JPEGs; on a host without a GPU its CPU decoder.
+
+Beside a forward that never pauses, the engines decoded a small share of their own rate on an H200, and the
+service served less with them than with nvJPEG, so `auto` stays nvJPEG: docs/performance.md ("Which decoder
+takes which image") gives the figures and what is measured next.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 from PIL import Image
 from torch import Tensor
@@ -128,6 +132,59 @@ class NvImageCodecJpeg:
         return [None if i is None else torch.from_dlpack(i).permute(2, 0, 1).expand(3, -1, -1) for i in images]
 
 
+class DaliJpeg:
+    """DALI's image decoder, a batch a call, through its dynamic mode: on a GPU its mixed decoder (the JPEG
+    engines take `load` of a batch, DALI's hw_decoder_load; the CUDA decoder the rest and what they leave), on
+    the caller's current stream; on the CPU its libjpeg-turbo decoder on `threads` threads. Files -> (3, H, W)
+    uint8 RGB on the device, None where DALI fails."""
+
+    def __init__(self, device: torch.device, load: float = 1.0, threads: int = 4) -> None:
+        try:
+            import nvidia.dali.experimental.dynamic as ndd  # here: DALI is an optional extra
+            from nvidia.dali import types
+        except ImportError as e:
+            raise RuntimeError(f"VIT_DECODE=dali needs DALI: pip install 'vit-serve[dali]' ({e})") from None
+        if not 0 < load <= 1:
+            raise ValueError(f"the JPEG engines' load is a share of a batch in (0, 1], got {load}")
+        self.ndd = ndd
+        self.device = device
+        self.on_gpu = device.type == "cuda"
+        self.index = (device.index or 0) if self.on_gpu else None
+        self.pool = ndd.ThreadPool(threads, device_id=self.index)  # made once: a pool is costly to start
+        options: dict[str, Any] = {"output_type": types.RGB}
+        if self.on_gpu:
+            options |= {"device": "gpu", "hw_decoder_load": load}  # dynamic mode's "gpu" is the mixed decoder
+        else:
+            options |= {"device": "cpu"}
+        self.options = options
+        share = "" if load == 1 else f" ({load:g} of a batch)"
+        self.name = (
+            f"DALI's mixed decoder (the JPEG engines{share}, then the CUDA decoder)"
+            if self.on_gpu
+            else "DALI's CPU decoder"
+        )
+
+    def __call__(self, files: Sequence[bytes | memoryview]) -> list[Tensor | None]:
+        data = [np.frombuffer(f, dtype=np.uint8) for f in files]
+        try:
+            return self.decode(data)
+        except RuntimeError:  # one bad file fails the batch: decode each alone to find it
+            return [self.decode_one(d) for d in data]
+
+    def decode(self, data: list[np.ndarray]) -> list[Tensor | None]:
+        stream = torch.cuda.current_stream(self.device) if self.on_gpu else None
+        with self.ndd.EvalContext(thread_pool=self.pool, device_id=self.index, cuda_stream=stream):
+            decoded = self.ndd.decoders.image(self.ndd.batch(data), **self.options)
+            # (H, W, 3) -> (3, H, W), zero-copy; on a GPU ordered after DALI's work on the current stream
+            return [t.torch().permute(2, 0, 1) for t in decoded.tensors]
+
+    def decode_one(self, data: np.ndarray) -> Tensor | None:
+        try:
+            return self.decode([data])[0]
+        except RuntimeError:  # DALI's verdict on this file; PIL's decides
+            return None
+
+
 def decoder_backends(engines: bool, load: float) -> list[Any]:
     """nvImageCodec's backends, in the order it tries them: the hardware JPEG engines with `load` of a batch
     (with `engines`), then the CUDA decoder (Huffman on the CPU below 1 MP) for the rest."""
@@ -153,12 +210,14 @@ def has_jpeg_engines(nvimgcodec: Any, device: torch.device) -> bool:
     return engines_only.decode(nvimgcodec.CodeStream(blank_jpeg((3, 64, 64)))) is not None
 
 
-def jpeg_decoder_for(
-    choice: DecodeChoice, device: torch.device, hw_load: float = 1.0
-) -> TorchvisionJpeg | NvImageCodecJpeg:
-    """The GPU decoder `VIT_DECODE` names: `nvimgcodec` (its engines given `hw_load` of a batch,
+def jpeg_decoder_for(choice: DecodeChoice, device: torch.device, hw_load: float = 1.0) -> JpegDecode:
+    """The batch decoder `VIT_DECODE` names: `nvimgcodec` or `dali` (the engines given `hw_load` of a batch,
     VIT_HW_DECODER_LOAD), or torchvision's nvJPEG for `auto`."""
-    return NvImageCodecJpeg(device, load=hw_load) if choice == "nvimgcodec" else TorchvisionJpeg(device)
+    if choice == "nvimgcodec":
+        return NvImageCodecJpeg(device, load=hw_load)
+    if choice == "dali":
+        return DaliJpeg(device, load=hw_load)
+    return TorchvisionJpeg(device)
 
 
 class GpuJpegDecoder:

@@ -1,7 +1,8 @@
 """The batched JPEG path: which files take it, and that it makes the CPU path's pixels.
 
 `GpuJpegDecoder` runs on any torch device; here it runs on the CPU (torchvision's batched decoder
-there), so its batching, grouping by size and fallback are proven without a GPU. tests/app/test_cuda.py
+there, and DALI's CPU decoder, the `dali` choice without a GPU), so its batching, grouping by size and
+fallback are proven without a GPU. tests/app/test_cuda.py
 runs the same checks through the service on a real GPU, with nvImageCodec (the JPEG engines and the CUDA
 decoder) and with torchvision's nvJPEG.
 """
@@ -9,6 +10,8 @@ decoder) and with torchvision's nvJPEG.
 from __future__ import annotations
 
 import io
+import sys
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -18,12 +21,15 @@ from PIL import Image
 from app.core.contract.errors import InvalidInput, ServiceError
 from app.core.images.decode import decode_image, open_image
 from app.core.images.gpu_decode import (
+    DaliJpeg,
     GpuJpegDecoder,
     Jpeg,
+    JpegDecode,
     TorchvisionJpeg,
     blank_jpeg,
     decoder_backends,
     gpu_decodable,
+    jpeg_decoder_for,
 )
 from app.core.images.prepare import Preprocessor
 from harness.images import encode
@@ -49,6 +55,18 @@ def decodable(data: bytes) -> bool:
     return gpu_decodable(open_image(data, "x.jpg", 10**8), data)
 
 
+# The batch decoders that run without a GPU: torchvision's (libjpeg-turbo) and DALI's CPU decoder.
+BATCH_DECODERS: dict[str, Callable[[], JpegDecode]] = {
+    "torchvision": lambda: TorchvisionJpeg(ON_CPU),
+    "dali": lambda: DaliJpeg(ON_CPU, threads=2),
+}
+
+
+@pytest.fixture(params=sorted(BATCH_DECODERS))
+def batch_decoder(request: pytest.FixtureRequest) -> JpegDecode:
+    return BATCH_DECODERS[request.param]()
+
+
 def on_cpu(p: Preprocessing):  # type: ignore[no-untyped-def]
     pre = Preprocessor(p)
     return lambda j: pre(decode_image(j.data, j.filename, p.channels, 10**8))
@@ -70,10 +88,10 @@ def test_plain_jpegs_take_the_batched_path_and_others_do_not() -> None:
 
 
 @pytest.mark.parametrize("p", [CROP, SQUASH_GRAY], ids=["rgb-center-crop-bicubic", "gray-squash-bilinear"])
-def test_a_batch_of_mixed_sizes_gives_the_cpu_paths_pixels(p: Preprocessing) -> None:
+def test_a_batch_of_mixed_sizes_gives_the_cpu_paths_pixels(p: Preprocessing, batch_decoder: JpegDecode) -> None:
     sizes = [(120, 90), (90, 120), (120, 90), (64, 64), (300, 200)]
     files = [jpeg(photo(i, size)) for i, size in enumerate(sizes)]
-    decoder = GpuJpegDecoder(p, ON_CPU, on_cpu(p), TorchvisionJpeg(ON_CPU))
+    decoder = GpuJpegDecoder(p, ON_CPU, on_cpu(p), batch_decoder)
     got = decoder([Jpeg(f, f"{i}.jpg") for i, f in enumerate(files)])
     want = torch.stack([on_cpu(p)(Jpeg(f, "x")) for f in files])
     assert got.shape == want.shape == (len(files), p.channels, p.image_size, p.image_size)
@@ -83,7 +101,7 @@ def test_a_batch_of_mixed_sizes_gives_the_cpu_paths_pixels(p: Preprocessing) -> 
     assert diff.max() <= 3.01 and diff.mean() <= 0.5
 
 
-def test_a_file_the_batched_decoder_rejects_is_decoded_by_the_fallback() -> None:
+def test_a_file_the_batched_decoder_rejects_is_decoded_by_the_fallback(batch_decoder: JpegDecode) -> None:
     good = jpeg(photo(1))
     # A valid header over data the batched decoder cannot use; PIL's fallback decides.
     broken = good[:400] + bytes(200) + good[600:]
@@ -94,7 +112,7 @@ def test_a_file_the_batched_decoder_rejects_is_decoded_by_the_fallback() -> None
         calls.append(j.filename)
         return fallback(j)  # type: ignore[no-any-return]
 
-    decoder = GpuJpegDecoder(CROP, ON_CPU, counting, TorchvisionJpeg(ON_CPU))
+    decoder = GpuJpegDecoder(CROP, ON_CPU, counting, batch_decoder)
     try:
         out = decoder([Jpeg(good, "good.jpg"), Jpeg(broken, "broken.jpg")])
     except InvalidInput as e:  # PIL refuses it too: the client's error, naming the file
@@ -105,9 +123,9 @@ def test_a_file_the_batched_decoder_rejects_is_decoded_by_the_fallback() -> None
     assert calls in ([], ["broken.jpg"])  # only the broken file ever reaches the fallback
 
 
-def test_a_file_no_decoder_reads_raises_the_clients_error() -> None:
+def test_a_file_no_decoder_reads_raises_the_clients_error(batch_decoder: JpegDecode) -> None:
     not_jpeg = b"\xff\xd8" + bytes(64) + b"\xff\xd9"
-    decoder = GpuJpegDecoder(CROP, ON_CPU, on_cpu(CROP), TorchvisionJpeg(ON_CPU))
+    decoder = GpuJpegDecoder(CROP, ON_CPU, on_cpu(CROP), batch_decoder)
     with pytest.raises(ServiceError, match="bad.jpg"):
         decoder([Jpeg(jpeg(photo(2)), "good.jpg"), Jpeg(not_jpeg, "bad.jpg")])
 
@@ -132,3 +150,30 @@ def test_nvimagecodec_tries_the_jpeg_engines_with_their_share_then_the_cuda_deco
     assert alone.backend_kind == nvimgcodec.BackendKind.HYBRID_CPU_GPU
     with pytest.raises(ValueError, match="share of a batch"):
         decoder_backends(True, 0)
+
+
+def test_dalis_cpu_decoder_gives_pils_pixels_and_leaves_what_it_cannot_read() -> None:
+    """A batch with a file DALI refuses: the batch is decoded file by file, the good ones exactly as PIL
+    decodes them (both are libjpeg-turbo), RGB and grayscale alike, the refused one None for the fallback."""
+    rgb, gray = jpeg(photo(3, (75, 40))), jpeg(photo(4, (33, 90), mode="L"))
+    shared = memoryview(bytearray(rgb))  # a front-end's shared memory reaches the engine as a writable view
+    got = DaliJpeg(ON_CPU, threads=2)([rgb, b"\xff\xd8" + bytes(64) + b"\xff\xd9", gray, shared])
+    assert got[1] is None
+    for data, image in [(rgb, got[0]), (gray, got[2]), (rgb, got[3])]:
+        want = np.asarray(Image.open(io.BytesIO(data)).convert("RGB")).transpose(2, 0, 1)
+        assert image is not None and image.dtype == torch.uint8
+        assert torch.equal(image, torch.from_numpy(want.copy()))
+
+
+def test_vit_decode_names_the_batch_decoder() -> None:
+    assert isinstance(jpeg_decoder_for("auto", ON_CPU), TorchvisionJpeg)
+    dali = jpeg_decoder_for("dali", ON_CPU, 0.5)
+    assert isinstance(dali, DaliJpeg) and dali.name == "DALI's CPU decoder"
+    with pytest.raises(ValueError, match="share of a batch"):
+        DaliJpeg(ON_CPU, load=1.5)
+
+
+def test_vit_decode_dali_without_dali_installed_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "nvidia.dali.experimental.dynamic", None)  # as if the extra were absent
+    with pytest.raises(RuntimeError, match=r"VIT_DECODE=dali needs DALI: pip install 'vit-serve\[dali\]'"):
+        jpeg_decoder_for("dali", ON_CPU)
