@@ -637,9 +637,10 @@ def markdown(entries: list[dict[str, Any]]) -> str:
         "Two devices side by side. *CUDA decoder*: nvJPEG with the resize at its H200 rate "
         f"({NVJPEG_IMAGES_PER_S:,.0f} img/s), one batch's decoding after another's forward (they share the SMs). "
         "*JPEG engines*: the hardware decoder beside the SMs at "
-        f"{HARDWARE_DECODE_IMAGES_PER_S:,.0f} img/s, the lowest rate the H200's engines decoded alone through "
-        "nvImageCodec 0.9 in three runs. Beside a forward that never pauses they decoded 1,000 to 1,300, so this "
-        "column is a ceiling (bench/results/gpu-h200-jpeg-engines.md).",
+        f"{HARDWARE_DECODE_IMAGES_PER_S:,.0f} img/s, the rate the H200's engines kept beside a CUDA-graphed "
+        "forward that never pauses (nvImageCodec 0.9; the latest H200 run in bench/results/gpu-summary.json that "
+        "measured it). Alone they decoded 20,000 to 27,000; the service, whose GPU pauses between batches, served "
+        "4,368 img/s with them (bench/results/gpu-h200-jpeg-engines.md).",
         "",
         *table(header, rows, "llllr" + "r" * 16),
         "",

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import bisect
 import fcntl
+import json
 import threading
 import time
 from dataclasses import dataclass
@@ -42,10 +43,25 @@ from app.telemetry.statistics import BatchTiming
 from model.checkpoint import Checkpoint
 
 NVJPEG_IMAGES_PER_S = 13_921.0  # decode and resize on the GPU, batches of 64, 500x375 JPEGs (the H200 run, 18e3d3d)
-# The H200's hardware JPEG engines through nvImageCodec 0.9, alone: 20,071 to 26,835 img/s over three runs (the
-# lowest is taken). Beside a forward that never pauses they fell to 1,008 to 1,275; the service, whose GPU
-# pauses between batches, served 4,368 img/s with them (bench/results/gpu-h200-jpeg-engines.md).
-HARDWARE_DECODE_IMAGES_PER_S = 20_071.0
+
+
+def engines_beside_forward(
+    summary: Path = Path(__file__).resolve().parents[1] / "bench/results/gpu-summary.json",
+) -> float:
+    """The H200's hardware JPEG engines' measured rate beside a CUDA-graphed ViT-B/16 forward: the latest H200 run
+    in bench/results/gpu-summary.json that measured it."""
+    records = json.loads(summary.read_text())
+    rates = [
+        r["jpeg_engines"]["beside_forward_img_per_s"]
+        for r in records
+        if r["device"] == "NVIDIA H200" and r["jpeg_engines"]["beside_forward_img_per_s"]
+    ]
+    if not rates:
+        raise RuntimeError(f"{summary} holds no H200 run that measured the JPEG engines beside a forward")
+    return float(rates[-1])
+
+
+HARDWARE_DECODE_IMAGES_PER_S = engines_beside_forward()
 SLICE_S = 0.002  # how often a decode wait looks at whether the compute is busy
 # Images per second of the compiled + CUDA-graph bf16 forward by batch size: the H100's curve
 # (bench/results/gpu-h100.md), scaled to the H200's at batch 256 (bench/results/gpu-h200.md).
@@ -86,8 +102,8 @@ class DeviceTimes:
         could serve if the CPU side never kept it waiting.
 
         `cuda`: the CUDA decoder, one batch's decoding after another's forward (they share the SMs). `hardware`:
-        the JPEG engines beside the SMs at their own rate (HARDWARE_DECODE_IMAGES_PER_S, the H200's alone); how
-        much less they give beside a forward is not in it. `cpu_share`: the share of the JPEGs decoded on the host's
+        the JPEG engines beside the SMs at the rate they kept beside a forward (HARDWARE_DECODE_IMAGES_PER_S, the
+        H200's, from bench/results/gpu-summary.json). `cpu_share`: the share of the JPEGs decoded on the host's
         CPUs instead (VIT_CPU_DECODE_SHARE), which the device does not decode."""
         n = self.max_batch_size
         forward = self.forward_s(n)

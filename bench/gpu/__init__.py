@@ -17,6 +17,9 @@ Parts, each writing DIR/<part>.json (and a log) as it finishes, so a run cut sho
   hwdecode  nvImageCodec's decoders (the hardware JPEG engines, the CUDA decoder, splits between them): img/s
             alone and beside a CUDA-graphed ViT-B/16 forward, pixels against nvJPEG's and the CPU path's, and
             which kinds of JPEG the hardware engines take
+  engines   the JPEG engines beside a forward: a CUPTI trace of where their time goes, nvImageCodec's options,
+            the forward on fewer SMs (green contexts), at half duty, or a spin kernel in its place, the engines in
+            a process of their own, and DALI's mixed decoder (bench/gpu/engines.py)
   served    the service under `hey` (/predict multipart, V2 binary with several images per request), per
             variant, and LitServe with the same model and batch settings as the peer
   profile   at saturation: the per-batch timeline from the service's own statistics (input, forward, output,

@@ -9,11 +9,13 @@ from pathlib import Path
 
 from bench.gpu.common import BATCHES, MODELS, PARTS, VARIANTS, save
 from bench.gpu.decoding import decode, hardware
+from bench.gpu.engines import engines
 from bench.gpu.kernels import ceilings, raw
 from bench.gpu.launch import smoke, tests
 from bench.gpu.pipeline import pipeline_part
 from bench.gpu.report import report
 from bench.gpu.serving import profile, served
+from bench.gpu.summary import enter
 
 
 def parse_args() -> argparse.Namespace:
@@ -30,6 +32,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--v2-concurrency", type=int, nargs="+", default=[16, 64, 128])
     p.add_argument("--images-per-request", type=int, default=8, help="images in each V2 request")
     p.add_argument("--duration", type=float, default=6.0, help="seconds per load level")
+    p.add_argument("--engine-seconds", type=float, default=2.0, help="seconds per measurement of the engines part")
     p.add_argument("--peer", action="store_true", help="also serve with LitServe (the peer)")
     p.add_argument(
         "--peer-models", nargs="+", choices=sorted(MODELS), default=["vit-b16"], help="models LitServe serves"
@@ -49,6 +52,13 @@ def parse_args() -> argparse.Namespace:
         "of the same settings are put together)",
     )
     p.add_argument("--name", default="gpu-h100", help="results file name for --report")
+    p.add_argument(
+        "--summary",
+        type=Path,
+        metavar="RESULTS_JSON",
+        help="enter a results file written earlier into bench/results/gpu-summary.json (with --commit)",
+    )
+    p.add_argument("--commit", help="the commit the run measured (--report: default, this checkout's HEAD)")
     args = p.parse_args()
     if unknown := [part for part in args.parts if part not in PARTS]:
         p.error(f"unknown part(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}")
@@ -57,8 +67,13 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    if args.summary:
+        if not args.commit:
+            raise SystemExit("--summary needs --commit: the commit the run measured")
+        enter(args.summary, args.commit)
+        return
     if args.report:
-        report(args.report, args.name)
+        report(args.report, args.name, args.commit)
         return
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -79,6 +94,8 @@ def main() -> None:
                     result = decode()
                 elif part == "hwdecode":
                     result = hardware()
+                elif part == "engines":
+                    result = engines(args.engine_seconds)
                 elif part == "profile":
                     result = profile(args, Path(tmp))
                 else:

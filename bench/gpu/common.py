@@ -16,7 +16,7 @@ from model.vit import ViTConfig
 
 VIT_B16 = ViTConfig(image_size=224, patch_size=16, dim=768, depth=12, heads=12, num_classes=1000, norm_eps=1e-6)
 MODELS = {"vit-s16": VIT_S16, "vit-b16": VIT_B16}
-PARTS = ("tests", "smoke", "ceilings", "raw", "decode", "hwdecode", "served", "profile")
+PARTS = ("tests", "smoke", "ceilings", "raw", "decode", "hwdecode", "engines", "served", "profile")
 BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 # What each served variant sets beyond the common settings (VIT_DEVICE=auto, batch size, wait, queue).
 VARIANTS: dict[str, dict[str, str]] = {
@@ -35,6 +35,14 @@ VARIANTS: dict[str, dict[str, str]] = {
     "workers-8-nvimgcodec-0.5": {
         "VIT_DECODE": "nvimgcodec",
         "VIT_HW_DECODER_LOAD": "0.5",
+        "VIT_CUDA_GRAPHS": "true",
+        "VIT_WORKERS": "8",
+    },
+    # DALI's mixed decoder (VIT_DECODE=dali; carried as parts, see bench/gpu.sh), all to the engines, and 0.65
+    "workers-8-dali": {"VIT_DECODE": "dali", "VIT_CUDA_GRAPHS": "true", "VIT_WORKERS": "8"},
+    "workers-8-dali-0.65": {
+        "VIT_DECODE": "dali",
+        "VIT_HW_DECODER_LOAD": "0.65",
         "VIT_CUDA_GRAPHS": "true",
         "VIT_WORKERS": "8",
     },

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
 from bench.common import RESULTS, table
+from bench.gpu import summary
 from bench.gpu.common import MODELS
+from bench.gpu.engines_report import engines_lines
 
 
 def summarize_profile(path: Path, seconds: float = 8.0, rate: int = 250) -> dict[str, float]:
@@ -38,12 +41,12 @@ def summarize_profile(path: Path, seconds: float = 8.0, rate: int = 250) -> dict
     return {k: v / (rate * seconds) for k, v in sorted(counts.items())}
 
 
-def report(folders: list[Path], name: str) -> None:
+def report(folders: list[Path], name: str, commit: str | None = None) -> None:
     """Each part from the last folder that has it; the served runs of every folder together (a later
     folder's run of the same model and variant wins)."""
     data: dict[str, Any] = {}
     for folder in folders:
-        for part in ("ceilings", "decode", "hwdecode", "raw", "served", "tests"):
+        for part in ("ceilings", "decode", "hwdecode", "engines", "raw", "served", "tests"):
             if (folder / f"{part}.json").is_file():
                 found = json.loads((folder / f"{part}.json").read_text())
                 if part == "served" and "served" in data:  # runs of other variants add theirs, model by model
@@ -70,9 +73,18 @@ def report(folders: list[Path], name: str) -> None:
                 if found.is_file() and f"{kind}{gil}" not in summarised:  # from before the device summarised
                     data.setdefault("profile", {})[f"{kind}{gil}"] = summarize_profile(found)
     data["targets"] = targets(data)
+    data["commit"] = commit or head()
     (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2))
+    summary.add(summary.record(data, data["commit"], f"{name}.json"))
     (RESULTS / f"{name}.md").write_text(markdown(data))
     print(markdown(data))
+
+
+def head() -> str:
+    """This checkout's commit: the tree a run was sent from, where it reports before committing anything else."""
+    return subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def models_in(part: dict[str, Any]) -> dict[str, Any]:
@@ -296,6 +308,8 @@ def markdown(d: dict[str, Any]) -> str:
         lines += preprocessing_lines(dec)
     if "hwdecode" in d:
         lines += hardware_decoders(d["hwdecode"])
+    if "engines" in d:
+        lines += engines_lines(d["engines"])
     lines += served_lines(d)
     if "profile" in d:
         lines += profile_lines(d["profile"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from app.core.engine.engine import Engine
 from app.core.engine.served_model import ServedModel
 from app.core.images.gpu_decode import Jpeg
 from harness.images import encode
-from harness.stand_in import Device, DeviceTimes, StandInPredictor
+from harness.stand_in import Device, DeviceTimes, StandInPredictor, engines_beside_forward
 from model.checkpoint import load_checkpoint
 from model.shapes import make_sample
 from tests.support.settings import cpu_settings
@@ -146,11 +147,12 @@ async def test_the_engine_decodes_a_batch_while_it_computes_another(
 
 def test_the_device_rate_with_each_decoder() -> None:
     """The CUDA decoder one batch after another's forward (they share the SMs); the engines beside the SMs at
-    their own rate."""
+    the rate they kept beside a forward, which binds."""
     times = DeviceTimes("vit-b16", 256)
     forward, decode = 256 / 11_199, 256 / 13_921
     assert times.images_per_s("cuda") == pytest.approx(256 / (forward + decode))
-    assert times.images_per_s("hardware") == pytest.approx(11_199)  # the engines (20,071 img/s) outpace it
+    assert times.images_per_s("hardware") == pytest.approx(engines_beside_forward())  # the engines bind
+    assert engines_beside_forward() < 11_199 / 5  # the H200's runs so far: a tenth of the forward
     # the JPEGs the front-ends decode (VIT_CPU_DECODE_SHARE) leave the device's decoder
     assert times.images_per_s("cuda", 0.25) == pytest.approx(256 / (forward + 0.75 * decode))
     assert times.images_per_s("cuda", 1.0) == pytest.approx(11_199)
@@ -186,3 +188,15 @@ def test_another_devices_rates_replace_the_h100s() -> None:
     assert times.forward_s(256) == pytest.approx(forward)
     assert times.images_per_s("cuda") == pytest.approx(256 / (forward + decode))
     assert times.images_per_s("hardware") == pytest.approx(5_000)  # engines slower than the forward bound it
+
+
+def test_the_engines_rate_is_the_latest_h200_run_that_measured_it_beside_a_forward(tmp_path: Path) -> None:
+    def run(device: str, beside: float | None) -> dict[str, object]:
+        return {"device": device, "jpeg_engines": {"alone_img_per_s": 20_000.0, "beside_forward_img_per_s": beside}}
+
+    summary = tmp_path / "gpu-summary.json"
+    summary.write_text(json.dumps([run("NVIDIA H200", 1_000.0), run("NVIDIA H200", 1_200.0), run("NVIDIA H200", None)]))
+    assert engines_beside_forward(summary) == 1_200.0
+    summary.write_text(json.dumps([run("NVIDIA H100 80GB HBM3", 900.0)]))
+    with pytest.raises(RuntimeError, match="no H200 run"):
+        engines_beside_forward(summary)

@@ -1,0 +1,343 @@
+"""The JPEG engines beside a forward: where their time goes, what they keep under each candidate fix, and
+whether the cause is the SMs or a synchronisation.
+
+Every measurement decodes batches of 256 500x375 JPEGs from one thread while another replays a CUDA-graphed
+ViT-B/16 forward (bf16, batch 256), for `seconds`, and reports both rates and the share of its own rate the
+forward kept. Sections of the part's JSON:
+
+- `alone`: each decoder with the GPU to itself, and the forward alone;
+- `trace`: a CUPTI trace (`torch.profiler`) of the engines alone and beside the forward, summarised per
+  decoded batch by `bench.gpu.trace`: the host calls of every thread (nvImageCodec's own workers included),
+  the ones that wait for the GPU, and each kernel's queueing behind the forward;
+- `host`: per batch, the ms spent inside the decoder's call and waiting for its stream afterwards;
+- `options`: nvImageCodec's options, beside the forward: buffers preallocated for the batch, one CUDA stream,
+  one CPU thread, and together;
+- `starvation`: the forward on a green context that leaves SMs free (torch.cuda.green_contexts), the forward
+  at half duty, and a spin kernel in the forward's place: SMs taken away, or a wait on the forward's work;
+- `process`: the engines decoding in a process of their own beside this process's forward;
+- `dali`: DALI 2.4's mixed decoder (VIT_DECODE=dali's), alone and beside the forward, with `hw_decoder_load` 1
+  and 0.65, where DALI is installed.
+
+A section that fails records its error and the others still run.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.gpu import trace
+from harness.images import photo_jpeg
+
+BATCH = 256
+IMAGES = 1024
+Work = Callable[[threading.Event, list[int]], None]  # loops until the event is set, counting images in the list
+
+
+class Forward:
+    """A CUDA-graphed ViT-B/16 at batch 256 in bf16, replayed on a stream of its own; `sms` confines it to a green
+    context of that many SMs."""
+
+    def __init__(self, sms: int | None = None) -> None:
+        from bench.gpu.common import VIT_B16
+        from bench.gpu.kernels import capture
+        from model.vit import ViT
+
+        self.context = green_context(sms) if sms else None
+        self.stream = self.context.Stream() if self.context is not None else torch.cuda.Stream()
+        model = ViT(VIT_B16).cuda().to(torch.bfloat16).eval()
+        x = torch.randn(BATCH, 3, 224, 224, device="cuda", dtype=torch.bfloat16)
+        with torch.cuda.stream(self.stream), torch.inference_mode():
+            self.graph = capture(model, x)
+        torch.cuda.synchronize()
+
+    def loop(self, stop: threading.Event, count: list[int], duty: float = 1.0) -> None:
+        """Replays back to back; at `duty` < 1 the GPU is left idle between replays for that share of the time."""
+        with torch.cuda.stream(self.stream):
+            while not stop.is_set():
+                started = time.perf_counter()
+                self.graph.replay()
+                self.stream.synchronize()
+                count[0] += BATCH
+                if duty < 1:
+                    time.sleep((time.perf_counter() - started) * (1 - duty) / duty)
+
+
+def green_context(sms: int) -> Any:
+    """A green context of `sms` SMs (torch.cuda.green_contexts, beta since PyTorch 2.10)."""
+    from torch.cuda.green_contexts import GreenContext
+
+    context = GreenContext.create(sms, torch.cuda.current_device())
+    if not hasattr(context, "Stream"):
+        raise RuntimeError(f"torch {torch.__version__}'s green contexts give no stream of their own")
+    return context
+
+
+class Spin:
+    """A Triton kernel that keeps every SM busy with arithmetic for about `ms` a launch, touching no memory
+    but its output: the forward's occupancy without its memory traffic or its kernel boundaries."""
+
+    def __init__(self, ms: float = 25.0) -> None:
+        from bench.gpu.spin import launch
+
+        self.launch = launch
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        self.blocks = sms * 4
+        self.out = torch.empty(self.blocks * 128, device="cuda")
+        self.stream = torch.cuda.Stream()
+        self.iterations = 1 << 16
+        with torch.cuda.stream(self.stream):
+            launch(self.out, self.blocks, self.iterations)  # compiled on first launch
+            self.stream.synchronize()
+            started = time.perf_counter()
+            launch(self.out, self.blocks, self.iterations)
+            self.stream.synchronize()
+        took = (time.perf_counter() - started) * 1e3
+        self.iterations = max(1, int(self.iterations * ms / took))
+
+    def loop(self, stop: threading.Event, count: list[int]) -> None:
+        with torch.cuda.stream(self.stream):
+            while not stop.is_set():
+                self.launch(self.out, self.blocks, self.iterations)
+                self.stream.synchronize()
+                count[0] += 1
+
+
+def together(work: list[Work], seconds: float) -> list[float]:
+    """Each loop on a thread of its own for `seconds`: each one's count per second."""
+    stop, counts = threading.Event(), [[0] for _ in work]
+    threads = [threading.Thread(target=w, args=(stop, c)) for w, c in zip(work, counts, strict=True)]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - started
+    return [c[0] / elapsed for c in counts]
+
+
+class Decoding:
+    """Batches of 256 through `decode(files, stream)` on a stream of its own, timing the host's call and the wait
+    for the stream after it, and noting the decoding thread's native id (for the trace)."""
+
+    def __init__(self, decode: Callable[[list[Any], torch.cuda.Stream], Any], files: list[Any]) -> None:
+        self.decode = decode
+        self.files = files
+        self.call_s = self.wait_s = 0.0
+        self.batches = 0
+        self.thread_id = 0
+
+    def loop(self, stop: threading.Event, count: list[int]) -> None:
+        self.thread_id = threading.get_native_id()
+        stream = torch.cuda.Stream()
+        i = 0
+        while not stop.is_set():
+            chunk = [self.files[(i + k) % len(self.files)] for k in range(BATCH)]
+            started = time.perf_counter()
+            self.decode(chunk, stream)
+            called = time.perf_counter()
+            stream.synchronize()
+            self.call_s += called - started
+            self.wait_s += time.perf_counter() - called
+            self.batches += 1
+            count[0] += BATCH
+            i += BATCH
+
+    def host_ms(self) -> dict[str, float]:
+        n = max(self.batches, 1)
+        return {"call_ms_per_batch": self.call_s * 1e3 / n, "wait_ms_per_batch": self.wait_s * 1e3 / n}
+
+
+def nvimgcodec_decoder(options: str = "", threads: int = 0, backend: str = "hardware") -> Callable[..., Any]:
+    from nvidia import nvimgcodec as nv
+
+    kind = {"hardware": nv.BackendKind.HW_GPU_ONLY, "cuda": nv.BackendKind.HYBRID_CPU_GPU}[backend]
+    decoder = nv.Decoder(device_id=0, max_num_cpu_threads=threads, backends=[nv.Backend(kind)], options=options)
+    params = nv.DecodeParams(apply_exif_orientation=False, color_spec=nv.ColorSpec.SRGB)
+
+    def decode(files: list[Any], stream: torch.cuda.Stream) -> Any:
+        return decoder.decode(files, params=params, cuda_stream=stream.cuda_stream)
+
+    return decode
+
+
+def dali_decoder(load: float) -> Callable[..., Any]:
+    from app.core.images.gpu_decode import DaliJpeg
+
+    jpeg = DaliJpeg(torch.device("cuda", 0), load=load)
+
+    def decode(files: list[Any], stream: torch.cuda.Stream) -> Any:
+        with torch.cuda.stream(stream):
+            return jpeg(files)
+
+    return decode
+
+
+PREALLOCATE = " ".join(
+    f"nvjpeg_hw_decoder:{k}={v}"
+    for k, v in {"preallocate_batch_size": BATCH, "preallocate_width_hint": 512, "preallocate_height_hint": 512}.items()
+)
+OPTIONS: dict[str, tuple[str, int]] = {  # name: (nvImageCodec options, CPU threads; 0: one per core)
+    "defaults": ("", 0),
+    "preallocated": (PREALLOCATE, 0),
+    "one CUDA stream": (":num_cuda_streams=1", 0),
+    "one CPU thread": ("", 1),
+    "preallocated, one CUDA stream, one CPU thread": (f"{PREALLOCATE} :num_cuda_streams=1", 1),
+}
+
+
+def engines(seconds: float = 2.0, trace_seconds: float = 1.0) -> dict[str, Any]:
+    from nvidia import nvimgcodec as nv
+
+    jpegs = [photo_jpeg(i) for i in range(IMAGES)]
+    streams = [nv.CodeStream(f) for f in jpegs]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    result: dict[str, Any] = {
+        "image": "500x375 JPEG, quality 90, 4:2:0",
+        "batch": BATCH,
+        "seconds": seconds,
+        "nvimgcodec": nv.__version__,
+        "sms": sms,
+    }
+    forward = Forward()
+    hardware = nvimgcodec_decoder()
+
+    def section(name: str, run: Callable[[], Any]) -> None:
+        started = time.perf_counter()
+        try:
+            result[name] = run()
+        except Exception as e:  # a section this machine cannot run: say why, keep the others
+            result[name] = {"error": repr(e)}
+        print(f"engines: {name} ({time.perf_counter() - started:.0f} s):", json.dumps(result[name])[:2000], flush=True)
+
+    def beside(decode: Callable[..., Any], files: list[Any], work: Work | None = None) -> dict[str, float]:
+        decoding = Decoding(decode, files)
+        other, rate = together([work or forward.loop, decoding.loop], seconds)
+        return {"forward_img_per_s": other, "decode_img_per_s": rate, **decoding.host_ms()}
+
+    def alone() -> dict[str, Any]:
+        out: dict[str, Any] = {"forward_img_per_s": together([forward.loop], seconds)[0]}
+        for name, decode in {"hardware": hardware, "cuda": nvimgcodec_decoder(backend="cuda")}.items():
+            decoding = Decoding(decode, streams)
+            out[name] = {"decode_img_per_s": together([decoding.loop], seconds)[0], **decoding.host_ms()}
+        return out
+
+    section("alone", alone)
+    forward_alone = result["alone"].get("forward_img_per_s") if "error" not in result["alone"] else None
+
+    def kept(row: dict[str, Any]) -> dict[str, Any]:
+        if forward_alone and "forward_img_per_s" in row:
+            row["forward_kept"] = row["forward_img_per_s"] / forward_alone
+        return row
+
+    section("trace", lambda: traced(hardware, streams, forward, trace_seconds))
+    section("options", lambda: {n: kept(beside(nvimgcodec_decoder(o, t), streams)) for n, (o, t) in OPTIONS.items()})
+
+    def starvation() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for free in (8, 16, sms // 2):
+            try:
+                confined = Forward(sms - free)
+                row = beside(hardware, streams, confined.loop)
+                row["forward_alone_img_per_s"] = together([confined.loop], seconds)[0]
+                out[f"forward on {sms - free} of {sms} SMs"] = kept(row)
+            except Exception as e:
+                out[f"forward on {sms - free} of {sms} SMs"] = {"error": repr(e)}
+        out["forward at half duty"] = kept(beside(hardware, streams, lambda s, c: forward.loop(s, c, duty=0.5)))
+        try:
+            spin = Spin()
+            row = beside(hardware, streams, spin.loop)
+            out["a spin kernel on every SM instead of the forward"] = {
+                "spins_per_s": row.pop("forward_img_per_s"),
+                **row,
+            }
+        except Exception as e:
+            out["a spin kernel on every SM instead of the forward"] = {"error": repr(e)}
+        return out
+
+    section("starvation", starvation)
+    section("process", lambda: kept(own_process(forward, seconds)))
+
+    def dali() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        import nvidia.dali as dali_package
+
+        out["version"] = dali_package.__version__
+        for load in (1.0, 0.65):
+            decode = dali_decoder(load)
+            decoding = Decoding(decode, jpegs)
+            together([decoding.loop], 0.5)  # DALI's pools grow on the first batches
+            decoding = Decoding(decode, jpegs)
+            out[f"hw_decoder_load={load:g}"] = {
+                "alone_img_per_s": together([decoding.loop], seconds)[0],
+                "alone": decoding.host_ms(),
+                "beside_forward": kept(beside(decode, jpegs)),
+            }
+        return out
+
+    section("dali", dali)
+    return result
+
+
+def traced(decode: Callable[..., Any], files: list[Any], forward: Forward, seconds: float) -> dict[str, Any]:
+    """CUPTI traces of the engines decoding alone and beside the forward, summarised per decoded batch."""
+    from torch.profiler import ProfilerActivity, profile
+
+    out: dict[str, Any] = {}
+    forward_thread: dict[str, int] = {}
+
+    def forward_loop(stop: threading.Event, count: list[int]) -> None:
+        forward_thread["id"] = threading.get_native_id()
+        forward.loop(stop, count)
+
+    for name, work in (("alone", []), ("beside the forward", [forward_loop])):
+        decoding = Decoding(decode, files)
+        together([*work, decoding.loop], 0.3)  # warm: the first batches set buffers up
+        decoding = Decoding(decode, files)
+        with tempfile.TemporaryDirectory() as tmp:
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                rates = together([*work, decoding.loop], seconds)
+            path = Path(tmp) / "trace.json"
+            prof.export_chrome_trace(str(path))
+            roles = {decoding.thread_id: "decoder's caller"}
+            if "id" in forward_thread:
+                roles[forward_thread["id"]] = "forward"
+            summary = trace.summarize(trace.load(path), roles, per=max(decoding.batches, 1))
+        out[name] = {"decode_img_per_s": rates[-1], **decoding.host_ms(), "per_batch": summary}
+    return out
+
+
+def decode_in_child(seconds: float, started: Any, rate: Any) -> None:
+    """In a process of its own: the engines decoding batches of 256 for `seconds`; its rate into `rate`."""
+    from nvidia import nvimgcodec as nv
+
+    streams = [nv.CodeStream(photo_jpeg(i)) for i in range(IMAGES)]
+    decoding = Decoding(nvimgcodec_decoder(), streams)
+    together([decoding.loop], 0.3)
+    started.set()
+    rate.value = together([decoding.loop], seconds)[0]
+
+
+def own_process(forward: Forward, seconds: float) -> dict[str, float]:
+    """The engines in a spawned process (a CUDA context of its own, time-sliced with this one's) beside this
+    process's forward."""
+    context = multiprocessing.get_context("spawn")
+    started, rate = context.Event(), context.Value("d", 0.0)
+    child = context.Process(target=decode_in_child, args=(seconds, started, rate))
+    child.start()
+    if not started.wait(120):
+        child.kill()
+        raise RuntimeError("the decoding process did not start in 120 s")
+    forward_rate = together([forward.loop], seconds)[0]
+    child.join(60)
+    return {"forward_img_per_s": forward_rate, "decode_img_per_s": rate.value}
