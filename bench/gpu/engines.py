@@ -313,7 +313,8 @@ def traced(decode: Callable[..., Any], files: list[Any], forward: Forward, secon
             if "id" in forward_thread:
                 roles[forward_thread["id"]] = "forward"
             summary = trace.summarize(trace.load(path), roles, per=max(decoding.batches, 1))
-        out[name] = {"decode_img_per_s": rates[-1], **decoding.host_ms(), "per_batch": summary}
+        threads = {f"thread {tid}": role for tid, role in roles.items()}  # if the trace's ids are not native ones
+        out[name] = {"decode_img_per_s": rates[-1], **decoding.host_ms(), "threads": threads, "per_batch": summary}
     return out
 
 

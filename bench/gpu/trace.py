@@ -43,7 +43,7 @@ def load(path: Path) -> list[dict[str, Any]]:
 
 def summarize(events: list[dict[str, Any]], roles: dict[int, str], per: int = 1, top: int = 15) -> dict[str, Any]:
     """`roles` names threads by their native id (e.g. the forward's and the decoder's); any other thread that
-    calls CUDA is "other" (a library's own workers). `per`: what the totals are divided by (decoded batches),
+    calls CUDA keeps its id ("thread N": a library's own workers). `per`: what the totals are divided by (decoded batches),
     so runs of different lengths compare."""
     calls: dict[tuple[str, str], list[float]] = defaultdict(list)
     launched: dict[int, tuple[float, str]] = {}  # correlation id -> (end of the launch call in µs, role)
@@ -51,7 +51,7 @@ def summarize(events: list[dict[str, Any]], roles: dict[int, str], per: int = 1,
         if e.get("ph") != "X" or e.get("cat") not in CALLS:
             continue
         tid = e.get("tid")
-        role = roles.get(tid, "other") if isinstance(tid, int) else "other"
+        role = roles.get(tid, f"thread {tid}") if isinstance(tid, int) else "other"
         calls[(role, str(e["name"]))].append(float(e.get("dur", 0.0)))
         correlation = (e.get("args") or {}).get("correlation")
         if correlation is not None:

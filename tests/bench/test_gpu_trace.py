@@ -51,9 +51,9 @@ def two_batches() -> list[dict[str, object]]:
 def test_a_trace_is_summarised_per_batch_by_thread_and_kernel() -> None:
     s = trace.summarize(two_batches(), {DECODER: "decoder's caller", FORWARD: "forward"}, per=2)
     first = s["calls"][0]
-    assert (first["thread"], first["call"], first["waits"]) == ("other", "cudaFree", True)  # a library's own worker
+    assert (first["thread"], first["call"], first["waits"]) == ("thread 103", "cudaFree", True)  # a library's worker
     assert first["count"] == 1 and first["ms"] == pytest.approx(25) and first["max_ms"] == pytest.approx(25)
-    assert s["waiting_calls_ms"] == {"other": pytest.approx(25)}
+    assert s["waiting_calls_ms"] == {"thread 103": pytest.approx(25)}
     [colour] = [w for w in s["gpu_work"] if w["name"] == "void nvjpeg::batchedYCbCr2RGB_kernelv2"]
     assert colour["launched_by"] == "decoder's caller" and colour["count"] == 1
     assert colour["mean_queued_ms"] == pytest.approx(20) and colour["gpu_ms"] == pytest.approx(0.5)
