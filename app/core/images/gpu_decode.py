@@ -143,7 +143,7 @@ class DaliJpeg:
             import nvidia.dali.experimental.dynamic as ndd  # here: DALI is an optional extra
             from nvidia.dali import types
         except ImportError as e:
-            raise RuntimeError(f"VIT_DECODE=dali needs DALI: pip install 'vit-serve[dali]' ({e})") from None
+            raise ValueError(f"VIT_DECODE=dali needs DALI: pip install 'vit-serve[dali]' ({e})") from None
         if not 0 < load <= 1:
             raise ValueError(f"the JPEG engines' load is a share of a batch in (0, 1], got {load}")
         self.ndd = ndd

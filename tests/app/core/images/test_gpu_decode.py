@@ -175,5 +175,5 @@ def test_vit_decode_names_the_batch_decoder() -> None:
 
 def test_vit_decode_dali_without_dali_installed_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "nvidia.dali.experimental.dynamic", None)  # as if the extra were absent
-    with pytest.raises(RuntimeError, match=r"VIT_DECODE=dali needs DALI: pip install 'vit-serve\[dali\]'"):
+    with pytest.raises(ValueError, match=r"VIT_DECODE=dali needs DALI: pip install 'vit-serve\[dali\]'"):
         jpeg_decoder_for("dali", ON_CPU)
