@@ -27,7 +27,6 @@ from app.grpc.server import GrpcServer
 from app.settings import Settings
 from app.telemetry.logs import uvicorn_log_config
 from app.web.app import create_app
-from app.web.http_protocol import JoinedWritesHttpProtocol
 
 log = logging.getLogger("app")
 
@@ -62,7 +61,6 @@ class HttpServer(uvicorn.Server):
 def http_server(plane: Front, settings: Settings) -> HttpServer:
     config = uvicorn.Config(
         create_app(plane),
-        http=JoinedWritesHttpProtocol,  # one write per response
         lifespan="off",
         log_level=settings.log_level,
         log_config=uvicorn_log_config(settings.log_format) or uvicorn.config.LOGGING_CONFIG,

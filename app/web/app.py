@@ -10,6 +10,7 @@ from app.telemetry.tracing import tracing_configured
 from app.web.errors import install_error_handlers
 from app.web.middleware import RequestTelemetry, http_telemetry
 from app.web.pages import install_pages
+from app.web.pages import router as pages_router
 from app.web.predict_routes import router
 from app.web.v2_routes import router as v2_router
 
@@ -40,5 +41,7 @@ def create_app(data_plane: DataPlane) -> FastAPI:
     app.include_router(router)
     app.include_router(v2_router)  # the Open Inference Protocol (KServe V2) over the same models
     install_pages(app)  # the try-it page at /, and /docs and /redoc with local assets
-    app.add_middleware(RequestTelemetry, metrics=data_plane.metrics)
+    # the routes as each router declares them (APIRouter.routes), then the app's own (/openapi.json, the mounts)
+    routes = [*router.routes, *v2_router.routes, *pages_router.routes, *app.router.routes]
+    app.add_middleware(RequestTelemetry, metrics=data_plane.metrics, routes=routes)
     return app

@@ -9,32 +9,16 @@ import os
 import re
 import secrets
 import time
+from collections.abc import Sequence
 
 from fastapi.telemetry import TelemetryConfig
 from opentelemetry import trace
+from starlette.routing import BaseRoute, Match, Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.telemetry.metrics import Metrics
 
 log = logging.getLogger("app.access")
-ROUTES = frozenset(
-    {
-        "/",
-        "/predict",
-        "/v1/model",
-        "/v1/models",
-        "/health/live",
-        "/health/ready",
-        "/metrics",
-        "/docs",
-        "/openapi.json",
-        "/v2",
-        "/v2/health/live",
-        "/v2/health/ready",
-        "/v2/repository/index",
-        "/v2/models/stats",
-    }
-)
 VALID_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
@@ -57,10 +41,6 @@ class RequestIds:
 
 
 request_ids = RequestIds()
-
-
-V2_MODEL_PATH = re.compile(r"^/v2/models/[^/]+(?:/versions/[^/]+)?(/ready|/infer|/stats)?$")
-V2_REPOSITORY_PATH = re.compile(r"^/v2/repository/models/[^/]+/(load|unload)$")
 
 
 UNTRACED = frozenset({"/metrics", "/health/live", "/health/ready", "/v2/health/live", "/v2/health/ready"})
@@ -87,23 +67,34 @@ def http_telemetry(traced: bool) -> TelemetryConfig:
     }
 
 
-def route_label(path: str) -> str:
-    """A bounded set of labels: our routes, the V2 routes with the model name left out, else 'other'."""
-    if path in ROUTES:
-        return path
-    if match := V2_MODEL_PATH.match(path):
-        return "/v2/models/{name}" + (match.group(1) or "")
-    if match := V2_REPOSITORY_PATH.match(path):
-        return "/v2/repository/models/{name}/" + match.group(1)
-    return "other"
+class RouteLabels:
+    """Each request's route template as the app's router matches it (`/v2/models/{name}/infer`), through
+    Starlette's public `BaseRoute.matches`; a path no route has is "other". A bounded set of labels: each path's
+    is kept once found, for up to `size` paths."""
+
+    def __init__(self, routes: Sequence[BaseRoute], size: int = 4096) -> None:
+        self.routes = [r for r in routes if isinstance(r, Route | Mount)]  # those with a template of their own
+        self.size = size
+        self.known: dict[str, str] = {}
+
+    def __call__(self, scope: Scope) -> str:
+        path = scope["path"]
+        if (label := self.known.get(path)) is not None:
+            return label
+        label = next((r.path for r in self.routes if r.matches(scope)[0] != Match.NONE), "other")
+        if len(self.known) >= self.size:
+            self.known.clear()
+        self.known[path] = label
+        return label
 
 
 class RequestTelemetry:
     """Pure ASGI (not BaseHTTPMiddleware), so the route can still watch the connection for disconnects."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics, routes: Sequence[BaseRoute]) -> None:
         self.app = app
         self.metrics = metrics
+        self.route_label = RouteLabels(routes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -112,7 +103,7 @@ class RequestTelemetry:
         incoming = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
         request_id = incoming if VALID_REQUEST_ID.fullmatch(incoming) else request_ids.next()
         scope.setdefault("state", {})["request_id"] = request_id
-        route = route_label(scope["path"])
+        route = self.route_label(scope)
         status = 499  # stays so when the client leaves before any response
         started = time.perf_counter()
 

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 from fastapi import Request
-from starlette.datastructures import Headers, UploadFile
-from starlette.formparsers import MultiPartException, MultiPartParser
+from python_multipart.exceptions import MultipartParseError
+from python_multipart.multipart import MultipartParser, parse_options_header
 
 from app.core.contract.errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
 from app.core.contract.request import EncodedImage
@@ -30,9 +29,7 @@ async def read_body(request: Request, limit: int) -> bytes:
         if size > limit:
             raise PayloadTooLarge(f"request body is over the limit of {limit} bytes")
         chunks.append(chunk)
-    body = b"".join(chunks)
-    request._body = body  # request.body() answers the bytes already read
-    return body
+    return b"".join(chunks)
 
 
 async def read_images(request: Request, max_bytes: int, max_files: int) -> list[EncodedImage]:
@@ -49,9 +46,9 @@ async def read_images(request: Request, max_bytes: int, max_files: int) -> list[
         )
     body = await read_body(request, max_bytes)
     if len(body) > PARSE_ON_THE_LOOP_BYTES:
-        parts = await asyncio.to_thread(asyncio.run, read_form(body, request.headers, max_files))
+        parts = await asyncio.to_thread(read_form, body, content_type, max_files)
     else:
-        parts = await read_form(body, request.headers, max_files)
+        parts = read_form(body, content_type, max_files)
     uploads: list[EncodedImage] = []
     for name, filename, data in parts:
         if name not in FILE_FIELDS:
@@ -64,22 +61,92 @@ async def read_images(request: Request, max_bytes: int, max_files: int) -> list[
     return uploads
 
 
-async def read_form(body: bytes, headers: Headers, max_files: int) -> list[tuple[str, str, bytes]]:
-    """The file parts of a multipart/form-data body (field name, file name, bytes) in order, read by Starlette's
-    parser within `max_files` files and as many form fields and 16 more; form fields are left out."""
+class FormParts:
+    """The file parts of one multipart/form-data body, collected from python-multipart's streaming parser (the
+    parser FastAPI and Starlette read forms with): (field name, file name, bytes) in order, at most `max_files`
+    files and as many form fields and 16 more. Form fields are counted, not kept."""
 
-    async def chunks() -> AsyncIterator[bytes]:
-        yield body
+    def __init__(self, max_files: int) -> None:
+        self.max_files = max_files
+        self.max_fields = max_files + 16
+        self.files: list[tuple[str, str, bytes]] = []
+        self.fields = 0
+        self.header_field = self.header_value = b""
+        self.headers: dict[bytes, bytes] = {}
+        self.data: list[bytes] = []
+        self.current: tuple[str, str] | None = None  # the file part being read: (field name, file name)
 
-    parser = MultiPartParser(headers, chunks(), max_files=max_files, max_fields=max_files + 16)  # type: ignore[arg-type]
+    def on_part_begin(self) -> None:
+        self.headers, self.data, self.current = {}, [], None
+
+    def on_header_field(self, data: bytes, start: int, end: int) -> None:
+        self.header_field += data[start:end]
+
+    def on_header_value(self, data: bytes, start: int, end: int) -> None:
+        self.header_value += data[start:end]
+
+    def on_header_end(self) -> None:
+        self.headers[self.header_field.lower()] = self.header_value
+        self.header_field = self.header_value = b""
+
+    def on_headers_finished(self) -> None:
+        _, options = parse_options_header(self.headers.get(b"content-disposition", b""))
+        if b"name" not in options:
+            raise InvalidInput('could not parse the multipart body: a part\'s Content-Disposition has no "name"')
+        if b"filename" in options:
+            if len(self.files) >= self.max_files:
+                raise InvalidInput(
+                    f"could not parse the multipart body: Too many files. Maximum number of files is {self.max_files}."
+                )
+            self.current = (text(options[b"name"]), text(options[b"filename"]))
+        else:
+            self.fields += 1
+            if self.fields > self.max_fields:
+                raise InvalidInput(
+                    f"could not parse the multipart body: Too many fields. Maximum number of fields is {self.max_fields}."
+                )
+
+    def on_part_data(self, data: bytes, start: int, end: int) -> None:
+        if self.current is not None:
+            self.data.append(data[start:end])
+
+    def on_part_end(self) -> None:
+        if self.current is not None:
+            self.files.append((*self.current, b"".join(self.data)))
+
+
+def read_form(body: bytes, content_type: str, max_files: int) -> list[tuple[str, str, bytes]]:
+    """The file parts of a multipart/form-data body (field name, file name, bytes) in order; InvalidInput for a
+    body that is not one, or holds more than `max_files` files."""
+    _, options = parse_options_header(content_type)
+    boundary = options.get(b"boundary")
+    if not boundary:
+        raise InvalidInput("could not parse the multipart body: its Content-Type names no boundary")
+    parts = FormParts(max_files)
+    callbacks = {name: getattr(parts, name) for name in CALLBACKS}
     try:
-        form = await parser.parse()
-    except MultiPartException as e:  # malformed multipart, or too many parts
-        raise InvalidInput(f"could not parse the multipart body: {e.message}") from None
-    files = []
-    for name, value in form.multi_items():
-        if isinstance(value, UploadFile):
-            value.file.seek(0)
-            files.append((name, value.filename or "", value.file.read()))
-            value.file.close()
-    return files
+        parser = MultipartParser(boundary, callbacks)  # type: ignore[arg-type]
+        parser.write(body)
+        parser.finalize()
+    except MultipartParseError as e:  # malformed multipart
+        raise InvalidInput(f"could not parse the multipart body: {e}") from None
+    return parts.files
+
+
+CALLBACKS = (
+    "on_part_begin",
+    "on_header_field",
+    "on_header_value",
+    "on_header_end",
+    "on_headers_finished",
+    "on_part_data",
+    "on_part_end",
+)
+
+
+def text(value: bytes) -> str:
+    """A header parameter as text: UTF-8, else Latin-1 (as browsers and Starlette read them)."""
+    try:
+        return value.decode()
+    except UnicodeDecodeError:
+        return value.decode("latin-1")

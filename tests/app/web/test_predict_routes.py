@@ -96,9 +96,9 @@ async def test_a_large_multipart_body_is_parsed_off_the_event_loop(
     parsed_on: list[bool] = []
     parse = uploads.read_form
 
-    async def watched(*args: Any) -> list[tuple[str, str, bytes]]:
+    def watched(*args: Any) -> list[tuple[str, str, bytes]]:
         parsed_on.append(threading.current_thread() is threading.main_thread())
-        return await parse(*args)
+        return parse(*args)
 
     monkeypatch.setattr(uploads, "read_form", watched)
     small = encode(make_sample(3, 0).image)
