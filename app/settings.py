@@ -26,8 +26,8 @@ def is_model_name(name: str) -> bool:
 
 
 # VIT_WORKERS=auto on a GPU host: front-ends, leaving two cores to the engine process (and fewer where the
-# host has fewer cores). On an H200 host with 16 cores, eight served ViT-B/16 and ViT-S/16 best over both
-# routes, and twelve no better (python -m bench.gpu served; docs/deployment.md#serving-processes).
+# host has fewer cores). Eight is what served best on a 16-core GPU host, measured with python -m bench.gpu
+# served (the figures: docs/deployment.md#serving-processes).
 AUTO_WORKERS_ON_GPU = 8
 DEFAULT_ONNX_CACHE = Path("~/.cache/vit-serve/onnx")  # under $XDG_CACHE_HOME when that is set
 DEFAULT_HUB_CACHE = Path("~/.cache/vit-serve/converted")  # likewise

@@ -9,11 +9,10 @@ computes: with the batcher's two batches in flight, one is decoded as soon as th
 waits last:
 
 - decoding: nvJPEG's rate with the resize on the GPU (what the service does to each JPEG there), in batches
-  of 64, 13,921 img/s in the H200 run that served the service (18e3d3d; a later run on an H200 measured 10,864,
-  bench/results/gpu-h200.md). The CUDA decoder shares the SMs with the forward, so the two run one after the
-  other. On the H200, nvImageCodec's CUDA decoder, run from a second thread and stream beside a graphed forward,
-  kept 0.47 to 0.61 of its own rate (bench/results/gpu-h200-jpeg-engines.md); but the service's own run on
-  that device is projected best by one after the other (docs/performance.md, the stand-in against the GPU run);
+  of 64, as the H200 run that served the service measured it (docs/performance.md, the device stand-in; a
+  later run's figure is in bench/results/gpu-h200.md). The CUDA decoder
+  shares the SMs with the forward, so the two run one after the other: that projects the service's own run on
+  that device best (docs/performance.md, the stand-in against the GPU run);
 - the forward: the compiled + CUDA-graph time per batch size, the batch padded to the captured size as the
   service's CUDA graphs pad it, times between measured sizes interpolated. The H200 run timed batch 256: the
   curve over batch sizes is the H100's (bench/results/gpu-h100.md), scaled to the H200's figure at 256.
@@ -42,7 +41,7 @@ from app.core.images.gpu_decode import Jpeg
 from app.telemetry.statistics import BatchTiming
 from model.checkpoint import Checkpoint
 
-NVJPEG_IMAGES_PER_S = 13_921.0  # decode and resize on the GPU, batches of 64, 500x375 JPEGs (the H200 run, 18e3d3d)
+NVJPEG_IMAGES_PER_S = 13_921.0  # decode and resize on the GPU, batches of 64, 500x375 JPEGs (docs/performance.md)
 
 
 def engines_beside_forward(

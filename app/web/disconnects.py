@@ -30,7 +30,8 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
 
     `work` runs in the request's own task, and a watcher task cancels that task when the client leaves (as
     `asyncio.timeout` cancels on its deadline). Work that finishes without waiting, a cached answer, is
-    done before the watcher first runs: 12 against 40 us with `work` as a task of its own and `asyncio.wait`.
+    done before the watcher first runs: no task of its own and no `asyncio.wait`, which cost more than the
+    answer itself.
     """
     current = asyncio.current_task()
     assert current is not None

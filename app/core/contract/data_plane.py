@@ -54,7 +54,8 @@ class Inference:
         return self.model.classes_for(self.labels)
 
 
-# Encoding a response costs ~40 us per 1,000 probabilities; a hop to a thread pool about as much.
+# Past this many values a response is encoded on the pool: below it, the hop to a thread costs about as much
+# as the encoding.
 INLINE_ENCODE_MAX_VALUES = 1000
 
 

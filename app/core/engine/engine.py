@@ -130,8 +130,8 @@ class Engine(Front):
 
         With `freeze_heap`, asked by the process's owner (`python -m app`, the engine process, the batch
         runner), everything alive now (torch, the models) is collected once and frozen until shutdown: no
-        longer walked by each full collection, which under load stopped every thread for ~200 ms and made
-        the p99 (see vit_gc_pause_seconds). An engine inside another program (an in-process app, a test)
+        longer walked by each full collection, which under load stopped every thread long enough to make the
+        p99 (see vit_gc_pause_seconds). An engine inside another program (an in-process app, a test)
         leaves that program's collector alone."""
         if freeze_heap:
             gc.collect()
@@ -204,7 +204,7 @@ class Engine(Front):
         if self.cache is None or len(inputs) == 0:
             return await self.counted(model, inputs, options, timeout_s)
         started = time.monotonic()
-        # SHA-256 takes about 0.7 ms per MB here: past 256 KB, on the pool
+        # hashing a large request holds the loop: past 256 KB, on the pool
         if isinstance(inputs, torch.Tensor):
             large = inputs.numel() * inputs.element_size() > 1 << 18
             digests = await self.run_in_pool(digest_pixels, inputs) if large else digest_pixels(inputs)

@@ -1,7 +1,7 @@
 """JPEG decoding and preprocessing on the GPU, a batch at a time.
 
-On a GPU host, decoding and resizing uploads on the CPU is what bounds the service: a 500x375
-JPEG costs a core about 3 ms to decode, resize and normalise. Plain JPEGs (baseline, RGB or
+On a GPU host, decoding and resizing uploads on the CPU is what bounds the service: a core decodes,
+resizes and normalises far fewer photos a second than the GPU computes. Plain JPEGs (baseline, RGB or
 grayscale, upright, whole) are instead checked from their header on the CPU pool and decoded on
 the forward thread with the batch they ride in: one decoder call for the batch, then the checkpoint's
 own tensor transform (antialiased resize, crop, scale, normalise) on the device, images of one size

@@ -1,10 +1,10 @@
 """A plain JPEG told from its markers alone: the files the GPU decodes, found without PIL.
 
 Where a model decodes plain JPEGs on the GPU, each file's header is checked on the CPU first (`open_image`,
-then `gpu_decodable`): PIL reads the header, and its EXIF for the orientation. That costs 26 µs for a 500x375
-JPEG (55 with an EXIF block), and the hand-off to a pool thread that runs it costs a serving process's event
-loop more again. `plain_jpeg` reads the same facts from the file's markers, in 5 µs (7.6), on the caller's
-thread (`python -m bench.compare.header_cost`).
+then `gpu_decodable`): PIL reads the header, and its EXIF for the orientation, which is several times
+slower, and the hand-off to a pool thread that runs it costs a serving process's event loop more again.
+`plain_jpeg` reads the same facts from the file's markers on the caller's thread (docs/performance.md gives
+the figures, from `python -m bench.compare.header_cost`).
 
 It answers True only for files the PIL check would send to the GPU, and only for the common shape of one: a
 baseline or extended sequential JPEG (SOF0, SOF1) of 8 bits and one or three components, within the pixel
