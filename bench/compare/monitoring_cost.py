@@ -38,7 +38,7 @@ def added_us(engine: Engine, requests: int, batch: int) -> float:
     embedding = torch.randn(batch, model.checkpoint.config.dim, generator=g)  # a batch's embeddings, as computed
     probabilities = torch.randn(batch, len(model.classes), generator=g).softmax(-1)
     items = [ImageInput(torch.empty(0), "none", None, True) for _ in range(batch)]
-    shadow = engine.shadows["a"]
+    shadow = engine.shadowing.shadows["a"]
     watching = model.batcher.observer
     assert isinstance(watching, Watching)
     began = time.process_time()
@@ -48,7 +48,7 @@ def added_us(engine: Engine, requests: int, batch: int) -> float:
             rows = embeddings_asked(embedding, items)
             watching.watch.add([ImageOutput(probabilities[k], None, rows[k]) for k in range(batch)])
         _ = [ImageOutput(probabilities[j], None, rows[j])]  # the request's outputs, made as in the loop below
-        if (s := engine.shadows.get(model.name)) is not None and s.pair.fraction > 0:
+        if engine.shadowing.sampling(model.name) is not None:
             raise AssertionError("fraction 0: never shadowed")
     monitored = time.process_time() - began
     began = time.process_time()

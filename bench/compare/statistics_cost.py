@@ -23,7 +23,7 @@ import statistics
 import time
 from typing import Any
 
-from app.core.engine.engine import request_timing
+from app.core.engine.timing import request_timing
 from app.telemetry.metrics import Metrics, ModelMetrics
 from app.telemetry.statistics import BatchTiming, StatisticsBook
 from bench.common import RESULTS, cpu_model, table, write_results

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -121,3 +122,12 @@ def owned(image: EncodedImage | DecodedImage) -> EncodedImage | DecodedImage:
     if isinstance(image, DecodedImage) and isinstance(image.data, memoryview):
         return dataclasses.replace(image, data=bytes(image.data))
     return image
+
+
+def pick(
+    inputs: Sequence[EncodedImage | DecodedImage] | Tensor, indices: list[int]
+) -> list[EncodedImage | DecodedImage] | Tensor:
+    """The images at `indices` of a request's inputs: files, or rows of pixels."""
+    if isinstance(inputs, Tensor):
+        return inputs[indices]
+    return [inputs[i] for i in indices]

@@ -29,15 +29,18 @@ from app.core.batcher import Group
 from app.core.contract.data_plane import Inference, InferenceRequest
 from app.core.contract.description import ModelDescription, ModelStatus, ShadowReport, canonical_version
 from app.core.contract.errors import NOT_READY, InvalidInput, ModelNotFound, NotReady
-from app.core.contract.request import DecodedImage, EncodedImage, InferOptions, Prediction, owned
+from app.core.contract.request import DecodedImage, EncodedImage, InferOptions, Prediction, pick
 from app.core.engine.cache import PredictionCache, digest_images, digest_pixels
 from app.core.engine.model_set import ModelSet
-from app.core.engine.repository import FileStamp, Repository
+from app.core.engine.repository import Repository
+from app.core.engine.scoring import labelled_predictions, scored
 from app.core.engine.served_model import ServedModel, Wanted, expire, prepared_input
-from app.core.engine.shadow import Shadow, ShadowPair
+from app.core.engine.shadow_traffic import ShadowTraffic
+from app.core.engine.startup_checks import check_shadows, check_thresholds, startup_models
+from app.core.engine.timing import decoded_before, request_timing
 from app.core.front import Front
 from app.core.images.overlay import with_overlays
-from app.settings import HubName, Settings, parse_thresholds
+from app.settings import Settings
 from app.telemetry.metrics import Metrics, ModelMetrics
 from app.telemetry.spans import child_span, record_span, sampled
 from app.telemetry.statistics import ModelStatistics, RequestTiming, StatisticsBook
@@ -60,9 +63,8 @@ class Engine(Front):
         self.taking_requests = False  # whether requests are taken (also while draining)
         self.started = False
         self.froze_heap = False  # by `start`, for its owner
-        self.shadows = {c: Shadow(ShadowPair(c, d, f), metrics) for c, d, f in settings.shadow_pairs()}
-        self.shadow_pumps: dict[str, asyncio.Task[None]] = {}  # by champion: the task feeding its challenger
-        check_shadows(self.shadows, models.served)
+        self.shadowing = ShadowTraffic(self, settings, metrics)
+        check_shadows(self.shadowing.shadows, models.served)
         check_thresholds(settings, models.served)
 
     @classmethod
@@ -303,8 +305,8 @@ class Engine(Front):
             predictions = self.scored(model, names, outputs, options)
         if options.overlay and not isinstance(inputs, torch.Tensor):  # PNG encoding of every map: milliseconds each
             predictions = await self.run_in_pool(with_overlays, predictions, [p.image for p in prepared])
-        if (shadow := self.shadows.get(model.name)) is not None and shadow.pair.fraction > 0:
-            self.shadow(shadow, model, inputs, predictions, received - submitted)
+        if (shadow := self.shadowing.sampling(model.name)) is not None:
+            self.shadowing.offer(shadow, model, inputs, predictions, received - submitted)
         timing = request_timing(started, submitted, received, time.monotonic(), outputs)
         record_span("queue", submitted, submitted + timing.queue)
         return Inference(model.description, predictions, options.labels), timing
@@ -344,17 +346,7 @@ class Engine(Front):
     def scored(
         self, model: ServedModel, names: list[str], outputs: list[ImageOutput], options: InferOptions
     ) -> list[Prediction]:
-        """A classifier's predictions, with their out-of-distribution scores where asked for (the drift window
-        scores every image a batch at a time: `app.core.engine.drift.Watching`)."""
-        if not options.ood and not options.embedding:  # the common request: its outputs as they came
-            return [Prediction(n, o.probabilities, o.attention_map, None) for n, o in zip(names, outputs, strict=True)]
-        reference = model.checkpoint.reference
-        scores: list[float | None] = [None] * len(outputs)
-        if options.ood and reference is not None and outputs:
-            embeddings = torch.stack([o.embedding for o in outputs if o.embedding is not None])
-            scores = reference.scores(embeddings, torch.stack([o.probabilities for o in outputs])).tolist()
-        threshold = self.settings.ood_threshold_for(model.name) if options.ood else None
-        return [prediction(n, o, options, score, threshold) for n, o, score in zip(names, outputs, scores, strict=True)]
+        return scored(model, names, outputs, options, self.settings.ood_threshold_for(model.name))
 
     # The direct lane (the engine process's common request): no coroutine and no task of its own.
     def direct(self, model: ServedModel, options: InferOptions) -> ServedModel | None:
@@ -364,7 +356,7 @@ class Engine(Front):
         model = self.model_set.current(model)
         if self.cache is not None or model.labels is not None or options.overlay or model.retired:
             return None
-        if (shadow := self.shadows.get(model.name)) is not None and shadow.pair.fraction > 0:
+        if self.shadowing.sampling(model.name) is not None:
             return None
         return model
 
@@ -497,91 +489,8 @@ class Engine(Front):
             return torch.empty(0, model.labels.zero_shot.embed_dim)
         return await model.labels.of(options.template or described.template, labels, self.run_in_pool)
 
-    def shadow(
-        self,
-        shadow: Shadow,
-        champion: ServedModel,
-        inputs: Sequence[EncodedImage | DecodedImage] | torch.Tensor,
-        predictions: list[Prediction],
-        champion_s: float,
-    ) -> None:
-        """Queue the picked images of a request the champion has answered for its challenger; shed them when
-        a batch of them is already waiting, the challenger is gone, or its input does not fit."""
-        picked = shadow.sample(len(predictions))
-        if not picked:
-            return
-        challenger = self.served.get(shadow.pair.challenger)
-        full = shadow.waiting + len(picked) > self.settings.max_batch_size
-        if challenger is None or challenger.retired or full or not self.taking_requests:
-            shadow.shed(len(picked))
-            return
-        if isinstance(inputs, torch.Tensor) and tuple(inputs.shape[1:]) != challenger.input_shape:
-            shadow.shed(len(picked))  # pixels preprocessed for the champion do not fit the challenger
-            return
-        mine = torch.stack([predictions[i].probabilities for i in picked])
-        picked_inputs = pick(inputs, picked)  # computed after this request is answered: owned copies
-        if not isinstance(picked_inputs, torch.Tensor):
-            picked_inputs = [owned(i) for i in picked_inputs]
-        shadow.put(picked_inputs, mine, champion_s)
-        if shadow.pair.champion not in self.shadow_pumps:
-            task = asyncio.create_task(self.pump(shadow), name=f"shadow-{shadow.pair.champion}")
-            self.shadow_pumps[shadow.pair.champion] = task
-
-    async def pump(self, shadow: Shadow) -> None:
-        """Hand the waiting shadow images to the challenger, a request's at a time, each only once the champion
-        has nothing queued, arriving or computing: shadow work runs in the champion's idle time."""
-        while True:
-            inputs, mine, champion_s = await shadow.take()
-            while (champion := self.served.get(shadow.pair.champion)) is not None:
-                try:  # a second at a time: a champion replaced meanwhile is waited for in its new version
-                    await asyncio.wait_for(champion.batcher.wait_idle(), 1.0)
-                    break
-                except TimeoutError:
-                    continue
-            challenger = self.served.get(shadow.pair.challenger)
-            if challenger is None or challenger.retired or not self.taking_requests:
-                shadow.shed(len(inputs))
-                continue
-            await self.shadow_run(shadow, challenger, inputs, mine, champion_s)
-
-    async def shadow_run(
-        self,
-        shadow: Shadow,
-        challenger: ServedModel,
-        inputs: Sequence[EncodedImage | DecodedImage] | torch.Tensor,
-        champion: torch.Tensor,
-        champion_s: float,
-    ) -> None:
-        """The challenger's answers for one request's picked images, compared with the champion's."""
-        n = len(inputs)
-        # the images the challenger computes count in its drift window too (its batches feed it): its drift over
-        # the champion's traffic
-        watched = challenger.checkpoint.reference is not None and self.settings.drift_window > 0
-        plain = Wanted("none", None, watched)
-        deadline = time.monotonic() + self.settings.request_timeout_s
-        try:
-            started = time.monotonic()
-            if isinstance(inputs, torch.Tensor):
-                outputs = await challenger.run_pixels(inputs, plain, deadline)
-            else:
-                _, outputs, started = await challenger.run_images(inputs, plain, False, self.cpu_pool, deadline)
-            theirs = torch.stack([o.probabilities for o in outputs])
-            shadow.record(champion, theirs, champion_s, time.monotonic() - started)
-        except asyncio.CancelledError:
-            shadow.shed(n)
-            raise
-        except Exception as e:  # never the champion's failure: counted, logged, and the shadow goes on
-            shadow.shed(n)
-            log.debug("shadow %s -> %s: %d images shed: %s", shadow.pair.champion, shadow.pair.challenger, n, e)
-
     async def shadow_report(self, champion: str) -> ShadowReport:
-        shadow = self.shadows.get(champion)
-        if shadow is None and champion not in self.served:
-            raise ModelNotFound(f"no model named {champion!r}; this service serves: {', '.join(self.served)}")
-        if shadow is None:
-            pairs = ", ".join(f"{c}:{s.pair.challenger}" for c, s in self.shadows.items()) or "none (VIT_SHADOW)"
-            raise ModelNotFound(f"model {champion!r} has no shadow challenger; the pairs are: {pairs}")
-        return shadow.report()
+        return self.shadowing.report(champion)
 
     def begin_drain(self) -> None:
         self.is_ready = False
@@ -592,10 +501,7 @@ class Engine(Front):
         VIT_DRAIN_TIMEOUT_S), then stop."""
         self.begin_drain()
         self.taking_requests = False
-        for task in self.shadow_pumps.values():  # shadow work is never waited for: the champions' answers are
-            task.cancel()
-        for shadow in self.shadows.values():
-            shadow.shed(shadow.waiting)
+        self.shadowing.stop()
         await self.model_set.close()  # a change under way finishes first
         timeout = self.settings.drain_timeout_s if timeout_s is None else timeout_s
         if not self.started:  # loaded, never served: nothing was admitted
@@ -614,158 +520,5 @@ class Engine(Front):
             gc.unfreeze()  # back to the collector: the program may go on (the batch runner's caller, a test)
 
 
-def check_shadows(shadows: dict[str, Shadow], served: dict[str, ServedModel]) -> None:
-    """Every VIT_SHADOW pair names two served models with the same classes; ValueError, one line, otherwise."""
-    for shadow in shadows.values():
-        pair = shadow.pair
-        for name in (pair.champion, pair.challenger):
-            if name not in served:
-                raise ValueError(f"VIT_SHADOW {pair.champion}:{pair.challenger}: no model {name!r} is served")
-        if zero_shot := [n for n in (pair.champion, pair.challenger) if served[n].labels is not None]:
-            raise ValueError(
-                f"VIT_SHADOW {pair.champion}:{pair.challenger}: {zero_shot[0]} is zero-shot, its classes named per "
-                "request, so the two models' answers cannot be compared"
-            )
-        if served[pair.champion].classes != served[pair.challenger].classes:
-            raise ValueError(
-                f"VIT_SHADOW {pair.champion}:{pair.challenger}: the models' classes differ, so their answers "
-                "cannot be compared"
-            )
-
-
-def check_thresholds(settings: Settings, served: dict[str, ServedModel]) -> None:
-    """Every model VIT_OOD_THRESHOLD names is served, and a threshold on a 0-to-1 score is under 1 (a distance's
-    threshold kept for a model that now scores by its top probability would flag nothing); ValueError, one line,
-    otherwise."""
-    if settings.ood_threshold is None:
-        return
-    for name, value in parse_thresholds(settings.ood_threshold).items():
-        if name != "*" and name not in served:
-            raise ValueError(
-                f"VIT_OOD_THRESHOLD {name}={value:g}: no model {name!r} is served; served: {', '.join(served)}"
-            )
-    for name, model in served.items():
-        reference, limit = model.checkpoint.reference, settings.ood_threshold_for(name)
-        if reference is not None and reference.score == "max_softmax" and limit is not None and limit >= 1:
-            p99 = "" if reference.held_out_p99 is None else f"; its ood_p99 is {reference.held_out_p99:.3g}"
-            raise ValueError(
-                f"VIT_OOD_THRESHOLD {limit:g} for model {name!r}: its out-of-distribution score is max_softmax, "
-                f"1 - its top probability, always under 1, so this would flag nothing; give a threshold under 1{p99}"
-            )
-
-
-def startup_models(settings: Settings, repository: Repository | None, files: dict[str, FileStamp]) -> dict[str, Path]:
-    """The checkpoints loaded before the service is ready, by model name, the default first.
-
-    Without a repository: VIT_MODELS (or VIT_WEIGHTS). With one: VIT_MODELS' names, then, unless the
-    control mode is explicit, every other model file in it.
-    """
-    if repository is None:
-        return {
-            name: hub_checkpoint(settings, name, path) if isinstance(path, HubName) else path
-            for name, path in settings.model_paths().items()
-        }
-    named = settings.model_names()
-    if missing := [n for n in named if n not in files]:
-        raise ValueError(
-            f"VIT_MODELS names {', '.join(missing)}, but VIT_MODEL_REPOSITORY {repository.root} has no such "
-            f"model file (NAME.safetensors); it has: {', '.join(files) or 'none'}"
-        )
-    names = named if settings.model_control == "explicit" else named + [n for n in files if n not in named]
-    if not names and settings.model_control == "none":
-        raise ValueError(f"VIT_MODEL_REPOSITORY {repository.root} holds no model file (NAME.safetensors) to serve")
-    return {name: repository.path(name) for name in names}
-
-
-def hub_checkpoint(settings: Settings, name: str, hub: HubName) -> Path:
-    """The converted checkpoint of a model VIT_MODELS names on a hub: from VIT_HUB_CACHE, or fetched (or read
-    from the hub's local cache) and converted now; ValueError, one line, when it cannot be."""
-    from model.convert.converted import ConversionError  # here: only a hub name brings in the converters
-    from model.convert.hub import converted_checkpoint
-
-    try:
-        path, fresh = converted_checkpoint(hub.hub, hub.id, settings.hub_cache)
-    except (ConversionError, OSError) as e:
-        raise ValueError(f"VIT_MODELS {name}={hub}: {e}") from None
-    except Exception as e:  # a library's own failure on what it fetched: still one line, never a traceback
-        raise ValueError(f"VIT_MODELS {name}={hub}: {type(e).__name__}: {e}") from None
-    log.info("model %s: %s %s %s", name, hub, "converted to" if fresh else "converted before:", path)
-    return path
-
-
-def request_timing(
-    started: float, submitted: float, received: float, done: float, outputs: list[ImageOutput]
-) -> RequestTiming:
-    """Where a request's time went (app.telemetry.statistics): it waits for the slowest of its batches."""
-    began = input_s = infer_s = output_s = 0.0
-    last = None
-    for o in outputs:  # a request's images lie in one batch or a few, in order
-        b = o.batch
-        if b is None or b is last:
-            continue
-        last = b
-        began = b.started if b.started > began else began
-        input_s = b.input_s if b.input_s > input_s else input_s
-        infer_s = b.infer_s if b.infer_s > infer_s else infer_s
-        output_s = b.output_s if b.output_s > output_s else output_s
-    if last is None:
-        return RequestTiming(0.0, submitted - started, received - submitted, done - received)
-    return RequestTiming(
-        queue=max(0.0, began - submitted),
-        compute_input=(submitted - started) + input_s,
-        compute_infer=infer_s,
-        compute_output=output_s + (done - received),
-    )
-
-
-def decoded_before(inputs: Sequence[EncodedImage | DecodedImage] | torch.Tensor) -> float:
-    """The time a front-end spent decoding a request's images before it reached the engine (they decode
-    together: the longest)."""
-    longest = 0.0
-    if isinstance(inputs, torch.Tensor):
-        return longest
-    for i in inputs:
-        if isinstance(i, DecodedImage) and i.decode_s > longest:
-            longest = i.decode_s
-    return longest
-
-
 class VersionChanged(Exception):
     """The model was replaced while a request's images were computed."""
-
-
-def pick(
-    inputs: Sequence[EncodedImage | DecodedImage] | torch.Tensor, indices: list[int]
-) -> list[EncodedImage | DecodedImage] | torch.Tensor:
-    if isinstance(inputs, torch.Tensor):
-        return inputs[indices]
-    return [inputs[i] for i in indices]
-
-
-def labelled_predictions(
-    model: ServedModel, names: list[str], outputs: list[ImageOutput], texts: torch.Tensor, options: InferOptions
-) -> list[Prediction]:
-    """A zero-shot model's predictions: each image's probabilities over the labels by the model's rule, and with
-    embedding=true its embedding in the joint space."""
-    assert model.checkpoint.zero_shot is not None
-    zero_shot = model.checkpoint.zero_shot
-    joint = torch.stack([o.probabilities for o in outputs])  # (N, D): the image tower's outputs
-    with torch.inference_mode():
-        probabilities = zero_shot.probabilities(zero_shot.logits(joint, texts)).unbind()  # (L,) each
-    embeddings: list[torch.Tensor | None] = [None] * len(outputs)
-    if options.embedding:
-        embeddings = list(torch.nn.functional.normalize(joint, dim=1) if options.normalize else joint)
-    return [
-        Prediction(n, p, o.attention_map, None, e)
-        for n, p, o, e in zip(names, probabilities, outputs, embeddings, strict=True)
-    ]
-
-
-def prediction(
-    filename: str, output: ImageOutput, options: InferOptions, ood_score: float | None, threshold: float | None
-) -> Prediction:
-    embedding = output.embedding if options.embedding else None  # (also computed for an ood score alone)
-    if embedding is not None and options.normalize:
-        embedding = torch.nn.functional.normalize(embedding, dim=0)
-    flagged = None if ood_score is None or threshold is None else ood_score > threshold
-    return Prediction(filename, output.probabilities, output.attention_map, None, embedding, ood_score, flagged)

@@ -85,7 +85,7 @@ async def test_fraction_zero_computes_nothing_and_a_model_without_a_challenger_i
     models = f"a={BUNDLED_WEIGHTS},b={BUNDLED_WEIGHTS}"
     async with client_factory(BUNDLED_WEIGHTS)(models=models, shadow="a:b:0", max_files=8) as client:
         assert (await client.post("/predict", files=upload(SHAPES))).status_code == 200
-        assert client.app.state.data_plane.shadow_pumps == {}  # type: ignore[attr-defined]  # nothing handed over
+        assert client.app.state.data_plane.shadowing.pumps == {}  # type: ignore[attr-defined]  # nothing handed over
         body = (await client.get("/v1/models/a/shadow")).json()
         missing = await client.get("/v1/models/b/shadow")
         unknown = await client.get("/v1/models/nope/shadow")

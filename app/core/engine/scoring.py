@@ -1,0 +1,55 @@
+"""A batch's outputs made into a request's predictions: a classifier's probabilities with their
+out-of-distribution scores where asked for, or a zero-shot model's scores against its request's labels."""
+
+from __future__ import annotations
+
+import torch
+
+from app.core.backends.predictor import ImageOutput
+from app.core.contract.request import InferOptions, Prediction
+from app.core.engine.served_model import ServedModel
+
+
+def scored(
+    model: ServedModel, names: list[str], outputs: list[ImageOutput], options: InferOptions, threshold: float | None
+) -> list[Prediction]:
+    """A classifier's predictions, with their out-of-distribution scores where asked for, flagged over `threshold`
+    (the drift window scores every image a batch at a time: `app.core.engine.drift.Watching`)."""
+    if not options.ood and not options.embedding:  # the common request: its outputs as they came
+        return [Prediction(n, o.probabilities, o.attention_map, None) for n, o in zip(names, outputs, strict=True)]
+    reference = model.checkpoint.reference
+    scores: list[float | None] = [None] * len(outputs)
+    if options.ood and reference is not None and outputs:
+        embeddings = torch.stack([o.embedding for o in outputs if o.embedding is not None])
+        scores = reference.scores(embeddings, torch.stack([o.probabilities for o in outputs])).tolist()
+    threshold = threshold if options.ood else None
+    return [prediction(n, o, options, score, threshold) for n, o, score in zip(names, outputs, scores, strict=True)]
+
+
+def labelled_predictions(
+    model: ServedModel, names: list[str], outputs: list[ImageOutput], texts: torch.Tensor, options: InferOptions
+) -> list[Prediction]:
+    """A zero-shot model's predictions: each image's probabilities over the labels by the model's rule, and with
+    embedding=true its embedding in the joint space."""
+    assert model.checkpoint.zero_shot is not None
+    zero_shot = model.checkpoint.zero_shot
+    joint = torch.stack([o.probabilities for o in outputs])  # (N, D): the image tower's outputs
+    with torch.inference_mode():
+        probabilities = zero_shot.probabilities(zero_shot.logits(joint, texts)).unbind()  # (L,) each
+    embeddings: list[torch.Tensor | None] = [None] * len(outputs)
+    if options.embedding:
+        embeddings = list(torch.nn.functional.normalize(joint, dim=1) if options.normalize else joint)
+    return [
+        Prediction(n, p, o.attention_map, None, e)
+        for n, p, o, e in zip(names, probabilities, outputs, embeddings, strict=True)
+    ]
+
+
+def prediction(
+    filename: str, output: ImageOutput, options: InferOptions, ood_score: float | None, threshold: float | None
+) -> Prediction:
+    embedding = output.embedding if options.embedding else None  # (also computed for an ood score alone)
+    if embedding is not None and options.normalize:
+        embedding = torch.nn.functional.normalize(embedding, dim=0)
+    flagged = None if ood_score is None or threshold is None else ood_score > threshold
+    return Prediction(filename, output.probabilities, output.attention_map, None, embedding, ood_score, flagged)
