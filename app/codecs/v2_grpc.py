@@ -17,13 +17,12 @@ from pydantic import ValidationError
 
 from app.choices import Datatype
 from app.codecs.proto import messages_pb2 as pb
-from app.codecs.v2 import (
+from app.codecs.v2_requests import Decoded, Intake, TensorData, decode_infer
+from app.codecs.v2_responses import output_tensors, zero_shot_parameters
+from app.codecs.v2_schemas import (
     SHM_REGION,
-    Decoded,
     InferRequest,
-    Intake,
     OutputWanted,
-    TensorData,
     TensorIn,
     V2Duration,
     V2InferenceStats,
@@ -31,9 +30,6 @@ from app.codecs.v2 import (
     V2ModelMetadata,
     V2ServerMetadata,
     V2Statistics,
-    decode_infer,
-    output_tensors,
-    zero_shot_parameters,
 )
 from app.core.contract.description import ModelDescription
 from app.core.contract.errors import InvalidInput

@@ -21,15 +21,14 @@ from app.codecs import v2_grpc
 from app.codecs.model_config import model_config
 from app.codecs.proto import messages_pb2 as pb
 from app.codecs.shared_memory import cuda_status, system_status_message
-from app.codecs.v2 import (
-    Decoded,
+from app.codecs.v2_metadata import (
     check_load_parameters,
-    intake_for,
     model_metadata,
     repository_index,
     server_metadata,
     statistics_response,
 )
+from app.codecs.v2_requests import Decoded, intake_for
 from app.core.contract.data_plane import DataPlane, Inference, InferenceRequest
 from app.core.contract.errors import (
     AlreadyExists,

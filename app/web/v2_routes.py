@@ -13,10 +13,17 @@ from starlette.routing import Match
 
 from app.codecs.model_config import model_config_json
 from app.codecs.shared_memory import V2RegisterSystemRegion, V2SystemRegionStatus, cuda_status, system_status
-from app.codecs.v2 import (
+from app.codecs.v2_metadata import (
+    check_load_parameters,
+    model_metadata,
+    repository_index,
+    server_metadata,
+    statistics_response,
+)
+from app.codecs.v2_requests import Decoded, decode_request, intake_for, split_body
+from app.codecs.v2_responses import Encoded, encode_response
+from app.codecs.v2_schemas import (
     HEADER_LENGTH,
-    Decoded,
-    Encoded,
     InferRequest,
     V2Error,
     V2IndexRequest,
@@ -29,15 +36,6 @@ from app.codecs.v2 import (
     V2RepositoryRequest,
     V2ServerMetadata,
     V2Statistics,
-    check_load_parameters,
-    decode_request,
-    encode_response,
-    intake_for,
-    model_metadata,
-    repository_index,
-    server_metadata,
-    split_body,
-    statistics_response,
 )
 from app.core.contract.data_plane import DataPlane, Inference, InferenceRequest
 from app.core.contract.errors import InvalidInput, NotSupported

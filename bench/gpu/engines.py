@@ -7,7 +7,7 @@ forward kept. Sections of the part's JSON:
 
 - `alone`: each decoder with the GPU to itself, and the forward alone;
 - `trace`: a CUPTI trace (`torch.profiler`) of the engines alone and beside the forward, summarised per
-  decoded batch by `bench.gpu.trace`: the host calls of every thread (nvImageCodec's own workers included),
+  decoded batch by `harness.cuda_trace`: the host calls of every thread (nvImageCodec's own workers included),
   the ones that wait for the GPU, and each kernel's queueing behind the forward;
 - `host`: per batch, the ms spent inside the decoder's call and waiting for its stream afterwards;
 - `options`: nvImageCodec's options, beside the forward: buffers preallocated for the batch, one CUDA stream,
@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from bench.gpu import trace
+from harness import cuda_trace as trace
 from harness.images import photo_jpeg
 
 BATCH = 256

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.gpu import trace
+from harness import cuda_trace as trace
 
 
 def rate(row: dict[str, Any], key: str) -> str:

@@ -4,12 +4,13 @@ writes them (the part itself needs a GPU: `bash bench/gpu.sh run engines`)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from bench.gpu import trace
-from bench.gpu.engines_report import engines_lines
+from harness import cuda_trace as trace
 
 DECODER, FORWARD, WORKER = 101, 102, 103
 
@@ -86,7 +87,10 @@ def test_the_report_shows_every_section_and_each_sections_error() -> None:
         "process": row,
         "dali": {"error": "ModuleNotFoundError(\"No module named 'nvidia.dali'\")"},
     }
-    text = "\n".join(engines_lines(result))
+    render = "import json, sys; from bench.gpu.engines_report import engines_lines; print('\\n'.join(engines_lines(json.load(sys.stdin))))"
+    text = subprocess.run(
+        [sys.executable, "-c", render], input=json.dumps(result), capture_output=True, text=True, check=True
+    ).stdout
     assert "the engines 21000 img/s" in text and "`cudaFree`" in text and "nvjpeg::batchedYCbCr2RGB_kernelv2" in text
     assert "| one CUDA stream | RuntimeError('bad option') |" in text
     assert "| forward on 124 of 132 SMs | 1050 | 10200 | 0.99 | 240.0 / 3.0 |" in text

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from app.codecs.v2 import Intake, decode_request, encode_response, model_metadata, split_body, split_bytes_elements
+from app.codecs.v2_metadata import model_metadata
+from app.codecs.v2_requests import Intake, decode_request, split_body, split_bytes_elements
+from app.codecs.v2_responses import encode_response
 from app.core.contract.errors import InvalidInput
 from app.core.contract.regions import SharedMemoryRegions
 from app.core.contract.request import EncodedImage, Prediction

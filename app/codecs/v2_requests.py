@@ -1,4 +1,4 @@
-"""The Open Inference Protocol (KServe V2): its bodies, request parsing and tensor encoding, no HTTP.
+"""The Open Inference Protocol (KServe V2): request parsing, no HTTP (its bodies: `app.codecs.v2_schemas`; its answers: `app.codecs.v2_responses`).
 
 Inputs (one per request): `image`, BYTES [N] or [N, 1], encoded image files decoded and preprocessed
 exactly as /predict does; or `pixels`, FP32 [N, C, H, W], already preprocessed. Outputs:
@@ -31,12 +31,31 @@ from typing import Any
 
 import numpy as np
 import torch
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import ValidationError
 
-from app import __version__
-from app.choices import BACKENDS, Datatype, ModelState, Precision, Quantization, choices
+from app.choices import Datatype
+from app.codecs.v2_metadata import every_output, listed_outputs
+from app.codecs.v2_schemas import (
+    ATTENTION,
+    DEFAULT_MAP,
+    EMBEDDING,
+    IMAGE,
+    IMAGE_OUTPUTS,
+    OOD_SCORE,
+    OUTPUT_NAMES,
+    OUTPUT_PARAMETERS,
+    PIXELS,
+    PROBABILITIES,
+    SHM_BYTE_SIZE,
+    SHM_OFFSET,
+    SHM_REGION,
+    TEXT,
+    TEXT_EMBEDDING,
+    InferRequest,
+    TensorIn,
+)
 from app.core.contract.data_plane import Limits
-from app.core.contract.description import ModelDescription, ModelStatus
+from app.core.contract.description import ModelDescription
 from app.core.contract.errors import InvalidInput
 from app.core.contract.regions import SharedMemoryRegions
 from app.core.contract.request import (
@@ -44,199 +63,8 @@ from app.core.contract.request import (
     AttentionKind,
     EncodedImage,
     InferOptions,
-    Prediction,
     parse_labels,
 )
-from app.telemetry.statistics import Duration, ModelStatistics
-
-HEADER_LENGTH = "inference-header-content-length"
-IMAGE, PIXELS, TEXT = "image", "pixels", "text"
-PROBABILITIES, ATTENTION, EMBEDDING = "probabilities", "attention", "embedding"
-OOD_SCORE, TEXT_EMBEDDING = "ood_score", "text_embedding"
-OUTPUT_NAMES = (PROBABILITIES, ATTENTION, EMBEDDING, OOD_SCORE, TEXT_EMBEDDING)
-IMAGE_OUTPUTS = (PROBABILITIES, ATTENTION, EMBEDDING, OOD_SCORE)  # what a request of images (or pixels) answers
-DEFAULT_MAP: AttentionKind = "rollout"  # the map the output `attention` gives when no parameter chooses one
-SERVER_NAME = "vit-serve"
-EXTENSIONS = [
-    "binary_tensor_data",
-    "classification",
-    "model_configuration",
-    "model_repository",
-    "statistics",
-    "system_shared_memory",
-]
-# The parameters that place an input's or output's bytes in a registered shared-memory region.
-SHM_REGION, SHM_BYTE_SIZE, SHM_OFFSET = "shared_memory_region", "shared_memory_byte_size", "shared_memory_offset"
-# what an output may carry; another name (tritonclient's `class_count` sent raw, say) is refused, never ignored
-OUTPUT_PARAMETERS = ("classification", "binary_data", SHM_REGION, SHM_OFFSET, SHM_BYTE_SIZE)
-
-
-class V2Error(BaseModel):
-    error: str = Field(examples=["input 'pixels' must have shape [-1, 1, 64, 64] for this model, got [1, 3, 64, 64]"])
-
-
-class V2ServerMetadata(BaseModel):
-    name: str = Field(examples=["vit-serve"])
-    version: str = Field(examples=["0.1.0"])
-    extensions: list[str] = Field(examples=[["binary_tensor_data", "classification"]])
-
-
-class V2Live(BaseModel):
-    live: bool
-
-
-class V2Ready(BaseModel):
-    ready: bool
-
-
-class V2ModelReady(BaseModel):
-    name: str
-    ready: bool
-
-
-class V2TensorMetadata(BaseModel):
-    name: str
-    datatype: Datatype
-    shape: list[int] = Field(description="-1 marks the batch dimension")
-
-
-class V2ModelMetadata(BaseModel):
-    name: str
-    versions: list[str] = Field(description="The checkpoint's content-hash version")
-    platform: str = Field(description="pytorch, or onnxruntime_onnx on the ONNX Runtime backends", examples=["pytorch"])
-    parameters: dict[str, str] = Field(
-        description=f"backend ({', '.join(BACKENDS)}), precision ({', '.join(choices(Precision))}) "
-        f"and, with int8, quantization ({' or '.join(choices(Quantization))})",
-        examples=[{"backend": "onnxruntime", "precision": "float32"}],
-    )
-    inputs: list[V2TensorMetadata]
-    outputs: list[V2TensorMetadata]
-
-
-class V2TensorOut(BaseModel):
-    name: str
-    datatype: str
-    shape: list[int]
-    parameters: dict[str, Any] | None = None
-    data: list[Any] | None = None
-
-
-class V2InferResponse(BaseModel):
-    model_name: str
-    model_version: str
-    id: str | None = None
-    outputs: list[V2TensorOut]
-
-
-class V2ModelIndex(BaseModel):
-    name: str = Field(examples=["vit-shapes"])
-    version: str = Field(description="The version serving, loading or last served ('' when never loaded)")
-    state: ModelState = Field(description=f"{', '.join(choices(ModelState))}", examples=["READY"])
-    reason: str = Field(description="Why it is UNAVAILABLE", examples=[""])
-
-
-class V2Duration(BaseModel):
-    count: int = Field(description="How many")
-    ns: int = Field(description="Their total time, in nanoseconds")
-
-
-class V2InferenceStats(BaseModel):
-    success: V2Duration = Field(description="Requests answered, and their time in the core")
-    fail: V2Duration = Field(description="Requests failed after their model was found")
-    queue: V2Duration = Field(description="Waiting for a batch: from entering the batcher to the batch's start")
-    compute_input: V2Duration = Field(description="Decoding and preprocessing, then the batch's copy or GPU decode")
-    compute_infer: V2Duration = Field(description="The batch's forward pass, outputs copied back to the CPU")
-    compute_output: V2Duration = Field(description="Outputs made into predictions: embeddings, overlays")
-    cache_hit: V2Duration = Field(description="Images found in the response cache, and the lookup time")
-    cache_miss: V2Duration = Field(description="Images not found there, and the lookup time")
-
-
-class V2BatchStats(BaseModel):
-    batch_size: int
-    compute_input: V2Duration
-    compute_infer: V2Duration
-    compute_output: V2Duration
-
-
-class V2ModelStat(BaseModel):
-    name: str = Field(examples=["vit-shapes"])
-    version: str = Field(examples=["1191dfd418c5"])
-    last_inference: int = Field(description="Milliseconds since the epoch of the last request answered (0: none)")
-    inference_count: int = Field(description="Images answered, computed or from the response cache")
-    execution_count: int = Field(description="Forward passes")
-    inference_stats: V2InferenceStats
-    batch_stats: list[V2BatchStats] = Field(description="Per batch size, smallest first")
-
-
-class V2Statistics(BaseModel):
-    model_stats: list[V2ModelStat]
-
-
-def statistics_response(stats: list[ModelStatistics]) -> V2Statistics:
-    """Triton's statistics extension's JSON, as tritonclient's get_inference_statistics reads it."""
-
-    def duration(d: Duration) -> V2Duration:
-        return V2Duration(count=d.count, ns=d.ns)
-
-    return V2Statistics(
-        model_stats=[
-            V2ModelStat(
-                name=s.name,
-                version=s.version,
-                last_inference=s.last_inference_ms,
-                inference_count=s.inference_count,
-                execution_count=s.execution_count,
-                inference_stats=V2InferenceStats(
-                    success=duration(s.success),
-                    fail=duration(s.fail),
-                    queue=duration(s.queue),
-                    compute_input=duration(s.compute_input),
-                    compute_infer=duration(s.compute_infer),
-                    compute_output=duration(s.compute_output),
-                    cache_hit=duration(s.cache_hit),
-                    cache_miss=duration(s.cache_miss),
-                ),
-                batch_stats=[
-                    V2BatchStats(
-                        batch_size=b.batch_size,
-                        compute_input=duration(b.compute_input),
-                        compute_infer=duration(b.compute_infer),
-                        compute_output=duration(b.compute_output),
-                    )
-                    for _, b in sorted(s.batches.items())
-                ],
-            )
-            for s in stats
-        ]
-    )
-
-
-class V2IndexRequest(BaseModel):
-    ready: bool = Field(False, description="Only the models that are READY")
-
-
-class V2RepositoryRequest(BaseModel):
-    parameters: dict[str, Any] | None = None
-
-
-class TensorIn(BaseModel):
-    name: str
-    shape: list[int]
-    datatype: str
-    parameters: dict[str, Any] | None = None
-    data: Any = None
-
-
-class OutputWanted(BaseModel):
-    name: str
-    parameters: dict[str, Any] | None = None
-
-
-class InferRequest(BaseModel):
-    id: str | None = None
-    parameters: dict[str, Any] | None = None
-    inputs: list[TensorIn]
-    outputs: list[OutputWanted] | None = None
 
 
 @dataclass(frozen=True)
@@ -282,79 +110,6 @@ def intake_for(model: ModelDescription, limits: Limits, regions: SharedMemoryReg
     return Intake(
         model.input_shape, limits.max_files, limits.max_upload_bytes, regions, limits.takes_pixels, outputs, zero_shot
     )
-
-
-def server_metadata(shared_memory: bool) -> V2ServerMetadata:
-    """The server's name, version and extensions: system shared memory only where clients may register regions."""
-    extensions = [e for e in EXTENSIONS if shared_memory or e != "system_shared_memory"]
-    return V2ServerMetadata(name=SERVER_NAME, version=__version__, extensions=extensions)
-
-
-def platform(model: ModelDescription) -> str:
-    """Triton's name for what computes the model: pytorch, or onnxruntime_onnx on the ONNX Runtime backends."""
-    return "pytorch" if model.backend == "torch" else "onnxruntime_onnx"
-
-
-def listed_outputs(model: ModelDescription, all_outputs: bool = True) -> tuple[str, ...]:
-    """The outputs a model's metadata and configuration list, and a request may name: probabilities; with
-    `all_outputs` (VIT_V2_OUTPUTS=all) also attention and embedding, and ood_score where the checkpoint has
-    reference statistics, and text_embedding for a zero-shot model."""
-    if not all_outputs:
-        return (PROBABILITIES,)
-    extra = (OOD_SCORE,) if model.reference else (TEXT_EMBEDDING,) if model.zero_shot else ()
-    return (PROBABILITIES, ATTENTION, EMBEDDING, *extra)
-
-
-def every_output(listed: tuple[str, ...]) -> bool:
-    """Whether the server lists every output (VIT_V2_OUTPUTS=all), from what it lists for a model."""
-    return ATTENTION in listed
-
-
-def model_metadata(model: ModelDescription, takes_pixels: bool = True, all_outputs: bool = True) -> V2ModelMetadata:
-    """A model's version, inputs (image, or pixels where they are taken) and outputs (`listed_outputs`)."""
-    c, h, w = model.input_shape
-    grid = model.grid_size
-    shapes = {
-        PROBABILITIES: [-1, -1 if model.zero_shot else len(model.classes)],  # zero-shot: the labels named
-        ATTENTION: [-1, grid, grid],
-        EMBEDDING: [-1, model.embedding_dim],
-        OOD_SCORE: [-1],
-        TEXT_EMBEDDING: [-1, model.embedding_dim],
-    }
-    return V2ModelMetadata(
-        name=model.name,
-        versions=[model.version],
-        platform=platform(model),
-        parameters={
-            "content_hash": model.content_hash,
-            "backend": model.backend,
-            "precision": model.precision,
-            **({"quantization": model.quantization} if model.quantization else {}),
-        },
-        inputs=[
-            V2TensorMetadata(name=IMAGE, datatype=Datatype.BYTES, shape=[-1, 1]),
-            *([V2TensorMetadata(name=PIXELS, datatype=Datatype.FP32, shape=[-1, c, h, w])] if takes_pixels else []),
-            *([V2TensorMetadata(name=TEXT, datatype=Datatype.BYTES, shape=[-1])] if model.zero_shot else []),
-        ],
-        outputs=[
-            V2TensorMetadata(name=name, datatype=Datatype.FP32, shape=shapes[name])
-            for name in listed_outputs(model, all_outputs)
-        ],
-    )
-
-
-def repository_index(statuses: list[ModelStatus]) -> list[V2ModelIndex]:
-    return [V2ModelIndex(name=s.name, version=s.version, state=s.state, reason=s.reason) for s in statuses]
-
-
-def check_load_parameters(parameters: dict[str, Any] | None) -> None:
-    """Triton's load takes a config override and model files; here a model is its checkpoint in the repository."""
-    for key in parameters or {}:
-        if key == "config" or key.startswith("file:"):
-            raise InvalidInput(
-                f"load parameter {key!r} is not taken: a model is loaded from its checkpoint in VIT_MODEL_REPOSITORY "
-                "as it is; replace the file to change it"
-            )
 
 
 def split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
@@ -712,144 +467,3 @@ def flatten(data: Any) -> list[Any]:
     for item in data:
         out.extend(flatten(item) if isinstance(item, list) else [item])
     return out
-
-
-@dataclass(frozen=True)
-class Encoded:
-    body: bytes
-    header_length: int | None  # set when binary outputs follow the JSON
-
-
-@dataclass(frozen=True)
-class OutputTensor:
-    name: str
-    datatype: Datatype
-    shape: list[int]
-    values: np.ndarray | list[str]  # flat, row-major
-    parameters: dict[str, Any]  # as requested for this output
-
-    def raw(self) -> bytes:
-        return to_bytes(self.datatype, self.values)
-
-    def in_shared_memory(self) -> bool:
-        return SHM_REGION in self.parameters
-
-    def write_to_region(self, regions: SharedMemoryRegions | None) -> None:
-        """Write the output's bytes (the binary layout) into the region its parameters name. Its entry in the
-        response then has a name, datatype and shape and nothing else, as Triton answers it (Triton's own
-        C++ client reads any output `parameters` as binary data that follows the JSON)."""
-        if regions is None:
-            raise AssertionError("an output in shared memory needs the request's regions")
-        params = self.parameters
-        regions.write(
-            params[SHM_REGION], params.get(SHM_OFFSET, 0), params[SHM_BYTE_SIZE], self.raw(), f"output {self.name!r}"
-        )
-
-
-def output_tensors(
-    decoded: Decoded, predictions: list[Prediction], classes: list[str], text_embeddings: torch.Tensor | None = None
-) -> list[OutputTensor]:
-    """The outputs requested, in their order, any transport; with none named, probabilities and each output
-    whose parameter asked for it (text_embedding for texts). Every output named was computed (`decode_infer`
-    asks for it)."""
-    request = decoded.request
-    if text_embeddings is not None:
-        wanted_texts = request.outputs or [OutputWanted(name=TEXT_EMBEDDING)]
-        values = text_embeddings.float()
-        return [
-            OutputTensor(
-                TEXT_EMBEDDING, Datatype.FP32, list(values.shape), values.flatten().numpy(), o.parameters or {}
-            )
-            for o in wanted_texts
-        ]
-    computed = {
-        PROBABILITIES: True,
-        ATTENTION: decoded.options.attention != "none",
-        EMBEDDING: decoded.options.embedding,
-        OOD_SCORE: decoded.options.ood,
-    }
-    wanted = request.outputs or [OutputWanted(name=name) for name, done in computed.items() if done]
-    tensors = []
-    for output in wanted:
-        params = output.parameters or {}
-        tensors.append(OutputTensor(*output_tensor(output.name, params, predictions, classes), params))
-    return tensors
-
-
-def encode_response(
-    decoded: Decoded,
-    predictions: list[Prediction],
-    model: ModelDescription,
-    classes: list[str] | None = None,
-    text_embeddings: torch.Tensor | None = None,
-) -> Encoded:
-    """The REST infer response: JSON, each output in it or (binary_data) after it; `classes`, a zero-shot
-    request's labels, name the classification results (default: the model's classes)."""
-    request = decoded.request
-    binary_default = bool((request.parameters or {}).get("binary_data_output", False))
-    tensors: list[dict[str, Any]] = []
-    binaries: list[bytes] = []
-    for t in output_tensors(decoded, predictions, model.classes if classes is None else classes, text_embeddings):
-        if t.in_shared_memory():
-            t.write_to_region(decoded.regions)
-            tensors.append({"name": t.name, "datatype": t.datatype, "shape": t.shape})
-        elif t.parameters.get("binary_data", binary_default):
-            raw = t.raw()
-            described = {"binary_data_size": len(raw)}
-            tensors.append({"name": t.name, "datatype": t.datatype, "shape": t.shape, "parameters": described})
-            binaries.append(raw)
-        else:
-            data = t.values.tolist() if isinstance(t.values, np.ndarray) else t.values
-            tensors.append({"name": t.name, "datatype": t.datatype, "shape": t.shape, "data": data})
-    response: dict[str, Any] = {"model_name": model.name, "model_version": model.version, "outputs": tensors}
-    if request.id is not None:
-        response["id"] = request.id
-    if how := zero_shot_parameters(decoded, model):
-        response["parameters"] = how
-    header = json.dumps(response, separators=(",", ":")).encode()
-    if not binaries:
-        return Encoded(header, None)
-    return Encoded(header + b"".join(binaries), len(header))
-
-
-def zero_shot_parameters(decoded: Decoded, model: ModelDescription) -> dict[str, str]:
-    """How a zero-shot model's probabilities were computed, for the response's parameters: its rule, and the
-    template the labels were set in; nothing for a classifier or a request of texts."""
-    if model.zero_shot is None or decoded.texts is not None or model.template is None:
-        return {}
-    return {"zero_shot_rule": model.zero_shot, "zero_shot_template": decoded.options.template or model.template}
-
-
-def output_tensor(
-    name: str, params: dict[str, Any], predictions: list[Prediction], classes: list[str]
-) -> tuple[str, Datatype, list[int], np.ndarray | list[str]]:
-    """(name, datatype, shape, flat row-major values) of one output."""
-    n = len(predictions)
-    if name == PROBABILITIES:
-        probs = torch.stack([p.probabilities for p in predictions])  # (N, classes)
-        k = params.get("classification", 0)
-        if k:  # checked by check_outputs
-            k = min(k, len(classes))
-            values, indices = probs.topk(k, dim=1)
-            labels = [
-                f"{v:f}:{i}:{classes[i]}"
-                for row_v, row_i in zip(values.tolist(), indices.tolist(), strict=True)
-                for v, i in zip(row_v, row_i, strict=True)
-            ]
-            return name, Datatype.BYTES, [n, k], labels
-        return name, Datatype.FP32, list(probs.shape), probs.flatten().numpy()
-    if name == ATTENTION:
-        maps = torch.stack([p.attention_map for p in predictions if p.attention_map is not None])  # (N, g, g)
-        return name, Datatype.FP32, list(maps.shape), maps.float().flatten().numpy()
-    if name == EMBEDDING:
-        embeddings = torch.stack([p.embedding for p in predictions if p.embedding is not None])  # (N, D)
-        return name, Datatype.FP32, list(embeddings.shape), embeddings.float().flatten().numpy()
-    if name == OOD_SCORE:
-        return name, Datatype.FP32, [n], np.array([p.ood_score for p in predictions], dtype=np.float32)
-    raise AssertionError(f"unchecked output {name!r}")
-
-
-def to_bytes(datatype: Datatype, values: np.ndarray | list[str]) -> bytes:
-    if isinstance(values, np.ndarray):
-        return values.astype("<f4").tobytes()
-    return b"".join(len(b).to_bytes(4, "little") + b for b in (v.encode() for v in values))
