@@ -29,24 +29,8 @@ from app.codecs.v2_metadata import (
     statistics_response,
 )
 from app.codecs.v2_requests import Decoded, intake_for
+from app.core.contract import errors
 from app.core.contract.data_plane import DataPlane, Inference, InferenceRequest
-from app.core.contract.errors import (
-    AlreadyExists,
-    InferenceFailed,
-    InvalidInput,
-    LoadFailed,
-    ModelNotFound,
-    NotAllowed,
-    NotReady,
-    NotSupported,
-    Overloaded,
-    PayloadTooLarge,
-    RegionNotFound,
-    RequestTimeout,
-    ServiceError,
-    Unauthorized,
-    UnsupportedMediaType,
-)
 from app.core.contract.regions import CUDA_NOT_SUPPORTED
 from app.telemetry.tracing import grpc_interceptors
 
@@ -55,21 +39,21 @@ SERVICE = "inference.GRPCInferenceService"  # the RPCs' names on the wire: /infe
 
 Code = grpc.StatusCode
 KEY_HINT = "send it in the x-api-key metadata, or as authorization: Bearer KEY"  # how gRPC carries an API key
-STATUS: dict[type[ServiceError], grpc.StatusCode] = {
-    PayloadTooLarge: Code.RESOURCE_EXHAUSTED,
-    UnsupportedMediaType: Code.INVALID_ARGUMENT,
-    InvalidInput: Code.INVALID_ARGUMENT,
-    Unauthorized: Code.UNAUTHENTICATED,
-    ModelNotFound: Code.NOT_FOUND,
-    Overloaded: Code.UNAVAILABLE,
-    NotReady: Code.UNAVAILABLE,
-    RequestTimeout: Code.DEADLINE_EXCEEDED,
-    InferenceFailed: Code.INTERNAL,
-    LoadFailed: Code.INVALID_ARGUMENT,
-    NotAllowed: Code.FAILED_PRECONDITION,
-    AlreadyExists: Code.ALREADY_EXISTS,
-    RegionNotFound: Code.NOT_FOUND,
-    NotSupported: Code.UNIMPLEMENTED,
+STATUS: dict[type[errors.ServiceError], grpc.StatusCode] = {
+    errors.PayloadTooLarge: Code.RESOURCE_EXHAUSTED,
+    errors.UnsupportedMediaType: Code.INVALID_ARGUMENT,
+    errors.InvalidInput: Code.INVALID_ARGUMENT,
+    errors.Unauthorized: Code.UNAUTHENTICATED,
+    errors.ModelNotFound: Code.NOT_FOUND,
+    errors.Overloaded: Code.UNAVAILABLE,
+    errors.NotReady: Code.UNAVAILABLE,
+    errors.RequestTimeout: Code.DEADLINE_EXCEEDED,
+    errors.InferenceFailed: Code.INTERNAL,
+    errors.LoadFailed: Code.INVALID_ARGUMENT,
+    errors.NotAllowed: Code.FAILED_PRECONDITION,
+    errors.AlreadyExists: Code.ALREADY_EXISTS,
+    errors.RegionNotFound: Code.NOT_FOUND,
+    errors.NotSupported: Code.UNIMPLEMENTED,
 }
 
 Request = TypeVar("Request", bound=Message)
@@ -97,15 +81,17 @@ def rpc(
                 try:
                     request = request_type.FromString(body)
                 except DecodeError:
-                    raise InvalidInput(f"the request is not a valid {request_type.DESCRIPTOR.name} message") from None
+                    raise errors.InvalidInput(
+                        f"the request is not a valid {request_type.DESCRIPTOR.name} message"
+                    ) from None
                 if serving:
                     self.plane.check_serving()
                 if authorized:
                     self.plane.authorize(credentials(context))
                 response = await method(self, request, context)
-            except ServiceError as e:
+            except errors.ServiceError as e:
                 code = STATUS.get(type(e), Code.INTERNAL)
-                detail = f"{e.detail}; {KEY_HINT}" if isinstance(e, Unauthorized) else e.detail
+                detail = f"{e.detail}; {KEY_HINT}" if isinstance(e, errors.Unauthorized) else e.detail
                 if e.retry_after_s is not None:
                     detail += f" (retry after {e.retry_after_s} s)"
                     context.set_trailing_metadata((("retry-after", str(e.retry_after_s)),))
@@ -270,14 +256,14 @@ class InferenceServicer:
     async def CudaSharedMemoryStatus(
         self, request: pb.CudaSharedMemoryStatusRequest, context: grpc.aio.ServicerContext
     ) -> pb.CudaSharedMemoryStatusResponse:
-        cuda_status(request.name or None)  # none registered: RegionNotFound for a name
+        cuda_status(request.name or None)  # none registered: errors.RegionNotFound for a name
         return pb.CudaSharedMemoryStatusResponse()
 
     @rpc(pb.CudaSharedMemoryRegisterRequest, serving=True, authorized=True)
     async def CudaSharedMemoryRegister(
         self, request: pb.CudaSharedMemoryRegisterRequest, context: grpc.aio.ServicerContext
     ) -> pb.CudaSharedMemoryRegisterResponse:
-        raise NotSupported(CUDA_NOT_SUPPORTED)
+        raise errors.NotSupported(CUDA_NOT_SUPPORTED)
 
     @rpc(pb.CudaSharedMemoryUnregisterRequest, serving=True, authorized=True)
     async def CudaSharedMemoryUnregister(

@@ -16,54 +16,42 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.core.contract.errors import (
-    AlreadyExists,
-    InferenceFailed,
-    InvalidInput,
-    LoadFailed,
-    ModelNotFound,
-    NotAllowed,
-    NotReady,
-    NotSupported,
-    Overloaded,
-    PayloadTooLarge,
-    RegionNotFound,
-    RequestTimeout,
-    ServiceError,
-    Unauthorized,
-    UnsupportedMediaType,
-)
+from app.core.contract import errors
 
 log = logging.getLogger("app")
 KEY_HINT = "send it in the X-API-Key header, or as Authorization: Bearer KEY"  # how HTTP carries an API key
 
-PREDICT_STATUS: dict[type[ServiceError], int] = {
-    PayloadTooLarge: 413,
-    UnsupportedMediaType: 415,
-    InvalidInput: 422,
-    Unauthorized: 401,
-    ModelNotFound: 404,
-    Overloaded: 503,
-    NotReady: 503,
-    RequestTimeout: 504,
-    InferenceFailed: 500,
-    LoadFailed: 400,
-    NotAllowed: 400,
-    AlreadyExists: 409,
-    RegionNotFound: 404,
-    NotSupported: 400,
+PREDICT_STATUS: dict[type[errors.ServiceError], int] = {
+    errors.PayloadTooLarge: 413,
+    errors.UnsupportedMediaType: 415,
+    errors.InvalidInput: 422,
+    errors.Unauthorized: 401,
+    errors.ModelNotFound: 404,
+    errors.Overloaded: 503,
+    errors.NotReady: 503,
+    errors.RequestTimeout: 504,
+    errors.InferenceFailed: 500,
+    errors.LoadFailed: 400,
+    errors.NotAllowed: 400,
+    errors.AlreadyExists: 409,
+    errors.RegionNotFound: 404,
+    errors.NotSupported: 400,
 }
 # The Open Inference Protocol answers any malformed request or tensor with 400.
-V2_STATUS: dict[type[ServiceError], int] = {**PREDICT_STATUS, UnsupportedMediaType: 400, InvalidInput: 400}
+V2_STATUS: dict[type[errors.ServiceError], int] = {
+    **PREDICT_STATUS,
+    errors.UnsupportedMediaType: 400,
+    errors.InvalidInput: 400,
+}
 
 
 @dataclass(frozen=True)
 class ErrorProtocol:
-    statuses: dict[type[ServiceError], int]
+    statuses: dict[type[errors.ServiceError], int]
     field: str  # the body's one key: "detail" or "error"
     bad_request: frozenset[int]  # statuses the protocol answers as 400 instead
 
-    def status_of(self, error: ServiceError) -> int:
+    def status_of(self, error: errors.ServiceError) -> int:
         return self.statuses.get(type(error), 500)
 
     def response(self, status: int, detail: object, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -96,11 +84,11 @@ def protocol_of(request: Request) -> ErrorProtocol:
 def install_error_handlers(app: FastAPI) -> None:
     """Every error becomes its protocol's JSON; unexpected ones are logged, never shown."""
 
-    @app.exception_handler(ServiceError)
-    async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
+    @app.exception_handler(errors.ServiceError)
+    async def service_error(request: Request, exc: errors.ServiceError) -> JSONResponse:
         protocol = protocol_of(request)
         headers = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s is not None else None
-        detail = f"{exc.detail}; {KEY_HINT}" if isinstance(exc, Unauthorized) else exc.detail
+        detail = f"{exc.detail}; {KEY_HINT}" if isinstance(exc, errors.Unauthorized) else exc.detail
         return protocol.response(protocol.status_of(exc), detail, headers)
 
     @app.exception_handler(RequestValidationError)

@@ -202,18 +202,19 @@ class Supervisor:
     def start_front_end(self, slot: int) -> None:
         self.generation += 1
         arena = self.directory / f"front-end-{slot}-{self.generation}.shm"
+        plan = FrontEndPlan(
+            self.host,
+            self.port,
+            self.settings,
+            self.address,
+            arena,
+            arena_bytes(self.settings),
+            self.directory / "regions",
+            os.getpid(),
+        )
         process = self.fork.Process(
             target=front_end_main,
-            args=(
-                self.host,
-                self.port,
-                self.settings,
-                self.address,
-                arena,
-                arena_bytes(self.settings),
-                self.directory / "regions",
-                os.getpid(),
-            ),
+            args=(plan,),
             name=f"vit-front-end-{slot}",
             daemon=False,
         )
@@ -380,36 +381,33 @@ async def serve_engine(settings: Settings, address: str, loaded: ProcessEvent, s
     return 0
 
 
-def front_end_main(
-    host: str,
-    port: int,
-    settings: Settings,
-    address: str,
-    arena_path: Path,
-    arena_size: int,
-    regions: Path,
-    supervisor: int,
-) -> None:
-    run_child(serve_through_engine(host, port, settings, address, arena_path, arena_size, regions, supervisor))
+@dataclass(frozen=True)
+class FrontEndPlan:
+    """What a front-end process is started with."""
+
+    host: str
+    port: int
+    settings: Settings
+    address: str  # the engine's ZeroMQ address
+    arena_path: Path
+    arena_size: int
+    regions: Path  # the folder of the shared-memory regions clients register
+    supervisor: int  # the supervisor's pid, watched
 
 
-async def serve_through_engine(
-    host: str,
-    port: int,
-    settings: Settings,
-    address: str,
-    arena_path: Path,
-    arena_size: int,
-    regions: Path,
-    supervisor: int,
-) -> int:
-    stop = become_child(supervisor)
+def front_end_main(plan: FrontEndPlan) -> None:
+    run_child(serve_through_engine(plan))
+
+
+async def serve_through_engine(plan: FrontEndPlan) -> int:
+    host, port, settings = plan.host, plan.port, plan.settings
+    stop = become_child(plan.supervisor)
     configure_logging(settings.log_level, settings.log_format)
     # Each image is preprocessed on one core: a front-end's requests run side by side on its pool, and
     # N front-ends side by side, where torch's default would start a thread per core inside each resize.
     torch.set_num_threads(1)
     try:
-        arena: Arena | None = Arena.create(arena_path, arena_size)
+        arena: Arena | None = Arena.create(plan.arena_path, plan.arena_size)
     except OSError as e:
         log.warning("%s: images go to the engine inside its messages instead", e)
         arena = None
@@ -417,5 +415,5 @@ async def serve_through_engine(
         configure_tracing()
     except ValueError as e:
         return startup_failed(e)
-    plane = RemoteEngine(settings, Metrics(), address, arena, regions)
+    plane = RemoteEngine(settings, Metrics(), plan.address, arena, plan.regions)
     return await serve_front_end(host, port, settings, plane, stop)

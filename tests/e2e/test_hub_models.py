@@ -208,7 +208,9 @@ def runtime_set_only(folder: Path) -> dict[str, str]:
         lines = (ROOT / lock).read_text().splitlines()
         return {line.split("==")[0].lower().replace("_", "-") for line in lines if "==" in line}
 
-    dev_only = names("requirements-dev.lock") - names("requirements.lock")
+    # optree (DALI's) stays importable: torch imports it where its distribution's metadata says it is installed,
+    # which hiding the module cannot change; without it installed, as in the runtime set, torch never imports it
+    dev_only = names("requirements-dev.lock") - names("requirements.lock") - {"optree"}
     blocked = sorted(
         module
         for module, dists in packages_distributions().items()
