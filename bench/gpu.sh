@@ -29,7 +29,8 @@ WHEELS=(
 )
 
 # DALI 2.4 and the pure-Python packages it imports (its nvCOMP, loaded only by decompression operators, stays)
-DALI_WHEELS=(nvidia-dali-cuda130==2.4.0 optree==0.20.0 makefun==1.16.0 astunparse==1.6.3 gast==0.7.0 libcst==1.9.0 nvtx==0.2.17)
+DALI_WHEELS=(nvidia-dali-cuda130==2.4.0 optree==0.20.0 makefun==1.16.0 astunparse==1.6.3 gast==0.7.0 libcst==1.9.0 nvtx==0.2.17
+  six==1.17.0)
 
 case "${1:-}" in
 prepare)
