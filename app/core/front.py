@@ -3,7 +3,7 @@
 Every edge calls a `Front`: the limits it checks, API keys, the model lookup (with the one error text a
 client sees), and the last step of `infer`, the edge's encoding, off the event loop when it is costly.
 What computes a request is the subclass's: `app.core.engine.engine.Engine` runs it on the models in this
-process; `app.workers.remote.RemoteEngine` decodes the images here and has the engine process compute
+process; `app.workers.engine_client.EngineClient` decodes the images here and has the engine process compute
 them (VIT_WORKERS > 1). The edges see neither: they type against `DataPlane`.
 """
 

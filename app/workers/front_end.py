@@ -1,5 +1,5 @@
 """One serving front-end process (VIT_WORKERS > 1): HTTP and gRPC on the ports it shares with the others, over
-the engine process through a `RemoteEngine`."""
+the engine process through an `EngineClient`."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from app.serving import Serving
 from app.settings import Settings
 from app.startup import startup_failed
 from app.telemetry.tracing import shutdown_tracing
-from app.workers.remote import RemoteEngine
+from app.workers.engine_client import EngineClient
 
 
-async def serve_front_end(host: str, port: int, settings: Settings, plane: RemoteEngine, stop: asyncio.Event) -> int:
+async def serve_front_end(host: str, port: int, settings: Settings, plane: EngineClient, stop: asyncio.Event) -> int:
     """Serve until `stop`; then not ready at once, both protocols drained together; the exit code."""
     # Listen only once the engine has answered: a front-end listening before would take its share of the
     # connections on the shared ports and answer not-ready while the others answer ready.

@@ -7,7 +7,7 @@ then starts:
 - the engine process: it loads the models once and answers the front-ends over a ZeroMQ socket
   (`app.workers.engine_host`), batching the images of all of them together;
 - N front-end processes, each serving HTTP and gRPC on the shared ports (the kernel spreads the
-  connections) over a `RemoteEngine`, with its own shared-memory arena for images and outputs.
+  connections) over an `EngineClient`, with its own shared-memory arena for images and outputs.
 
 A front-end that dies is started again at once; the others go on serving. An engine that dies is started
 again; meanwhile the front-ends answer not-ready and 503. On SIGTERM (or SIGINT) the front-ends turn
@@ -50,8 +50,8 @@ from app.startup import STARTUP_FAILED_EXIT_CODE, startup_errors, startup_failed
 from app.telemetry.logs import configure_logging
 from app.telemetry.metrics import Metrics
 from app.telemetry.tracing import configure_tracing, shutdown_tracing
+from app.workers.engine_client import EngineClient
 from app.workers.front_end import serve_front_end
-from app.workers.remote import RemoteEngine
 from app.workers.shared_memory import Arena
 
 log = logging.getLogger("app")
@@ -415,5 +415,5 @@ async def serve_through_engine(plan: FrontEndPlan) -> int:
         configure_tracing()
     except ValueError as e:
         return startup_failed(e)
-    plane = RemoteEngine(settings, Metrics(), plan.address, arena, plan.regions)
+    plane = EngineClient(settings, Metrics(), plan.address, arena, plan.regions)
     return await serve_front_end(host, port, settings, plane, stop)

@@ -17,7 +17,7 @@ calls each go of its loop reads, and what it does per go is shared by more of th
 generator and the engine share this machine's two cores and a change of 10 % in the engine's CPU per image
 hides in the noise. This keeps only the link: the engine process as `VIT_WORKERS > 1` starts it (the stand-in
 timed as `--model`, batches up to 256, 5 ms wait) and, in one driver process, `--front-ends` front-end data
-planes (`RemoteEngine`, each with its arena) sending `--concurrency` requests at a time of `--images` 500x375
+planes (`EngineClient`, each with its arena) sending `--concurrency` requests at a time of `--images` 500x375
 JPEGs each, as the V2 route hands them over. The engine's CPU time (all its threads, ZeroMQ's I/O thread
 included) over `--seconds`, per image computed, is the figure; the driver's is beside it.
 
@@ -195,7 +195,11 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
     from app.core.contract.request import InferOptions
     from app.settings import Settings
     from app.telemetry.metrics import Metrics
-    from app.workers.remote import RemoteEngine
+
+    try:
+        from app.workers.engine_client import EngineClient
+    except ImportError:  # a tree from before the front-end's handle on the engine had that name
+        from app.workers.remote import RemoteEngine as EngineClient  # type: ignore[no-redef]
     from app.workers.shared_memory import Arena
     from bench.gpu.serving import random_checkpoint
 
@@ -217,7 +221,7 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
         planes = []
         try:
             for i in range(args.front_ends):
-                plane = RemoteEngine(settings, Metrics(), address, Arena.create(folder / f"arena{i}.shm", 64 << 20))
+                plane = EngineClient(settings, Metrics(), address, Arena.create(folder / f"arena{i}.shm", 64 << 20))
                 await plane.start()
                 planes.append(plane)
             for plane in planes:
@@ -230,7 +234,7 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
             def counted(done: Inference) -> None:
                 count.add(len(done.predictions))
 
-            async def client(plane: RemoteEngine, until: asyncio.Event) -> None:
+            async def client(plane: EngineClient, until: asyncio.Event) -> None:
                 while not until.is_set():
                     await plane.infer(request, counted)
 
@@ -273,12 +277,16 @@ async def replay(
         output_bytes,
         store_images,
     )
-    from app.workers.remote import RemoteEngine
+
+    try:
+        from app.workers.engine_client import EngineClient
+    except ImportError:  # a tree from before the front-end's handle on the engine had that name
+        from app.workers.remote import RemoteEngine as EngineClient  # type: ignore[no-redef]
     from app.workers.shared_memory import Arena
     from model.preprocessing import Preprocessing
 
     # calls leave as the tree's front-ends send them: those of one go as one message, or (before it did) one each
-    together = hasattr(RemoteEngine, "post")
+    together = hasattr(EngineClient, "post")
     context = zmq.Context()
     ids = itertools.count()
     count = Count()

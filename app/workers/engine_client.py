@@ -82,7 +82,7 @@ class Pending:
     abandoned: bool = False  # the caller stopped waiting (cancelled): free the region on the answer
 
 
-class RemoteEngine(Front):
+class EngineClient(Front):
     """A `DataPlane` over the engine process listening at `address`."""
 
     def __init__(

@@ -30,10 +30,10 @@ from app.core.engine.engine import Engine
 from app.settings import Settings
 from app.telemetry import spans
 from app.telemetry.metrics import Metrics
-from app.workers import remote
+from app.workers import engine_client
+from app.workers.engine_client import EngineClient
 from app.workers.engine_host import EngineHost
 from app.workers.link import Cancel, InferCall, Reply, StoredImage, loads
-from app.workers.remote import RemoteEngine
 from app.workers.shared_memory import Arena
 from harness.images import encode
 from model.shapes import make_sample
@@ -47,7 +47,7 @@ FILES = [EncodedImage(f"{i}.png", encode(make_sample(5, i).image)) for i in rang
 class Linked:
     engine: Engine
     host: EngineHost
-    plane: RemoteEngine
+    plane: EngineClient
     arena: Arena
     stop: asyncio.Event  # set: the engine stops answering
 
@@ -59,11 +59,11 @@ async def hosted(engine: Engine, folder: Path) -> AsyncIterator[Callable[..., Aw
     host = EngineHost(engine, address)
     stop = asyncio.Event()
     serving = asyncio.create_task(host.serve(stop))
-    planes: list[RemoteEngine] = []
+    planes: list[EngineClient] = []
 
     async def make(arena_bytes: int = 1 << 20) -> Linked:
         arena = Arena.create(folder / f"arena{len(planes)}.shm", arena_bytes)
-        plane = RemoteEngine(engine.settings, Metrics(), address, arena)
+        plane = EngineClient(engine.settings, Metrics(), address, arena)
         planes.append(plane)
         await plane.start()
         assert await plane.wait_engine(5)
@@ -272,7 +272,7 @@ async def test_calls_read_in_one_go_enter_the_batcher_together_and_are_each_answ
         for image in images:
             call_id = 3000 + len(answers)
             answers[call_id] = asyncio.get_running_loop().create_future()
-            linked.plane.pending[call_id] = remote.Pending(answers[call_id], None)
+            linked.plane.pending[call_id] = engine_client.Pending(answers[call_id], None)
             host.handle(
                 peer.identity, InferCall(call_id, host.incarnation, None, None, options, None, [image], None, None, "")
             )
@@ -285,7 +285,7 @@ async def test_calls_read_in_one_go_enter_the_batcher_together_and_are_each_answ
             assert reply.failure is not None and reply.failure.kind == "RequestTimeout"
             continue
         assert reply.failure is None and reply.outputs is not None
-        [got] = remote.load_predictions(reply.outputs, None)
+        [got] = engine_client.load_predictions(reply.outputs, None)
         want = expected.predictions[(call_id - 3000) % len(FILES)]
         assert got.filename == want.filename
         torch.testing.assert_close(got.probabilities, want.probabilities)
@@ -316,7 +316,7 @@ async def test_a_call_that_sampling_left_out_takes_the_direct_lane_and_a_sampled
     answers: dict[int, asyncio.Future[Reply]] = {}
     for call_id, flags in ((1001, "00"), (1002, "01")):  # not sampled, sampled
         answers[call_id] = asyncio.get_running_loop().create_future()
-        linked.plane.pending[call_id] = remote.Pending(answers[call_id], None)
+        linked.plane.pending[call_id] = engine_client.Pending(answers[call_id], None)
         trace = {"traceparent": f"00-{'ab' * 16}-{'cd' * 8}-{flags}"}
         call = InferCall(call_id, host.incarnation, None, None, InferOptions(), None, images, None, None, "", trace)
         host.handle(peer.identity, call)
@@ -373,7 +373,7 @@ async def test_a_call_cancelled_before_the_engine_ran_it_is_answered_all_the_sam
     host = linked.host
     [peer] = host.peers.values()
     answer: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-    linked.plane.pending[999] = remote.Pending(answer, None)
+    linked.plane.pending[999] = engine_client.Pending(answer, None)
     images = [StoredImage(f.filename, f.data) for f in FILES]
     call = InferCall(999, host.incarnation, None, None, InferOptions(), None, images, None, None, "")
     host.handle(peer.identity, call)
@@ -452,7 +452,7 @@ async def test_a_call_that_could_not_be_sent_frees_its_region_even_when_its_call
 async def test_a_silent_engine_makes_the_front_end_unready_and_fails_its_calls(
     make_linked: Callable[..., Awaitable[Linked]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(remote, "ENGINE_SILENT_S", 0.5)
+    monkeypatch.setattr(engine_client, "ENGINE_SILENT_S", 0.5)
     linked: Linked = await make_linked()
     assert linked.plane.ready()
     under_way = slow_forward(linked.engine.model(None), 3)
