@@ -48,15 +48,21 @@ class Forward:
 
     def __init__(self, sms: int | None = None) -> None:
         from bench.gpu.common import VIT_B16
-        from bench.gpu.kernels import capture
         from model.vit import ViT
 
         self.context = green_context(sms) if sms else None
         self.stream = self.context.Stream() if self.context is not None else torch.cuda.Stream()
         model = ViT(VIT_B16).cuda().to(torch.bfloat16).eval()
         x = torch.randn(BATCH, 3, 224, 224, device="cuda", dtype=torch.bfloat16)
-        with torch.cuda.stream(self.stream), torch.inference_mode():
-            self.graph = capture(model, x)
+        torch.cuda.synchronize()
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.inference_mode():
+            with torch.cuda.stream(self.stream):  # warmed and captured on the stream it replays on
+                for _ in range(3):
+                    model(x)
+            self.stream.synchronize()
+            with torch.cuda.graph(self.graph, stream=self.stream):
+                model(x)
         torch.cuda.synchronize()
 
     def loop(self, stop: threading.Event, count: list[int], duty: float = 1.0) -> None:

@@ -16,7 +16,8 @@ Three decoders (`VIT_DECODE`):
   them) and its CUDA decoder for what they leave (every file on a GPU without engines). Its pixels are
   nearer PIL's (its chroma upsampling is PIL's).
 - `dali`: DALI's mixed decoder (the `[dali]` extra), the engines and the CUDA decoder behind DALI's own
-  stream-ordered pools, as Triton's DALI backend decodes JPEGs; on a host without a GPU its CPU decoder.
+  stream-ordered pools, as Triton's DALI backend decodes JPEGs (`DaliJpeg` on a CPU device is DALI's CPU
+  decoder: what the tests run without a GPU).
 
 Beside a forward that never pauses, the engines decoded a small share of their own rate on an H200, and the
 service served less with them than with nvJPEG, so `auto` stays nvJPEG: docs/performance.md ("Which decoder
