@@ -7,7 +7,8 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from concurrent.futures import Executor
+from typing import Protocol
 
 import torch
 
@@ -19,16 +20,26 @@ from app.core.engine.shadow import Shadow, ShadowPair
 from app.settings import Settings
 from app.telemetry.metrics import Metrics
 
-if TYPE_CHECKING:
-    from app.core.engine.engine import Engine
-
 log = logging.getLogger("app")
+
+
+class Serving(Protocol):
+    """What shadow traffic reads of the engine: the models serving, whether it takes requests, its CPU pool."""
+
+    @property
+    def served(self) -> dict[str, ServedModel]: ...
+
+    @property
+    def taking_requests(self) -> bool: ...
+
+    @property
+    def cpu_pool(self) -> Executor: ...
 
 
 class ShadowTraffic:
     """The engine's shadow pairs, by champion, and the tasks that feed each challenger."""
 
-    def __init__(self, engine: Engine, settings: Settings, metrics: Metrics) -> None:
+    def __init__(self, engine: Serving, settings: Settings, metrics: Metrics) -> None:
         self.engine = engine
         self.settings = settings
         self.shadows = {c: Shadow(ShadowPair(c, d, f), metrics) for c, d, f in settings.shadow_pairs()}
