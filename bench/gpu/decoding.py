@@ -16,6 +16,7 @@ from PIL import Image
 
 from app.core.images.decode import decode_image
 from app.core.images.prepare import Preprocessor
+from bench.gpu.engines import together as loops_together
 from harness.images import photo_jpeg
 from harness.models import VIT_S16_PREPROCESSING
 
@@ -148,18 +149,7 @@ def hardware(images: int = 1024, batches: tuple[int, ...] = (64, 256), seconds: 
             count[0] += 256
             i += 256
 
-    def together(work: list[Callable[[threading.Event, list[int]], None]]) -> list[float]:
-        stop, counts = threading.Event(), [[0] for _ in work]
-        threads = [threading.Thread(target=w, args=(stop, c)) for w, c in zip(work, counts, strict=True)]
-        started = time.perf_counter()
-        for t in threads:
-            t.start()
-        time.sleep(seconds)
-        stop.set()
-        for t in threads:
-            t.join()
-        elapsed = time.perf_counter() - started
-        return [c[0] / elapsed for c in counts]
+    together = functools.partial(loops_together, seconds=seconds)
 
     result["beside_forward"] = {"forward_alone_img_per_s": together([forwards])[0]}
     on_default = functools.partial(forwards, own_stream=False)

@@ -201,8 +201,7 @@ def photo_jpegs() -> dict[str, bytes]:
 def test_nvimagecodec_decodes_as_the_cpu_path_with_or_without_the_jpeg_engines(engines: bool, load: float) -> None:
     """The engines' pixels, the CUDA decoder's (what a GPU without engines uses), and a batch split between them
     (VIT_HW_DECODER_LOAD), are the CPU path's within the decoders' rounding; no file falls back to the CPU."""
-    from app.core.images.gpu_decode import GpuJpegDecoder, Jpeg, NvImageCodecJpeg
-    from harness.models import VIT_S16_PREPROCESSING
+    from app.core.images.gpu_decode import NvImageCodecJpeg
 
     device = torch.device("cuda", torch.cuda.current_device())
     decode = NvImageCodecJpeg(device, engines=engines, load=load)
@@ -210,6 +209,15 @@ def test_nvimagecodec_decodes_as_the_cpu_path_with_or_without_the_jpeg_engines(e
         assert decode.engines and decode.name.startswith("the JPEG engines")  # the hardware path is under test
     if not engines:
         assert not decode.engines and decode.name == "the CUDA decoder (nvImageCodec)"
+
+    assert_decodes_as_the_cpu_path(decode, device)
+
+
+def assert_decodes_as_the_cpu_path(decode: Any, device: torch.device) -> None:
+    """`decode`'s pixels after the GPU path's transform are the CPU path's within the decoders' rounding, every
+    file of `photo_jpegs` decoded on the GPU (none falls back to the CPU)."""
+    from app.core.images.gpu_decode import GpuJpegDecoder, Jpeg
+    from harness.models import VIT_S16_PREPROCESSING
 
     def no_fallback(jpeg: Jpeg) -> torch.Tensor:
         raise AssertionError(f"{jpeg.filename} fell back to the CPU")
@@ -243,24 +251,12 @@ NEEDS_DALI = pytest.mark.skipif(not dali_installed(), reason="VIT_DECODE=dali ne
 @pytest.mark.parametrize("load", [1.0, 0.5], ids=["engines-then-cuda-decoder", "split-between-them"])
 def test_dali_decodes_as_the_cpu_path(load: float) -> None:
     """DALI's mixed decoder (VIT_DECODE=dali): the CPU path's pixels within the GPU path's documented mean."""
-    from app.core.images.gpu_decode import DaliJpeg, GpuJpegDecoder, Jpeg
-    from harness.models import VIT_S16_PREPROCESSING
+    from app.core.images.gpu_decode import DaliJpeg
 
     device = torch.device("cuda", torch.cuda.current_device())
     decode = DaliJpeg(device, load=load)
     assert decode.name.startswith("DALI's mixed decoder")
-
-    def no_fallback(jpeg: Jpeg) -> torch.Tensor:
-        raise AssertionError(f"{jpeg.filename} fell back to the CPU")
-
-    files = photo_jpegs()
-    p = VIT_S16_PREPROCESSING
-    got = GpuJpegDecoder(p, device, no_fallback, decode)([Jpeg(data, name) for name, data in files.items()])
-    cpu = Preprocessor(p)
-    want = torch.stack([cpu(decode_image(data, name, 3, 10**8)) for name, data in files.items()]).to(device)
-    diff = (got - want).abs()
-    assert diff.mean() < 0.016, diff.mean()
-    assert diff.flatten(1).mean(1).max() < 0.03
+    assert_decodes_as_the_cpu_path(decode, device)
 
 
 def batch_decoders() -> list[Any]:
