@@ -67,10 +67,14 @@ def http_telemetry(traced: bool) -> TelemetryConfig:
     }
 
 
+VERSION_SEGMENT = "/versions/{version}"
+
+
 class RouteLabels:
     """Each request's route template as the app's router matches it (`/v2/models/{name}/infer`), through
-    Starlette's public `BaseRoute.matches`; a path no route has is "other". A bounded set of labels: each path's
-    is kept once found, for up to `size` paths."""
+    Starlette's public `BaseRoute.matches`, a V2 route's version left out (a versioned call counts with its model's
+    route, as it always has); a path no route has (or only a catch-all) is "other". A bounded set of labels: each path's is kept once
+    found, for up to `size` paths."""
 
     def __init__(self, routes: Sequence[BaseRoute], size: int = 4096) -> None:
         self.routes = [r for r in routes if isinstance(r, Route | Mount)]  # those with a template of their own
@@ -81,7 +85,9 @@ class RouteLabels:
         path = scope["path"]
         if (label := self.known.get(path)) is not None:
             return label
-        label = next((r.path for r in self.routes if r.matches(scope)[0] != Match.NONE), "other")
+        template = next((r.path for r in self.routes if r.matches(scope)[0] != Match.NONE), "other")
+        # a catch-all (V2's 404 in its own format) names no route of its own
+        label = "other" if ":path}" in template else template.replace(VERSION_SEGMENT, "")
         if len(self.known) >= self.size:
             self.known.clear()
         self.known[path] = label

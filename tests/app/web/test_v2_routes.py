@@ -405,3 +405,19 @@ async def test_system_shared_memory_is_listed_where_clients_may_register(
     async with make_client(shared_memory_regions=regions) as client:
         extensions = (await client.get("/v2")).json()["extensions"]
     assert ("system_shared_memory" in extensions) == (regions > 0) and "model_repository" in extensions
+
+
+async def test_metrics_label_a_request_by_its_route_and_a_versioned_one_by_its_models(
+    make_client: ClientFactory,
+) -> None:
+    """The route label is the template the router matched; a call naming a version counts under its model's
+    route, as it always has, and a path no route has under `other`."""
+    async with make_client() as client:
+        version = (await client.get("/v2/models/tiny")).json()["versions"][0]
+        assert (await client.get("/v2/models/tiny/ready")).status_code == 200
+        assert (await client.get(f"/v2/models/tiny/versions/{version}/ready")).status_code == 200
+        assert (await client.get("/v2/nothing-here")).status_code == 404
+        text = (await client.get("/metrics")).text
+    assert 'vit_requests_total{protocol="http",route="/v2/models/{name}/ready",status="200"} 2.0' in text
+    assert 'vit_requests_total{protocol="http",route="/v2/models/{name}",status="200"} 1.0' in text
+    assert 'vit_requests_total{protocol="http",route="other",status="404"} 1.0' in text
