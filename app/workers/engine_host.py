@@ -7,10 +7,11 @@ applied the new state, so afterwards each process answers with the new version.
 
 A front-end sends the calls it has ready as one message (a list), and the replies computed in one go of
 the event loop (a batch's requests finish together) leave as one message per front-end: the link costs a
-message per batch, not per request. The calls read in one go of the event loop (from every front-end) to one
-model with the same options, on images the front-ends prepared, enter the batcher together
-(`Engine.submit_group`): the model is looked up, the request checked, the queue's room taken and the deadline
-timer set once for all of them. The busier the engine, the more calls each go reads, and the less each costs.
+message per batch, not per request. Every call enters the engine through `Engine.submit`; the calls read in
+one go of the event loop (from every front-end) to one model with the same options, on files, enter it
+together, and the engine queues them as one group where it can: the model looked up, the request checked and
+the queue's room taken once for all of them. The busier the engine, the more calls each go reads, and the
+less each costs.
 
 A front-end that dies (its pid watched through a pidfd) has its calls cancelled and its arena unmapped.
 """
@@ -24,9 +25,9 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import torch
 import zmq
@@ -34,9 +35,9 @@ import zmq
 from app.core.contract.data_plane import Inference
 from app.core.contract.errors import ServiceError
 from app.core.contract.request import DecodedImage, EncodedImage, InferOptions
+from app.core.engine.call import Call
 from app.core.engine.engine import Engine
 from app.core.engine.served_model import ServedModel
-from app.telemetry.spans import attach, detach, sent_sampled
 from app.workers.link import (
     HEARTBEAT_S,
     Ack,
@@ -50,7 +51,6 @@ from app.workers.link import (
     Reply,
     RepositoryCall,
     State,
-    StoredImage,
     dumps,
     load_images,
     loads,
@@ -65,10 +65,9 @@ ACK_TIMEOUT_S = 2.0  # how long a repository change waits for every front-end to
 
 @dataclass(eq=False)
 class Queued:
-    """A call in the engine's direct lane: how to cancel it (its images not yet computed are dropped, and it is
-    answered as cancelled), and the version computing it."""
+    """A call in the engine: how to cancel it, and the version computing it (whose batches may read its files)."""
 
-    cancel: Callable[[], object]
+    call: Call
     model: ServedModel
 
 
@@ -79,8 +78,7 @@ class Peer:
     identity: bytes
     pid: int
     arena: Arena | None
-    calls: dict[int, asyncio.Task[None]] = field(default_factory=dict)
-    queued: dict[int, Queued] = field(default_factory=dict)  # calls in the direct lane, by id
+    queued: dict[int, Queued] = field(default_factory=dict)  # calls in the engine, by id
     replies: list[Reply] = field(default_factory=list)  # computed, not yet sent: they leave together
     acked: int = -1
     pidfd: int | None = None
@@ -193,33 +191,20 @@ class EngineHost:
         if isinstance(message, Ack):
             peer.acked = max(peer.acked, message.seq)
             self.acked.set()
-        elif isinstance(message, InferCall) and message.incarnation == self.incarnation:
-            self.take(peer, message)
         elif isinstance(message, Cancel) and message.incarnation == self.incarnation:
-            if (task := peer.calls.get(message.id)) is not None:
-                task.cancel()
-            elif (queued := peer.queued.get(message.id)) is not None:
-                queued.cancel()
+            if (queued := peer.queued.get(message.id)) is not None:
+                queued.call.cancel()
         elif isinstance(message, RepositoryCall) and message.incarnation == self.incarnation:
             self.spawn(self.repository(peer, message))
         elif isinstance(message, Refused) and message.incarnation == self.incarnation:
             self.engine.book.of(message.model, message.version).fail.add(message.seconds)
 
-    def take(self, peer: Peer, call: InferCall) -> None:
-        """`call` queued in the direct lane, or computed by a task of its own (`infer`)."""
-        if not self.queue_directly(peer, call):
-            running = self.spawn(self.infer(peer, call))
-            peer.calls[call.id] = running
-            running.add_done_callback(functools.partial(self.answer_if_never_run, peer, call.id))
-
     def gather(self, identity: bytes, call: InferCall) -> bool:
-        """Whether `call` joins the calls gathered in this go of the event loop, to enter the batcher together
-        once it ends: those on files (not pixels, not texts), not sampled for a trace. Any other message queues
-        the calls gathered before it is handled, so that each front-end's messages keep their order."""
+        """Whether `call` joins the calls read in this go of the event loop, which enter the engine together once
+        it ends. Any other message queues the calls gathered before it is handled, so that each front-end's
+        messages keep their order."""
         peer = self.peers.get(identity)
-        if peer is None or call.images is None or call.incarnation != self.incarnation:
-            return False
-        if call.texts is not None or sent_sampled(call.trace):
+        if peer is None or call.incarnation != self.incarnation:
             return False
         if not self.gathered:
             asyncio.get_running_loop().call_soon(self.queue_gathered)
@@ -227,50 +212,69 @@ class EngineHost:
         return True
 
     def queue_gathered(self) -> None:
-        """The calls gathered, queued: those to one model and version with the same options together
-        (`queue_group`), where they can be; the others each on its own."""
+        """The calls gathered, into the engine: those on files to one model and version with the same options
+        together (the engine queues them as one group where they all can), each other one on its own."""
         gathered, self.gathered = self.gathered, []
-        groups: dict[tuple[str | None, str | None, InferOptions], list[tuple[Peer, InferCall]]] = {}
+        together: dict[tuple[str | None, str | None, InferOptions], list[tuple[Peer, InferCall]]] = {}
         for peer, call in gathered:
-            if self.peers.get(peer.identity) is peer:  # not gone since
-                groups.setdefault((call.model, call.version, call.options), []).append((peer, call))
-        for calls in groups.values():
-            if len(calls) > 1 and self.queue_group(calls):
+            if self.peers.get(peer.identity) is not peer:  # gone since
                 continue
-            for peer, call in calls:
-                self.take(peer, call)
+            if call.images is None or call.texts is not None:
+                self.submit([(peer, call)])
+            else:
+                together.setdefault((call.model, call.version, call.options), []).append((peer, call))
+        for calls in together.values():
+            self.submit(calls)
 
-    def queue_group(self, calls: list[tuple[Peer, InferCall]]) -> bool:
-        """`calls` (one model and version, the same options) queued in the direct lane as one group
-        (`Engine.submit_group`), where all can go there. False: each is taken on its own."""
+    def submit(self, calls: list[tuple[Peer, InferCall]]) -> None:
+        """Calls to one model into the engine (`Engine.submit`), each answered by `answer`."""
         first = calls[0][1]
-        try:
-            model = self.engine.direct(self.engine.model(first.model, first.version), first.options)
-            if model is None:
-                return False
-            inputs = [load_images(cast("list[StoredImage]", c.images), p.arena) for p, c in calls]
-            if not all(model.prepared_for(i) for images in inputs for i in images):
-                return False
-            answer = functools.partial(self.answer_part, calls, model)
-            group = self.engine.submit_group(
-                model, cast("list[list[DecodedImage]]", inputs), first.options, [c.timeout_s for _, c in calls], answer
-            )
-        except Exception as e:  # refused at once, all alike (no model by that name, an option it cannot take)
+        try:  # refused at once, all alike: no model by that name, an arena that cannot be read
+            model = self.engine.model(first.model, first.version)
+            engine_calls = [
+                Call(
+                    call_inputs(c, p.arena),
+                    c.options,
+                    c.timeout_s,
+                    functools.partial(self.answer, p, c, model),
+                    c.trace,
+                    c.texts,
+                )
+                for p, c in calls
+            ]
+        except Exception as e:
             for peer, call in calls:
                 self.reply(peer, failed(call.id, e))
-            return True
-        if group is None:
-            return False
-        for k, (peer, call) in enumerate(calls):
-            if not group.ended[k]:
-                peer.queued[call.id] = Queued(functools.partial(group.cancel, k), model)
-        return True
+            return
+        for (peer, call), engine_call in zip(calls, engine_calls, strict=True):
+            peer.queued[call.id] = Queued(engine_call, model)
+        self.engine.submit(model, engine_calls)
 
-    def answer_part(
-        self, calls: list[tuple[Peer, InferCall]], model: ServedModel, k: int, done: Inference | BaseException
-    ) -> None:
-        peer, call = calls[k]
-        self.answer_queued(peer, call, model, done)
+    def answer(self, peer: Peer, call: InferCall, model: ServedModel, done: Inference | BaseException) -> None:
+        """A call's answer: its outputs written into its region, or what failed it. A call that failed while its
+        files are still in the arena (a batch under way may read them) is answered once that batch has ended
+        (and stays among the peer's queued calls until then, so that its arena outlives that batch)."""
+        if isinstance(done, BaseException):
+            reply = failed(call.id, done)
+            if viewed(call.images):
+                self.spawn(self.reply_when_settled(peer, call.id, model, reply))
+                return
+        else:
+            try:
+                reply = answered(call, done, peer.arena)
+            except Exception as e:
+                reply = failed(call.id, e)
+        peer.queued.pop(call.id, None)
+        if self.peers.get(peer.identity) is peer:
+            self.reply(peer, reply)
+
+    async def reply_when_settled(self, peer: Peer, call_id: int, model: ServedModel, reply: Reply) -> None:
+        try:
+            await settled(model)
+        finally:
+            peer.queued.pop(call_id, None)
+        if self.peers.get(peer.identity) is peer:
+            self.reply(peer, reply)
 
     def spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(coroutine)
@@ -302,109 +306,17 @@ class EngineHost:
         if peer.pidfd is not None:
             asyncio.get_running_loop().remove_reader(peer.pidfd)
             os.close(peer.pidfd)
-        calls = list(peer.calls.values())
-        for task in calls:
-            task.cancel()
         queued = list(peer.queued.values())
+        steps = [q.call.steps for q in queued if q.call.steps is not None]
         for q in queued:
-            q.cancel()
-        log.info("engine: front-end pid %d gone; %d calls of it cancelled", peer.pid, len(calls) + len(queued))
+            q.call.cancel()
+        log.info("engine: front-end pid %d gone; %d calls of it cancelled", peer.pid, len(queued))
         if peer.arena is not None:
             arena = peer.arena
-            if calls or queued:  # unmapped once its calls have stopped touching it
-                self.spawn(close_after(calls, arena, [q.model for q in queued]))
+            if queued:  # unmapped once its calls have stopped touching it
+                self.spawn(close_after(steps, arena, [q.model for q in queued]))
             else:
                 arena.close()
-
-    def queue_directly(self, peer: Peer, call: InferCall) -> bool:
-        """Queue `call` in the engine's direct lane (no task: its batch's callback answers it), where it can go
-        there: images the front-end prepared for the version serving, or pixels, not sampled for a trace, to a
-        model the lane serves (`Engine.direct`). False: it takes the coroutine path (`infer`)."""
-        if call.texts is not None or sent_sampled(call.trace):  # a sampled request's spans: the coroutine path
-            return False
-        try:
-            model = self.engine.direct(self.engine.model(call.model, call.version), call.options)
-            if model is None:
-                return False
-            inputs = call_inputs(call, peer.arena)
-            if not isinstance(inputs, torch.Tensor) and not all(model.prepared_for(i) for i in inputs):
-                return False
-            outputs = self.engine.submit(
-                model,
-                cast("list[DecodedImage] | torch.Tensor", inputs),
-                call.options,
-                call.timeout_s,
-                functools.partial(self.answer_queued, peer, call, model),
-            )
-        except Exception as e:
-            self.reply(peer, failed(call.id, e))
-            return True
-        peer.queued[call.id] = Queued(outputs.cancel, model)
-        return True
-
-    def answer_queued(self, peer: Peer, call: InferCall, model: ServedModel, done: Inference | BaseException) -> None:
-        """A direct-lane call's answer: its outputs written into its region, or what failed it. A call that
-        failed while its files are still in the arena (a batch under way may read them) is answered once that
-        batch has ended, as `compute` does (and stays among the peer's queued calls until then, so that its arena
-        outlives that batch)."""
-        if isinstance(done, BaseException):
-            reply = failed(call.id, done)
-            if viewed(call.images):
-                self.spawn(self.reply_when_settled(peer, call.id, model, reply))
-                return
-        else:
-            try:
-                reply = answered(call, done, peer.arena)
-            except Exception as e:
-                reply = failed(call.id, e)
-        peer.queued.pop(call.id, None)
-        if self.peers.get(peer.identity) is peer:
-            self.reply(peer, reply)
-
-    async def reply_when_settled(self, peer: Peer, call_id: int, model: ServedModel, reply: Reply) -> None:
-        try:
-            await settled(model)
-        finally:
-            peer.queued.pop(call_id, None)
-        if self.peers.get(peer.identity) is peer:
-            self.reply(peer, reply)
-
-    async def infer(self, peer: Peer, call: InferCall) -> None:
-        token = attach(call.trace)  # the engine's spans go under the front-end's request span
-        try:
-            reply = await self.compute(peer, call)
-        except (asyncio.CancelledError, Exception) as e:  # cancelled, a core error, or a fault of the engine's
-            reply = failed(call.id, e)
-        finally:
-            peer.calls.pop(call.id, None)
-            detach(token)
-        if self.peers.get(peer.identity) is peer:
-            self.reply(peer, reply)
-
-    def answer_if_never_run(self, peer: Peer, call_id: int, task: asyncio.Task[None]) -> None:
-        """A call cancelled before its task ran (its Cancel read in the same go) is answered all the same: the
-        front-end holds its region until then."""
-        if not task.cancelled():
-            return  # `infer` answered it
-        peer.calls.pop(call_id, None)
-        if self.peers.get(peer.identity) is peer:
-            self.reply(peer, Reply(call_id, failure=Failure("RequestTimeout", "cancelled")))
-
-    async def compute(self, peer: Peer, call: InferCall) -> Reply:
-        arena = peer.arena
-        if call.texts is not None:
-            embedded = await self.engine.embed_texts(self.engine.model(call.model, call.version), call.texts)
-            outputs = store_outputs([], RegionWriter(arena, call.region), embedded.text_embeddings)
-            return Reply(call.id, None if embedded.model.version == call.described else embedded.model, outputs)
-        inputs = call_inputs(call, arena)
-        model = self.engine.model(call.model, call.version)
-        try:
-            done: Inference = await self.engine.run(model, inputs, call.options, call.timeout_s)
-        except BaseException:  # cancelled, timed out or failed: its files may still be in a batch under way
-            if viewed(call.images):  # the front-end reuses the region once answered: not before that batch ends
-                await settled(model)
-            raise
-        return answered(call, done, arena)
 
     async def repository(self, peer: Peer, call: RepositoryCall) -> None:
         try:
@@ -450,7 +362,7 @@ def call_inputs(call: InferCall, arena: Arena | None) -> list[EncodedImage | Dec
 def answered(call: InferCall, done: Inference, arena: Arena | None) -> Reply:
     """A computed call's reply: its outputs in its region, and the description (20 KB pickled with 1,000 class
     names) only where the front-end lacks it."""
-    outputs = store_outputs(done.predictions, RegionWriter(arena, call.region))
+    outputs = store_outputs(done.predictions, RegionWriter(arena, call.region), done.text_embeddings)
     return Reply(call.id, None if done.model.version == call.described else done.model, outputs)
 
 
@@ -473,8 +385,8 @@ async def settled(model: ServedModel) -> None:
 
 
 async def close_after(calls: list[asyncio.Task[None]], arena: Arena, models: list[ServedModel] | None = None) -> None:
-    """Unmap `arena` once `calls` have ended and the batches under way of `models` (whose direct-lane calls
-    may have left files in it) have settled."""
+    """Unmap `arena` once the steps of its calls (`calls`) have ended and the batches under way of `models`
+    (whose calls may have left files in it) have settled."""
     if calls:
         await asyncio.wait(calls)
     for model in models or []:

@@ -3,34 +3,43 @@ readiness and shutdown.
 
 `Engine.load` builds it whole (models loaded and warm); `start` runs it on the event loop, `shutdown`
 answers what it admitted and stops; `Engine.serving` does all three around a block. Edges reach it only
-through the `DataPlane` members (written once in `app.core.front`); the rest (`model`, `run`, `served`,
-`model_set`) is the core's own.
+through the `DataPlane` members (written once in `app.core.front`); the rest (`model`, `submit`, `run`,
+`served`, `model_set`) is the core's own.
 
-A request's path here, each step adding one thing: `run` answers from the response cache what it holds,
-`counted` counts the rest in the version's statistics, `predicted` takes them through the model's batcher.
+Every request takes one path, as a `Call` (`app.core.engine.call`):
+1. `submit`: the way in, from every edge (`run` awaits it for one request; the engine process hands it the
+   calls it read together);
+2. `steps_first` decides, in one place, whether the call takes steps before the batcher, on a task of its own
+   (`stepped`): texts to embed, the response cache (`from_cache`), a zero-shot model's labels, files to decode
+   here, an overlay, a trace to record (`computed`, `decoded_then_queued`). The common call takes none;
+3. `queue`: into the model's batcher, each call an entry, or several as one group (`queue_group`);
+4. `answer`: from the batch's callback, scored, offered to a shadow, overlays drawn, counted once in the
+   version's statistics (`failed` for what fails it), and answered.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import gc
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 from opentelemetry.util.types import AttributeValue
 
-from app.core.backends.predictor import ImageOutput
-from app.core.batcher import Group
+from app.core.backends.predictor import ImageInput, ImageOutput
 from app.core.contract.data_plane import Inference, InferenceRequest
 from app.core.contract.description import ModelDescription, ModelStatus, ShadowReport, canonical_version
 from app.core.contract.errors import NOT_READY, InvalidInput, ModelNotFound, NotReady
 from app.core.contract.request import DecodedImage, EncodedImage, InferOptions, Prediction, pick
 from app.core.engine.cache import PredictionCache, digest_images, digest_pixels
+from app.core.engine.call import Call, settle_future
 from app.core.engine.model_set import ModelSet
 from app.core.engine.repository import Repository
 from app.core.engine.scoring import labelled_predictions, scored
@@ -40,9 +49,10 @@ from app.core.engine.startup_checks import check_shadows, check_thresholds, star
 from app.core.engine.timing import decoded_before, request_timing
 from app.core.front import Front
 from app.core.images.overlay import with_overlays
+from app.core.images.prepare import Prepared
 from app.settings import Settings
 from app.telemetry.metrics import Metrics, ModelMetrics
-from app.telemetry.spans import child_span, record_span, sampled
+from app.telemetry.spans import attach, child_span, detach, record_span, sampled, sent_sampled
 from app.telemetry.statistics import ModelStatistics, RequestTiming, StatisticsBook
 from model.device import cuda_unavailable_reason, resolve_device
 
@@ -160,9 +170,8 @@ class Engine(Front):
             raise NotReady(NOT_READY)
 
     async def compute(self, model: ModelDescription, request: InferenceRequest) -> Inference:
-        if request.texts is not None:
-            return await self.embed_texts(self.served[model.name], request.texts)
-        return await self.run(self.served[model.name], request.inputs, request.options, request.timeout_s)
+        served = self.served[model.name]
+        return await self.run(served, request.inputs, request.options, request.timeout_s, request.texts)
 
     async def embed_texts(self, model: ServedModel, texts: tuple[str, ...]) -> Inference:
         """A zero-shot model's embeddings of `texts` as they are (no template), unit length: with its images'
@@ -189,22 +198,80 @@ class Engine(Front):
     async def unload_model(self, name: str) -> None:
         await self.model_set.unload(name)
 
-    # A request's path, for a model already looked up: the cache, then statistics, then the batcher.
+    # A request's one path: `submit` queues it in the model's batcher, at once or after the steps it takes first
+    # (`steps_first` decides which, in one place), and `answer` scores, counts and answers it.
+    def submit(self, model: ServedModel, calls: Sequence[Call]) -> None:
+        """The one way into the engine, for every edge and whatever a request asks. `calls` go to `model` with
+        the same options; several (a front-end's calls read together) enter the batcher as one group where they
+        all can. Each is answered through its `answer`, with its Inference or with what failed it."""
+        now = time.monotonic()
+        model = self.model_set.current(model)
+        ready = []
+        for call in calls:
+            call.started = now - decoded_before(call.inputs)
+            if self.steps_first(model, call):
+                call.steps = asyncio.ensure_future(self.stepped(model, call))
+                call.steps.add_done_callback(functools.partial(answer_if_never_run, call))
+            else:
+                ready.append(call)
+        if ready:
+            self.queue(model, ready)
+
+    def steps_first(self, model: ServedModel, call: Call) -> bool:
+        """Whether `call` takes steps before its images are queued, on a task of its own: texts to embed, a trace
+        to record, the response cache, a zero-shot model's labels, an overlay (its images decoded here), or files
+        not prepared for the version serving. Every other call is queued as it comes and answered from its
+        batch's callback."""
+        if call.texts is not None or self.cache is not None or model.labels is not None or call.options.overlay:
+            return True
+        if model.retired or (sampled() if call.trace is None else sent_sampled(call.trace)):
+            return True
+        inputs = call.inputs
+        return not isinstance(inputs, torch.Tensor) and not all(model.prepared_for(i) for i in inputs)
+
     async def run(
         self,
         model: ServedModel,
         inputs: Sequence[EncodedImage | DecodedImage] | torch.Tensor,
         options: InferOptions,
         timeout_s: float | None = None,
+        texts: tuple[str, ...] | None = None,
     ) -> Inference:
-        """Predictions for image files (as sent, or decoded by a front-end), or for preprocessed pixels
-        (N, C, H, W), in input order; from the response cache where it holds them (VIT_CACHE_BYTES).
+        """`submit` for one request, awaited: predictions for image files (as sent, or decoded by a front-end),
+        or for preprocessed pixels (N, C, H, W), in input order; or a zero-shot model's embeddings of `texts`.
+        A model replaced since it was looked up answers with its new version; one unloaded since, not at all."""
+        future: asyncio.Future[Inference] = asyncio.get_running_loop().create_future()
+        call = Call(inputs, options, timeout_s, functools.partial(settle_future, future), texts=texts)
+        self.submit(model, [call])
+        try:
+            return await future
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
 
-        A model replaced since it was looked up answers with its new version; one unloaded since, not at
-        all. `timeout_s` shortens VIT_REQUEST_TIMEOUT_S (a gRPC client's deadline).
-        """
-        if self.cache is None or len(inputs) == 0:
-            return await self.counted(model, inputs, options, timeout_s)
+    async def stepped(self, model: ServedModel, call: Call) -> None:
+        """A call's steps before the batcher, under its trace context, then its answer."""
+        token = attach(call.trace)  # the engine's spans go under the front-end's request span
+        try:
+            if call.texts is not None:
+                done = await self.embed_texts(model, call.texts)
+            elif self.cache is not None and len(call.inputs) > 0:
+                done = await self.from_cache(model, call)
+            else:
+                done = await self.computed(model, call)
+        except BaseException as e:  # cancelled, a core error, or a fault
+            call.settle(e)
+            if isinstance(e, asyncio.CancelledError):
+                raise
+        else:
+            call.settle(done)
+        finally:
+            detach(token)
+
+    async def from_cache(self, model: ServedModel, call: Call) -> Inference:
+        """The response cache's step (VIT_CACHE_BYTES): the images it holds answered from it, the others
+        computed, each image once however many requests ask for it at the same time."""
+        inputs, options = call.inputs, call.options
         started = time.monotonic()
         # hashing a large request holds the loop: past 256 KB, on the pool
         if isinstance(inputs, torch.Tensor):
@@ -217,99 +284,222 @@ class Engine(Front):
             names = [i.filename for i in inputs]
         model = self.model_set.current(model)  # replaced while the digests were taken: its successor answers
         target = model.target_index(options.target, options.labels)
-        keys = self.cache.keys(model.name, model.version, options, target, digests)
+        keys = self.cache.keys(model.name, model.version, options, target, digests)  # type: ignore[union-attr]
         looked_up = time.monotonic() - started
 
         async def compute(indices: list[int]) -> list[Prediction]:
-            done = await self.counted(model, pick(inputs, indices), options, timeout_s)
+            done = await self.computed(model, part_of(call, indices))
             if done.model.version != model.version:  # replaced meanwhile: nothing of the old version is kept
                 raise VersionChanged
             return done.predictions
 
         try:
-            found = await self.cache.through(model.name, keys, compute, self.time_limit(timeout_s))
+            found = await self.cache.through(model.name, keys, compute, self.time_limit(call.timeout_s))  # type: ignore[union-attr]
         except VersionChanged:
-            return await self.counted(model, inputs, options, timeout_s)
+            return await self.computed(model, call)
         stats = self.book.of(model.name, model.version)
         per_image = looked_up / len(keys)
         stats.cache_hit.add(per_image * found.hits, count=found.hits)
         stats.cache_miss.add(per_image * found.misses, count=found.misses)
         if found.computed:
-            stats.inference_count += found.hits - found.recomputed  # the computed ones are counted by `counted`
+            stats.inference_count += found.hits - found.recomputed  # the computed ones are counted by `answer`
         else:  # answered from the cache alone: a request of its own
             stats.answered(len(keys), time.monotonic() - started)
         predictions = [dataclasses.replace(p, filename=name) for p, name in zip(found.predictions, names, strict=True)]
         return Inference(model.description, predictions, options.labels)
 
-    async def counted(
-        self,
-        model: ServedModel,
-        inputs: Sequence[EncodedImage | DecodedImage] | torch.Tensor,
-        options: InferOptions,
-        timeout_s: float | None = None,
-    ) -> Inference:
-        """`predicted`, counted in the model version's statistics under an `infer` span."""
+    async def computed(self, model: ServedModel, call: Call) -> Inference:
+        """A call's images through the batcher, under an `infer` span: for the version serving, with a zero-shot
+        model's label embeddings, and decoded here first (within the room the batcher holds for them) where a
+        front-end did not prepare them or an overlay needs the image."""
         while True:  # a zero-shot model's label embeddings (no wait where they are kept), for the version serving
             model = self.model_set.current(model)
-            texts = None if model.labels is None else await self.label_embeddings(model, options)
+            texts = None if model.labels is None else await self.label_embeddings(model, call.options)
             if not model.retired:
                 break
-        # no await from here until the batcher has admitted the request
-        stats = self.book.of(model.name, model.version)
-        started = time.monotonic() - decoded_before(inputs)
+        future: asyncio.Future[Inference] = asyncio.get_running_loop().create_future()
+        inner = Call(call.inputs, call.options, call.timeout_s, functools.partial(settle_future, future))
+        inner.started = call.started
         attributes: dict[str, AttributeValue] | None = None
-        if sampled():  # made for a span alone: this runs for every request
+        if sampled():  # made for a span alone
             attributes = {
                 "vit.model.name": model.name,
                 "vit.model.version": model.version,
                 "vit.backend": model.description.backend,
                 "vit.device": model.description.device,
-                "vit.images": len(inputs),
+                "vit.images": len(call.inputs),
             }
-        try:
-            with child_span("infer", attributes):
-                done, timing = await self.predicted(model, inputs, options, timeout_s, started, texts)
-        except Exception:
-            stats.fail.add(time.monotonic() - started)
-            raise
-        stats.computed(len(done.predictions), time.monotonic() - started, timing)
-        return done
+        with child_span("infer", attributes):
+            inputs = call.inputs
+            if isinstance(inputs, torch.Tensor) or (
+                not call.options.overlay and all(model.prepared_for(i) for i in inputs)
+            ):
+                self.queue(model, [inner], texts)
+            else:
+                await self.decoded_then_queued(model, inner, inputs, texts)
+            try:
+                return await future
+            except asyncio.CancelledError:
+                inner.cancel()
+                raise
 
-    async def predicted(
+    async def decoded_then_queued(
+        self, model: ServedModel, call: Call, inputs: Sequence[EncodedImage | DecodedImage], texts: torch.Tensor | None
+    ) -> None:
+        """All of a call's files decoded on the pool first, so a bad one fails the request before any compute,
+        within the room the batcher holds for them (refused before any CPU is spent when it has none)."""
+        asked = time.monotonic()
+        try:
+            with model.batcher.admit(len(inputs)) as admission:
+                if sampled():
+                    record_span("admission", asked, time.monotonic(), {"vit.images": len(inputs)})
+                prepared = await model.prepare_all(inputs, call.options.overlay, self.cpu_pool)
+                self.queue(model, [call], texts, prepared, admission.submit)
+        except Exception as e:
+            self.failed(self.book.of(model.name, model.version), call, e)
+
+    def queue(
         self,
         model: ServedModel,
-        inputs: Sequence[EncodedImage | DecodedImage] | torch.Tensor,
-        options: InferOptions,
-        timeout_s: float | None,
-        started: float,
+        calls: Sequence[Call],
         texts: torch.Tensor | None = None,
-    ) -> tuple[Inference, RequestTiming]:
-        """Through the model's batcher into predictions (overlays drawn on the pool), and where the time went.
-        A zero-shot model's images are scored against `texts`, its request's label embeddings (L, D)."""
-        wanted = self.wanted(model, inputs, options, texts)
-        deadline = time.monotonic() + self.time_limit(timeout_s)
-        if isinstance(inputs, torch.Tensor):
+        prepared: list[Prepared] | None = None,
+        enqueue: Callable[[list[ImageInput], float], asyncio.Future[list[ImageOutput]]] | None = None,
+    ) -> None:
+        """Calls whose steps are done into the model's batcher, each answered by `answer` from its batch's
+        callback: several as one group where they all fit, else each as an entry of its own."""
+        stats = self.book.of(model.name, model.version)
+        if len(calls) > 1 and model.batcher.fits(sum(len(c.inputs) for c in calls)):
+            self.queue_group(model, calls, stats)
+            return
+        loop = asyncio.get_running_loop()
+        for call in calls:
+            try:
+                wanted = self.wanted(model, call.inputs, call.options, texts)
+                deadline = time.monotonic() + self.time_limit(call.timeout_s)
+                outputs = (enqueue or model.batcher.submit)(payloads(wanted, call.inputs, prepared), deadline)
+            except Exception as e:  # refused at once: options the model cannot take, no room, draining
+                self.failed(stats, call, e)
+                continue
             submitted = time.monotonic()
-            outputs = await model.run_pixels(inputs, wanted, deadline)
-            received = time.monotonic()
-            names = [f"pixels[{i}]" for i in range(len(outputs))]
-        else:
-            prepared, outputs, submitted = await model.run_images(
-                inputs, wanted, options.overlay, self.cpu_pool, deadline
+            timer = loop.call_later(max(0.0, deadline - submitted), expire, outputs)
+            call.queued = outputs.cancel
+
+            def finish(
+                done: asyncio.Future[list[ImageOutput]],
+                call: Call = call,
+                timer: Any = timer,
+                submitted: float = submitted,
+            ) -> None:
+                timer.cancel()
+                if done.cancelled():
+                    call.settle(asyncio.CancelledError())
+                elif (error := done.exception()) is not None:
+                    self.failed(stats, call, error)
+                else:
+                    self.answer(model, call, stats, done.result(), submitted, texts, prepared)
+
+            outputs.add_done_callback(finish)
+
+    def queue_group(self, model: ServedModel, calls: Sequence[Call], stats: ModelStatistics) -> None:
+        """Calls to one model with the same options, on files prepared for its version, queued as one group;
+        each still answered on its own as its images are computed."""
+        now = time.monotonic()
+        submitted = [now]  # set once the group is queued: no part is delivered before
+        try:
+            wanted = self.wanted(model, calls[0].inputs, calls[0].options)  # files: the model's and options' alone
+            group = model.batcher.submit_group(
+                [p for c in calls for p in payloads(wanted, c.inputs)],
+                [len(c.inputs) for c in calls],
+                [now + self.time_limit(c.timeout_s) for c in calls],
+                functools.partial(self.answer_parts, model, calls, stats, submitted),
             )
-            received = time.monotonic()
-            names = [p.filename for p in prepared]
-        if texts is not None and outputs:  # zero-shot: each image's embedding compared with the labels'
-            predictions = labelled_predictions(model, names, outputs, texts, options)
-        else:
-            predictions = self.scored(model, names, outputs, options)
-        if options.overlay and not isinstance(inputs, torch.Tensor):  # PNG encoding of every map: milliseconds each
-            predictions = await self.run_in_pool(with_overlays, predictions, [p.image for p in prepared])
-        if (shadow := self.shadowing.sampling(model.name)) is not None:
-            self.shadowing.offer(shadow, model, inputs, predictions, received - submitted)
-        timing = request_timing(started, submitted, received, time.monotonic(), outputs)
+        except Exception as e:  # refused whole: options the model refuses, or the service began to drain
+            for call in calls:
+                self.failed(stats, call, e)
+            return
+        submitted[0] = time.monotonic()
+        for k, call in enumerate(calls):
+            call.queued = functools.partial(group.cancel, k)
+
+    def answer_parts(
+        self,
+        model: ServedModel,
+        calls: Sequence[Call],
+        stats: ModelStatistics,
+        submitted: list[float],
+        parts: list[tuple[int, list[ImageOutput] | BaseException]],
+    ) -> None:
+        """The parts of a group a batch completed, or one that ended."""
+        for k, done in parts:
+            call = calls[k]
+            if isinstance(done, asyncio.CancelledError):
+                call.settle(done)
+            elif isinstance(done, BaseException):
+                self.failed(stats, call, done)
+            else:
+                self.answer(model, call, stats, done, submitted[0], None, None)
+
+    def answer(
+        self,
+        model: ServedModel,
+        call: Call,
+        stats: ModelStatistics,
+        outputs: list[ImageOutput],
+        submitted: float,
+        texts: torch.Tensor | None,
+        prepared: list[Prepared] | None,
+    ) -> None:
+        """A call's answer from its computed outputs, counted once: scored (a zero-shot model's against `texts`,
+        its request's label embeddings), its images offered to a shadow, overlays drawn on the pool where asked."""
+        received = time.monotonic()
+        options = call.options
+        try:
+            if isinstance(call.inputs, torch.Tensor):
+                names = [f"pixels[{i}]" for i in range(len(outputs))]
+            else:
+                names = [p.filename for p in prepared] if prepared is not None else [i.filename for i in call.inputs]
+            if texts is not None and outputs:  # zero-shot: each image's embedding compared with the labels'
+                predictions = labelled_predictions(model, names, outputs, texts, options)
+            else:
+                predictions = self.scored(model, names, outputs, options)
+            if (shadow := self.shadowing.sampling(model.name)) is not None:
+                self.shadowing.offer(shadow, model, call.inputs, predictions, received - submitted)
+            timing = request_timing(call.started, submitted, received, time.monotonic(), outputs)
+        except Exception as e:
+            self.failed(stats, call, e)
+            return
         record_span("queue", submitted, submitted + timing.queue)
-        return Inference(model.description, predictions, options.labels), timing
+        if options.overlay and prepared is not None:  # PNG encoding of every map: milliseconds each, on the pool
+            overlaid = asyncio.ensure_future(self.run_in_pool(with_overlays, predictions, [p.image for p in prepared]))
+            overlaid.add_done_callback(functools.partial(self.answer_overlaid, model, call, stats, timing))
+            call.queued = overlaid.cancel
+            return
+        stats.computed(len(predictions), time.monotonic() - call.started, timing)
+        call.settle(Inference(model.description, predictions, options.labels))
+
+    def answer_overlaid(
+        self,
+        model: ServedModel,
+        call: Call,
+        stats: ModelStatistics,
+        timing: RequestTiming,
+        overlaid: asyncio.Future[list[Prediction]],
+    ) -> None:
+        if overlaid.cancelled():
+            call.settle(asyncio.CancelledError())
+        elif (error := overlaid.exception()) is not None:
+            self.failed(stats, call, error)
+        else:
+            predictions = overlaid.result()
+            stats.computed(len(predictions), time.monotonic() - call.started, timing)
+            call.settle(Inference(model.description, predictions, call.options.labels))
+
+    def failed(self, stats: ModelStatistics, call: Call, error: BaseException) -> None:
+        """A call answered with what failed it, counted as a failure unless it was cancelled."""
+        if not isinstance(error, asyncio.CancelledError):
+            stats.fail.add(time.monotonic() - call.started)
+        call.settle(error)
 
     def wanted(
         self,
@@ -347,136 +537,6 @@ class Engine(Front):
         self, model: ServedModel, names: list[str], outputs: list[ImageOutput], options: InferOptions
     ) -> list[Prediction]:
         return scored(model, names, outputs, options, self.settings.ood_threshold_for(model.name))
-
-    # The direct lane (the engine process's common request): no coroutine and no task of its own.
-    def direct(self, model: ServedModel, options: InferOptions) -> ServedModel | None:
-        """The version that would compute a request to `model` with `options` in the direct lane (`submit`), or
-        None where it takes the coroutine path (`run`): the response cache, a zero-shot model, an overlay, or a
-        shadow that samples. (Whether the request was sampled for a trace is its caller's to check.)"""
-        model = self.model_set.current(model)
-        if self.cache is not None or model.labels is not None or options.overlay or model.retired:
-            return None
-        if self.shadowing.sampling(model.name) is not None:
-            return None
-        return model
-
-    def submit(
-        self,
-        model: ServedModel,
-        inputs: Sequence[DecodedImage] | torch.Tensor,
-        options: InferOptions,
-        timeout_s: float | None,
-        answer: Callable[[Inference | BaseException], None],
-    ) -> asyncio.Future[list[ImageOutput]]:
-        """`run` for a model `direct` returned, on pixels or on images prepared for its version: the request
-        is queued now, and `answer` is called with its Inference, or with what failed it, from the batch's
-        callback. Cancelling the returned future drops the images not yet computed (and answers
-        CancelledError). Raises what refuses the request at once (InvalidInput, NotReady, Overloaded)."""
-        stats = self.book.of(model.name, model.version)
-        now = time.monotonic()
-        started = now - decoded_before(inputs)
-        deadline = now + self.time_limit(timeout_s)
-        try:
-            wanted = self.wanted(model, inputs, options)
-            if isinstance(inputs, torch.Tensor):
-                names = [f"pixels[{i}]" for i in range(len(inputs))]
-                payloads = [wanted.input(p) for p in inputs]
-            else:
-                names = [i.filename for i in inputs]
-                payloads = [wanted.input(prepared_input(i)) for i in inputs]
-            outputs = model.batcher.submit(payloads, deadline)
-        except Exception:
-            stats.fail.add(time.monotonic() - started)
-            raise
-        submitted = time.monotonic()
-        timer = asyncio.get_running_loop().call_later(max(0.0, deadline - submitted), expire, outputs)
-
-        def finish(done: asyncio.Future[list[ImageOutput]]) -> None:
-            timer.cancel()
-            try:
-                if done.cancelled():
-                    raise asyncio.CancelledError
-                computed = done.result()
-                received = time.monotonic()
-                predictions = self.scored(model, names, computed, options)
-                timing = request_timing(started, submitted, received, time.monotonic(), computed)
-            except asyncio.CancelledError as e:
-                answer(e)
-                return
-            except Exception as e:
-                stats.fail.add(time.monotonic() - started)
-                answer(e)
-                return
-            stats.computed(len(predictions), time.monotonic() - started, timing)
-            answer(Inference(model.description, predictions, options.labels))
-
-        outputs.add_done_callback(finish)
-        return outputs
-
-    def submit_group(
-        self,
-        model: ServedModel,
-        calls: Sequence[Sequence[DecodedImage]],
-        options: InferOptions,
-        timeouts: Sequence[float | None],
-        answer: Callable[[int, Inference | BaseException], None],
-    ) -> Group[ImageOutput] | None:
-        """`submit` for several requests to `model` with the same `options`, on images prepared for its version
-        (the engine process's calls read together): queued as one `Group`, each request still answered on its
-        own, `answer(k, ...)` for request k, as its images are computed. None where they would not all fit in
-        the queue: submitted one by one, each has its own answer. Raises what refuses them all at once
-        (InvalidInput, NotReady)."""
-        stats = self.book.of(model.name, model.version)
-        now = time.monotonic()
-        started = [now - decoded_before(c) for c in calls]
-        deadlines = [now + self.time_limit(t) for t in timeouts]
-        counts = [len(c) for c in calls]
-        if not model.batcher.fits(sum(counts)):
-            return None
-        submitted = 0.0  # set once the group is queued: no part is delivered before
-
-        def finish(parts: list[tuple[int, list[ImageOutput] | BaseException]]) -> None:
-            """The parts a batch completed (their statistics counted together), or one that ended."""
-            received = time.monotonic()
-            answers: list[tuple[int, Inference | BaseException]] = []
-            images = 0
-            seconds = queue = compute_input = compute_infer = compute_output = 0.0
-            for k, done in parts:
-                if isinstance(done, BaseException):
-                    if not isinstance(done, asyncio.CancelledError):
-                        stats.fail.add(time.monotonic() - started[k])
-                    answers.append((k, done))
-                    continue
-                try:
-                    predictions = self.scored(model, [i.filename for i in calls[k]], done, options)
-                    timing = request_timing(started[k], submitted, received, time.monotonic(), done)
-                except Exception as e:
-                    stats.fail.add(time.monotonic() - started[k])
-                    answers.append((k, e))
-                    continue
-                images += len(predictions)
-                seconds += time.monotonic() - started[k]
-                queue += timing.queue
-                compute_input += timing.compute_input
-                compute_infer += timing.compute_infer
-                compute_output += timing.compute_output
-                answers.append((k, Inference(model.description, predictions, options.labels)))
-            if computed := len(answers) - sum(isinstance(a, BaseException) for _, a in answers):
-                summed = RequestTiming(queue, compute_input, compute_infer, compute_output)
-                stats.computed(images, seconds, summed, computed)
-            for k, answered in answers:
-                answer(k, answered)
-
-        try:
-            wanted = self.wanted(model, calls[0], options)  # for images, the model's and the options' alone
-            payloads = [wanted.input(prepared_input(i)) for c in calls for i in c]
-            group = model.batcher.submit_group(payloads, counts, deadlines, finish)
-        except Exception:  # refused whole: options the model refuses, or the service began to drain
-            for s in started:
-                stats.fail.add(time.monotonic() - s)
-            raise
-        submitted = time.monotonic()
-        return group
 
     async def label_embeddings(self, model: ServedModel, options: InferOptions) -> torch.Tensor:
         """A zero-shot request's label embeddings (L, D): its labels (or the model's defaults) in its template (or
@@ -522,3 +582,29 @@ class Engine(Front):
 
 class VersionChanged(Exception):
     """The model was replaced while a request's images were computed."""
+
+
+def payloads(
+    wanted: Wanted, inputs: Sequence[EncodedImage | DecodedImage] | torch.Tensor, prepared: list[Prepared] | None = None
+) -> list[ImageInput]:
+    """What the batcher computes for each image of a request: its pixels, a front-end's prepared file, or what
+    the engine decoded here (`prepared`)."""
+    if prepared is not None:
+        return [wanted.input(p.pixels) for p in prepared]
+    if isinstance(inputs, torch.Tensor):
+        return [wanted.input(p) for p in inputs]
+    return [wanted.input(prepared_input(i)) for i in inputs]  # type: ignore[arg-type]
+
+
+def part_of(call: Call, indices: list[int]) -> Call:
+    """The images at `indices` of `call`, as a call of their own (what the cache leaves to compute)."""
+    part = Call(pick(call.inputs, indices), call.options, call.timeout_s, call.answer)
+    part.started = time.monotonic() - decoded_before(part.inputs)
+    return part
+
+
+def answer_if_never_run(call: Call, steps: asyncio.Task[None]) -> None:
+    """A call cancelled before its steps ran at all is answered all the same (a front-end holds its files
+    until then)."""
+    if steps.cancelled():
+        call.settle(asyncio.CancelledError())

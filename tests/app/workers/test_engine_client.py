@@ -216,9 +216,9 @@ async def test_a_call_cancelled_while_its_batch_computes_is_answered_once_the_ba
 async def test_a_plain_call_is_answered_from_its_batch_without_a_task_and_counted_as_in_one_process(
     make_linked: Callable[..., Awaitable[Linked]],
 ) -> None:
-    """Files the front-end prepared, with nothing that needs the coroutine path (no overlay, no trace, no cache):
-    the engine queues them in its batcher at once and answers from the batch's callback, with no task of its own.
-    The answer and the statistics are what the engine gives in one process."""
+    """Files the front-end prepared, with no step to take first (no overlay, no trace, no cache): the engine
+    queues them in its batcher at once and answers from the batch's callback, with no task of its own. The
+    answer and the statistics are what the engine gives in one process."""
     linked: Linked = await make_linked()
     options = InferOptions("rollout", embedding=True, normalize=True)
     expected = await linked.engine.infer(InferenceRequest(None, FILES, options), identity)
@@ -227,7 +227,8 @@ async def test_a_plain_call_is_answered_from_its_batch_without_a_task_and_counte
     under_way = slow_forward(linked.engine.model(None), 0.3)
     call = asyncio.create_task(linked.plane.infer(InferenceRequest(None, FILES, options), identity))
     await until(under_way.is_set)
-    assert len(peer.queued) == 1 and peer.calls == {}  # in the direct lane: queued, no task
+    [queued] = peer.queued.values()
+    assert queued.call.steps is None  # queued at once: no task
     got = await call
     for g, e in zip(got.predictions, expected.predictions, strict=True):
         assert g.filename == e.filename
@@ -255,13 +256,13 @@ async def test_calls_read_in_one_go_enter_the_batcher_together_and_are_each_answ
     expected = await engine.infer(InferenceRequest(None, FILES, options), identity)
     [before] = await first.plane.statistics()
     groups: list[int] = []
-    submit_group = engine.submit_group
+    submit_group = model.batcher.submit_group
 
     def spying(*args: Any) -> Any:
-        groups.append(len(args[1]))
+        groups.append(len(args[1]))  # the requests' image counts: one per request
         return submit_group(*args)
 
-    monkeypatch.setattr(engine, "submit_group", spying)
+    monkeypatch.setattr(model.batcher, "submit_group", spying)
     images = [
         StoredImage(f.filename, f.data, model.version, model.preparer.prepare(f, keep_image=False).pixels)
         for f in FILES
@@ -297,12 +298,12 @@ async def test_calls_read_in_one_go_enter_the_batcher_together_and_are_each_answ
     assert all(p.queued == {} for p in host.peers.values())
 
 
-async def test_a_call_that_sampling_left_out_takes_the_direct_lane_and_a_sampled_one_gets_its_spans(
+async def test_a_call_that_sampling_left_out_is_queued_at_once_and_a_sampled_one_gets_its_spans(
     make_linked: Callable[..., Awaitable[Linked]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With tracing on, a call carries its request's trace context. One that sampling left out records no span,
-    so it is queued directly like an untraced call; a sampled one runs as a task, under which the engine's spans
-    are made."""
+    so it is queued at once like an untraced call; a sampled one takes its steps on a task, under which the
+    engine's spans are made."""
     monkeypatch.setattr(spans, "recording", True)  # as once a tracer provider is installed
     linked: Linked = await make_linked()
     model = linked.engine.model(None)
@@ -320,7 +321,8 @@ async def test_a_call_that_sampling_left_out_takes_the_direct_lane_and_a_sampled
         trace = {"traceparent": f"00-{'ab' * 16}-{'cd' * 8}-{flags}"}
         call = InferCall(call_id, host.incarnation, None, None, InferOptions(), None, images, None, None, "", trace)
         host.handle(peer.identity, call)
-    assert set(peer.queued) == {1001} and set(peer.calls) == {1002}
+    await asyncio.sleep(0)  # the calls read in this go enter the engine once it ends
+    assert peer.queued[1001].call.steps is None and peer.queued[1002].call.steps is not None
     await until(under_way.is_set)
     for call_id in answers:
         reply = await asyncio.wait_for(answers[call_id], 10)
@@ -347,7 +349,7 @@ async def test_a_direct_call_past_its_deadline_in_a_batch_is_answered_once_the_b
 async def test_a_front_end_gone_mid_batch_has_its_arena_unmapped_only_after_that_batch(
     make_linked: Callable[..., Awaitable[Linked]],
 ) -> None:
-    """The engine forgets a front-end that exits with a call in its direct lane: the call is dropped, and the
+    """The engine forgets a front-end that exits with a call in its batcher: the call is dropped, and the
     front-end's arena, which the batch under way reads the call's files from, is unmapped once that batch ends."""
     linked: Linked = await make_linked()
     under_way, ended = slow_batches(linked.engine.model(None), 0.5)
@@ -367,7 +369,7 @@ async def test_a_front_end_gone_mid_batch_has_its_arena_unmapped_only_after_that
 async def test_a_call_cancelled_before_the_engine_ran_it_is_answered_all_the_same(
     make_linked: Callable[..., Awaitable[Linked]],
 ) -> None:
-    """The engine may read a call and its Cancel in one go, before the call's task has run at all: it still
+    """The engine may read a call and its Cancel in one go, before the call's steps have run at all: it still
     answers, since the front-end holds the call's region until then."""
     linked: Linked = await make_linked()
     host = linked.host
@@ -380,7 +382,7 @@ async def test_a_call_cancelled_before_the_engine_ran_it_is_answered_all_the_sam
     host.handle(peer.identity, Cancel(999, host.incarnation))  # nothing awaited in between: it never ran
     reply = await asyncio.wait_for(answer, 5)
     assert reply.failure is not None and reply.failure.kind == "RequestTimeout"
-    assert 999 not in peer.calls
+    assert 999 not in peer.queued
 
 
 async def test_a_reply_describes_its_version_only_when_the_call_named_another(
@@ -393,9 +395,12 @@ async def test_a_reply_describes_its_version_only_when_the_call_named_another(
     [peer] = host.peers.values()
     version = linked.engine.model(None).version
     images = [StoredImage(f.filename, f.data) for f in FILES]
-    for described, expected in ((version, None), ("an older version", linked.engine.model(None).description)):
-        call = InferCall(1, host.incarnation, None, None, InferOptions(), None, images, None, None, described)
-        reply = await host.compute(peer, call)
+    for k, (described, expected) in enumerate(((version, None), ("older", linked.engine.model(None).description))):
+        answer: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        linked.plane.pending[k] = engine_client.Pending(answer, None)
+        call = InferCall(k, host.incarnation, None, None, InferOptions(), None, images, None, None, described)
+        host.handle(peer.identity, call)
+        reply = await asyncio.wait_for(answer, 10)
         assert reply.model == expected
         assert reply.outputs is not None and reply.outputs.filenames == [f.filename for f in FILES]
 

@@ -1,0 +1,61 @@
+"""One request to one model on its way through the engine: what it asks, and how it is answered.
+
+Every edge's request becomes a `Call` and enters `Engine.submit`; the call is answered once, through
+`answer`, with its `Inference` or with what failed it (CancelledError when it was cancelled).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from app.core.contract.data_plane import Inference
+from app.core.contract.request import DecodedImage, EncodedImage, InferOptions
+
+Answer = Callable[[Inference | BaseException], None]
+
+
+@dataclass(eq=False)
+class Call:
+    inputs: Sequence[EncodedImage | DecodedImage] | torch.Tensor  # files (as sent, or a front-end's), or pixels
+    options: InferOptions
+    timeout_s: float | None  # shortens VIT_REQUEST_TIMEOUT_S (a gRPC client's deadline)
+    answer: Answer
+    trace: Mapping[str, str] | None = None  # a front-end's trace context (W3C headers); None: the current one
+    texts: tuple[str, ...] | None = None  # a zero-shot model's texts to embed: a request of its own, no images
+    started: float = 0.0  # time.monotonic() when it reached the engine, less a front-end's decoding
+    steps: asyncio.Task[None] | None = None  # the steps it takes before the batcher, where it takes any
+    queued: Callable[[], object] | None = None  # cancels its images in the batcher
+    answered: bool = False
+
+    def settle(self, result: Inference | BaseException) -> None:
+        """Answer the call, once, and let go of its inputs: a front-end's files are views of its arena, which
+        cannot be unmapped while one is held."""
+        if not self.answered:
+            self.answered = True
+            self.inputs = ()
+            self.answer(result)
+
+    def cancel(self) -> None:
+        """Stop it: its steps, or its images not yet computed (dropped by the batcher); it is answered as
+        cancelled."""
+        if self.steps is not None and not self.steps.done():
+            self.steps.cancel()
+        elif self.queued is not None:
+            self.queued()
+
+
+def settle_future(future: asyncio.Future[Inference], result: Inference | BaseException) -> None:
+    """An answer into a future a coroutine awaits (no-op once the awaiting side gave up)."""
+    if future.done():
+        return
+    if isinstance(result, BaseException):
+        if isinstance(result, asyncio.CancelledError):
+            future.cancel()
+        else:
+            future.set_exception(result)
+    else:
+        future.set_result(result)
