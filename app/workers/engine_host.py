@@ -7,7 +7,7 @@ applied the new state, so afterwards each process answers with the new version.
 
 A front-end sends the calls it has ready as one message (a list), and the replies computed in one go of
 the event loop (a batch's requests finish together) leave as one message per front-end: the link costs a
-message per batch, not per request. Every call enters the engine through `Engine.submit`; the calls read in
+message per batch, not per request. Every call enters the engine through its lane (`Lane.submit`); the calls read in
 one go of the event loop (from every front-end) to one model with the same options, on files, enter it
 together, and the engine queues them as one group where it can: the model looked up, the request checked and
 the queue's room taken once for all of them. The busier the engine, the more calls each go reads, and the
@@ -227,7 +227,7 @@ class EngineHost:
             self.submit(calls)
 
     def submit(self, calls: list[tuple[Peer, InferCall]]) -> None:
-        """Calls to one model into the engine (`Engine.submit`), each answered by `answer`."""
+        """Calls to one model into the engine's lane (`Lane.submit`), each answered by `answer`."""
         first = calls[0][1]
         try:  # refused at once, all alike: no model by that name, an arena that cannot be read
             model = self.engine.model(first.model, first.version)
@@ -248,7 +248,7 @@ class EngineHost:
             return
         for (peer, call), engine_call in zip(calls, engine_calls, strict=True):
             peer.queued[call.id] = Queued(engine_call, model)
-        self.engine.submit(model, engine_calls)
+        self.engine.lane.submit(model, engine_calls)
 
     def answer(self, peer: Peer, call: InferCall, model: ServedModel, done: Inference | BaseException) -> None:
         """A call's answer: its outputs written into its region, or what failed it. A call that failed while its

@@ -137,7 +137,7 @@ async def test_the_engine_decodes_a_batch_while_it_computes_another(
         assert model.batcher.in_flight == 2 and model.description.decode == "gpu"
         jpeg = encode(make_sample(5, 0).image, "JPEG", quality=90)
         files = [EncodedImage(f"{i}.jpg", jpeg) for i in range(4)]
-        done = await asyncio.gather(*(engine.run(model, files, InferOptions()) for _ in range(3)))
+        done = await asyncio.gather(*(engine.lane.run(model, files, InferOptions()) for _ in range(3)))
     assert [len(d.predictions) for d in done] == [4, 4, 4]
     decodes = [(a, b) for kind, a, b in device.spans if kind == "decode"]
     forwards = [(a, b) for kind, a, b in device.spans if kind == "forward"]

@@ -20,40 +20,29 @@ Every request takes one path, as a `Call` (`app.core.engine.call`):
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import functools
 import gc
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import torch
-from opentelemetry.util.types import AttributeValue
 
-from app.core.backends.predictor import ImageInput, ImageOutput
 from app.core.contract.data_plane import Inference, InferenceRequest
 from app.core.contract.description import ModelDescription, ModelStatus, ShadowReport, canonical_version
-from app.core.contract.errors import NOT_READY, InvalidInput, ModelNotFound, NotReady
-from app.core.contract.request import DecodedImage, EncodedImage, InferOptions, Prediction, pick
-from app.core.engine.cache import PredictionCache, digest_images, digest_pixels
-from app.core.engine.call import Call, settle_future
+from app.core.contract.errors import NOT_READY, ModelNotFound, NotReady
+from app.core.engine.cache import PredictionCache
+from app.core.engine.lane import Lane
 from app.core.engine.model_set import ModelSet
 from app.core.engine.repository import Repository
-from app.core.engine.scoring import labelled_predictions, scored
-from app.core.engine.served_model import ServedModel, Wanted, expire, prepared_input
+from app.core.engine.served_model import ServedModel
 from app.core.engine.shadow_traffic import ShadowTraffic
 from app.core.engine.startup_checks import check_shadows, check_thresholds, startup_models
-from app.core.engine.timing import decoded_before, request_timing
 from app.core.front import Front
-from app.core.images.overlay import with_overlays
-from app.core.images.prepare import Prepared
 from app.settings import Settings
 from app.telemetry.metrics import Metrics, ModelMetrics
-from app.telemetry.spans import attach, child_span, detach, record_span, sampled, sent_sampled
-from app.telemetry.statistics import ModelStatistics, RequestTiming, StatisticsBook
+from app.telemetry.statistics import ModelStatistics, StatisticsBook
 from model.device import cuda_unavailable_reason, resolve_device
 
 log = logging.getLogger("app")
@@ -76,6 +65,7 @@ class Engine(Front):
         self.shadowing = ShadowTraffic(self, settings, metrics)
         check_shadows(self.shadowing.shadows, models.served)
         check_thresholds(settings, models.served)
+        self.lane = Lane(settings, models, self.book, self.cache, self.shadowing, self.cpu_pool)
 
     @classmethod
     def load(cls, settings: Settings, metrics: Metrics | None = None) -> Engine:
@@ -171,16 +161,7 @@ class Engine(Front):
 
     async def compute(self, model: ModelDescription, request: InferenceRequest) -> Inference:
         served = self.served[model.name]
-        return await self.run(served, request.inputs, request.options, request.timeout_s, request.texts)
-
-    async def embed_texts(self, model: ServedModel, texts: tuple[str, ...]) -> Inference:
-        """A zero-shot model's embeddings of `texts` as they are (no template), unit length: with its images'
-        (normalize=true), what image-to-text retrieval compares."""
-        model = self.model_set.current(model)
-        model.description.check_texts(texts)
-        assert model.labels is not None
-        embedded = await model.labels.of("{}", texts, self.run_in_pool)
-        return Inference(model.description, [], text_embeddings=embedded)
+        return await self.lane.run(served, request.inputs, request.options, request.timeout_s, request.texts)
 
     async def repository_index(self, ready_only: bool = False) -> list[ModelStatus]:
         return await self.run_in_pool(self.model_set.index, ready_only)
@@ -197,357 +178,6 @@ class Engine(Front):
 
     async def unload_model(self, name: str) -> None:
         await self.model_set.unload(name)
-
-    # A request's one path: `submit` queues it in the model's batcher, at once or after the steps it takes first
-    # (`steps_first` decides which, in one place), and `answer` scores, counts and answers it.
-    def submit(self, model: ServedModel, calls: Sequence[Call]) -> None:
-        """The one way into the engine, for every edge and whatever a request asks. `calls` go to `model` with
-        the same options; several (a front-end's calls read together) enter the batcher as one group where they
-        all can. Each is answered through its `answer`, with its Inference or with what failed it."""
-        now = time.monotonic()
-        model = self.model_set.current(model)
-        ready = []
-        for call in calls:
-            call.started = now - decoded_before(call.inputs)
-            if self.steps_first(model, call):
-                call.steps = asyncio.ensure_future(self.stepped(model, call))
-                call.steps.add_done_callback(functools.partial(answer_if_never_run, call))
-            else:
-                ready.append(call)
-        if ready:
-            self.queue(model, ready)
-
-    def steps_first(self, model: ServedModel, call: Call) -> bool:
-        """Whether `call` takes steps before its images are queued, on a task of its own: texts to embed, a trace
-        to record, the response cache, a zero-shot model's labels, an overlay (its images decoded here), or files
-        not prepared for the version serving. Every other call is queued as it comes and answered from its
-        batch's callback."""
-        if call.texts is not None or self.cache is not None or model.labels is not None or call.options.overlay:
-            return True
-        if model.retired or (sampled() if call.trace is None else sent_sampled(call.trace)):
-            return True
-        inputs = call.inputs
-        return not isinstance(inputs, torch.Tensor) and not all(model.prepared_for(i) for i in inputs)
-
-    async def run(
-        self,
-        model: ServedModel,
-        inputs: Sequence[EncodedImage | DecodedImage] | torch.Tensor,
-        options: InferOptions,
-        timeout_s: float | None = None,
-        texts: tuple[str, ...] | None = None,
-    ) -> Inference:
-        """`submit` for one request, awaited: predictions for image files (as sent, or decoded by a front-end),
-        or for preprocessed pixels (N, C, H, W), in input order; or a zero-shot model's embeddings of `texts`.
-        A model replaced since it was looked up answers with its new version; one unloaded since, not at all."""
-        future: asyncio.Future[Inference] = asyncio.get_running_loop().create_future()
-        call = Call(inputs, options, timeout_s, functools.partial(settle_future, future), texts=texts)
-        self.submit(model, [call])
-        try:
-            return await future
-        except asyncio.CancelledError:
-            call.cancel()
-            raise
-
-    async def stepped(self, model: ServedModel, call: Call) -> None:
-        """A call's steps before the batcher, under its trace context, then its answer."""
-        token = attach(call.trace)  # the engine's spans go under the front-end's request span
-        try:
-            if call.texts is not None:
-                done = await self.embed_texts(model, call.texts)
-            elif self.cache is not None and len(call.inputs) > 0:
-                done = await self.from_cache(model, call)
-            else:
-                done = await self.computed(model, call)
-        except BaseException as e:  # cancelled, a core error, or a fault
-            call.settle(e)
-            if isinstance(e, asyncio.CancelledError):
-                raise
-        else:
-            call.settle(done)
-        finally:
-            detach(token)
-
-    async def from_cache(self, model: ServedModel, call: Call) -> Inference:
-        """The response cache's step (VIT_CACHE_BYTES): the images it holds answered from it, the others
-        computed, each image once however many requests ask for it at the same time."""
-        inputs, options = call.inputs, call.options
-        started = time.monotonic()
-        # hashing a large request holds the loop: past 256 KB, on the pool
-        if isinstance(inputs, torch.Tensor):
-            large = inputs.numel() * inputs.element_size() > 1 << 18
-            digests = await self.run_in_pool(digest_pixels, inputs) if large else digest_pixels(inputs)
-            names = [f"pixels[{i}]" for i in range(len(inputs))]
-        else:
-            large = sum(len(i.data) for i in inputs) > 1 << 18
-            digests = await self.run_in_pool(digest_images, list(inputs)) if large else digest_images(inputs)
-            names = [i.filename for i in inputs]
-        model = self.model_set.current(model)  # replaced while the digests were taken: its successor answers
-        target = model.target_index(options.target, options.labels)
-        keys = self.cache.keys(model.name, model.version, options, target, digests)  # type: ignore[union-attr]
-        looked_up = time.monotonic() - started
-
-        async def compute(indices: list[int]) -> list[Prediction]:
-            done = await self.computed(model, part_of(call, indices))
-            if done.model.version != model.version:  # replaced meanwhile: nothing of the old version is kept
-                raise VersionChanged
-            return done.predictions
-
-        try:
-            found = await self.cache.through(model.name, keys, compute, self.time_limit(call.timeout_s))  # type: ignore[union-attr]
-        except VersionChanged:
-            return await self.computed(model, call)
-        stats = self.book.of(model.name, model.version)
-        per_image = looked_up / len(keys)
-        stats.cache_hit.add(per_image * found.hits, count=found.hits)
-        stats.cache_miss.add(per_image * found.misses, count=found.misses)
-        if found.computed:
-            stats.inference_count += found.hits - found.recomputed  # the computed ones are counted by `answer`
-        else:  # answered from the cache alone: a request of its own
-            stats.answered(len(keys), time.monotonic() - started)
-        predictions = [dataclasses.replace(p, filename=name) for p, name in zip(found.predictions, names, strict=True)]
-        return Inference(model.description, predictions, options.labels)
-
-    async def computed(self, model: ServedModel, call: Call) -> Inference:
-        """A call's images through the batcher, under an `infer` span: for the version serving, with a zero-shot
-        model's label embeddings, and decoded here first (within the room the batcher holds for them) where a
-        front-end did not prepare them or an overlay needs the image."""
-        while True:  # a zero-shot model's label embeddings (no wait where they are kept), for the version serving
-            model = self.model_set.current(model)
-            texts = None if model.labels is None else await self.label_embeddings(model, call.options)
-            if not model.retired:
-                break
-        future: asyncio.Future[Inference] = asyncio.get_running_loop().create_future()
-        inner = Call(call.inputs, call.options, call.timeout_s, functools.partial(settle_future, future))
-        inner.started = call.started
-        attributes: dict[str, AttributeValue] | None = None
-        if sampled():  # made for a span alone
-            attributes = {
-                "vit.model.name": model.name,
-                "vit.model.version": model.version,
-                "vit.backend": model.description.backend,
-                "vit.device": model.description.device,
-                "vit.images": len(call.inputs),
-            }
-        with child_span("infer", attributes):
-            inputs = call.inputs
-            if isinstance(inputs, torch.Tensor) or (
-                not call.options.overlay and all(model.prepared_for(i) for i in inputs)
-            ):
-                self.queue(model, [inner], texts)
-            else:
-                await self.decoded_then_queued(model, inner, inputs, texts)
-            try:
-                return await future
-            except asyncio.CancelledError:
-                inner.cancel()
-                raise
-
-    async def decoded_then_queued(
-        self, model: ServedModel, call: Call, inputs: Sequence[EncodedImage | DecodedImage], texts: torch.Tensor | None
-    ) -> None:
-        """All of a call's files decoded on the pool first, so a bad one fails the request before any compute,
-        within the room the batcher holds for them (refused before any CPU is spent when it has none)."""
-        asked = time.monotonic()
-        try:
-            with model.batcher.admit(len(inputs)) as admission:
-                if sampled():
-                    record_span("admission", asked, time.monotonic(), {"vit.images": len(inputs)})
-                prepared = await model.prepare_all(inputs, call.options.overlay, self.cpu_pool)
-                self.queue(model, [call], texts, prepared, admission.submit)
-        except Exception as e:
-            self.failed(self.book.of(model.name, model.version), call, e)
-
-    def queue(
-        self,
-        model: ServedModel,
-        calls: Sequence[Call],
-        texts: torch.Tensor | None = None,
-        prepared: list[Prepared] | None = None,
-        enqueue: Callable[[list[ImageInput], float], asyncio.Future[list[ImageOutput]]] | None = None,
-    ) -> None:
-        """Calls whose steps are done into the model's batcher, each answered by `answer` from its batch's
-        callback: several as one group where they all fit, else each as an entry of its own."""
-        stats = self.book.of(model.name, model.version)
-        if len(calls) > 1 and model.batcher.fits(sum(len(c.inputs) for c in calls)):
-            self.queue_group(model, calls, stats)
-            return
-        loop = asyncio.get_running_loop()
-        for call in calls:
-            try:
-                wanted = self.wanted(model, call.inputs, call.options, texts)
-                deadline = time.monotonic() + self.time_limit(call.timeout_s)
-                outputs = (enqueue or model.batcher.submit)(payloads(wanted, call.inputs, prepared), deadline)
-            except Exception as e:  # refused at once: options the model cannot take, no room, draining
-                self.failed(stats, call, e)
-                continue
-            submitted = time.monotonic()
-            timer = loop.call_later(max(0.0, deadline - submitted), expire, outputs)
-            call.queued = outputs.cancel
-
-            def finish(
-                done: asyncio.Future[list[ImageOutput]],
-                call: Call = call,
-                timer: Any = timer,
-                submitted: float = submitted,
-            ) -> None:
-                timer.cancel()
-                if done.cancelled():
-                    call.settle(asyncio.CancelledError())
-                elif (error := done.exception()) is not None:
-                    self.failed(stats, call, error)
-                else:
-                    self.answer(model, call, stats, done.result(), submitted, texts, prepared)
-
-            outputs.add_done_callback(finish)
-
-    def queue_group(self, model: ServedModel, calls: Sequence[Call], stats: ModelStatistics) -> None:
-        """Calls to one model with the same options, on files prepared for its version, queued as one group;
-        each still answered on its own as its images are computed."""
-        now = time.monotonic()
-        submitted = [now]  # set once the group is queued: no part is delivered before
-        try:
-            wanted = self.wanted(model, calls[0].inputs, calls[0].options)  # files: the model's and options' alone
-            group = model.batcher.submit_group(
-                [p for c in calls for p in payloads(wanted, c.inputs)],
-                [len(c.inputs) for c in calls],
-                [now + self.time_limit(c.timeout_s) for c in calls],
-                functools.partial(self.answer_parts, model, calls, stats, submitted),
-            )
-        except Exception as e:  # refused whole: options the model refuses, or the service began to drain
-            for call in calls:
-                self.failed(stats, call, e)
-            return
-        submitted[0] = time.monotonic()
-        for k, call in enumerate(calls):
-            call.queued = functools.partial(group.cancel, k)
-
-    def answer_parts(
-        self,
-        model: ServedModel,
-        calls: Sequence[Call],
-        stats: ModelStatistics,
-        submitted: list[float],
-        parts: list[tuple[int, list[ImageOutput] | BaseException]],
-    ) -> None:
-        """The parts of a group a batch completed, or one that ended."""
-        for k, done in parts:
-            call = calls[k]
-            if isinstance(done, asyncio.CancelledError):
-                call.settle(done)
-            elif isinstance(done, BaseException):
-                self.failed(stats, call, done)
-            else:
-                self.answer(model, call, stats, done, submitted[0], None, None)
-
-    def answer(
-        self,
-        model: ServedModel,
-        call: Call,
-        stats: ModelStatistics,
-        outputs: list[ImageOutput],
-        submitted: float,
-        texts: torch.Tensor | None,
-        prepared: list[Prepared] | None,
-    ) -> None:
-        """A call's answer from its computed outputs, counted once: scored (a zero-shot model's against `texts`,
-        its request's label embeddings), its images offered to a shadow, overlays drawn on the pool where asked."""
-        received = time.monotonic()
-        options = call.options
-        try:
-            if isinstance(call.inputs, torch.Tensor):
-                names = [f"pixels[{i}]" for i in range(len(outputs))]
-            else:
-                names = [p.filename for p in prepared] if prepared is not None else [i.filename for i in call.inputs]
-            if texts is not None and outputs:  # zero-shot: each image's embedding compared with the labels'
-                predictions = labelled_predictions(model, names, outputs, texts, options)
-            else:
-                predictions = self.scored(model, names, outputs, options)
-            if (shadow := self.shadowing.sampling(model.name)) is not None:
-                self.shadowing.offer(shadow, model, call.inputs, predictions, received - submitted)
-            timing = request_timing(call.started, submitted, received, time.monotonic(), outputs)
-        except Exception as e:
-            self.failed(stats, call, e)
-            return
-        record_span("queue", submitted, submitted + timing.queue)
-        if options.overlay and prepared is not None:  # PNG encoding of every map: milliseconds each, on the pool
-            overlaid = asyncio.ensure_future(self.run_in_pool(with_overlays, predictions, [p.image for p in prepared]))
-            overlaid.add_done_callback(functools.partial(self.answer_overlaid, model, call, stats, timing))
-            call.queued = overlaid.cancel
-            return
-        stats.computed(len(predictions), time.monotonic() - call.started, timing)
-        call.settle(Inference(model.description, predictions, options.labels))
-
-    def answer_overlaid(
-        self,
-        model: ServedModel,
-        call: Call,
-        stats: ModelStatistics,
-        timing: RequestTiming,
-        overlaid: asyncio.Future[list[Prediction]],
-    ) -> None:
-        if overlaid.cancelled():
-            call.settle(asyncio.CancelledError())
-        elif (error := overlaid.exception()) is not None:
-            self.failed(stats, call, error)
-        else:
-            predictions = overlaid.result()
-            stats.computed(len(predictions), time.monotonic() - call.started, timing)
-            call.settle(Inference(model.description, predictions, call.options.labels))
-
-    def failed(self, stats: ModelStatistics, call: Call, error: BaseException) -> None:
-        """A call answered with what failed it, counted as a failure unless it was cancelled."""
-        if not isinstance(error, asyncio.CancelledError):
-            stats.fail.add(time.monotonic() - call.started)
-        call.settle(error)
-
-    def wanted(
-        self,
-        model: ServedModel,
-        inputs: Sequence[EncodedImage | DecodedImage] | torch.Tensor,
-        options: InferOptions,
-        texts: torch.Tensor | None = None,
-    ) -> Wanted:
-        """What the batcher computes for each image of a request to `model`; InvalidInput for what it cannot."""
-        reference = model.checkpoint.reference
-        if options.ood and model.labels is not None:
-            raise InvalidInput(
-                f"model {model.name} is zero-shot (CLIP, SigLIP): it has no out-of-distribution score, whose reference "
-                "statistics are fitted to a classifier's fixed classes"
-            )
-        if options.ood and reference is None:
-            raise InvalidInput(
-                f"model {model.name} (version {model.version}) has no reference statistics to score images by; "
-                "add them with: python -m model.reference CHECKPOINT --images DIR (in-distribution images)"
-            )
-        if isinstance(inputs, torch.Tensor):
-            if options.overlay:
-                raise InvalidInput("an overlay is drawn over the image file: send images, not pixels")
-            if tuple(inputs.shape[1:]) != model.input_shape:  # checked by the edge against a replaced version
-                raise InvalidInput(
-                    f"model {model.name} (version {model.version}) takes pixels of shape "
-                    f"[-1, {', '.join(map(str, model.input_shape))}], got {list(inputs.shape)}"
-                )
-        watched = reference is not None and self.settings.drift_window > 0
-        embedding = (options.embedding or options.ood or watched) and texts is None  # zero-shot: the head's output
-        target = model.target_index(options.target, options.labels)
-        return Wanted(options.attention, target, embedding, texts if options.attention == "gradient" else None)
-
-    def scored(
-        self, model: ServedModel, names: list[str], outputs: list[ImageOutput], options: InferOptions
-    ) -> list[Prediction]:
-        return scored(model, names, outputs, options, self.settings.ood_threshold_for(model.name))
-
-    async def label_embeddings(self, model: ServedModel, options: InferOptions) -> torch.Tensor:
-        """A zero-shot request's label embeddings (L, D): its labels (or the model's defaults) in its template (or
-        the model's), kept from an earlier request or computed now on the pool."""
-        described = model.description
-        described.check_labels(options.labels, options.template, options.classify)
-        assert model.labels is not None and described.template is not None
-        labels = options.labels if options.labels is not None else tuple(described.classes)
-        if not labels:  # no probabilities asked for, and none to give: the images' embeddings alone
-            return torch.empty(0, model.labels.zero_shot.embed_dim)
-        return await model.labels.of(options.template or described.template, labels, self.run_in_pool)
 
     async def shadow_report(self, champion: str) -> ShadowReport:
         return self.shadowing.report(champion)
@@ -578,33 +208,3 @@ class Engine(Front):
             self.metrics.unwatch_gc()
         if self.froze_heap:
             gc.unfreeze()  # back to the collector: the program may go on (the batch runner's caller, a test)
-
-
-class VersionChanged(Exception):
-    """The model was replaced while a request's images were computed."""
-
-
-def payloads(
-    wanted: Wanted, inputs: Sequence[EncodedImage | DecodedImage] | torch.Tensor, prepared: list[Prepared] | None = None
-) -> list[ImageInput]:
-    """What the batcher computes for each image of a request: its pixels, a front-end's prepared file, or what
-    the engine decoded here (`prepared`)."""
-    if prepared is not None:
-        return [wanted.input(p.pixels) for p in prepared]
-    if isinstance(inputs, torch.Tensor):
-        return [wanted.input(p) for p in inputs]
-    return [wanted.input(prepared_input(i)) for i in inputs]  # type: ignore[arg-type]
-
-
-def part_of(call: Call, indices: list[int]) -> Call:
-    """The images at `indices` of `call`, as a call of their own (what the cache leaves to compute)."""
-    part = Call(pick(call.inputs, indices), call.options, call.timeout_s, call.answer)
-    part.started = time.monotonic() - decoded_before(part.inputs)
-    return part
-
-
-def answer_if_never_run(call: Call, steps: asyncio.Task[None]) -> None:
-    """A call cancelled before its steps ran at all is answered all the same (a front-end holds its files
-    until then)."""
-    if steps.cancelled():
-        call.settle(asyncio.CancelledError())

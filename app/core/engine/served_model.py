@@ -26,8 +26,8 @@ from app.core.backends.predictor import ImageInput, ImageOutput, Predictor, grap
 from app.core.backends.text_embeddings import LabelEmbeddings
 from app.core.batcher import BatchObserver, DynamicBatcher
 from app.core.contract.description import ModelDescription, numeric_version
-from app.core.contract.errors import TIMED_OUT, RequestTimeout
-from app.core.contract.request import AttentionKind, DecodedImage, EncodedImage, owned
+from app.core.contract.errors import TIMED_OUT, InvalidInput, RequestTimeout
+from app.core.contract.request import AttentionKind, DecodedImage, EncodedImage, InferOptions, owned
 from app.core.engine.drift import DriftWatch, Watching
 from app.core.images.gpu_decode import GpuJpegDecoder, Jpeg, jpeg_decoder_for
 from app.core.images.prepare import ImagePreparer, Prepared
@@ -198,6 +198,39 @@ class ServedModel:
     def grid_size(self) -> int:
         """Rows (and columns) of the patch grid, the size of an attention map."""
         return self.checkpoint.config.grid_size
+
+    def wanted(
+        self,
+        inputs: Sequence[EncodedImage | DecodedImage] | torch.Tensor,
+        options: InferOptions,
+        texts: torch.Tensor | None = None,
+        watch_drift: bool = False,
+    ) -> Wanted:
+        """What the batcher computes for each image of a request (a zero-shot model's with its label embeddings
+        `texts`; with `watch_drift`, the embedding its drift window takes); InvalidInput for what it cannot."""
+        reference = self.checkpoint.reference
+        if options.ood and self.labels is not None:
+            raise InvalidInput(
+                f"model {self.name} is zero-shot (CLIP, SigLIP): it has no out-of-distribution score, whose reference "
+                "statistics are fitted to a classifier's fixed classes"
+            )
+        if options.ood and reference is None:
+            raise InvalidInput(
+                f"model {self.name} (version {self.version}) has no reference statistics to score images by; "
+                "add them with: python -m model.reference CHECKPOINT --images DIR (in-distribution images)"
+            )
+        if isinstance(inputs, torch.Tensor):
+            if options.overlay:
+                raise InvalidInput("an overlay is drawn over the image file: send images, not pixels")
+            if tuple(inputs.shape[1:]) != self.input_shape:  # checked by the edge against a replaced version
+                raise InvalidInput(
+                    f"model {self.name} (version {self.version}) takes pixels of shape "
+                    f"[-1, {', '.join(map(str, self.input_shape))}], got {list(inputs.shape)}"
+                )
+        watched = reference is not None and watch_drift
+        embedding = (options.embedding or options.ood or watched) and texts is None  # zero-shot: the head's output
+        target = self.target_index(options.target, options.labels)
+        return Wanted(options.attention, target, embedding, texts if options.attention == "gradient" else None)
 
     def target_index(self, target: str | None, labels: tuple[str, ...] | None = None) -> int | None:
         """A class label, or its index (among a zero-shot request's labels), as the class index a gradient map

@@ -90,9 +90,9 @@ async def test_every_option_that_changes_the_answer_is_in_the_key(cached: Engine
 async def test_an_out_of_distribution_score_asked_for_is_never_answered_from_an_entry_without_one() -> None:
     async with Engine.serving(settings(BUNDLED_WEIGHTS)) as engine:
         model = engine.model(None)
-        plain = await engine.run(model, FILES[:1], InferOptions())
-        scored = await engine.run(model, FILES[:1], InferOptions(ood=True))
-        again = await engine.run(model, FILES[:1], InferOptions(ood=True))
+        plain = await engine.lane.run(model, FILES[:1], InferOptions())
+        scored = await engine.lane.run(model, FILES[:1], InferOptions(ood=True))
+        again = await engine.lane.run(model, FILES[:1], InferOptions(ood=True))
         assert computed(engine) == 2  # the scored request missed; its repeat hit
     assert plain.predictions[0].ood_score is None
     assert scored.predictions[0].ood_score is not None
@@ -116,10 +116,10 @@ async def test_a_new_version_never_answers_from_the_old_ones_entries(tmp_path: P
     path = write_tiny_checkpoint(tmp_path / "models" / "m.safetensors", seed=0)
     s = settings(path, model_repository=tmp_path / "models", model_control="explicit", models="m", weights=path)
     async with Engine.serving(s) as engine:
-        old = await engine.run(engine.model("m"), FILES[:1], InferOptions())
+        old = await engine.lane.run(engine.model("m"), FILES[:1], InferOptions())
         replace_checkpoint(path, seed=5)
         await engine.load_model("m")
-        new = await engine.run(engine.model("m"), FILES[:1], InferOptions())
+        new = await engine.lane.run(engine.model("m"), FILES[:1], InferOptions())
         assert new.model.version != old.model.version
         assert not torch.allclose(new.predictions[0].probabilities, old.predictions[0].probabilities)
         assert engine.metrics.cache_misses.labels("m")._value.get() == 2
@@ -128,18 +128,18 @@ async def test_a_new_version_never_answers_from_the_old_ones_entries(tmp_path: P
 async def test_the_bytes_are_bounded_and_the_least_recently_used_goes(tiny_checkpoint: Path) -> None:
     async with Engine.serving(settings(tiny_checkpoint, cache_bytes=10_000)) as engine:
         model = engine.model(None)
-        [p] = (await engine.run(model, FILES[:1], InferOptions())).predictions
+        [p] = (await engine.lane.run(model, FILES[:1], InferOptions())).predictions
         room = 10_000 // prediction_bytes(p)  # entries that fit
         files = [EncodedImage(f"{i}.png", encode(make_sample(50, i).image)) for i in range(room)]
-        await engine.run(model, files[:-1], InferOptions())  # full now; FILES[0] the least recently used
+        await engine.lane.run(model, files[:-1], InferOptions())  # full now; FILES[0] the least recently used
         assert engine.cache is not None and len(engine.cache.entries) == room
         before = computed(engine)
-        await engine.run(model, files[:1], InferOptions())  # a hit: files[0] becomes the most recent
-        await engine.run(model, files[-1:], InferOptions())  # evicts the least recently used: FILES[0]
+        await engine.lane.run(model, files[:1], InferOptions())  # a hit: files[0] becomes the most recent
+        await engine.lane.run(model, files[-1:], InferOptions())  # evicts the least recently used: FILES[0]
         assert computed(engine) == before + 1
-        await engine.run(model, files[:1], InferOptions())
+        await engine.lane.run(model, files[:1], InferOptions())
         assert computed(engine) == before + 1  # still held
-        await engine.run(model, FILES[:1], InferOptions())
+        await engine.lane.run(model, FILES[:1], InferOptions())
         assert computed(engine) == before + 2  # evicted, computed again
         assert engine.cache.size <= 10_000
         assert engine.metrics.cache_bytes._value.get() == engine.cache.size
@@ -178,12 +178,12 @@ async def test_a_hit_is_never_another_models(tmp_path: Path) -> None:
     a = write_tiny_checkpoint(tmp_path / "a.safetensors", seed=0)
     b = write_tiny_checkpoint(tmp_path / "b.safetensors", seed=5)
     async with Engine.serving(settings(a, models=f"a={a},b={b}")) as engine:
-        from_a = await engine.run(engine.model("a"), FILES[:1], InferOptions())
-        from_b = await engine.run(engine.model("b"), FILES[:1], InferOptions())
+        from_a = await engine.lane.run(engine.model("a"), FILES[:1], InferOptions())
+        from_b = await engine.lane.run(engine.model("b"), FILES[:1], InferOptions())
         assert (from_a.model.name, from_b.model.name) == ("a", "b")
         assert not torch.allclose(from_a.predictions[0].probabilities, from_b.predictions[0].probabilities)
         assert engine.metrics.cache_hits.labels("b")._value.get() == 0
         assert engine.metrics.cache_misses.labels("b")._value.get() == 1
-        again = await engine.run(engine.model("b"), FILES[:1], InferOptions())  # b's own entry, now a hit
+        again = await engine.lane.run(engine.model("b"), FILES[:1], InferOptions())  # b's own entry, now a hit
         torch.testing.assert_close(again.predictions[0].probabilities, from_b.predictions[0].probabilities)
         assert engine.metrics.cache_hits.labels("b")._value.get() == 1
