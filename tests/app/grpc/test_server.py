@@ -46,7 +46,7 @@ async def test_health_and_metadata(edge: Edge) -> None:
 
 async def test_infer_answers_what_the_core_answers(edge: Edge) -> None:
     model = edge.service.model("tiny")
-    expected = await edge.service.run(model, [EncodedImage(f"{i}", p) for i, p in enumerate(PNGS)], InferOptions())
+    expected = await edge.service.lane.run(model, [EncodedImage(f"{i}", p) for i, p in enumerate(PNGS)], InferOptions())
     want = torch.stack([p.probabilities for p in expected.predictions]).numpy()
     for raw in (True, False):  # raw_input_contents as tritonclient sends, or typed bytes_contents
         response = await edge.stub.ModelInfer(image_request(*PNGS, raw=raw))

@@ -47,10 +47,10 @@ def counted(engine: Engine) -> tuple[float, float]:
 
 async def test_a_hit_skips_the_forward_and_keeps_the_requests_file_name(cached: Engine) -> None:
     model = cached.model(None)
-    first = await cached.run(model, FILES[:2], InferOptions("rollout"))
+    first = await cached.lane.run(model, FILES[:2], InferOptions("rollout"))
     assert computed(cached) == 2
     renamed = [EncodedImage("again.png", FILES[1].data), FILES[0], EncodedImage("new.png", FILES[2].data)]
-    second = await cached.run(model, renamed, InferOptions("rollout"))
+    second = await cached.lane.run(model, renamed, InferOptions("rollout"))
     assert computed(cached) == 3  # only the image not seen before
     assert counted(cached) == (2, 3)
     assert [p.filename for p in second.predictions] == ["again.png", "0.png", "new.png"]
@@ -71,19 +71,19 @@ async def test_every_option_that_changes_the_answer_is_in_the_key(cached: Engine
         InferOptions(embedding=True),
         InferOptions(embedding=True, normalize=True),
     ]
-    answers = [await cached.run(model, FILES[:1], options) for options in variants]
+    answers = [await cached.lane.run(model, FILES[:1], options) for options in variants]
     assert computed(cached) == len(variants)  # each a miss
     assert answers[1].predictions[0].overlay_png is None and answers[5].predictions[0].overlay_png is not None
     embedding, normalized = answers[6].predictions[0].embedding, answers[7].predictions[0].embedding
     assert embedding is not None and normalized is not None
     torch.testing.assert_close(normalized, torch.nn.functional.normalize(embedding, dim=0))
-    again = [await cached.run(model, FILES[:1], options) for options in variants]
+    again = [await cached.lane.run(model, FILES[:1], options) for options in variants]
     assert computed(cached) == len(variants)  # each a hit now
     for a, b in zip(answers, again, strict=True):
         assert a.predictions[0].overlay_png == b.predictions[0].overlay_png
     # a target given as its label is the same class as its index: the same entry
     label = model.classes[1]
-    await cached.run(model, FILES[:1], InferOptions("gradient", target=label))
+    await cached.lane.run(model, FILES[:1], InferOptions("gradient", target=label))
     assert computed(cached) == len(variants)
 
 
@@ -102,12 +102,12 @@ async def test_an_out_of_distribution_score_asked_for_is_never_answered_from_an_
 async def test_pixels_are_kept_by_their_values_and_shape(cached: Engine) -> None:
     model = cached.model(None)
     pixels = torch.stack([model.preparer.prepare(f, keep_image=False).pixels for f in FILES[:2]])
-    first = await cached.run(model, pixels, InferOptions())
-    second = await cached.run(model, pixels.clone(), InferOptions())
+    first = await cached.lane.run(model, pixels, InferOptions())
+    second = await cached.lane.run(model, pixels.clone(), InferOptions())
     assert computed(cached) == 2
     assert [p.filename for p in second.predictions] == ["pixels[0]", "pixels[1]"]
     torch.testing.assert_close(first.predictions[1].probabilities, second.predictions[1].probabilities)
-    await cached.run(model, pixels + 0.01, InferOptions())
+    await cached.lane.run(model, pixels + 0.01, InferOptions())
     assert computed(cached) == 4
 
 
@@ -148,7 +148,7 @@ async def test_the_bytes_are_bounded_and_the_least_recently_used_goes(tiny_check
 async def test_identical_misses_under_way_are_computed_once(cached: Engine) -> None:
     model = cached.model(None)
     slow_forward(model, 0.3)
-    answers = await asyncio.gather(*(cached.run(model, FILES[:2], InferOptions()) for _ in range(5)))
+    answers = await asyncio.gather(*(cached.lane.run(model, FILES[:2], InferOptions()) for _ in range(5)))
     assert computed(cached) == 2
     assert counted(cached) == (8, 2)
     for a in answers[1:]:
@@ -160,13 +160,13 @@ async def test_a_failed_or_abandoned_computation_is_not_kept(cached: Engine) -> 
     bad = [EncodedImage("bad.png", b"not an image")]
     for _ in range(2):
         with pytest.raises(UnsupportedMediaType):
-            await cached.run(model, bad, InferOptions())
+            await cached.lane.run(model, bad, InferOptions())
     assert cached.cache is not None and cached.cache.entries == {} and cached.cache.computing == {}
     under_way = slow_forward(model, 0.5)
-    leaving = asyncio.create_task(cached.run(model, FILES[:1], InferOptions()))
+    leaving = asyncio.create_task(cached.lane.run(model, FILES[:1], InferOptions()))
     await until(under_way.is_set)
     hits = cached.metrics.cache_hits.labels(model.name)._value.get()
-    staying = asyncio.create_task(cached.run(model, FILES[:1], InferOptions()))  # waits for the first
+    staying = asyncio.create_task(cached.lane.run(model, FILES[:1], InferOptions()))  # waits for the first
     await until(lambda: cached.metrics.cache_hits.labels(model.name)._value.get() == hits + 1)
     leaving.cancel()  # the client left: the one waiting computes the image itself
     [p] = (await staying).predictions

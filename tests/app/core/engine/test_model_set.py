@@ -60,7 +60,7 @@ async def test_explicit_mode_loads_what_it_is_told(make_service: ServiceFactory)
         b = await service.model_set.load("b")
         assert list(service.served) == ["a", "b"] and service.default is service.served["a"]
         assert index(service)["b"] == ("READY", b.version, "")
-        done = await service.run(service.model("b"), IMAGE, InferOptions())
+        done = await service.lane.run(service.model("b"), IMAGE, InferOptions())
         assert done.model is b.description and len(done.predictions) == 1
         assert service.metrics.models_loaded._value.get() == 2
 
@@ -80,7 +80,7 @@ async def test_a_reload_finishes_admitted_requests_on_the_old_version(
     async with make_service(models="a") as service:
         old = service.model("a")
         slow_forward(old, 0.5)
-        in_flight = asyncio.create_task(service.run(old, IMAGE, InferOptions()))
+        in_flight = asyncio.create_task(service.lane.run(old, IMAGE, InferOptions()))
         await until(lambda: old.batcher.queue_depth == 0 and not old.batcher._idle.is_set())  # admitted, computing
         new_version = replace_checkpoint(repository / "a.safetensors", seed=7)
         new = await service.model_set.load("a")
@@ -88,19 +88,19 @@ async def test_a_reload_finishes_admitted_requests_on_the_old_version(
         assert new.version == new_version != old.version and service.model("a") is new
         assert old.retired and old.batcher.queue_depth == 0
         # An edge that looked the model up before the switch gets the new version.
-        assert (await service.run(old, IMAGE, InferOptions())).model is new.description
+        assert (await service.lane.run(old, IMAGE, InferOptions())).model is new.description
 
 
 async def test_an_unload_answers_what_it_admitted_then_refuses(make_service: ServiceFactory) -> None:
     async with make_service(models="a,b") as service:
         a = service.model("a")
         slow_forward(a, 0.5)
-        in_flight = asyncio.create_task(service.run(a, IMAGE, InferOptions()))
+        in_flight = asyncio.create_task(service.lane.run(a, IMAGE, InferOptions()))
         await until(lambda: not a.batcher._idle.is_set())
         await service.model_set.unload("a")
         assert (await in_flight).model is a.description
         with pytest.raises(ModelNotFound, match="'a' was unloaded; this service serves: b"):
-            await service.run(a, IMAGE, InferOptions())
+            await service.lane.run(a, IMAGE, InferOptions())
         with pytest.raises(ModelNotFound, match="no model named 'a'"):
             service.model("a")
         assert index(service)["a"] == ("UNAVAILABLE", a.version, "unloaded")
@@ -125,7 +125,7 @@ async def test_a_file_that_fails_to_load_leaves_the_old_version_serving(
         assert (state, version) == ("UNAVAILABLE", old.version) and "goes on serving" in reason
         assert service.metrics.model_load_failures.labels("a")._value.get() == 1
         service.check_serving()
-        assert len((await service.run(service.model("a"), IMAGE, InferOptions())).predictions) == 1
+        assert len((await service.lane.run(service.model("a"), IMAGE, InferOptions())).predictions) == 1
 
 
 @pytest.mark.parametrize("name", ["../a", "a/b", ".hidden", "a..b", "", "x" * 65, "/etc/passwd"])
@@ -190,7 +190,7 @@ async def test_a_change_under_way_finishes_when_its_caller_is_cancelled(make_ser
     async with make_service(models="a") as service:
         a = service.model("a")
         slow_forward(a, 0.5)
-        in_flight = asyncio.create_task(service.run(a, IMAGE, InferOptions()))
+        in_flight = asyncio.create_task(service.lane.run(a, IMAGE, InferOptions()))
         await until(lambda: not a.batcher._idle.is_set())
         unloading = asyncio.create_task(service.model_set.unload("a"))
         await until(lambda: index(service)["a"][0] == "UNLOADING")
