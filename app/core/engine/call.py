@@ -18,7 +18,7 @@ from app.core.contract.request import DecodedImage, EncodedImage, InferOptions
 Answer = Callable[[Inference | BaseException], None]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Call:
     inputs: Sequence[EncodedImage | DecodedImage] | torch.Tensor  # files (as sent, or a front-end's), or pixels
     options: InferOptions

@@ -78,10 +78,11 @@ class Lane:
         all can. Each is answered through its `answer`, with its Inference or with what failed it."""
         now = time.monotonic()
         model = self.model_set.current(model)
+        every = self.steps_for_every_call(model)
         ready = []
         for call in calls:
             call.started = now - decoded_before(call.inputs)
-            if self.steps_first(model, call):
+            if every or self.steps_first(model, call):
                 call.steps = asyncio.ensure_future(self.stepped(model, call))
                 call.steps.add_done_callback(functools.partial(answer_if_never_run, call))
             else:
@@ -89,14 +90,19 @@ class Lane:
         if ready:
             self.queue(model, ready)
 
+    def steps_for_every_call(self, model: ServedModel) -> bool:
+        """Whether every call to `model` takes steps before the batcher: the response cache, a zero-shot model's
+        labels, or a version replaced since it was looked up."""
+        return self.cache is not None or model.labels is not None or model.retired
+
     def steps_first(self, model: ServedModel, call: Call) -> bool:
-        """Whether `call` takes steps before its images are queued, on a task of its own: texts to embed, a trace
-        to record, the response cache, a zero-shot model's labels, an overlay (its images decoded here), or files
-        not prepared for the version serving. Every other call is queued as it comes and answered from its
-        batch's callback."""
-        if call.texts is not None or self.cache is not None or model.labels is not None or call.options.overlay:
+        """Whether `call` takes steps before its images are queued, on a task of its own, beyond those every call
+        to the model takes (`steps_for_every_call`): texts to embed, an overlay (its images decoded here), a trace
+        to record, or files not prepared for the version serving. Every other call is queued as it comes and
+        answered from its batch's callback."""
+        if call.texts is not None or call.options.overlay:
             return True
-        if model.retired or (sampled() if call.trace is None else sent_sampled(call.trace)):
+        if sampled() if call.trace is None else sent_sampled(call.trace):
             return True
         inputs = call.inputs
         return not isinstance(inputs, torch.Tensor) and not all(model.prepared_for(i) for i in inputs)
@@ -300,15 +306,57 @@ class Lane:
         submitted: list[float],
         parts: list[tuple[int, list[ImageOutput] | BaseException]],
     ) -> None:
-        """The parts of a group a batch completed, or one that ended."""
+        """The parts of a group a batch completed (counted together), or one that ended."""
+        received = time.monotonic()
+        answers: list[tuple[Call, Inference]] = []
+        images = 0
+        seconds = queue = compute_input = compute_infer = compute_output = 0.0
         for k, done in parts:
             call = calls[k]
-            if isinstance(done, asyncio.CancelledError):
-                call.settle(done)
-            elif isinstance(done, BaseException):
+            if isinstance(done, BaseException):
                 self.failed(stats, call, done)
-            else:
-                self.answer(model, call, stats, done, submitted[0], None, None)
+                continue
+            try:
+                predictions = self.predictions(model, call, done, received - submitted[0])
+                timing = request_timing(call.started, submitted[0], received, time.monotonic(), done)
+            except Exception as e:
+                self.failed(stats, call, e)
+                continue
+            images += len(predictions)
+            seconds += time.monotonic() - call.started
+            queue += timing.queue
+            compute_input += timing.compute_input
+            compute_infer += timing.compute_infer
+            compute_output += timing.compute_output
+            answers.append((call, Inference(model.description, predictions, call.options.labels)))
+        if answers:
+            summed = RequestTiming(queue, compute_input, compute_infer, compute_output)
+            stats.computed(images, seconds, summed, len(answers))
+        for call, answered in answers:
+            call.settle(answered)
+
+    def predictions(
+        self,
+        model: ServedModel,
+        call: Call,
+        outputs: list[ImageOutput],
+        computing_s: float,
+        texts: torch.Tensor | None = None,
+        prepared: list[Prepared] | None = None,
+    ) -> list[Prediction]:
+        """A call's predictions from its computed outputs: scored (a zero-shot model's against `texts`, its
+        request's label embeddings), and offered to the model's shadow challenger."""
+        if isinstance(call.inputs, torch.Tensor):
+            names = [f"pixels[{i}]" for i in range(len(outputs))]
+        else:
+            names = [p.filename for p in prepared] if prepared is not None else [i.filename for i in call.inputs]
+        if texts is not None and outputs:  # zero-shot: each image's embedding compared with the labels'
+            predictions = labelled_predictions(model, names, outputs, texts, call.options)
+        else:
+            predictions = self.scored(model, names, outputs, call.options)
+        if (shadow := self.shadowing.sampling(model.name)) is not None:
+            self.shadowing.offer(shadow, model, call.inputs, predictions, computing_s)
+        return predictions
 
     def answer(
         self,
@@ -320,33 +368,23 @@ class Lane:
         texts: torch.Tensor | None,
         prepared: list[Prepared] | None,
     ) -> None:
-        """A call's answer from its computed outputs, counted once: scored (a zero-shot model's against `texts`,
-        its request's label embeddings), its images offered to a shadow, overlays drawn on the pool where asked."""
+        """A call's answer from its computed outputs (`predictions`), overlays drawn on the pool where asked,
+        counted once in the version's statistics."""
         received = time.monotonic()
-        options = call.options
         try:
-            if isinstance(call.inputs, torch.Tensor):
-                names = [f"pixels[{i}]" for i in range(len(outputs))]
-            else:
-                names = [p.filename for p in prepared] if prepared is not None else [i.filename for i in call.inputs]
-            if texts is not None and outputs:  # zero-shot: each image's embedding compared with the labels'
-                predictions = labelled_predictions(model, names, outputs, texts, options)
-            else:
-                predictions = self.scored(model, names, outputs, options)
-            if (shadow := self.shadowing.sampling(model.name)) is not None:
-                self.shadowing.offer(shadow, model, call.inputs, predictions, received - submitted)
+            predictions = self.predictions(model, call, outputs, received - submitted, texts, prepared)
             timing = request_timing(call.started, submitted, received, time.monotonic(), outputs)
         except Exception as e:
             self.failed(stats, call, e)
             return
         record_span("queue", submitted, submitted + timing.queue)
-        if options.overlay and prepared is not None:  # PNG encoding of every map: milliseconds each, on the pool
+        if call.options.overlay and prepared is not None:  # PNG encoding of every map: milliseconds each
             overlaid = asyncio.ensure_future(self.run_in_pool(with_overlays, predictions, [p.image for p in prepared]))
             overlaid.add_done_callback(functools.partial(self.answer_overlaid, model, call, stats, timing))
             call.queued = overlaid.cancel
             return
         stats.computed(len(predictions), time.monotonic() - call.started, timing)
-        call.settle(Inference(model.description, predictions, options.labels))
+        call.settle(Inference(model.description, predictions, call.options.labels))
 
     def answer_overlaid(
         self,
