@@ -27,9 +27,13 @@ class Call:
     trace: Mapping[str, str] | None = None  # a front-end's trace context (W3C headers); None: the current one
     texts: tuple[str, ...] | None = None  # a zero-shot model's texts to embed: a request of its own, no images
     started: float = 0.0  # time.monotonic() when it reached the engine, less a front-end's decoding
+    pixels: bool = False  # its inputs are pixels (a tensor), not files
     steps: asyncio.Task[None] | None = None  # the steps it takes before the batcher, where it takes any
     queued: Callable[[], object] | None = None  # cancels its images in the batcher
     answered: bool = False
+
+    def __post_init__(self) -> None:
+        self.pixels = isinstance(self.inputs, torch.Tensor)
 
     def settle(self, result: Inference | BaseException) -> None:
         """Answer the call, once, and let go of its inputs: a front-end's files are views of its arena, which

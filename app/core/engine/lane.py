@@ -38,6 +38,7 @@ from app.core.engine.timing import decoded_before, request_timing
 from app.core.images.overlay import with_overlays
 from app.core.images.prepare import Prepared
 from app.settings import Settings
+from app.telemetry import spans
 from app.telemetry.spans import attach, child_span, detach, record_span, sampled, sent_sampled
 from app.telemetry.statistics import ModelStatistics, RequestTiming, StatisticsBook
 
@@ -81,7 +82,7 @@ class Lane:
         every = self.steps_for_every_call(model)
         ready = []
         for call in calls:
-            call.started = now - decoded_before(call.inputs)
+            call.started = now if call.pixels else now - decoded_before(call.inputs)
             if every or self.steps_first(model, call):
                 call.steps = asyncio.ensure_future(self.stepped(model, call))
                 call.steps.add_done_callback(functools.partial(answer_if_never_run, call))
@@ -102,10 +103,9 @@ class Lane:
         answered from its batch's callback."""
         if call.texts is not None or call.options.overlay:
             return True
-        if sampled() if call.trace is None else sent_sampled(call.trace):
+        if spans.recording and (sampled() if call.trace is None else sent_sampled(call.trace)):
             return True
-        inputs = call.inputs
-        return not isinstance(inputs, torch.Tensor) and not all(model.prepared_for(i) for i in inputs)
+        return not call.pixels and not all(model.prepared_for(i) for i in call.inputs)
 
     async def run(
         self,
@@ -346,7 +346,7 @@ class Lane:
     ) -> list[Prediction]:
         """A call's predictions from its computed outputs: scored (a zero-shot model's against `texts`, its
         request's label embeddings), and offered to the model's shadow challenger."""
-        if isinstance(call.inputs, torch.Tensor):
+        if call.pixels:
             names = [f"pixels[{i}]" for i in range(len(outputs))]
         else:
             names = [p.filename for p in prepared] if prepared is not None else [i.filename for i in call.inputs]
