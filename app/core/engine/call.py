@@ -18,7 +18,7 @@ from app.core.contract.request import DecodedImage, EncodedImage, InferOptions
 Answer = Callable[[Inference | BaseException], None]
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, slots=True, weakref_slot=True)
 class Call:
     inputs: Sequence[EncodedImage | DecodedImage] | torch.Tensor  # files (as sent, or a front-end's), or pixels
     options: InferOptions
@@ -36,11 +36,12 @@ class Call:
         self.pixels = isinstance(self.inputs, torch.Tensor)
 
     def settle(self, result: Inference | BaseException) -> None:
-        """Answer the call, once, and let go of its inputs: a front-end's files are views of its arena, which
-        cannot be unmapped while one is held."""
+        """Answer the call, once, and let go of its inputs (a front-end's files are views of its arena, which
+        cannot be unmapped while one is held) and of what would cancel it."""
         if not self.answered:
             self.answered = True
             self.inputs = ()
+            self.steps = self.queued = None  # a group's cancel holds its calls: no cycle left for the collector
             self.answer(result)
 
     def cancel(self) -> None:
