@@ -22,7 +22,7 @@ from collections.abc import Iterator
 
 import uvicorn
 
-from app.core.front import Front
+from app.core.data_plane import DataPlane
 from app.grpc.server import GrpcServer
 from app.settings import Settings
 from app.telemetry.logs import uvicorn_log_config
@@ -58,7 +58,7 @@ class HttpServer(uvicorn.Server):
         yield
 
 
-def http_server(plane: Front, settings: Settings) -> HttpServer:
+def http_server(plane: DataPlane, settings: Settings) -> HttpServer:
     config = uvicorn.Config(
         create_app(plane),
         lifespan="off",
@@ -75,7 +75,7 @@ class Serving:
     with `reuse_port`, on ports shared with the other serving front-ends."""
 
     def __init__(
-        self, plane: Front, settings: Settings, http: tuple[str, int] | None, reuse_port: bool = False
+        self, plane: DataPlane, settings: Settings, http: tuple[str, int] | None, reuse_port: bool = False
     ) -> None:
         self.plane = plane
         self.settings = settings

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from dotenv import dotenv_values
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.choices import BackendChoice, DecodeChoice, LogFormat, LogLevel, ModelControl, V2OutputsChoice
@@ -266,20 +266,13 @@ class Settings(BaseSettings):
             )
         return self
 
-    @field_validator("ood_threshold")
+    @field_validator("ood_threshold", "shadow")
     @classmethod
-    def check_ood_threshold(cls, v: str | None) -> str | None:
+    def check_pairs(cls, v: str | None, info: ValidationInfo) -> str | None:
+        """VIT_OOD_THRESHOLD's and VIT_SHADOW's lists parsed once at startup; empty is unset."""
         if v is None or not v.strip():
             return None
-        parse_thresholds(v)
-        return v
-
-    @field_validator("shadow")
-    @classmethod
-    def check_shadow(cls, v: str | None) -> str | None:
-        if v is None or not v.strip():
-            return None
-        parse_shadow(v)
+        (parse_thresholds if info.field_name == "ood_threshold" else parse_shadow)(v)
         return v
 
     def shadow_pairs(self) -> list[tuple[str, str, float]]:

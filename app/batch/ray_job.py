@@ -27,9 +27,9 @@ import torch
 from app.batch.inputs import expand_inputs
 from app.batch.outputs import arrow_schema
 from app.batch.runner import RowOptions, error_row, prediction_row, predictions
-from app.core.contract.data_plane import InferenceRequest
 from app.core.contract.description import class_index
 from app.core.contract.errors import ServiceError
+from app.core.contract.inference import InferenceRequest
 from app.core.contract.request import InferOptions
 from app.core.engine.engine import Engine
 from app.core.images.decode import decode_image
@@ -88,7 +88,7 @@ class Classify:
         ok = [i for i, e in enumerate(batch["error"]) if not e]
         outputs = {}
         if ok:
-            asked = InferenceRequest(self.model.name, torch.from_numpy(batch["pixels"][ok]), self.infer)
+            asked = InferenceRequest(self.model, torch.from_numpy(batch["pixels"][ok]), self.infer)
             outputs = dict(zip(ok, self.call(self.engine.infer(asked, predictions)), strict=True))
         rows = []
         for j, path in enumerate(batch["path"]):

@@ -18,10 +18,11 @@ from pathlib import Path
 import torch
 
 from app.batch.outputs import Row
-from app.core.contract.data_plane import DataPlane, Inference, InferenceRequest
 from app.core.contract.description import ModelDescription
 from app.core.contract.errors import ServiceError
+from app.core.contract.inference import Inference, InferenceRequest
 from app.core.contract.request import EncodedImage, InferOptions, Prediction
+from app.core.data_plane import DataPlane
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ async def classify_file(
     except OSError as e:
         return error_row(path, f"{path}: cannot read the file ({e.strerror or e})")
     try:
-        asked = InferenceRequest(model.name, [EncodedImage(path, data)], infer)
+        asked = InferenceRequest(model, [EncodedImage(path, data)], infer)
         [prediction] = await plane.infer(asked, predictions)
     except ServiceError as e:
         return error_row(path, e.detail)

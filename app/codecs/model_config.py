@@ -23,8 +23,8 @@ from google.protobuf import json_format
 from app.codecs.proto import messages_pb2 as pb
 from app.codecs.v2_metadata import listed_outputs, platform
 from app.codecs.v2_schemas import ATTENTION, EMBEDDING, IMAGE, OOD_SCORE, PIXELS, PROBABILITIES, TEXT, TEXT_EMBEDDING
-from app.core.contract.data_plane import Batching, Limits
 from app.core.contract.description import ModelDescription
+from app.core.contract.inference import Batching, Limits
 
 
 def model_config(model: ModelDescription, batching: Batching, limits: Limits) -> pb.ModelConfig:

@@ -168,31 +168,25 @@ class Health(BaseModel):
     status: str = Field(examples=["ok"])
 
 
+# what /v1/models says of a model as the description holds it
+DESCRIBED = (
+    "name", "version", "content_hash", "classes", "config", "preprocessing", "training", "device", "backend", "dtype",
+    "precision", "quantization", "embedding_dim", "reference", "ood_p99", "ood_method", "decode",
+)  # fmt: skip
+
+
 def model_info(model: ModelDescription) -> ModelInfo:
     channels, height, width = model.input_shape
+    zero_shot = (
+        None
+        if model.zero_shot is None or model.template is None
+        else ZeroShotInfo(rule=model.zero_shot, template=model.template)
+    )
     return ModelInfo(
-        name=model.name,
-        version=model.version,
-        content_hash=model.content_hash,
-        classes=model.classes,
+        **{field: getattr(model, field) for field in DESCRIBED},
         input_size=[height, width],
         channels=channels,
-        config=model.config,
-        preprocessing=model.preprocessing,
-        training=model.training,
-        device=model.device,
-        backend=model.backend,
-        dtype=model.dtype,
-        precision=model.precision,
-        quantization=model.quantization,
-        embedding_dim=model.embedding_dim,
-        reference=model.reference,
-        ood_p99=model.ood_p99,
-        ood_method=model.ood_method,
-        zero_shot=None
-        if model.zero_shot is None or model.template is None
-        else ZeroShotInfo(rule=model.zero_shot, template=model.template),
-        decode=model.decode,
+        zero_shot=zero_shot,
     )
 
 

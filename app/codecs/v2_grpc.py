@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from app.choices import Datatype
 from app.codecs.proto import messages_pb2 as pb
-from app.codecs.v2_requests import Decoded, Intake, TensorData, decode_infer
+from app.codecs.v2_requests import Decoded, Intake, decode_infer
 from app.codecs.v2_responses import output_tensors, zero_shot_parameters
 from app.codecs.v2_schemas import (
     SHM_REGION,
@@ -31,6 +31,7 @@ from app.codecs.v2_schemas import (
     V2ServerMetadata,
     V2Statistics,
 )
+from app.codecs.v2_tensors import TensorData
 from app.core.contract.description import ModelDescription
 from app.core.contract.errors import InvalidInput
 from app.core.contract.request import Prediction

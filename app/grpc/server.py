@@ -30,8 +30,9 @@ from app.codecs.v2_metadata import (
 )
 from app.codecs.v2_requests import Decoded, intake_for
 from app.core.contract import errors
-from app.core.contract.data_plane import DataPlane, Inference, InferenceRequest
+from app.core.contract.inference import Inference, InferenceRequest
 from app.core.contract.regions import CUDA_NOT_SUPPORTED
+from app.core.data_plane import DataPlane
 from app.telemetry.tracing import grpc_interceptors
 
 log = logging.getLogger("app")
@@ -197,10 +198,10 @@ class InferenceServicer:
         self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelInferResponse:
         name, version = request.model_name, request.model_version or None
-        intake = intake_for(self.plane.describe(name, version), self.plane.limits, self.plane.regions)
-        decoded = v2_grpc.decode(request, intake)
+        model = self.plane.describe(name, version)
+        decoded = v2_grpc.decode(request, intake_for(model, self.plane.limits, self.plane.regions))
         asked = InferenceRequest(
-            name, decoded.inputs, decoded.options, version, timeout_s=context.time_remaining(), texts=decoded.texts
+            model, decoded.inputs, decoded.options, version, timeout_s=context.time_remaining(), texts=decoded.texts
         )
         return await self.plane.infer(asked, functools.partial(encode, decoded))
 

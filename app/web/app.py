@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from app import __version__
-from app.core.contract.data_plane import DataPlane
+from app.core.data_plane import DataPlane
 from app.telemetry.tracing import tracing_configured
 from app.web.errors import install_error_handlers
 from app.web.middleware import RequestTelemetry, http_telemetry

@@ -7,8 +7,8 @@ from typing import Annotated
 from fastapi import Depends, Request
 from starlette.datastructures import Headers
 
-from app.core.contract.data_plane import DataPlane
 from app.core.contract.errors import NOT_READY, NotReady
+from app.core.data_plane import DataPlane
 
 
 def credentials(headers: Headers) -> str:

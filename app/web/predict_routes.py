@@ -23,8 +23,9 @@ from app.codecs.predict import (
     encode_predict_response,
 )
 from app.codecs.predict import model_info as describe
-from app.core.contract.data_plane import DataPlane, Inference, InferenceRequest
+from app.core.contract.inference import Inference, InferenceRequest
 from app.core.contract.request import AttentionKind, InferOptions, parse_labels
+from app.core.data_plane import DataPlane
 from app.web.dependencies import AuthorizedPlane, Plane, ReadyPlane, ServingPlane, authorized_data_plane
 from app.web.disconnects import respond_unless_disconnected
 from app.web.errors import PredictRoute
@@ -150,11 +151,9 @@ async def predict(request: Request, plane: AuthorizedPlane, query: Annotated[Pre
     labels = parse_labels(query.labels, query.label)
     q = query
     options = InferOptions(q.attention, q.target, q.overlay, q.embedding, q.normalize, q.ood, labels, q.template)
-    plane.describe(q.model).check_labels(labels, q.template)  # an unknown model is answered before the body is read
+    model = plane.describe(q.model)  # an unknown model is answered before the body is read
     images = await read_images(request, plane.limits.max_upload_bytes, plane.limits.max_files)
-    return await respond_unless_disconnected(
-        request, answer(plane, InferenceRequest(query.model, images, options), query.top_k)
-    )
+    return await respond_unless_disconnected(request, answer(plane, InferenceRequest(model, images, options), q.top_k))
 
 
 router.add_api_route(

@@ -37,9 +37,10 @@ from app.codecs.v2_schemas import (
     V2ServerMetadata,
     V2Statistics,
 )
-from app.core.contract.data_plane import DataPlane, Inference, InferenceRequest
 from app.core.contract.errors import InvalidInput, NotSupported
+from app.core.contract.inference import Inference, InferenceRequest
 from app.core.contract.regions import CUDA_NOT_SUPPORTED
+from app.core.data_plane import DataPlane
 from app.web.dependencies import AuthorizedPlane, Plane, ReadyPlane, ServingPlane
 from app.web.disconnects import respond_unless_disconnected
 from app.web.errors import V2Route
@@ -173,7 +174,7 @@ async def infer(request: Request, plane: AuthorizedPlane, name: str, version: st
     body = await read_body(request, plane.limits.max_upload_bytes)
     header, binary = split_body(body, request.headers.get(HEADER_LENGTH))
     decoded = decode_request(header, binary, intake_for(model, plane.limits, plane.regions))
-    asked = InferenceRequest(name, decoded.inputs, decoded.options, version, texts=decoded.texts)
+    asked = InferenceRequest(model, decoded.inputs, decoded.options, version, texts=decoded.texts)
     return await respond_unless_disconnected(request, answer(plane, asked, decoded))
 
 

@@ -32,11 +32,11 @@ import torch
 import zmq
 from PIL import Image
 
-from app.core.contract.data_plane import Inference, InferenceRequest
 from app.core.contract.description import ModelDescription, ModelStatus, ShadowReport
 from app.core.contract.errors import NOT_READY, TIMED_OUT, NotReady, Overloaded, RequestTimeout
-from app.core.contract.request import DecodedImage, EncodedImage
-from app.core.front import Front
+from app.core.contract.inference import Inference, InferenceRequest
+from app.core.contract.request import DecodedImage, EncodedImage, InferOptions
+from app.core.data_plane import DataPlane
 from app.core.images.gpu_decode import Jpeg
 from app.core.images.overlay import with_overlays
 from app.core.images.prepare import ImagePreparer
@@ -82,7 +82,7 @@ class Pending:
     abandoned: bool = False  # the caller stopped waiting (cancelled): free the region on the answer
 
 
-class EngineClient(Front):
+class EngineClient(DataPlane):
     """A `DataPlane` over the engine process listening at `address`."""
 
     def __init__(
@@ -241,7 +241,7 @@ class EngineClient(Front):
             self.arena.free(p.region)
             p.region = None
 
-    # The Front's compute step.
+    # The DataPlane's compute step.
     def ready(self) -> bool:
         return self.state is not None and self.state.ready and not self.draining
 
@@ -257,43 +257,50 @@ class EngineClient(Front):
     def models(self) -> list[ModelDescription]:
         return list(self.state.models) if self.state is not None else []
 
-    async def compute(self, model: ModelDescription, request: InferenceRequest) -> Inference:
+    async def compute(self, request: InferenceRequest) -> Inference:
         """Decoded here (unless the engine's cache decodes), computed by the engine, overlays drawn here."""
+        inputs, options, timeout_s = request.inputs, request.options, request.timeout_s
         images: list[Image.Image | None] = []  # for the overlays drawn here
-        if self.decodes and not isinstance(request.inputs, torch.Tensor) and request.texts is None:
+        if self.decodes and not isinstance(inputs, torch.Tensor) and request.texts is None:
             started = time.monotonic()
-            decoded, images = await self.decode(model, request.inputs, request.options.overlay, started)
-            timeout_s = self.time_limit(request.timeout_s) - (time.monotonic() - started)
+            inputs, images = await self.decode(request.model, inputs, options.overlay, started)
+            timeout_s = self.time_limit(timeout_s) - (time.monotonic() - started)
             if timeout_s <= 0:
                 raise RequestTimeout(TIMED_OUT)
-            options = dataclasses.replace(request.options, overlay=False)  # drawn here
-            request = dataclasses.replace(request, inputs=decoded, options=options, timeout_s=timeout_s)
-        done = await self.computed(model, request)
+            options = dataclasses.replace(options, overlay=False)  # drawn here
+        done = await self.computed(request, inputs, options, timeout_s)
         if any(image is not None for image in images):  # PNG encoding of every map: milliseconds each
             done = Inference(done.model, await self.run_in_pool(with_overlays, done.predictions, images), done.labels)
         return done
 
-    async def computed(self, model: ModelDescription, request: InferenceRequest) -> Inference:
-        """`request` computed by the engine: its inputs in, its outputs back, through a region of the arena."""
+    async def computed(
+        self,
+        request: InferenceRequest,
+        inputs: Sequence[EncodedImage | DecodedImage] | torch.Tensor,
+        options: InferOptions,
+        timeout_s: float | None,
+    ) -> Inference:
+        """`request` computed by the engine, on `inputs` (its own, or decoded here) with `options` and `timeout_s`:
+        its inputs in, its outputs back, through a region of the arena."""
         if self.state is None:  # gone while this front-end decoded
             raise NotReady(ENGINE_GONE)
-        inputs = request.inputs
+        model = request.model
         count = inputs.shape[0] if isinstance(inputs, torch.Tensor) else len(inputs)
         in_bytes = (
             aligned(inputs.numel() * inputs.element_size()) if isinstance(inputs, torch.Tensor) else input_bytes(inputs)
         )
         texts = len(request.texts) if request.texts is not None else 0
-        size = max(in_bytes, output_bytes(model, request.options, count, texts))
+        size = max(in_bytes, output_bytes(model, options, count, texts))
         offset = self.arena.allocate(size) if self.arena is not None else None
         region = None if offset is None else (offset, size)
         images, pixels = self.store_inputs(inputs, region)
         call = InferCall(
             next(self.ids),
             self.state.incarnation,
-            request.model,
+            model.name,
             request.version,
-            request.options,
-            request.timeout_s,
+            options,
+            timeout_s,
             images,
             pixels,
             region,
@@ -309,7 +316,7 @@ class EngineClient(Front):
             stored = reply.outputs.text_embeddings
             embedded = None if stored is None else read_tensor(self.arena, stored)
             predictions = load_predictions(reply.outputs, self.arena)
-            return Inference(reply.model or model, predictions, request.options.labels, embedded)
+            return Inference(reply.model or model, predictions, options.labels, embedded)
         finally:
             self.release_call(call.id)
 

@@ -32,8 +32,8 @@ from typing import Any
 import torch
 import zmq
 
-from app.core.contract.data_plane import Inference
 from app.core.contract.errors import ServiceError
+from app.core.contract.inference import Inference
 from app.core.contract.request import DecodedImage, EncodedImage, InferOptions
 from app.core.engine.call import Call
 from app.core.engine.engine import Engine

@@ -191,10 +191,18 @@ async def serve_engine(address: str, checkpoint: Path, model: str, profile: Path
 
 async def drive(args: argparse.Namespace) -> dict[str, Any]:
     """The engine process started, `--front-ends` data planes over it, loaded for `--seconds`."""
-    from app.core.contract.data_plane import Inference, InferenceRequest
     from app.core.contract.request import InferOptions
     from app.settings import Settings
     from app.telemetry.metrics import Metrics
+
+    try:
+        from app.core.contract.inference import Inference, InferenceRequest
+
+        described = True
+    except ImportError:  # a tree from before a request carried the description its edge looked up
+        from app.core.contract.data_plane import Inference, InferenceRequest  # type: ignore[no-redef]
+
+        described = False
 
     try:
         from app.workers.engine_client import EngineClient
@@ -228,7 +236,7 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
                 if not await plane.wait_engine(300):
                     raise RuntimeError("the engine did not start")
             files = jpeg_files(args.jpegs)
-            request = InferenceRequest(None, files, InferOptions())
+            request = InferenceRequest(plane.describe(None) if described else None, files, InferOptions())  # type: ignore[arg-type]
             count = Count()
 
             def counted(done: Inference) -> None:

@@ -25,7 +25,7 @@ WEB_FRAMEWORKS = ("fastapi", "starlette", "uvicorn", "multipart", "python_multip
 EDGES = ("app.web", "app.grpc", "app.batch", "app.server", "app.serving", "app.workers", "app.main")
 
 # The rooms, each a package or a module standing alone, and what each may import, the layers below it.
-# The path of an image: an edge -> the contract -> the front -> the engine -> the batcher -> images ->
+# The path of an image: an edge -> the contract -> the data plane -> the engine -> the batcher -> images ->
 # backends; telemetry beside every layer; the serving processes as one room over them all.
 BASE = {"app", "app.choices", "app.settings"}  # the version, the closed choices, the settings object
 MAY_IMPORT: dict[str, set[str]] = {
@@ -36,22 +36,23 @@ MAY_IMPORT: dict[str, set[str]] = {
     "app.core.contract": BASE | {"app.telemetry"},
     "app.core.images": BASE | {"app.telemetry", "app.core.contract"},
     "app.core.backends": BASE | {"app.telemetry", "app.core.contract", "app.core.images"},
-    "app.core.batcher": BASE | {"app.telemetry", "app.core.contract"},
-    "app.core.front": BASE | {"app.telemetry", "app.core.contract"},
+    "app.core.batching": BASE | {"app.telemetry", "app.core.contract"},
+    "app.core.data_plane": BASE | {"app.telemetry", "app.core.contract"},
     "app.core.engine": BASE
-    | {"app.telemetry", "app.core.contract", "app.core.images", "app.core.backends", "app.core.batcher"}
-    | {"app.core.front"},
+    | {"app.telemetry", "app.core.contract", "app.core.images", "app.core.backends", "app.core.batching"}
+    | {"app.core.data_plane"},
     "app.codecs": BASE | {"app.telemetry", "app.core.contract"},
-    # the edges: the contract only, and the engine where one is built (the batch runner, the Ray job, whose
-    # decode tasks also use the images' pure functions)
-    "app.web": BASE | {"app.telemetry", "app.core.contract", "app.codecs"},
-    "app.grpc": BASE | {"app.telemetry", "app.core.contract", "app.codecs"},
-    "app.batch": BASE | {"app.telemetry", "app.core.contract", "app.codecs", "app.core.engine", "app.core.images"},
+    # the edges: the contract and the data plane they call, and the engine where one is built (the batch runner,
+    # the Ray job, whose decode tasks also use the images' pure functions)
+    "app.web": BASE | {"app.telemetry", "app.core.contract", "app.core.data_plane", "app.codecs"},
+    "app.grpc": BASE | {"app.telemetry", "app.core.contract", "app.core.data_plane", "app.codecs"},
+    "app.batch": BASE
+    | {"app.telemetry", "app.core.contract", "app.core.data_plane", "app.codecs", "app.core.engine", "app.core.images"},
     "app.quantize": BASE | {"app.core.contract", "app.core.images", "app.core.backends", "app.batch"},
     "app.startup": BASE | {"app.telemetry"},
-    "app.serving": BASE | {"app.telemetry", "app.core.front", "app.web", "app.grpc"},
+    "app.serving": BASE | {"app.telemetry", "app.core.data_plane", "app.web", "app.grpc"},
     "app.workers": BASE
-    | {"app.telemetry", "app.core.contract", "app.core.front", "app.core.images", "app.core.engine"}
+    | {"app.telemetry", "app.core.contract", "app.core.data_plane", "app.core.images", "app.core.engine"}
     | {"app.serving", "app.startup"},
     "app.server": BASE | {"app.telemetry", "app.core.engine", "app.serving", "app.workers", "app.startup", "app.web"},
     "app.main": {"app.server"},
@@ -172,7 +173,7 @@ def under(modules: list[str], *prefixes: str) -> list[str]:
 
 def test_the_core_imports_no_codec_edge_grpc_or_web_framework(loaded: dict[str, list[str]]) -> None:
     core = loaded["app.core"]
-    assert under(core, "app.core.engine.engine", "app.core.contract.data_plane"), "the probe imported the core"
+    assert under(core, "app.core.engine.engine", "app.core.contract.inference"), "the probe imported the core"
     assert under(core, "app.codecs", *EDGES, "grpc", *WEB_FRAMEWORKS) == []
 
 

@@ -2,32 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TypeVar
-
-from app.core.contract.data_plane import Inference, InferenceRequest, Limits
 from app.core.contract.description import ModelDescription, ModelStatus, ShadowReport
 from app.core.contract.errors import NotReady
+from app.core.contract.inference import Inference, InferenceRequest
+from app.core.data_plane import DataPlane
+from app.settings import Settings
 from app.telemetry.metrics import Metrics
 from app.telemetry.statistics import ModelStatistics
 
-T = TypeVar("T")
 
-
-class UnreadyDataPlane:
+class UnreadyDataPlane(DataPlane):
     """A `DataPlane` whose models never finish loading: live, never ready, every call answered NotReady."""
 
     def __init__(self) -> None:
-        self.limits = Limits(max_upload_bytes=1024, max_files=1)
-        self.metrics = Metrics()
+        super().__init__(Settings(max_upload_bytes=1024, max_files=1), Metrics(), cpu_threads=1)
         self.calls: list[str] = []
 
     def refuse(self, call: str) -> NotReady:
         self.calls.append(call)
         return NotReady("not ready: the models are not loaded yet")
-
-    def live(self) -> bool:
-        return True
 
     def ready(self) -> bool:
         return False
@@ -35,21 +28,11 @@ class UnreadyDataPlane:
     def check_serving(self) -> None:
         raise self.refuse("check_serving")
 
-    def authorize(self, credentials: str | None) -> None:
-        raise self.refuse("authorize")
-
-    def model_ready(self, name: str, version: str | None = None) -> bool:
-        self.calls.append("model_ready")
-        return False
-
-    def describe(self, name: str | None, version: str | None = None) -> ModelDescription:
-        raise self.refuse("describe")
-
     def models(self) -> list[ModelDescription]:
         raise self.refuse("models")
 
-    async def infer(self, request: InferenceRequest, encode: Callable[[Inference], T]) -> T:
-        raise self.refuse("infer")
+    async def compute(self, request: InferenceRequest) -> Inference:
+        raise self.refuse("compute")
 
     async def repository_index(self, ready_only: bool = False) -> list[ModelStatus]:
         raise self.refuse("repository_index")
@@ -65,3 +48,9 @@ class UnreadyDataPlane:
 
     async def unload_model(self, name: str) -> None:
         raise self.refuse("unload_model")
+
+    def begin_drain(self) -> None:
+        self.calls.append("begin_drain")
+
+    async def shutdown(self, timeout_s: float | None = None) -> None:
+        self.cpu_pool.shutdown(wait=False)

@@ -7,13 +7,15 @@ Every edge's request becomes a `Call` and enters `Engine.submit`; the call is an
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from app.core.contract.data_plane import Inference
-from app.core.contract.request import DecodedImage, EncodedImage, InferOptions
+from app.core.contract.inference import Inference
+from app.core.contract.request import DecodedImage, EncodedImage, InferOptions, pick
+from app.core.engine.timing import decoded_before
 
 Answer = Callable[[Inference | BaseException], None]
 
@@ -64,3 +66,17 @@ def settle_future(future: asyncio.Future[Inference], result: Inference | BaseExc
             future.set_exception(result)
     else:
         future.set_result(result)
+
+
+def part_of(call: Call, indices: list[int]) -> Call:
+    """The images at `indices` of `call`, as a call of their own (what the cache leaves to compute)."""
+    part = Call(pick(call.inputs, indices), call.options, call.timeout_s, call.answer)
+    part.started = time.monotonic() - decoded_before(part.inputs)
+    return part
+
+
+def answer_if_never_run(call: Call, steps: asyncio.Task[None]) -> None:
+    """A call cancelled before its steps ran at all is answered all the same (a front-end holds its files
+    until then)."""
+    if steps.cancelled():
+        call.settle(asyncio.CancelledError())

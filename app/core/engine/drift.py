@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from app.core.backends.predictor import ImageOutput
-from app.core.batcher import BatchObserver
+from app.core.batching.batcher import BatchObserver
 from model.reference import Reference
 
 log = logging.getLogger("app")

@@ -3,18 +3,9 @@ readiness and shutdown.
 
 `Engine.load` builds it whole (models loaded and warm); `start` runs it on the event loop, `shutdown`
 answers what it admitted and stops; `Engine.serving` does all three around a block. Edges reach it only
-through the `DataPlane` members (written once in `app.core.front`); the rest (`model`, `submit`, `run`,
-`served`, `model_set`) is the core's own.
-
-Every request takes one path, as a `Call` (`app.core.engine.call`):
-1. `submit`: the way in, from every edge (`run` awaits it for one request; the engine process hands it the
-   calls it read together);
-2. `steps_first` decides, in one place, whether the call takes steps before the batcher, on a task of its own
-   (`stepped`): texts to embed, the response cache (`from_cache`), a zero-shot model's labels, files to decode
-   here, an overlay, a trace to record (`computed`, `decoded_then_queued`). The common call takes none;
-3. `queue`: into the model's batcher, each call an entry, or several as one group (`queue_group`);
-4. `answer`: from the batch's callback, scored, offered to a shadow, overlays drawn, counted once in the
-   version's statistics (`failed` for what fails it), and answered.
+through the `DataPlane` members (written once in `app.core.data_plane`); the rest (`model`, `lane`, `served`,
+`model_set`) is the core's own. Every request takes one path through it, as a `Call`: its `lane`
+(`app.core.engine.lane`).
 """
 
 from __future__ import annotations
@@ -29,9 +20,10 @@ from pathlib import Path
 
 import torch
 
-from app.core.contract.data_plane import Inference, InferenceRequest
 from app.core.contract.description import ModelDescription, ModelStatus, ShadowReport, canonical_version
 from app.core.contract.errors import NOT_READY, ModelNotFound, NotReady
+from app.core.contract.inference import Inference, InferenceRequest
+from app.core.data_plane import DataPlane
 from app.core.engine.cache import PredictionCache
 from app.core.engine.lane import Lane
 from app.core.engine.model_set import ModelSet
@@ -39,7 +31,6 @@ from app.core.engine.repository import Repository
 from app.core.engine.served_model import ServedModel
 from app.core.engine.shadow_traffic import ShadowTraffic
 from app.core.engine.startup_checks import check_shadows, check_thresholds, startup_models
-from app.core.front import Front
 from app.settings import Settings
 from app.telemetry.metrics import Metrics, ModelMetrics
 from app.telemetry.statistics import ModelStatistics, StatisticsBook
@@ -48,7 +39,7 @@ from model.device import cuda_unavailable_reason, resolve_device
 log = logging.getLogger("app")
 
 
-class Engine(Front):
+class Engine(DataPlane):
     """A `DataPlane` whose compute step runs in this process, on the models it owns."""
 
     def __init__(
@@ -148,7 +139,7 @@ class Engine(Front):
         self.is_ready = True
         self.metrics.ready.set(1)
 
-    # The Front's compute step.
+    # The DataPlane's compute step.
     def models(self) -> list[ModelDescription]:
         return [m.description for m in self.served.values()]
 
@@ -159,8 +150,8 @@ class Engine(Front):
         if not self.taking_requests:
             raise NotReady(NOT_READY)
 
-    async def compute(self, model: ModelDescription, request: InferenceRequest) -> Inference:
-        served = self.served[model.name]
+    async def compute(self, request: InferenceRequest) -> Inference:
+        served = self.model(request.model.name, request.version)  # unloaded since the edge looked it up: not found
         return await self.lane.run(served, request.inputs, request.options, request.timeout_s, request.texts)
 
     async def repository_index(self, ready_only: bool = False) -> list[ModelStatus]:

@@ -26,10 +26,10 @@ import torch
 from opentelemetry.util.types import AttributeValue
 
 from app.core.backends.predictor import ImageInput, ImageOutput
-from app.core.contract.data_plane import Inference
-from app.core.contract.request import DecodedImage, EncodedImage, InferOptions, Prediction, pick
+from app.core.contract.inference import Inference
+from app.core.contract.request import DecodedImage, EncodedImage, InferOptions, Prediction
 from app.core.engine.cache import PredictionCache, digest_images, digest_pixels
-from app.core.engine.call import Call, settle_future
+from app.core.engine.call import Call, answer_if_never_run, part_of, settle_future
 from app.core.engine.model_set import ModelSet
 from app.core.engine.scoring import labelled_predictions, scored
 from app.core.engine.served_model import ServedModel, Wanted, expire, prepared_input
@@ -192,7 +192,7 @@ class Lane:
         where a front-end did not prepare them or an overlay needs the image."""
         while True:  # a zero-shot model's label embeddings (no wait where they are kept), for the version serving
             model = self.model_set.current(model)
-            texts = None if model.labels is None else await self.label_embeddings(model, call.options)
+            texts = None if model.labels is None else await model.label_embeddings(call.options, self.run_in_pool)
             if not model.retired:
                 break
         future: asyncio.Future[Inference] = asyncio.get_running_loop().create_future()
@@ -423,17 +423,6 @@ class Lane:
     ) -> list[Prediction]:
         return scored(model, names, outputs, options, self.settings.ood_threshold_for(model.name))
 
-    async def label_embeddings(self, model: ServedModel, options: InferOptions) -> torch.Tensor:
-        """A zero-shot request's label embeddings (L, D): its labels (or the model's defaults) in its template (or
-        the model's), kept from an earlier request or computed now on the pool."""
-        described = model.description
-        described.check_labels(options.labels, options.template, options.classify)
-        assert model.labels is not None and described.template is not None
-        labels = options.labels if options.labels is not None else tuple(described.classes)
-        if not labels:  # no probabilities asked for, and none to give: the images' embeddings alone
-            return torch.empty(0, model.labels.zero_shot.embed_dim)
-        return await model.labels.of(options.template or described.template, labels, self.run_in_pool)
-
     async def embed_texts(self, model: ServedModel, texts: tuple[str, ...]) -> Inference:
         """A zero-shot model's embeddings of `texts` as they are (no template), unit length: with its images'
         (normalize=true), what image-to-text retrieval compares."""
@@ -458,17 +447,3 @@ def payloads(
     if isinstance(inputs, torch.Tensor):
         return [wanted.input(p) for p in inputs]
     return [wanted.input(prepared_input(i)) for i in inputs]  # type: ignore[arg-type]
-
-
-def part_of(call: Call, indices: list[int]) -> Call:
-    """The images at `indices` of `call`, as a call of their own (what the cache leaves to compute)."""
-    part = Call(pick(call.inputs, indices), call.options, call.timeout_s, call.answer)
-    part.started = time.monotonic() - decoded_before(part.inputs)
-    return part
-
-
-def answer_if_never_run(call: Call, steps: asyncio.Task[None]) -> None:
-    """A call cancelled before its steps ran at all is answered all the same (a front-end holds its files
-    until then)."""
-    if steps.cancelled():
-        call.settle(asyncio.CancelledError())

@@ -12,7 +12,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,7 +24,7 @@ from app.choices import BackendChoice
 from app.core.backends.onnx_runtime import ForeignGraph, OnnxExportError
 from app.core.backends.predictor import ImageInput, ImageOutput, Predictor, graph_sizes, resolve_backend
 from app.core.backends.text_embeddings import LabelEmbeddings
-from app.core.batcher import BatchObserver, DynamicBatcher
+from app.core.batching.batcher import BatchObserver, DynamicBatcher
 from app.core.contract.description import ModelDescription, numeric_version
 from app.core.contract.errors import TIMED_OUT, InvalidInput, RequestTimeout
 from app.core.contract.request import AttentionKind, DecodedImage, EncodedImage, InferOptions, owned
@@ -231,6 +231,20 @@ class ServedModel:
         embedding = (options.embedding or options.ood or watched) and texts is None  # zero-shot: the head's output
         target = self.target_index(options.target, options.labels)
         return Wanted(options.attention, target, embedding, texts if options.attention == "gradient" else None)
+
+    async def label_embeddings(
+        self, options: InferOptions, run_in_pool: Callable[..., Awaitable[torch.Tensor]]
+    ) -> torch.Tensor:
+        """A zero-shot request's label embeddings (L, D): its labels (or the model's defaults) in its template (or
+        the model's), kept from an earlier request or computed now with `run_in_pool`. Checked against this
+        version, which may have replaced the one the request was checked against."""
+        described = self.description
+        described.check_labels(options.labels, options.template, options.classify)
+        assert self.labels is not None and described.template is not None
+        labels = options.labels if options.labels is not None else tuple(described.classes)
+        if not labels:  # no probabilities asked for, and none to give: the images' embeddings alone
+            return torch.empty(0, self.labels.zero_shot.embed_dim)
+        return await self.labels.of(options.template or described.template, labels, run_in_pool)
 
     def target_index(self, target: str | None, labels: tuple[str, ...] | None = None) -> int | None:
         """A class label, or its index (among a zero-shot request's labels), as the class index a gradient map

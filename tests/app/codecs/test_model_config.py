@@ -10,7 +10,7 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2
 
 from app.codecs.model_config import model_config, model_config_json
-from app.core.contract.data_plane import Batching
+from app.core.contract.inference import Batching
 from app.core.engine.engine import Engine
 
 

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from app.codecs.v2_metadata import model_metadata
-from app.codecs.v2_requests import Intake, decode_request, split_body, split_bytes_elements
+from app.codecs.v2_requests import Intake, decode_request, split_body
 from app.codecs.v2_responses import encode_response
+from app.codecs.v2_tensors import split_bytes_elements
 from app.core.contract.errors import InvalidInput
 from app.core.contract.regions import SharedMemoryRegions
 from app.core.contract.request import EncodedImage, Prediction

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -16,7 +17,6 @@ from typing import Any
 import pytest
 import torch
 
-from app.core.contract.data_plane import Inference, InferenceRequest
 from app.core.contract.errors import (
     ModelNotFound,
     NotReady,
@@ -25,7 +25,9 @@ from app.core.contract.errors import (
     RequestTimeout,
     UnsupportedMediaType,
 )
+from app.core.contract.inference import Inference, InferenceRequest
 from app.core.contract.request import EncodedImage, InferOptions
+from app.core.data_plane import DataPlane
 from app.core.engine.engine import Engine
 from app.settings import Settings
 from app.telemetry import spans
@@ -85,6 +87,11 @@ async def make_linked(service: Engine, tmp_path: Path) -> AsyncIterator[Callable
         yield make
 
 
+def asked(plane: DataPlane, inputs: Any, options: InferOptions, **more: Any) -> InferenceRequest:
+    """A request to the default model, as an edge builds it."""
+    return InferenceRequest(plane.describe(None), inputs, options, **more)
+
+
 def identity(done: Inference) -> Inference:
     return done
 
@@ -92,7 +99,7 @@ def identity(done: Inference) -> Inference:
 async def test_the_answers_are_the_engines(make_linked: Callable[..., Awaitable[Linked]]) -> None:
     linked: Linked = await make_linked()
     options = InferOptions("rollout", overlay=True, embedding=True, normalize=True)
-    request = InferenceRequest(None, FILES, options)
+    request = asked(linked.engine, FILES, options)
     expected = await linked.engine.infer(request, identity)
     got = await linked.plane.infer(request, identity)
     assert got.model == expected.model
@@ -109,16 +116,16 @@ async def test_the_front_end_decodes_and_the_engine_only_batches(make_linked: Ca
     """The engine's own preparer refusing every image shows who decodes: the front-end's pixels are served;
     with the response cache on (the front-end then sends the files), the engine decodes and refuses them."""
     linked: Linked = await make_linked()
-    expected = await linked.engine.infer(InferenceRequest(None, FILES, InferOptions("last")), identity)
+    expected = await linked.engine.infer(asked(linked.engine, FILES, InferOptions("last")), identity)
     linked.engine.model(None).preparer.max_pixels = 1
-    got = await linked.plane.infer(InferenceRequest(None, FILES, InferOptions("last")), identity)
+    got = await linked.plane.infer(asked(linked.plane, FILES, InferOptions("last")), identity)
     for g, e in zip(got.predictions, expected.predictions, strict=True):
         assert g.filename == e.filename
         torch.testing.assert_close(g.probabilities, e.probabilities)
         torch.testing.assert_close(g.attention_map, e.attention_map)
     linked.plane.decodes = False
     with pytest.raises(PayloadTooLarge, match=r"0\.png: .* over the limit of 1"):
-        await linked.plane.infer(InferenceRequest(None, FILES, InferOptions()), identity)
+        await linked.plane.infer(asked(linked.plane, FILES, InferOptions()), identity)
     assert linked.arena.in_use == 0
 
 
@@ -126,8 +133,8 @@ async def test_pixels_travel_too(make_linked: Callable[..., Awaitable[Linked]]) 
     linked: Linked = await make_linked()
     model = linked.engine.model(None)
     pixels = torch.stack([model.preparer.prepare(f, keep_image=False).pixels for f in FILES])
-    expected = await linked.engine.infer(InferenceRequest(None, pixels, InferOptions()), identity)
-    got = await linked.plane.infer(InferenceRequest(None, pixels, InferOptions()), identity)
+    expected = await linked.engine.infer(asked(linked.engine, pixels, InferOptions()), identity)
+    got = await linked.plane.infer(asked(linked.plane, pixels, InferOptions()), identity)
     for g, e in zip(got.predictions, expected.predictions, strict=True):
         torch.testing.assert_close(g.probabilities, e.probabilities)
 
@@ -141,14 +148,14 @@ async def test_calls_made_together_travel_as_one_message_each_way(
     linked: Linked = await make_linked()
     model = linked.engine.model(None)
     pixels = torch.stack([model.preparer.prepare(f, keep_image=False).pixels for f in FILES])
-    expected = await linked.engine.infer(InferenceRequest(None, pixels, InferOptions()), identity)
+    expected = await linked.engine.infer(asked(linked.engine, pixels, InferOptions()), identity)
     to_engine: list[object] = []
     to_front: list[object] = []
     assert linked.plane.channel is not None and linked.host.channel is not None
     for channel, seen in ((linked.plane.channel, to_engine), (linked.host.channel, to_front)):
         monkeypatch.setattr(channel, "send", spy(channel.send, seen))
     slow_forward(model, 0.3)  # the first request's batch computes while the others queue: they form one batch
-    requests = [InferenceRequest(None, pixels[i : i + 1], InferOptions()) for i in range(len(FILES))] * 2
+    requests = [asked(linked.engine, pixels[i : i + 1], InferOptions()) for i in range(len(FILES))] * 2
     got = await asyncio.gather(*(linked.plane.infer(r, identity) for r in requests))
     calls = [m for m in to_engine if isinstance(m, list)]
     assert [len(m) for m in calls] == [len(requests)]  # made in one go: one message
@@ -174,8 +181,8 @@ def spy(send: Callable[[list[bytes]], bool], seen: list[object]) -> Callable[[li
 async def test_requests_larger_than_the_arena_go_inline(make_linked: Callable[..., Awaitable[Linked]]) -> None:
     linked: Linked = await make_linked(arena_bytes=4096)
     assert sum(len(f.data) for f in FILES) > 4096
-    expected = await linked.engine.infer(InferenceRequest(None, FILES, InferOptions("last")), identity)
-    got = await linked.plane.infer(InferenceRequest(None, FILES, InferOptions("last")), identity)
+    expected = await linked.engine.infer(asked(linked.engine, FILES, InferOptions("last")), identity)
+    got = await linked.plane.infer(asked(linked.plane, FILES, InferOptions("last")), identity)
     for g, e in zip(got.predictions, expected.predictions, strict=True):
         torch.testing.assert_close(g.probabilities, e.probabilities)
         torch.testing.assert_close(g.attention_map, e.attention_map)
@@ -186,7 +193,7 @@ async def test_a_cancelled_call_holds_its_region_until_the_engine_answers(
 ) -> None:
     linked: Linked = await make_linked()
     slow_forward(linked.engine.model(None), 0.5)
-    call = asyncio.create_task(linked.plane.infer(InferenceRequest(None, FILES, InferOptions()), identity))
+    call = asyncio.create_task(linked.plane.infer(asked(linked.plane, FILES, InferOptions()), identity))
     await until(lambda: linked.arena.in_use > 0)
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -204,7 +211,7 @@ async def test_a_call_cancelled_while_its_batch_computes_is_answered_once_the_ba
     that batch has ended."""
     linked: Linked = await make_linked()
     under_way, ended = slow_batches(linked.engine.model(None), 0.5)
-    call = asyncio.create_task(linked.plane.infer(InferenceRequest(None, FILES, InferOptions()), identity))
+    call = asyncio.create_task(linked.plane.infer(asked(linked.plane, FILES, InferOptions()), identity))
     await until(under_way.is_set)
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -221,11 +228,11 @@ async def test_a_plain_call_is_answered_from_its_batch_without_a_task_and_counte
     answer and the statistics are what the engine gives in one process."""
     linked: Linked = await make_linked()
     options = InferOptions("rollout", embedding=True, normalize=True)
-    expected = await linked.engine.infer(InferenceRequest(None, FILES, options), identity)
+    expected = await linked.engine.infer(asked(linked.engine, FILES, options), identity)
     [before] = await linked.plane.statistics()
     [peer] = linked.host.peers.values()
     under_way = slow_forward(linked.engine.model(None), 0.3)
-    call = asyncio.create_task(linked.plane.infer(InferenceRequest(None, FILES, options), identity))
+    call = asyncio.create_task(linked.plane.infer(asked(linked.plane, FILES, options), identity))
     await until(under_way.is_set)
     [queued] = peer.queued.values()
     assert queued.call.steps is None  # queued at once: no task
@@ -253,7 +260,7 @@ async def test_calls_read_in_one_go_enter_the_batcher_together_and_are_each_answ
     engine, host = first.engine, first.host
     model = engine.model(None)
     options = InferOptions("rollout")
-    expected = await engine.infer(InferenceRequest(None, FILES, options), identity)
+    expected = await engine.infer(asked(engine, FILES, options), identity)
     [before] = await first.plane.statistics()
     groups: list[int] = []
     submit_group = model.batcher.submit_group
@@ -339,7 +346,7 @@ async def test_a_direct_call_past_its_deadline_in_a_batch_is_answered_once_the_b
     _, ended = slow_batches(linked.engine.model(None), 0.6)
     [before] = await linked.plane.statistics()
     with pytest.raises(RequestTimeout):
-        await linked.plane.infer(InferenceRequest(None, FILES, InferOptions(), timeout_s=0.2), identity)
+        await linked.plane.infer(asked(linked.plane, FILES, InferOptions(), timeout_s=0.2), identity)
     assert ended.is_set()  # the answer waited for the batch reading the call's files
     assert linked.arena.in_use == 0
     [after] = await linked.plane.statistics()
@@ -354,7 +361,7 @@ async def test_a_front_end_gone_mid_batch_has_its_arena_unmapped_only_after_that
     linked: Linked = await make_linked()
     under_way, ended = slow_batches(linked.engine.model(None), 0.5)
     [peer] = linked.host.peers.values()
-    call = asyncio.create_task(linked.plane.infer(InferenceRequest(None, FILES, InferOptions()), identity))
+    call = asyncio.create_task(linked.plane.infer(asked(linked.plane, FILES, InferOptions()), identity))
     await until(under_way.is_set)
     assert peer.arena is not None and len(peer.queued) == 1
     linked.host.forget(peer)  # as when its pidfd says the process exited
@@ -407,17 +414,18 @@ async def test_a_reply_describes_its_version_only_when_the_call_named_another(
 
 async def test_core_errors_come_back_as_themselves(make_linked: Callable[..., Awaitable[Linked]]) -> None:
     linked: Linked = await make_linked()
+    elsewhere = dataclasses.replace(linked.plane.describe(None), name="nope")  # unloaded since it was looked up
     with pytest.raises(ModelNotFound, match="nope"):
-        await linked.plane.infer(InferenceRequest("nope", FILES, InferOptions()), identity)
+        await linked.plane.infer(InferenceRequest(elsewhere, FILES, InferOptions()), identity)
     bad = [EncodedImage("x.png", b"not an image")]
     with pytest.raises(UnsupportedMediaType, match=r"x\.png"):
-        await linked.plane.infer(InferenceRequest(None, bad, InferOptions()), identity)
+        await linked.plane.infer(asked(linked.plane, bad, InferOptions()), identity)
     [stats] = await linked.plane.statistics()  # refused by the front-end's decoding, counted by the engine
     assert (stats.fail.count, stats.success.count) == (1, 0)
     model = linked.engine.model(None)
     model.batcher.max_queue = 1  # a full queue: 503 with a Retry-After, as from one process
     with pytest.raises(Overloaded) as raised:
-        await linked.plane.infer(InferenceRequest(None, FILES, InferOptions()), identity)
+        await linked.plane.infer(asked(linked.plane, FILES, InferOptions()), identity)
     assert raised.value.retry_after_s is not None
     assert linked.arena.in_use == 0
 
@@ -431,7 +439,7 @@ async def test_a_call_zeromq_cannot_queue_is_refused_as_overload(
     assert linked.plane.channel is not None
     monkeypatch.setattr(linked.plane.channel, "send", lambda frames: False)
     with pytest.raises(Overloaded, match="engine has not yet read") as raised:
-        await linked.plane.infer(InferenceRequest(None, FILES, InferOptions()), identity)
+        await linked.plane.infer(asked(linked.plane, FILES, InferOptions()), identity)
     assert raised.value.retry_after_s == 1 and linked.arena.in_use == 0
 
 
@@ -445,7 +453,7 @@ async def test_a_call_that_could_not_be_sent_frees_its_region_even_when_its_call
     monkeypatch.setattr(linked.plane.channel, "send", lambda frames: False)
     model = linked.engine.model(None)
     pixels = torch.stack([model.preparer.prepare(f, keep_image=False).pixels for f in FILES])
-    call = asyncio.create_task(linked.plane.infer(InferenceRequest(None, pixels, InferOptions()), identity))
+    call = asyncio.create_task(linked.plane.infer(asked(linked.plane, pixels, InferOptions()), identity))
     await asyncio.sleep(0)  # posted; its message goes in the next go of the loop
     call.cancel()
     with pytest.raises((asyncio.CancelledError, Overloaded)):
@@ -461,7 +469,7 @@ async def test_a_silent_engine_makes_the_front_end_unready_and_fails_its_calls(
     linked: Linked = await make_linked()
     assert linked.plane.ready()
     under_way = slow_forward(linked.engine.model(None), 3)
-    call = asyncio.create_task(linked.plane.infer(InferenceRequest(None, FILES, InferOptions()), identity))
+    call = asyncio.create_task(linked.plane.infer(asked(linked.plane, FILES, InferOptions()), identity))
     await until(under_way.is_set)
     linked.stop.set()  # the engine stops answering
     with pytest.raises(NotReady, match="engine"):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from app.core.contract.data_plane import Inference, InferenceRequest
 from app.core.contract.errors import InvalidInput, ModelNotFound, NotReady, UnsupportedMediaType
+from app.core.contract.inference import Inference, InferenceRequest
 from app.core.contract.request import DecodedImage, EncodedImage, InferOptions
 from app.core.engine.engine import Engine
 from harness.images import encode
@@ -105,7 +105,9 @@ async def test_costly_encoding_runs_off_the_event_loop(service: Engine) -> None:
     def encoded_on(_: Inference) -> int:
         return threading.get_ident()
 
-    plain = await service.infer(InferenceRequest(None, images(1), InferOptions()), encoded_on)
-    mapped = await service.infer(InferenceRequest(None, images(1), InferOptions("rollout")), encoded_on)
+    plain = await service.infer(InferenceRequest(service.describe(None), images(1), InferOptions()), encoded_on)
+    mapped = await service.infer(
+        InferenceRequest(service.describe(None), images(1), InferOptions("rollout")), encoded_on
+    )
     assert plain == loop_thread  # ten numbers: inline
     assert mapped != loop_thread  # a map: on the CPU pool

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from app.core.contract.data_plane import Inference
+from app.core.contract.inference import Inference
 from app.core.contract.request import DecodedImage, EncodedImage, InferOptions
 from app.core.engine.call import Call, settle_future
 from app.core.engine.engine import Engine

@@ -1,10 +1,13 @@
-"""The front of the data plane, written once over a compute step that runs here or in another process.
+"""The data plane: everything an edge may ask of the serving core, and nothing more, written once over a
+compute step that runs here or in another process.
 
-Every edge calls a `Front`: the limits it checks, API keys, the model lookup (with the one error text a
-client sees), and the last step of `infer`, the edge's encoding, off the event loop when it is costly.
-What computes a request is the subclass's: `app.core.engine.engine.Engine` runs it on the models in this
-process; `app.workers.engine_client.EngineClient` decodes the images here and has the engine process compute
-them (VIT_WORKERS > 1). The edges see neither: they type against `DataPlane`.
+Every edge (`/predict` and V2 over HTTP, V2 over gRPC, the batch runner, the Ray job) holds a `DataPlane` and
+calls only it: health, the limits it checks, API keys, model descriptions (with the one error text a client
+sees), `infer`, and the model repository. What computes a request is the subclass's:
+`app.core.engine.engine.Engine` runs it on the models in this process; `app.workers.engine_client.EngineClient`
+decodes the images here and has the engine process compute them (VIT_WORKERS > 1). No edge can tell which it
+holds. The synchronous members answer from state held where the edge runs; whatever may wait on the engine is
+a coroutine. Errors are `app.core.contract.errors.ServiceError`s, which each edge maps to its protocol.
 """
 
 from __future__ import annotations
@@ -18,9 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-from app.core.contract.data_plane import Batching, Inference, InferenceRequest, Limits, costly_to_encode
 from app.core.contract.description import ModelDescription, ModelStatus, ShadowReport, canonical_version
 from app.core.contract.errors import ModelNotFound, Unauthorized
+from app.core.contract.inference import Batching, Inference, InferenceRequest, Limits, costly_to_encode
 from app.core.contract.regions import SharedMemoryRegions
 from app.settings import Settings
 from app.telemetry.metrics import Metrics
@@ -67,8 +70,8 @@ def served_names(served: list[ModelDescription]) -> str:
     return ", ".join(m.name for m in served) or "no model (load one through the model repository API)"
 
 
-class Front(ABC):
-    """A `DataPlane`: the edges' side written here, the compute step left to the subclass."""
+class DataPlane(ABC):
+    """What every edge calls: the edges' side written here, the compute step left to the subclass."""
 
     def __init__(self, settings: Settings, metrics: Metrics, cpu_threads: int, regions: Path | None = None) -> None:
         self.settings = settings
@@ -91,30 +94,39 @@ class Front(ABC):
 
     @abstractmethod
     def ready(self) -> bool:
-        """What readiness probes are told."""
+        """What readiness probes are told: True once every model is loaded and warm; False before that and from
+        the start of shutdown."""
 
     @abstractmethod
     def check_serving(self) -> None:
-        """NotReady unless requests are taken."""
+        """NotReady unless requests are taken: from startup until the engine stops. While the process drains,
+        `ready()` is False but requests still are: the edges take no new connections or calls then, so what
+        reaches the data plane was accepted before the shutdown began and is answered."""
 
     @abstractmethod
-    async def compute(self, model: ModelDescription, request: InferenceRequest) -> Inference:
-        """`request`'s predictions from `model` (just looked up), overlays drawn where asked."""
+    async def compute(self, request: InferenceRequest) -> Inference:
+        """`request`'s predictions, overlays drawn where asked."""
 
     @abstractmethod
-    async def repository_index(self, ready_only: bool = False) -> list[ModelStatus]: ...
+    async def repository_index(self, ready_only: bool = False) -> list[ModelStatus]:
+        """Every model known here or held by the repository, by name."""
 
     @abstractmethod
-    async def statistics(self, name: str | None = None, version: str | None = None) -> list[ModelStatistics]: ...
+    async def statistics(self, name: str | None = None, version: str | None = None) -> list[ModelStatistics]:
+        """Triton's statistics (app.telemetry.statistics) of every model version that has served (no name), of one
+        model's versions, or of one version; ModelNotFound when none has served under that name (and version)."""
 
     @abstractmethod
-    async def shadow_report(self, champion: str) -> ShadowReport: ...
+    async def shadow_report(self, champion: str) -> ShadowReport:
+        """How the champion's shadow challenger (VIT_SHADOW) compares with it so far; ModelNotFound without one."""
 
     @abstractmethod
-    async def load_model(self, name: str) -> None: ...
+    async def load_model(self, name: str) -> None:
+        """Load (or reload) a model from the repository."""
 
     @abstractmethod
-    async def unload_model(self, name: str) -> None: ...
+    async def unload_model(self, name: str) -> None:
+        """Stop admitting requests for a model, answer those admitted, then free it."""
 
     @abstractmethod
     def begin_drain(self) -> None:
@@ -126,26 +138,26 @@ class Front(ABC):
 
     # The edges' side.
     def live(self) -> bool:
+        """True while the process serves."""
         return True
 
     def authorize(self, credentials: str | None) -> None:
+        """Unauthorized unless `credentials` is a valid API key (anything passes when VIT_API_KEYS is unset)."""
         self.api_keys.check(credentials or "")
 
     def describe(self, name: str | None, version: str | None = None) -> ModelDescription:
+        """The model called `name` (None: the default one); ModelNotFound when none serves (at `version`)."""
         return find_model(self.models(), name, version)
 
     def model_ready(self, name: str, version: str | None = None) -> bool:
+        """Whether that model (at that version) is serving."""
         asked = canonical_version(version) if version else None
         return self.ready() and any(m.name == name and asked in (None, m.version) for m in self.models())
 
     async def infer(self, request: InferenceRequest, encode: Callable[[Inference], T]) -> T:
+        """The request's predictions, encoded by the edge's `encode` (run off the event loop when costly)."""
         self.check_serving()
-        model = self.describe(request.model, request.version)
-        options = request.options
-        if request.texts is not None:
-            model.check_texts(request.texts)
-        model.check_labels(options.labels, options.template, options.classify)  # before any decoding
-        done = await self.compute(model, request)
+        done = await self.compute(request)
         with child_span("encode"):
             return await self.run_in_pool(encode, done) if costly_to_encode(done) else encode(done)
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from app.core.contract.errors import Unauthorized
-from app.core.front import ApiKeys
+from app.core.data_plane import ApiKeys
 
 
 def test_no_keys_means_open() -> None:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from app.core.batcher import DynamicBatcher
+from app.core.batching.batcher import DynamicBatcher
 from app.core.contract.errors import InferenceFailed, NotReady, Overloaded, RequestTimeout
 from tests.support.clients import until
 

@@ -1,0 +1,1 @@
+"""Dynamic batching: images from concurrent requests share one forward pass (`batcher.DynamicBatcher`)."""
