@@ -1,12 +1,15 @@
-"""What the benchmarks share: where results go and how they are written, the sample images, a markdown table,
-a multipart body, the commit and CPU a run was measured on."""
+"""What the benchmarks share: where results go and how they are written (each with the record of its run: the
+commit, the machine, the command line), the sample images, a markdown table, a multipart body."""
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import platform
+import shlex
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -32,10 +35,43 @@ def commit(tree: Path) -> str:
     return head.stdout.strip() + ("+changes" if changed.stdout.strip() else "")
 
 
+def command_line() -> str:
+    """This run's command as it was typed: `python -m MODULE ARGS` for a module run with -m."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    head = ["python", "-m", spec.name.removesuffix(".__main__")] if spec is not None else ["python", sys.argv[0]]
+    return shlex.join(head + sys.argv[1:])
+
+
+def machine() -> dict[str, Any]:
+    """The machine a run measured: its CPU and cores, and the GPU and its driver where this process used one."""
+    found: dict[str, Any] = {"cpu": cpu_model(), "cores": os.cpu_count()}
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        found["gpu"] = torch.cuda.get_device_name()
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True
+        )
+        found["driver"] = smi.stdout.strip().splitlines()[0] if smi.returncode == 0 and smi.stdout.strip() else None
+    return found
+
+
+def run_record() -> dict[str, Any]:
+    """What every result carries: the commit measured (this tree's; a comparison's rows name their own trees),
+    the machine, and the command that reproduces it."""
+    return {"commit": commit(RESULTS.parent.parent), "machine": machine(), "command": command_line()}
+
+
 def write_results(name: str, report: dict[str, Any], text: str) -> None:
-    """bench/results/<name>.json (the figures) and <name>.md (`text`, their tables); the tables printed too."""
+    """bench/results/<name>.json (the run's record, then the figures) and <name>.md (`text`, their tables, and the
+    record in a line); the tables printed too."""
+    record = run_record()
+    where = record["machine"]
+    on = f"{where['cpu']}, {where['cores']} cores" + (
+        f", {where['gpu']} (driver {where['driver']})" if "gpu" in where else ""
+    )
+    text = text.rstrip("\n") + f"\n\nMeasured at {record['commit']} on {on}: `{record['command']}`\n"
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (RESULTS / f"{name}.json").write_text(json.dumps({"record": record, **report}, indent=2) + "\n")
     (RESULTS / f"{name}.md").write_text(text)
     print(text)
 
