@@ -132,7 +132,7 @@ class PredictEndpointRoute(PredictRoute):
     """`POST /predict`'s route. FastAPI documents it from the endpoint's signature, as any route, but the endpoint
     is called with its parameters resolved here: the plane as `authorized_data_plane` gives it, then the query as
     `read_query` reads it (the order in which FastAPI would solve them). FastAPI's solving of them, field by field
-    through the query model, was a fifth of a front-end's CPU per request (docs/performance.md). It runs nothing
+    through the query model, was a large share of a front-end's CPU per request (docs/performance.md). It runs nothing
     else: a dependency added to the endpoint, the route or a router above it would be skipped, and a test holds the
     endpoint to these three parameters."""
 
