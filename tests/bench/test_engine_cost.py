@@ -9,7 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow  # an engine process and its replayers
 
 
 def test_replayers_keep_the_engine_busy_and_its_cpu_per_image_is_read(tmp_path: Path) -> None:

@@ -11,6 +11,8 @@ import pytest
 
 from app.settings import BUNDLED_WEIGHTS
 
+pytestmark = pytest.mark.slow  # each test a fresh interpreter
+
 
 def evaluate(*argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "model.evaluate", *argv], capture_output=True, text=True, timeout=300)

@@ -21,7 +21,10 @@ from tests.support.checkpoints import Pretrained
 PIXEL_ATOL = 1e-5  # the pipelines agree up to float rounding (measured: 1.2e-07 to 7.2e-07)
 
 
-@pytest.mark.parametrize("source", ["timm", "torchvision", "hf"])
+@pytest.mark.parametrize(
+    "source",
+    ["timm", pytest.param("torchvision", marks=pytest.mark.slow), "hf"],  # torchvision's: a ViT-B/16 built
+)
 def test_eval_transform_equals_the_library_pipeline(
     pretrained: Callable[[str], Pretrained], photo: Image.Image, source: str
 ) -> None:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from app.settings import BUNDLED_WEIGHTS
 from model.shapes import IMAGE_SIZE, luminance, render_dataset
@@ -24,6 +25,7 @@ def test_deterministic_from_seed_and_apart_from_the_training_renderer() -> None:
     assert not any(np.array_equal(x, y) for x, y in zip(ours, theirs, strict=True))
 
 
+@pytest.mark.slow  # hundreds of images rendered
 def test_every_class_from_35_to_85_percent_of_the_side_inside_the_image() -> None:
     images, labels, masks = render_dataset(300, 5, make_sample)
     assert images.shape == (300, IMAGE_SIZE, IMAGE_SIZE, 3) and images.dtype == np.uint8
@@ -45,6 +47,7 @@ def test_the_shape_stands_out_from_what_lies_under_it() -> None:
         assert abs(luminance(img[s.mask]) - luminance(img[ring])) > 0.02
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_evaluate_reads_the_bundled_model_through_the_second_renderer(tmp_path: Path) -> None:
     out = tmp_path / "second.json"
     argv = ["--checkpoint", str(BUNDLED_WEIGHTS), "--renderer", "second", "--samples", "200", "--json", str(out)]
@@ -60,6 +63,7 @@ def test_evaluate_reads_the_bundled_model_through_the_second_renderer(tmp_path: 
     assert result["dataset"] == "shapes, second renderer" and result["accuracy"] > 0.9  # 99.5 % on 5,000
 
 
+@pytest.mark.slow  # hundreds of images rendered
 def test_a_rings_band_is_wider_than_the_thickest_outline_at_every_size() -> None:
     """Its own rule, as the spec asks: a ring's band wider than a 6 px outline, the smallest ring included."""
     from model.shapes import SHAPE_CLASSES
