@@ -1,6 +1,6 @@
 """One request to one model on its way through the engine: what it asks, and how it is answered.
 
-Every edge's request becomes a `Call` and enters `Engine.submit`; the call is answered once, through
+Every edge's request becomes a `Call` and enters the engine's lane (`Lane.submit`); the call is answered once, through
 `answer`, with its `Inference` or with what failed it (CancelledError when it was cancelled).
 """
 
