@@ -1,0 +1,38 @@
+"""`python -m bench`: every scenario listed from one command, and one run through it as through its own module."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow  # fresh interpreters
+
+
+def bench(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "bench", *argv], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_the_scenarios_are_listed_each_with_what_it_measures() -> None:
+    listed = bench()
+    assert listed.returncode == 0, listed.stderr
+    lines = {line.split()[0]: line for line in listed.stdout.splitlines()[2:] if line.strip()}
+    for name in ("run", "stand_in", "gpu", "compare.engine_cost", "compare.app_cost", "batch"):
+        assert name in lines, listed.stdout
+    assert "litserve_server" not in lines and "common" not in lines  # the peer's server and helpers are no scenario
+    assert "One run of the serving benchmark" in lines["run"]
+
+
+def test_a_scenario_runs_as_its_module_does_and_an_unknown_one_is_one_line(tmp_path: Path) -> None:
+    name = tmp_path / "header"
+    ran = bench("compare.header-cost", "--rounds", "1", "--calls", "20", "--name", str(name))
+    assert ran.returncode == 0, ran.stderr
+    report = json.loads(name.with_suffix(".json").read_text())
+    assert report["record"]["command"].startswith("python -m bench.compare.header_cost --rounds 1")
+    unknown = bench("nope")
+    assert unknown.returncode == 1 and unknown.stderr.startswith("python -m bench: no scenario 'nope'; there are: ")
+    assert len(unknown.stderr.strip().splitlines()) == 1
