@@ -370,6 +370,10 @@ class Settings(BaseSettings):
             paths[name] = HubName.parse(path) or Path(path)
         return paths
 
+    def time_limit(self, timeout_s: float | None) -> float:
+        """VIT_REQUEST_TIMEOUT_S, shortened to `timeout_s` (a gRPC client's deadline) where one is given."""
+        return self.request_timeout_s if timeout_s is None else min(timeout_s, self.request_timeout_s)
+
     def api_key_set(self) -> frozenset[str]:
         if self.api_keys is None:
             return frozenset()

@@ -22,7 +22,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -31,7 +30,7 @@ from pathlib import Path
 import httpx
 
 from harness.images import encode
-from harness.server import ROOT, Server, children
+from harness.server import Server, children
 from model.shapes import make_sample
 
 HOOK = """
@@ -195,5 +194,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
     main()

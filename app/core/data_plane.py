@@ -161,11 +161,6 @@ class DataPlane(ABC):
         with child_span("encode"):
             return await self.run_in_pool(encode, done) if costly_to_encode(done) else encode(done)
 
-    def time_limit(self, timeout_s: float | None) -> float:
-        """VIT_REQUEST_TIMEOUT_S, shortened to `timeout_s` (a gRPC client's deadline) where one is given."""
-        limit = self.settings.request_timeout_s
-        return limit if timeout_s is None else min(timeout_s, limit)
-
     async def run_in_pool(self, fn: Callable[..., T], *args: object) -> T:
         """`fn(*args)` on the CPU pool, so the event loop only parses, awaits and writes."""
         return await asyncio.get_running_loop().run_in_executor(self.cpu_pool, fn, *args)

@@ -264,7 +264,7 @@ class EngineClient(DataPlane):
         if self.decodes and not isinstance(inputs, torch.Tensor) and request.texts is None:
             started = time.monotonic()
             inputs, images = await self.decode(request.model, inputs, options.overlay, started)
-            timeout_s = self.time_limit(timeout_s) - (time.monotonic() - started)
+            timeout_s = self.settings.time_limit(timeout_s) - (time.monotonic() - started)
             if timeout_s <= 0:
                 raise RequestTimeout(TIMED_OUT)
             options = dataclasses.replace(options, overlay=False)  # drawn here

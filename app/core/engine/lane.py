@@ -65,11 +65,6 @@ class Lane:
         self.shadowing = shadowing
         self.pool = pool
 
-    def time_limit(self, timeout_s: float | None) -> float:
-        """VIT_REQUEST_TIMEOUT_S, shortened to `timeout_s` (a gRPC client's deadline) where one is given."""
-        limit = self.settings.request_timeout_s
-        return limit if timeout_s is None else min(timeout_s, limit)
-
     async def run_in_pool(self, fn: Callable[..., T], *args: object) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
@@ -172,7 +167,7 @@ class Lane:
             return done.predictions
 
         try:
-            found = await self.cache.through(model.name, keys, compute, self.time_limit(call.timeout_s))  # type: ignore[union-attr]
+            found = await self.cache.through(model.name, keys, compute, self.settings.time_limit(call.timeout_s))  # type: ignore[union-attr]
         except VersionChanged:
             return await self.computed(model, call)
         stats = self.book.of(model.name, model.version)
@@ -252,7 +247,7 @@ class Lane:
         for call in calls:
             try:
                 wanted = self.wanted(model, call.inputs, call.options, texts)
-                deadline = time.monotonic() + self.time_limit(call.timeout_s)
+                deadline = time.monotonic() + self.settings.time_limit(call.timeout_s)
                 outputs = (enqueue or model.batcher.submit)(payloads(wanted, call.inputs, prepared), deadline)
             except Exception as e:  # refused at once: options the model cannot take, no room, draining
                 self.failed(stats, call, e)
@@ -287,7 +282,7 @@ class Lane:
             group = model.batcher.submit_group(
                 [p for c in calls for p in payloads(wanted, c.inputs)],
                 [len(c.inputs) for c in calls],
-                [now + self.time_limit(c.timeout_s) for c in calls],
+                [now + self.settings.time_limit(c.timeout_s) for c in calls],
                 functools.partial(self.answer_parts, model, calls, stats, submitted),
             )
         except Exception as e:  # refused whole: options the model refuses, or the service began to drain
