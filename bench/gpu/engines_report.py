@@ -35,6 +35,8 @@ def engines_lines(e: dict[str, Any]) -> list[str]:
         f"{e.get('batch')}; {e.get('sms')} SMs)",
         "",
     ]
+    if "note" in e:
+        lines += [f"*{e['note']}*", ""]
     alone = e.get("alone", {})
     if "forward_img_per_s" in alone:
         lines += [

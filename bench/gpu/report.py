@@ -343,6 +343,8 @@ def preprocessing_lines(dec: dict[str, Any]) -> list[str]:
 
 
 def served_lines(d: dict[str, Any]) -> list[str]:
+    if "served" not in d:  # a run of other parts only
+        return []
     sv = d["served"]
     st = sv["settings"]
     lines = [
