@@ -32,6 +32,8 @@ WHEELS=(
 DALI_WHEELS=(nvidia-dali-cuda130==2.4.0 optree==0.20.0 makefun==1.16.0 astunparse==1.6.3 gast==0.7.0 libcst==1.9.0 nvtx==0.2.17
   six==1.17.0)
 
+RECEIVED=/tmp/dali-received  # where the GPU machine keeps DALI's parts between calls
+
 case "${1:-}" in
 prepare)
   mkdir -p .whl .gpu
@@ -57,28 +59,28 @@ prepare-dali)
   find "$work/site" -name '*.cpython-3*' ! -name '*cpython-312-*' -delete
   rm -rf .dali && mkdir .dali
   grep -qx '/.dali/' .git/info/exclude || echo /.dali/ >>.git/info/exclude
-  grep -qx '/.dali-received/' .git/info/exclude || echo /.dali-received/ >>.git/info/exclude
   tar -C "$work/site" -cf - . | xz -T0 -6 >"$work/dali.tar.xz"
   split -b 50M -d -a 2 "$work/dali.tar.xz" .dali/part-
   (cd .dali && sha256sum "$work/dali.tar.xz" | cut -d' ' -f1 >sha256 && ls part-* >parts)
   ls -la .dali
   ;;
 receive)
-  # On the GPU machine: keep a carried part where later calls' copies of the tree leave it.
+  # On the GPU machine: keep a carried part outside the tree, which each call copies afresh (an ignored folder
+  # in it does not outlive the call).
   shift
-  mkdir -p .dali-received
-  for part in "$@"; do cp "$part" .dali-received/; done
-  cp .dali/parts .dali/sha256 .dali-received/ 2>/dev/null || true
-  ls -la .dali-received
+  mkdir -p "$RECEIVED"
+  for part in "$@"; do cp "$part" "$RECEIVED/"; done
+  cp .dali/parts .dali/sha256 "$RECEIVED/" 2>/dev/null || true
+  ls -la "$RECEIVED"
   ;;
 run)
   shift
   : "${OUT:?set OUT to the folder the results go to}"
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  if [ -f .dali-received/parts ] && (cd .dali-received && ls $(cat parts) >/dev/null 2>&1); then
-    (cd .dali-received && cat $(cat parts) >/tmp/dali.tar.xz)
-    if [ "$(sha256sum /tmp/dali.tar.xz | cut -d' ' -f1)" = "$(cat .dali-received/sha256)" ]; then
-      tar -C /tmp/site -xJf /tmp/dali.tar.xz && echo "DALI installed from $(wc -l <.dali-received/parts) parts"
+  if [ -f "$RECEIVED/parts" ] && (cd "$RECEIVED" && ls $(cat parts) >/dev/null 2>&1); then
+    (cd "$RECEIVED" && cat $(cat parts) >/tmp/dali.tar.xz)
+    if [ "$(sha256sum /tmp/dali.tar.xz | cut -d' ' -f1)" = "$(cat "$RECEIVED/sha256")" ]; then
+      tar -C /tmp/site -xJf /tmp/dali.tar.xz && echo "DALI installed from $(wc -l <"$RECEIVED/parts") parts"
     else
       echo "DALI's parts do not join to the prepared archive: running without DALI" >&2
     fi

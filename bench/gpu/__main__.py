@@ -95,7 +95,7 @@ def main() -> None:
                 elif part == "hwdecode":
                     result = hardware()
                 elif part == "engines":
-                    result = engines(args.engine_seconds)
+                    result = engines(args.engine_seconds, out=args.out)
                 elif part == "profile":
                     result = profile(args, Path(tmp))
                 else:

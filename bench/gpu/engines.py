@@ -6,19 +6,23 @@ ViT-B/16 forward (bf16, batch 256), for `seconds`, and reports both rates and th
 forward kept. Sections of the part's JSON:
 
 - `alone`: each decoder with the GPU to itself, and the forward alone;
-- `trace`: a CUPTI trace (`torch.profiler`) of the engines alone and beside the forward, summarised per
-  decoded batch by `harness.cuda_trace`: the host calls of every thread (nvImageCodec's own workers included),
+- `trace`: a CUPTI trace (`torch.profiler`) of the engines (preallocated) alone and beside the forward, and of
+  the defaults beside it, summarised per decoded batch by `harness.cuda_trace`: the host calls of every thread (nvImageCodec's own workers included),
   the ones that wait for the GPU, and each kernel's queueing behind the forward;
 - `host`: per batch, the ms spent inside the decoder's call and waiting for its stream afterwards;
 - `options`: nvImageCodec's options, beside the forward: buffers preallocated for the batch, one CUDA stream,
-  one CPU thread, and together;
-- `starvation`: the forward on a green context that leaves SMs free (torch.cuda.green_contexts), the forward
-  at half duty, and a spin kernel in the forward's place: SMs taken away, or a wait on the forward's work;
-- `process`: the engines decoding in a process of their own beside this process's forward;
+  one CPU thread, and together; the decoder's stream at the highest priority;
+- `starvation`: the forward at half duty, and a spin kernel in the forward's place, beside the preallocated
+  engines: SMs taken away, or a wait on the forward's work;
+- `process`: the engines (preallocated) decoding in a process of their own beside this process's forward;
 - `dali`: DALI 2.4's mixed decoder (VIT_DECODE=dali's), alone and beside the forward, with `hw_decoder_load` 1
-  and 0.65, where DALI is installed.
+  and 0.65, where DALI is installed;
+- `green contexts`: the forward on a green context that leaves SMs free (torch.cuda.green_contexts), at several
+  splits, in a process of its own and last: on the H200, after such forwards were freed, the process's CUDA
+  context failed with an illegal memory access, and a failed context fails every later section.
 
-A section that fails records its error and the others still run.
+A section that fails records its error and the others still run; each is written to `out/engines.json` as it
+ends, so a run cut short keeps what it measured.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from typing import Any
 
 import torch
 
+from app.core.images.gpu_decode import preallocated
 from harness import cuda_trace as trace
 from harness.images import photo_jpeg
 
@@ -136,16 +141,19 @@ class Decoding:
     """Batches of 256 through `decode(files, stream)` on a stream of its own, timing the host's call and the wait
     for the stream after it, and noting the decoding thread's native id (for the trace)."""
 
-    def __init__(self, decode: Callable[[list[Any], torch.cuda.Stream], Any], files: list[Any]) -> None:
+    def __init__(
+        self, decode: Callable[[list[Any], torch.cuda.Stream], Any], files: list[Any], priority: int = 0
+    ) -> None:
         self.decode = decode
         self.files = files
+        self.priority = priority  # the stream's; torch maps one beyond the device's range to its end
         self.call_s = self.wait_s = 0.0
         self.batches = 0
         self.thread_id = 0
 
     def loop(self, stop: threading.Event, count: list[int]) -> None:
         self.thread_id = threading.get_native_id()
-        stream = torch.cuda.Stream()
+        stream = torch.cuda.Stream(priority=self.priority)
         i = 0
         while not stop.is_set():
             chunk = [self.files[(i + k) % len(self.files)] for k in range(BATCH)]
@@ -189,22 +197,23 @@ def dali_decoder(load: float) -> Callable[..., Any]:
     return decode
 
 
-PREALLOCATE = " ".join(
-    f"nvjpeg_hw_decoder:{k}={v}"
-    for k, v in {"preallocate_batch_size": BATCH, "preallocate_width_hint": 512, "preallocate_height_hint": 512}.items()
-)
-OPTIONS: dict[str, tuple[str, int]] = {  # name: (nvImageCodec options, CPU threads; 0: one per core)
-    "defaults": ("", 0),
-    "preallocated": (PREALLOCATE, 0),
-    "one CUDA stream": (":num_cuda_streams=1", 0),
-    "one CPU thread": ("", 1),
-    "preallocated, one CUDA stream, one CPU thread": (f"{PREALLOCATE} :num_cuda_streams=1", 1),
+PREALLOCATE = preallocated(BATCH)  # the service's (VIT_DECODE=nvimgcodec) options
+HIGHEST = -100  # a stream priority torch maps to the device's highest
+OPTIONS: dict[str, tuple[str, int, int]] = {  # name: (nvImageCodec options, CPU threads (0: one per core), priority)
+    "defaults": ("", 0, 0),
+    "preallocated": (PREALLOCATE, 0, 0),
+    "one CUDA stream": (":num_cuda_streams=1", 0, 0),
+    "one CPU thread": ("", 1, 0),
+    "preallocated, one CUDA stream, one CPU thread": (f"{PREALLOCATE} :num_cuda_streams=1", 1, 0),
+    "highest-priority stream": ("", 0, HIGHEST),
+    "preallocated, highest-priority stream": (PREALLOCATE, 0, HIGHEST),
 }
 
 
-def engines(seconds: float = 2.0, trace_seconds: float = 1.0) -> dict[str, Any]:
+def engines(seconds: float = 2.0, trace_seconds: float = 1.0, out: Path | None = None) -> dict[str, Any]:
     from nvidia import nvimgcodec as nv
 
+    began = time.perf_counter()
     jpegs = [photo_jpeg(i) for i in range(IMAGES)]
     streams = [nv.CodeStream(f) for f in jpegs]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -217,6 +226,7 @@ def engines(seconds: float = 2.0, trace_seconds: float = 1.0) -> dict[str, Any]:
     }
     forward = Forward()
     hardware = nvimgcodec_decoder()
+    preallocated = nvimgcodec_decoder(PREALLOCATE)
 
     def section(name: str, run: Callable[[], Any]) -> None:
         started = time.perf_counter()
@@ -224,19 +234,28 @@ def engines(seconds: float = 2.0, trace_seconds: float = 1.0) -> dict[str, Any]:
             result[name] = run()
         except Exception as e:  # a section this machine cannot run: say why, keep the others
             result[name] = {"error": repr(e)}
-        print(f"engines: {name} ({time.perf_counter() - started:.0f} s):", json.dumps(result[name])[:2000], flush=True)
+        if out is not None:  # what a run cut short has measured so far
+            (out / "engines.json").write_text(json.dumps(result, indent=2))
+        took, since = time.perf_counter() - started, time.perf_counter() - began
+        print(f"engines: {name} ({took:.0f} s; {since:.0f} s in):", json.dumps(result[name])[:2000], flush=True)
 
-    def beside(decode: Callable[..., Any], files: list[Any], work: Work | None = None) -> dict[str, float]:
-        decoding = Decoding(decode, files)
+    def beside(decode: Callable[..., Any], files: list[Any], work: Work | None = None, priority: int = 0) -> dict:
+        together([Decoding(decode, files, priority).loop], 0.3)  # a new decoder's first batches set it up (H200: 2 s)
+        decoding = Decoding(decode, files, priority)
         other, rate = together([work or forward.loop, decoding.loop], seconds)
         return {"forward_img_per_s": other, "decode_img_per_s": rate, **decoding.host_ms()}
 
     def alone() -> dict[str, Any]:
-        out: dict[str, Any] = {"forward_img_per_s": together([forward.loop], seconds)[0]}
-        for name, decode in {"hardware": hardware, "cuda": nvimgcodec_decoder(backend="cuda")}.items():
+        rows: dict[str, Any] = {"forward_img_per_s": together([forward.loop], seconds)[0]}
+        decoders = {
+            "hardware": hardware,
+            "hardware, preallocated": preallocated,
+            "cuda": nvimgcodec_decoder(backend="cuda"),
+        }
+        for name, decode in decoders.items():
             decoding = Decoding(decode, streams)
-            out[name] = {"decode_img_per_s": together([decoding.loop], seconds)[0], **decoding.host_ms()}
-        return out
+            rows[name] = {"decode_img_per_s": together([decoding.loop], seconds)[0], **decoding.host_ms()}
+        return rows
 
     section("alone", alone)
     forward_alone = result["alone"].get("forward_img_per_s") if "error" not in result["alone"] else None
@@ -246,57 +265,113 @@ def engines(seconds: float = 2.0, trace_seconds: float = 1.0) -> dict[str, Any]:
             row["forward_kept"] = row["forward_img_per_s"] / forward_alone
         return row
 
-    section("trace", lambda: traced(hardware, streams, forward, trace_seconds))
-    section("options", lambda: {n: kept(beside(nvimgcodec_decoder(o, t), streams)) for n, (o, t) in OPTIONS.items()})
+    traces = {  # the defaults take about 2 s a batch beside the forward (H200): traced long enough for one
+        "alone": (preallocated, False, trace_seconds),
+        "beside the forward": (preallocated, True, trace_seconds),
+        "beside the forward, defaults": (hardware, True, max(trace_seconds, 2.5)),
+    }
+    section("trace", lambda: traced(traces, streams, forward))
+    section(
+        "options",
+        lambda: {n: kept(beside(nvimgcodec_decoder(o, t), streams, priority=p)) for n, (o, t, p) in OPTIONS.items()},
+    )
 
     def starvation() -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for free in (8, 16, sms // 2):
-            try:
-                confined = Forward(sms - free)
-                row = beside(hardware, streams, confined.loop)
-                row["forward_alone_img_per_s"] = together([confined.loop], seconds)[0]
-                out[f"forward on {sms - free} of {sms} SMs"] = kept(row)
-            except Exception as e:
-                out[f"forward on {sms - free} of {sms} SMs"] = {"error": repr(e)}
-        out["forward at half duty"] = kept(beside(hardware, streams, lambda s, c: forward.loop(s, c, duty=0.5)))
+        rows = {"forward at half duty": kept(beside(preallocated, streams, lambda s, c: forward.loop(s, c, duty=0.5)))}
         try:
             spin = Spin()
-            row = beside(hardware, streams, spin.loop)
-            out["a spin kernel on every SM instead of the forward"] = {
+            row = beside(preallocated, streams, spin.loop)
+            rows["a spin kernel on every SM instead of the forward"] = {
                 "spins_per_s": row.pop("forward_img_per_s"),
                 **row,
             }
         except Exception as e:
-            out["a spin kernel on every SM instead of the forward"] = {"error": repr(e)}
-        return out
+            rows["a spin kernel on every SM instead of the forward"] = {"error": repr(e)}
+        return rows
 
     section("starvation", starvation)
     section("process", lambda: kept(own_process(forward, seconds)))
 
     def dali() -> dict[str, Any]:
-        out: dict[str, Any] = {}
+        rows: dict[str, Any] = {}
         import nvidia.dali as dali_package
 
-        out["version"] = dali_package.__version__
+        rows["version"] = dali_package.__version__
         for load in (1.0, 0.65):
             decode = dali_decoder(load)
             decoding = Decoding(decode, jpegs)
             together([decoding.loop], 0.5)  # DALI's pools grow on the first batches
             decoding = Decoding(decode, jpegs)
-            out[f"hw_decoder_load={load:g}"] = {
+            rows[f"hw_decoder_load={load:g}"] = {
                 "alone_img_per_s": together([decoding.loop], seconds)[0],
                 "alone": decoding.host_ms(),
                 "beside_forward": kept(beside(decode, jpegs)),
             }
-        return out
+        return rows
 
     section("dali", dali)
+    section("green contexts", lambda: in_own_process(confined, (seconds, (8, 16, 32, 48, sms // 2)), timeout=300))
     return result
 
 
-def traced(decode: Callable[..., Any], files: list[Any], forward: Forward, seconds: float) -> dict[str, Any]:
-    """CUPTI traces of the engines decoding alone and beside the forward, summarised per decoded batch."""
+def in_own_process(target: Callable[..., None], args: tuple[Any, ...], timeout: float) -> dict[str, Any]:
+    """`target(*args, path)` in a spawned process that writes its rows to `path` as JSON; what it wrote by the end
+    (killed after `timeout` s), and a row saying how the process ended where it did not end well."""
+    context = multiprocessing.get_context("spawn")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "rows.json"
+        child = context.Process(target=target, args=(*args, str(path)))
+        child.start()
+        child.join(timeout)
+        if child.is_alive():
+            child.kill()
+            child.join()
+        rows: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
+    if child.exitcode != 0:
+        rows["the process"] = {
+            "error": f"ended with exit code {child.exitcode} (killed after {timeout:.0f} s if negative)"
+        }
+    return rows
+
+
+def confined(seconds: float, frees: tuple[int, ...], path: str) -> None:
+    """In a process of its own: the forward on a green context that leaves each of `frees` SMs to the engines
+    (preallocated), beside them and alone, each row written to `path` as it ends. The green contexts' forwards stay
+    alive until the process ends, which it does without tearing CUDA down (os._exit)."""
+    import os
+
+    from nvidia import nvimgcodec as nv
+
+    streams = [nv.CodeStream(photo_jpeg(i)) for i in range(IMAGES)]
+    decode = nvimgcodec_decoder(PREALLOCATE)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows: dict[str, Any] = {}
+    forward_alone = together([Forward().loop], seconds)[0]
+    forwards = []
+    for free in frees:
+        name = f"forward on {sms - free} of {sms} SMs"
+        try:
+            forwards.append(forward := Forward(sms - free))
+            decoding = Decoding(decode, streams)
+            rate, decoded = together([forward.loop, decoding.loop], seconds)
+            rows[name] = {
+                "forward_img_per_s": rate,
+                "decode_img_per_s": decoded,
+                **decoding.host_ms(),
+                "forward_alone_img_per_s": together([forward.loop], seconds)[0],
+                "forward_kept": rate / forward_alone,
+            }
+        except Exception as e:
+            rows[name] = {"error": repr(e)}
+        Path(path).write_text(json.dumps(rows))
+    os._exit(0)
+
+
+def traced(
+    cases: dict[str, tuple[Callable[..., Any], bool, float]], files: list[Any], forward: Forward
+) -> dict[str, Any]:
+    """CUPTI traces of the engines decoding, each case (decoder, beside the forward or alone, seconds) summarised per
+    decoded batch."""
     from torch.profiler import ProfilerActivity, profile
 
     out: dict[str, Any] = {}
@@ -306,7 +381,8 @@ def traced(decode: Callable[..., Any], files: list[Any], forward: Forward, secon
         forward_thread["id"] = threading.get_native_id()
         forward.loop(stop, count)
 
-    for name, work in (("alone", []), ("beside the forward", [forward_loop])):
+    for name, (decode, with_forward, seconds) in cases.items():
+        work: list[Work] = [forward_loop] if with_forward else []
         decoding = Decoding(decode, files)
         together([*work, decoding.loop], 0.3)  # warm: the first batches set buffers up
         decoding = Decoding(decode, files)
@@ -325,11 +401,12 @@ def traced(decode: Callable[..., Any], files: list[Any], forward: Forward, secon
 
 
 def decode_in_child(seconds: float, started: Any, rate: Any) -> None:
-    """In a process of its own: the engines decoding batches of 256 for `seconds`; its rate into `rate`."""
+    """In a process of its own: the engines (preallocated) decoding batches of 256 for `seconds`; its rate into
+    `rate`."""
     from nvidia import nvimgcodec as nv
 
     streams = [nv.CodeStream(photo_jpeg(i)) for i in range(IMAGES)]
-    decoding = Decoding(nvimgcodec_decoder(), streams)
+    decoding = Decoding(nvimgcodec_decoder(PREALLOCATE), streams)
     together([decoding.loop], 0.3)
     started.set()
     rate.value = together([decoding.loop], seconds)[0]

@@ -39,12 +39,13 @@ def engines_lines(e: dict[str, Any]) -> list[str]:
         lines += [f"*{e['note']}*", ""]
     alone = e.get("alone", {})
     if "forward_img_per_s" in alone:
-        lines += [
-            f"Alone: the forward {alone['forward_img_per_s']:.0f} img/s; the engines "
-            f"{rate(alone.get('hardware', {}), 'decode_img_per_s')} img/s; the CUDA decoder "
-            f"{rate(alone.get('cuda', {}), 'decode_img_per_s')} img/s.",
-            "",
-        ]
+        names = {
+            "hardware": "the engines",
+            "hardware, preallocated": "the engines preallocated",
+            "cuda": "the CUDA decoder",
+        }
+        decoders = [f"{names[k]} {rate(alone[k], 'decode_img_per_s')} img/s" for k in names if k in alone]
+        lines += [f"Alone: the forward {alone['forward_img_per_s']:.0f} img/s; {'; '.join(decoders)}.", ""]
     for name, t in e.get("trace", {}).items():
         if isinstance(t, dict) and "per_batch" in t:
             lines += [
@@ -57,6 +58,7 @@ def engines_lines(e: dict[str, Any]) -> list[str]:
     for section, title in (
         ("options", "nvImageCodec's options, beside the forward"),
         ("starvation", "SMs or synchronisation: the engines beside other work"),
+        ("green contexts", "The forward on fewer SMs (green contexts, a process of their own), beside the engines"),
     ):
         if isinstance(e.get(section), dict):
             lines += [f"### {title}", "", *beside_rows(e[section]), ""]

@@ -37,12 +37,15 @@ def raw_forward(data: dict[str, Any]) -> dict[str, float]:
 
 
 def engine_rates(data: dict[str, Any]) -> dict[str, float | None]:
-    """The engines alone and beside the forward, from the engines part, else from the older hwdecode part."""
+    """The engines alone and beside the forward, from the engines part, else from the older hwdecode part. The
+    engines part's alone rate is the preallocated decoder's where it measured one, else the defaults'."""
     alone = beside = forward = forward_alone = None
-    if e := data.get("engines"):
-        alone = e.get("alone", {}).get("hardware", {}).get("decode_img_per_s")
-        forward_alone = e.get("alone", {}).get("forward_img_per_s")
-        row = e.get("options", {}).get("defaults", {})
+    if e := data.get("engines"):  # preallocated, as the service runs them, where the run measured that
+        setting = "preallocated" if "decode_img_per_s" in e.get("options", {}).get("preallocated", {}) else "defaults"
+        found = e.get("alone", {})
+        alone = found.get(f"hardware, {setting}", found.get("hardware", {})).get("decode_img_per_s")
+        forward_alone = found.get("forward_img_per_s")
+        row = e.get("options", {}).get(setting, {})
         beside, forward = row.get("decode_img_per_s"), row.get("forward_img_per_s")
     elif h := data.get("hwdecode"):
         alone = h.get("alone", {}).get("hardware", {}).get("256", {}).get("img_per_s")

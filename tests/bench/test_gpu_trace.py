@@ -4,6 +4,7 @@ writes them (the part itself needs a GPU: `bash bench/gpu.sh run engines`)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 
 from harness import cuda_trace as trace
 
+ROOT = Path(__file__).resolve().parents[2]
 DECODER, FORWARD, WORKER = 101, 102, 103
 
 
@@ -77,12 +79,20 @@ def test_the_report_shows_every_section_and_each_sections_error() -> None:
         "batch": 256,
         "nvimgcodec": "0.9.0",
         "sms": 132,
-        "alone": {"forward_img_per_s": 10_300.0, "hardware": {"decode_img_per_s": 21_000.0, **host}, "cuda": {}},
+        "alone": {
+            "forward_img_per_s": 10_300.0,
+            "hardware": {"decode_img_per_s": 21_000.0, **host},
+            "hardware, preallocated": {"decode_img_per_s": 22_000.0, **host},
+            "cuda": {},
+        },
         "trace": {"beside the forward": {"decode_img_per_s": 1_000.0, **host, "per_batch": per_batch}},
         "options": {"defaults": row, "one CUDA stream": {"error": "RuntimeError('bad option')"}},
         "starvation": {
-            "forward on 124 of 132 SMs": row,
             "a spin kernel on every SM instead of the forward": {"spins_per_s": 40.0, "decode_img_per_s": 900.0},
+        },
+        "green contexts": {
+            "forward on 124 of 132 SMs": row,
+            "the process": {"error": "ended with exit code -9 (killed after 300 s if negative)"},
         },
         "process": row,
         "dali": {"error": "ModuleNotFoundError(\"No module named 'nvidia.dali'\")"},
@@ -91,7 +101,46 @@ def test_the_report_shows_every_section_and_each_sections_error() -> None:
     text = subprocess.run(
         [sys.executable, "-c", render], input=json.dumps(result), capture_output=True, text=True, check=True
     ).stdout
-    assert "the engines 21000 img/s" in text and "`cudaFree`" in text and "nvjpeg::batchedYCbCr2RGB_kernelv2" in text
+    assert (
+        "the engines 21000 img/s; the engines preallocated 22000 img/s" in text
+        and "`cudaFree`" in text
+        and "nvjpeg::batchedYCbCr2RGB_kernelv2" in text
+    )
     assert "| one CUDA stream | RuntimeError('bad option') |" in text
-    assert "| forward on 124 of 132 SMs | 1050 | 10200 | 0.99 | 240.0 / 3.0 |" in text
+    green = text[text.index("### The forward on fewer SMs") :]
+    assert "| forward on 124 of 132 SMs | 1050 | 10200 | 0.99 | 240.0 / 3.0 |" in green
+    assert "| the process | ended with exit code -9" in green
     assert "40.0 spins/s" in text and "DALI: not measured (ModuleNotFoundError" in text
+
+
+ROWS = """
+import json, os, time
+from pathlib import Path
+
+def rows_then_exit(n, path):
+    Path(path).write_text(json.dumps({f"row {i}": {"decode_img_per_s": i} for i in range(n)}))
+    os._exit(0)
+
+def one_row_then_hang(path):
+    Path(path).write_text(json.dumps({"row 0": {"decode_img_per_s": 0}}))
+    time.sleep(60)
+"""
+
+
+def test_a_section_in_a_process_of_its_own_keeps_its_rows_and_is_stopped_at_its_time_limit(tmp_path: Path) -> None:
+    """The green contexts run in a spawned process: what it wrote comes back, and one that hangs is killed at the
+    time limit with its rows so far and a row saying how it ended."""
+    (tmp_path / "rows_module.py").write_text(ROWS)
+    run = (
+        "import json, rows_module as m; from bench.gpu.engines import in_own_process; "
+        "print(json.dumps(in_own_process(m.rows_then_exit, (2,), timeout=60))); "
+        "print(json.dumps(in_own_process(m.one_row_then_hang, (), timeout=3)))"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    out = subprocess.run(
+        [sys.executable, "-c", run], capture_output=True, text=True, check=True, cwd=ROOT, env=env
+    ).stdout.splitlines()
+    assert json.loads(out[0]) == {"row 0": {"decode_img_per_s": 0}, "row 1": {"decode_img_per_s": 1}}
+    hung = json.loads(out[1])
+    assert hung["row 0"] == {"decode_img_per_s": 0}
+    assert hung["the process"]["error"].startswith("ended with exit code -9")

@@ -78,9 +78,8 @@ class ServedModel:
             def decode_on_cpu(jpeg: Jpeg) -> torch.Tensor:  # what the GPU rejects: PIL's pixels, or PIL's error
                 return cast("torch.Tensor", on_cpu.prepare(EncodedImage(jpeg.filename, bytes(jpeg.data)), False).pixels)
 
-            jpeg_decoder = GpuJpegDecoder(
-                p, device, decode_on_cpu, jpeg_decoder_for(settings.decode, device, settings.hw_decoder_load)
-            )
+            decode = jpeg_decoder_for(settings.decode, device, settings.hw_decoder_load, settings.max_batch_size)
+            jpeg_decoder = GpuJpegDecoder(p, device, decode_on_cpu, decode)
         graphs = graph_sizes(settings.max_batch_size) if settings.cuda_graphs else None
         predictor = cls.build_predictor(
             name, checkpoint, device, settings.backend, jpeg_decoder, graphs, settings.onnx_cache

@@ -113,12 +113,14 @@ class NvImageCodecJpeg:
     they leave. Files -> (3, H, W) uint8 RGB on the device, decoded on the current stream; None where both
     fail."""
 
-    def __init__(self, device: torch.device, engines: bool = True, load: float = 1.0) -> None:
+    def __init__(self, device: torch.device, engines: bool = True, load: float = 1.0, batch: int = 256) -> None:
         from nvidia import nvimgcodec  # here: only a GPU host loads the codec library
 
         self.nvimgcodec = nvimgcodec
         self.device = device
-        self.decoder = nvimgcodec.Decoder(device_id=device.index or 0, backends=decoder_backends(engines, load))
+        self.decoder = nvimgcodec.Decoder(
+            device_id=device.index or 0, backends=decoder_backends(engines, load), options=preallocated(batch)
+        )
         self.params = nvimgcodec.DecodeParams(apply_exif_orientation=False, color_spec=nvimgcodec.ColorSpec.SRGB)
         self.engines = engines and has_jpeg_engines(nvimgcodec, device)
         share = "" if load == 1 else f" ({load:g} of a batch)"
@@ -197,6 +199,14 @@ def decoder_backends(engines: bool, load: float) -> list[Any]:
     return [*backends, nvimgcodec.Backend(nvimgcodec.BackendKind.HYBRID_CPU_GPU)]
 
 
+def preallocated(batch: int, side: int = 512) -> str:
+    """nvImageCodec's options that give the engines buffers for a batch of `batch` images up to `side` x `side`
+    once, where by default each batch allocates its own: beside a forward that fills the SMs, every allocation
+    waits on it (bench/results/gpu-h200-engines.md: 126 img/s by default, 1,136 preallocated)."""
+    hints = {"preallocate_batch_size": batch, "preallocate_width_hint": side, "preallocate_height_hint": side}
+    return " ".join(f"nvjpeg_hw_decoder:{k}={v}" for k, v in hints.items())
+
+
 def writable(file: bytes | memoryview) -> bytearray | memoryview:
     """A buffer torch takes without a copy of its own: a writable view as it is (the arena's), else a copy
     (torch.frombuffer warns on read-only memory such as bytes)."""
@@ -211,11 +221,11 @@ def has_jpeg_engines(nvimgcodec: Any, device: torch.device) -> bool:
     return engines_only.decode(nvimgcodec.CodeStream(blank_jpeg((3, 64, 64)))) is not None
 
 
-def jpeg_decoder_for(choice: DecodeChoice, device: torch.device, hw_load: float = 1.0) -> JpegDecode:
+def jpeg_decoder_for(choice: DecodeChoice, device: torch.device, hw_load: float = 1.0, batch: int = 256) -> JpegDecode:
     """The batch decoder `VIT_DECODE` names: `nvimgcodec` or `dali` (the engines given `hw_load` of a batch,
-    VIT_HW_DECODER_LOAD), or torchvision's nvJPEG for `auto`."""
+    VIT_HW_DECODER_LOAD; nvImageCodec's with buffers for `batch` images), or torchvision's nvJPEG for `auto`."""
     if choice == "nvimgcodec":
-        return NvImageCodecJpeg(device, load=hw_load)
+        return NvImageCodecJpeg(device, load=hw_load, batch=batch)
     if choice == "dali":
         return DaliJpeg(device, load=hw_load)
     return TorchvisionJpeg(device)
