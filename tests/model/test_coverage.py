@@ -10,10 +10,11 @@ from model.convert.converted import ConversionError
 from model.convert.coverage import FAMILY, Outcome, build, convert, feature, head_coverage, refused_by_structure, table
 from model.convert.timm_vit import from_timm_model
 
-pytestmark = pytest.mark.slow  # converts every architecture of the family (about three minutes on one core)
+pytestmark = pytest.mark.slow
 
-# The walk is split in shards, each a class: pytest-xdist (--dist loadscope) hands a class to a worker, so the
-# shards run on every worker at once instead of the whole walk on one.
+# The walk converts every architecture of the family (about three minutes of a core): the shards are marked `walk`,
+# which `bin/test` leaves to a step of its own (`.ci/run` runs it after the suite). It is split in shards, each a
+# class: pytest-xdist (--dist loadscope) hands a class to a worker, so the shards run on every worker at once.
 SHARDS = 4
 
 
@@ -41,21 +42,25 @@ def check_shard(shard: int) -> None:
     assert sum(o.result == "converted" for o in outcomes) >= 60 // SHARDS
 
 
+@pytest.mark.walk
 class TestShard0:
     def test_every_architecture_converts_exactly_or_is_refused_by_name(self) -> None:
         check_shard(0)
 
 
+@pytest.mark.walk
 class TestShard1:
     def test_every_architecture_converts_exactly_or_is_refused_by_name(self) -> None:
         check_shard(1)
 
 
+@pytest.mark.walk
 class TestShard2:
     def test_every_architecture_converts_exactly_or_is_refused_by_name(self) -> None:
         check_shard(2)
 
 
+@pytest.mark.walk
 class TestShard3:
     def test_every_architecture_converts_exactly_or_is_refused_by_name(self) -> None:
         check_shard(3)
