@@ -27,7 +27,7 @@ import numpy as np
 from PIL import Image
 
 from app.settings import BUNDLED_WEIGHTS
-from bench.common import RESULTS, multipart, sample_images, table
+from bench.common import multipart, sample_images, table, write_results
 from harness.load import LoadResult, parse_hey, require_hey, run_hey
 from harness.server import ROOT, ServerProcess, free_port
 
@@ -138,11 +138,7 @@ def main() -> None:
                 result = measure(tree, photo, form, form_type, args.seconds, not args.throughput_only)
                 runs[name].append(result)
                 print(f"round {r + 1} {name}: {json.dumps(result)}", flush=True)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.name}.json").write_text(
-        json.dumps({"trees": {k: str(v) for k, v in trees.items()}, "runs": runs}, indent=2)
-    )
-    (RESULTS / f"{args.name}.md").write_text(markdown(runs, trees))
+    write_results(args.name, {"trees": {k: str(v) for k, v in trees.items()}, "runs": runs}, markdown(runs, trees))
     print(markdown(runs, trees))
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import shutil
 import tempfile
 import time
@@ -40,7 +39,7 @@ from app.core.backends.onnx_runtime import LogitsAndEmbedding, OnnxForward, expo
 from app.core.backends.predictor import Backend, Predictor
 from app.quantize import main as quantize_main
 from app.settings import BUNDLED_WEIGHTS
-from bench.common import RESULTS, table
+from bench.common import table, write_results
 from harness.images import photo_jpeg
 from harness.load import require_hey, run_hey, start_service
 from model.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
@@ -233,9 +232,7 @@ def main() -> None:
         body = folder / "photo.jpg"
         body.write_bytes(photo_jpeg(0))
         report["vit_s16_served"] = served(vit, body, args.duration)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(report, indent=2))
-    (RESULTS / f"{args.name}.md").write_text(markdown(report, args.samples))
+    write_results(args.name, report, markdown(report, args.samples))
     print(markdown(report, args.samples))
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from app.settings import BUNDLED_WEIGHTS
-from bench.common import RESULTS, table
+from bench.common import table, write_results
 from harness.images import encode
 from harness.model_changes import another_version, load_unload_cycles, reload_under_load
 from harness.models import vit_s16_checkpoint
@@ -87,12 +87,7 @@ def main() -> None:
             load_unload_cycles(BUNDLED_WEIGHTS, vit_a, image, args.cycles, 4, VIT_ONNX_CACHE="")
         )
         print(json.dumps(results["cycles/vit-s16"]), flush=True)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(results, indent=2) + "\n")
-    (RESULTS / f"{args.name}.md").write_text(
-        f"# {args.name}\n\n`python -m bench.reload --name {args.name}`\n\n{report(results)}"
-    )
-    print(report(results))
+    write_results(args.name, results, f"# {args.name}\n\n{report(results)}")
 
 
 if __name__ == "__main__":

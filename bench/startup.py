@@ -11,7 +11,6 @@ Writes bench/results/<name>.json and .md.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import tempfile
 import time
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from app.settings import BUNDLED_WEIGHTS
-from bench.common import RESULTS, table
+from bench.common import table, write_results
 from harness.models import vit_s16_checkpoint
 from harness.server import Server
 
@@ -53,8 +52,7 @@ def main() -> None:
                     print(f"{model:<9} {backend:<17} {start:<13} {row[start]:6.1f} s", flush=True)
                 rows.append(row)
     report = {"machine": platform.processor() or platform.machine(), "rows": rows}
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(report, indent=2) + "\n")
-    (RESULTS / f"{args.name}.md").write_text(markdown(report, args.name))
+    write_results(args.name, report, markdown(report, args.name))
 
 
 def markdown(report: dict[str, Any], name: str) -> str:
