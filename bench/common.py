@@ -24,10 +24,10 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def commit(tree: Path) -> str:
     """The short hash of the commit checked out in `tree`, marked "+changes" when its tracked files other than
-    results differ."""
+    results and documentation differ."""
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True)
     changed = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results"],
+        ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results", ":!*.md"],
         cwd=tree,
         capture_output=True,
         text=True,
