@@ -201,8 +201,8 @@ def decoder_backends(engines: bool, load: float) -> list[Any]:
 
 def preallocated(batch: int, side: int = 512) -> str:
     """nvImageCodec's options that give the engines buffers for a batch of `batch` images up to `side` x `side`
-    once, where by default each batch allocates its own: beside a forward that fills the SMs, every allocation
-    waits on it (bench/results/gpu-h200-engines.md: 126 img/s by default, 1,136 preallocated)."""
+    when the decoder is made, rather than as batches need them: beside a forward that fills the SMs the engines
+    decode more so (docs/performance.md, "The engines beside a forward")."""
     hints = {"preallocate_batch_size": batch, "preallocate_width_hint": side, "preallocate_height_hint": side}
     return " ".join(f"nvjpeg_hw_decoder:{k}={v}" for k, v in hints.items())
 
