@@ -60,7 +60,7 @@ def start(tree: Path) -> ServerProcess:
         "--no-access-log",
     ]
     env = {
-        "VIT_WEIGHTS": str(BUNDLED_WEIGHTS),
+        "VIT_WEIGHTS": str(tree / "weights" / BUNDLED_WEIGHTS.name),  # each tree's own: older code reads only its own
         "VIT_DEVICE": "cpu",
         "VIT_THREADS": "1",
         "VIT_LOG_LEVEL": "warning",
