@@ -226,7 +226,7 @@ def engines(seconds: float = 2.0, trace_seconds: float = 1.0, out: Path | None =
     }
     forward = Forward()
     hardware = nvimgcodec_decoder()
-    preallocated = nvimgcodec_decoder(PREALLOCATE)
+    preallocated_engines = nvimgcodec_decoder(PREALLOCATE)
 
     def section(name: str, run: Callable[[], Any]) -> None:
         started = time.perf_counter()
@@ -249,7 +249,7 @@ def engines(seconds: float = 2.0, trace_seconds: float = 1.0, out: Path | None =
         rows: dict[str, Any] = {"forward_img_per_s": together([forward.loop], seconds)[0]}
         decoders = {
             "hardware": hardware,
-            "hardware, preallocated": preallocated,
+            "hardware, preallocated": preallocated_engines,
             "cuda": nvimgcodec_decoder(backend="cuda"),
         }
         for name, decode in decoders.items():
@@ -267,8 +267,8 @@ def engines(seconds: float = 2.0, trace_seconds: float = 1.0, out: Path | None =
         return row
 
     traces = {  # a batch beside the forward takes about a quarter of a second (H200): several in each trace
-        "alone": (preallocated, False, trace_seconds),
-        "beside the forward": (preallocated, True, trace_seconds),
+        "alone": (preallocated_engines, False, trace_seconds),
+        "beside the forward": (preallocated_engines, True, trace_seconds),
         "beside the forward, defaults": (hardware, True, trace_seconds),
     }
     section("trace", lambda: traced(traces, streams, forward))
@@ -278,10 +278,14 @@ def engines(seconds: float = 2.0, trace_seconds: float = 1.0, out: Path | None =
     )
 
     def starvation() -> dict[str, Any]:
-        rows = {"forward at half duty": kept(beside(preallocated, streams, lambda s, c: forward.loop(s, c, duty=0.5)))}
+        rows = {
+            "forward at half duty": kept(
+                beside(preallocated_engines, streams, lambda s, c: forward.loop(s, c, duty=0.5))
+            )
+        }
         try:
             spin = Spin()
-            row = beside(preallocated, streams, spin.loop)
+            row = beside(preallocated_engines, streams, spin.loop)
             rows["a spin kernel on every SM instead of the forward"] = {
                 "spins_per_s": row.pop("forward_img_per_s"),
                 **row,
