@@ -24,11 +24,12 @@ from typing import Any
 import torch
 
 from app.settings import BUNDLED_WEIGHTS
-from bench.common import table, write_results
+from bench.common import write_results
 from bench.limits import forward_throughput
 from harness.images import photo_jpeg
 from harness.load import require_hey, run_hey, start_service
 from harness.models import vit_s16_checkpoint
+from harness.records import table
 from harness.server import ROOT
 from model.checkpoint import load_checkpoint
 

@@ -24,8 +24,9 @@ from typing import Any
 import httpx
 
 from app.settings import BUNDLED_WEIGHTS
-from bench.common import multipart, table, write_results
+from bench.common import multipart, write_results
 from harness.load import start_hey
+from harness.records import table
 from harness.server import Server
 from model.shapes import make_sample
 

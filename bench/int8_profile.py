@@ -29,9 +29,10 @@ from app.core.backends.onnx_runtime import INPUT, OUTPUTS, LogitsAndEmbedding, e
 from app.core.images.decode import decode_image
 from app.core.images.prepare import Preprocessor
 from app.quantize import main as quantize_main
-from bench.common import table, write_results
+from bench.common import write_results
 from harness.images import photo_jpeg
 from harness.models import vit_s16_checkpoint
+from harness.records import table
 from model.checkpoint import load_checkpoint
 
 VARIANTS = ("float32", "float32 fused", "int8 dynamic", "int8 dynamic fused", "int8 static")

@@ -27,8 +27,9 @@ import numpy as np
 from PIL import Image
 
 from app.settings import BUNDLED_WEIGHTS
-from bench.common import multipart, sample_images, table, write_results
+from bench.common import multipart, sample_images, write_results
 from harness.load import LoadResult, parse_hey, require_hey, run_hey
+from harness.records import table
 from harness.server import ROOT, ServerProcess, free_port
 
 

@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from app.settings import BUNDLED_WEIGHTS
-from bench.common import table, write_results
+from bench.common import write_results
 from harness.images import encode
 from harness.model_changes import another_version, load_unload_cycles, reload_under_load
 from harness.models import vit_s16_checkpoint
+from harness.records import table
 from model.shapes import make_sample
 
 

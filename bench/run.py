@@ -26,10 +26,11 @@ import torch
 
 from app.choices import Backend
 from app.settings import BUNDLED_WEIGHTS
-from bench.common import RESULTS, multipart, sample_images, table, write_results
+from bench.common import RESULTS, multipart, sample_images, write_results
 from bench.limits import forward_throughput, preprocessing_cost
 from harness.load import LoadResult, ServerProcess, require_hey, run_hey, start_litserve, start_service
 from harness.models import vit_s16_checkpoint
+from harness.records import table
 from model.checkpoint import load_checkpoint
 from model.device import resolve_device
 

@@ -21,9 +21,10 @@ from typing import Any
 import httpx
 
 from app.settings import BUNDLED_WEIGHTS
-from bench.common import cpu_model, table, write_results
+from bench.common import write_results
 from harness.images import encode
 from harness.load import require_hey, run_hey
+from harness.records import cpu_model, table
 from harness.server import Server
 from model.evaluate import DEFAULT_SHAPES_EVAL_SEED
 from model.shapes import make_sample

@@ -49,11 +49,12 @@ from typing import Any
 import httpx
 import torch
 
-from bench.common import RESULTS, commit, cpu_model, table
+from bench.common import RESULTS
 from bench.gpu.serving import bodies, random_checkpoint
 from harness.images import photo_jpeg
 from harness.load import parse_hey, start_hey
 from harness.models import VIT_S16_PREPROCESSING
+from harness.records import commit, cpu_model, table
 from harness.server import ServerProcess, children, free_port
 from harness.stand_in import (
     HARDWARE_DECODE_IMAGES_PER_S,

@@ -28,8 +28,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS, table
+from bench.common import RESULTS
 from bench.stand_in import MAX_BATCH_SIZE, project
+from harness.records import table
 from harness.stand_in import FORWARD_IMAGES_PER_S, DeviceTimes
 
 

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from app.settings import BUNDLED_WEIGHTS
-from bench.common import table, write_results
+from bench.common import write_results
 from harness.models import vit_s16_checkpoint
+from harness.records import table
 from harness.server import Server
 
 STARTS = ["cache off", "empty cache", "filled cache"]

@@ -26,8 +26,9 @@ from urllib.parse import urlencode
 import torch
 
 from bench.cache import rate
-from bench.common import multipart, table, write_results
+from bench.common import multipart, write_results
 from harness.load import start_hey
+from harness.records import table
 from harness.server import Server
 from harness.zero_shot import clip_vocabulary
 from model.checkpoint import load_checkpoint, save_checkpoint

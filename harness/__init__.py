@@ -1,2 +1,3 @@
-"""What the tests and the benchmarks share: servers as real processes, generated images, load with `hey`,
-the benchmark checkpoints and the model-change experiments. `tests/` and `bench/` import this, never each other."""
+"""What the tests, the benchmarks and the evaluations share: servers as real processes, generated images, load
+with `hey`, the benchmark checkpoints, the model-change experiments and the record every result carries.
+`tests/`, `bench/` and `evaluation/` import this, never each other."""

@@ -65,7 +65,8 @@ def main() -> None:
             for label, values in run.items():
                 rounds[str(tree)].setdefault(label, []).extend(values)
             print(tree, {label: round(min(v)) for label, v in run.items()}, flush=True)
-    from bench.common import commit, write_results  # the parent only: a worker imports nothing of this tree
+    from bench.common import write_results  # the parent only: a worker imports nothing of this tree
+    from harness.records import commit
 
     report = {
         "cpu_count": os.cpu_count(),
@@ -200,7 +201,7 @@ async def call(app: Any, method: str, path: str, body: bytes, content_type: str)
 
 
 def markdown(report: dict[str, Any]) -> str:
-    from bench.common import table
+    from harness.records import table
 
     rows = []
     for tree, routes in report["us_per_request"].items():

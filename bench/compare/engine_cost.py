@@ -83,7 +83,8 @@ def main() -> None:
             print(tree, json.dumps(run), flush=True)
     if args.profile:
         print_profile(args.profile)
-    from bench.common import commit, write_results  # the parent only: a worker imports nothing of this tree
+    from bench.common import write_results  # the parent only: a worker imports nothing of this tree
+    from harness.records import commit
 
     report = {
         "cpu_count": os.cpu_count(),
@@ -445,7 +446,7 @@ def print_profile(path: Path, top: int = 30) -> None:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    from bench.common import table
+    from harness.records import table
 
     kinds = ["event loop", "other Python threads", "ZMQbg/IO"]
     rows = []

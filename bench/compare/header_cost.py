@@ -18,8 +18,9 @@ from collections.abc import Callable
 from app.core.images.decode import open_image
 from app.core.images.gpu_decode import gpu_decodable
 from app.core.images.jpeg_markers import plain_jpeg
-from bench.common import cpu_model, table, write_results
+from bench.common import write_results
 from harness.images import photo_jpeg
+from harness.records import cpu_model, table
 
 LIMIT = 10**8
 

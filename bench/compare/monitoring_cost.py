@@ -25,8 +25,9 @@ from app.core.backends.predictor import ImageInput, ImageOutput, embeddings_aske
 from app.core.engine.drift import Watching
 from app.core.engine.engine import Engine
 from app.settings import BUNDLED_WEIGHTS, Settings
-from bench.common import cpu_model, table, write_results
+from bench.common import write_results
 from bench.compare.statistics_cost import server_cpu_us
+from harness.records import cpu_model, table
 
 
 def added_us(engine: Engine, requests: int, batch: int) -> float:

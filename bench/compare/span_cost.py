@@ -31,7 +31,8 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from opentelemetry.trace import Tracer
 
 from app.telemetry import spans as core
-from bench.common import cpu_model, table, write_results
+from bench.common import write_results
+from harness.records import cpu_model, table
 
 SPANS_PER_REQUEST = 5
 

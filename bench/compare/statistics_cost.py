@@ -26,7 +26,8 @@ from typing import Any
 from app.core.engine.timing import request_timing
 from app.telemetry.metrics import Metrics, ModelMetrics
 from app.telemetry.statistics import BatchTiming, StatisticsBook
-from bench.common import RESULTS, cpu_model, table, write_results
+from bench.common import RESULTS, write_results
+from harness.records import cpu_model, table
 
 
 class Output:

@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from app.settings import BUNDLED_WEIGHTS
-from bench.common import commit, multipart, sample_images, sample_label, table, write_results
+from bench.common import multipart, sample_images, sample_label, write_results
 from harness.load import run_hey
 from harness.otlp import Receiver
+from harness.records import commit, table
 from harness.server import ROOT, Server
 
 CONTRIB = "tracing on, opentelemetry-instrumentation-fastapi"

@@ -30,8 +30,9 @@ from typing import Any
 import httpx
 
 from app.settings import BUNDLED_WEIGHTS
-from bench.common import commit, multipart, sample_images, table, write_results
+from bench.common import multipart, sample_images, write_results
 from harness.load import LoadResult, parse_hey, run_hey, start_hey
+from harness.records import commit, table
 from harness.server import ROOT, Server, ServerProcess, process_cpu_s
 
 

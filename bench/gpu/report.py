@@ -7,10 +7,11 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS, table
+from bench.common import RESULTS
 from bench.gpu import summary
 from bench.gpu.common import MODELS
 from bench.gpu.engines_report import engines_lines
+from harness.records import table
 
 
 def summarize_profile(path: Path, seconds: float = 8.0, rate: int = 250) -> dict[str, float]:

@@ -174,7 +174,7 @@ def test_the_command_refuses_what_it_cannot_use(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_the_bundled_models_scores_put_each_shifted_set_above_its_own_data() -> None:
-    """The three kinds of shift bench.ood measures (shapes under noise or in unseen contrast, crops of real
+    """The three kinds of shift evaluation.ood measures (shapes under noise or in unseen contrast, crops of real
     photographs, uniform noise), 200 images each against 200 held-out shapes, by the score the bundled statistics
     give: each ranks above (at 1,000 images AUROC 0.84 for noisy shapes, 0.988 to 0.999 for the others; at 200,
     0.837 and 0.985 to 0.999; the bounds leave room for sampling)."""

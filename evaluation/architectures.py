@@ -1,7 +1,7 @@
 """The architecture variants and the class-specific maps, measured in one run on this machine.
 
-    python -m bench.architectures                      # writes bench/results/architectures.{json,md}
-    python -m bench.architectures --train 20000 --epochs 3 --eval 2000
+    python -m evaluation.architectures                 # writes evaluation/results/architectures.{json,md}
+    python -m evaluation.architectures --train 20000 --epochs 3 --eval 2000
 
 (1) Each variant (standard pre-norm ViT, post-norm, MLP head, axial attention) trained on `shapes`
 with the same budget (samples, epochs, batch, seed, micro preset, grayscale), then scored by
@@ -14,7 +14,6 @@ batch), median of repeated runs. (3) On the bundled checkpoint: the pointing gam
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import time
@@ -25,12 +24,12 @@ import torch
 
 from app.core.backends.predictor import ImageInput, Predictor
 from app.settings import BUNDLED_WEIGHTS
-from bench.common import table
+from evaluation import write_results
+from harness.records import table
 from model import evaluate, train
 from model.checkpoint import load_checkpoint
 from model.vit import PRESETS, ViT, ViTConfig
 
-RESULTS = Path(__file__).resolve().parent / "results"
 VARIANTS: dict[str, list[str]] = {
     "standard (pre-norm, linear head, full attention)": [],
     "post-norm": ["--norm", "post"],
@@ -40,14 +39,14 @@ VARIANTS: dict[str, list[str]] = {
 
 
 def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.architectures", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m evaluation.architectures", description=__doc__.split("\n\n")[0])
     p.add_argument("--train", type=int, default=20_000, help="shapes training samples per epoch")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--eval", type=int, default=2_000, help="held-out samples for accuracy and pointing game")
     p.add_argument("--sizes", type=int, nargs="+", default=[64, 96, 128, 160, 192, 224, 256])
     p.add_argument("--batch", type=int, default=8, help="images per forward in the timing")
     p.add_argument("--threads", type=int, default=1, help="torch threads for the timings")
-    p.add_argument("--out", type=Path, default=RESULTS / "architectures")
+    p.add_argument("--name", default="architectures", help="evaluation/results/<name>.json and .md")
     p.add_argument("--runs", type=Path, default=Path("runs/architectures"))
     return p.parse_args()
 
@@ -171,7 +170,7 @@ def markdown(results: dict[str, Any]) -> str:
     lines = [
         "# Architecture variants and class-specific maps",
         "",
-        f"`python -m bench.architectures` on {results['machine']}, torch {results['torch']}, "
+        f"`python -m evaluation.architectures` on {results['machine']}, torch {results['torch']}, "
         f"{results['threads']} torch thread(s) for the timings.",
         "",
         f"## Variants on `shapes` (same budget: {a['train']} samples x {a['epochs']} epochs, batch 64, seed 0, "
@@ -245,10 +244,7 @@ def main() -> None:
     results["threads"] = args.threads
     results["attention"] = time_attention(args)
     results["maps"] = compare_maps(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(results, indent=2))
-    args.out.with_suffix(".md").write_text(markdown(results))
-    print(markdown(results))
+    write_results(args.name, results, markdown(results))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """What int8 (VIT_BACKEND=onnxruntime-int8) costs in accuracy and gains in speed against float32 ONNX Runtime.
 
-    python -m bench.quantization --name quantization
+    python -m evaluation.quantization --name quantization
 
 Variants: float32 (`onnxruntime`); float32 with ONNX Runtime's transformer fusions (its optimizer's
 `vit` model type: LayerNorm with the residual add, GELU with its bias, and attention where it
@@ -39,9 +39,10 @@ from app.core.backends.onnx_runtime import LogitsAndEmbedding, OnnxForward, expo
 from app.core.backends.predictor import Backend, Predictor
 from app.quantize import main as quantize_main
 from app.settings import BUNDLED_WEIGHTS
-from bench.common import table, write_results
+from evaluation import write_results
 from harness.images import photo_jpeg
 from harness.load import require_hey, run_hey, start_service
+from harness.records import table
 from model.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from model.data import ShapesDataset
 from model.evaluate import DEFAULT_SHAPES_EVAL_SEED
@@ -206,7 +207,7 @@ def served(models: Checkpoints, body: Path, seconds: float) -> dict[str, dict[st
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.quantization", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m evaluation.quantization", description=__doc__.split("\n\n")[0])
     p.add_argument("--samples", type=int, default=5000, help="held-out shapes images")
     p.add_argument("--images", type=int, default=300, help="generated images for the ViT-S/16 agreement")
     p.add_argument("--duration", type=float, default=15.0, help="seconds of hey per backend")
@@ -279,7 +280,7 @@ def markdown(r: dict[str, Any], samples: int) -> str:
         ),
     ]
     lines = [
-        f"Started {r['started']}, {r['threads']} threads; `python -m bench.quantization --name quantization`.",
+        f"Started {r['started']}, {r['threads']} threads; `python -m evaluation.quantization --name quantization`.",
         "",
         *table(["measure", *VARIANTS], rows),
     ]

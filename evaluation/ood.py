@@ -1,6 +1,6 @@
 """How well the out-of-distribution score separates a model's own data from what it never saw: AUROC.
 
-    python -m bench.ood [--weights PATH] [--n 1000]
+    python -m evaluation.ood [--weights PATH] [--n 1000]
 
 The score is the one the service gives (`ood=true`): the Mahalanobis distance of an image's embedding to the
 nearest class mean, under the checkpoint's reference statistics (model/reference/). In-distribution: held-out
@@ -30,14 +30,14 @@ import torch
 from PIL import Image
 
 from app.settings import BUNDLED_WEIGHTS
-from bench.common import write_results
+from evaluation import write_results
 from harness.shifted import PHOTOS, auroc, held_out_shapes, shifted_sets
 from model.checkpoint import Checkpoint, load_checkpoint
 from model.preprocessing import EvalTransform
 
 
 def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.ood", description=(__doc__ or "").split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m evaluation.ood", description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--weights", type=Path, default=BUNDLED_WEIGHTS, help="a checkpoint with reference statistics")
     p.add_argument("--n", type=int, default=1000, help="images in each set")
     p.add_argument("--name", default="ood", help="results file name")
@@ -106,7 +106,7 @@ def main() -> None:
     lines = [
         f"# Out-of-distribution AUROC: {args.weights.name} (version {ckpt.version})",
         "",
-        f"`python -m bench.ood --n {args.n}`; reference statistics from {report['reference']}; the served score: "
+        f"`python -m evaluation.ood --n {args.n}`; reference statistics from {report['reference']}; the served score: "
         f"{'the Mahalanobis distance' if kind == 'mahalanobis' else '1 - the top probability (max softmax)'}. "
         "In-distribution: "
         f"{args.n} held-out shapes, median score {report['in_distribution_median_score']:{f}} (95th percentile "

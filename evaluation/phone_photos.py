@@ -1,8 +1,8 @@
 """Phone photos: what decoding a 12-megapixel JPEG costs on the CPU in full and scaled inside libjpeg
 (`VIT_JPEG_DRAFT`), how far the scaled decode moves the answers, and what the service serves of each.
 
-    python -m bench.phone_photos                      # writes bench/results/phone-photos.{json,md}
-    python -m bench.phone_photos --duration 5 --repeats 1
+    python -m evaluation.phone_photos                      # writes evaluation/results/phone-photos.{json,md}
+    python -m evaluation.phone_photos --duration 5 --repeats 1
 
 1. Decoding: one 4032x3024 JPEG (scikit-image's astronaut scaled up, with sensor-like noise, quality 92),
    decoded and preprocessed for ViT-S/16 at 224 px (resize 248, bicubic, centre crop) on one thread, in full
@@ -33,10 +33,11 @@ from PIL import Image
 from app.core.images.decode import decode_image
 from app.core.images.prepare import Preprocessor
 from app.settings import BUNDLED_WEIGHTS
-from bench.common import table, write_results
+from evaluation import write_results
 from harness.images import photo_jpeg
 from harness.load import require_hey, run_hey
 from harness.models import VIT_S16_PREPROCESSING, vit_s16_checkpoint
+from harness.records import table
 from harness.server import Server
 from model.checkpoint import load_checkpoint
 
@@ -46,7 +47,7 @@ PHOTOS = ["astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field", "immu
 
 
 def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.phone_photos", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m evaluation.phone_photos", description=__doc__.split("\n\n")[0])
     p.add_argument("--duration", type=float, default=10.0, help="seconds per load round")
     p.add_argument("--repeats", type=int, default=2, help="rounds of each configuration, alternating")
     p.add_argument("--concurrency", type=int, default=8)
@@ -243,7 +244,7 @@ def main() -> None:
     jpegs = {name: as_phone_jpeg(photo, i) for i, (name, photo) in enumerate(photos.items())}
     report: dict[str, Any] = {
         "machine": f"{platform.machine()}, {threads} cores for torch",
-        "command": "python -m bench.phone_photos"
+        "command": "python -m evaluation.phone_photos"
         + (f" --duration {args.duration:g}" if args.duration != 10 else "")
         + (f" --repeats {args.repeats}" if args.repeats != 2 else ""),
         "phone_jpeg_bytes": len(jpegs["astronaut"]),
