@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-NOT_SCENARIOS = ("litserve_server", "litserve_stand_in")  # the peer's servers, which scenarios start
 
 
 def scenarios() -> dict[str, str]:
@@ -31,7 +30,7 @@ def scenarios() -> dict[str, str]:
         name = (
             "gpu" if path.parent.name == "gpu" else path.relative_to(HERE).with_suffix("").as_posix().replace("/", ".")
         )
-        if name in NOT_SCENARIOS or name == "__main__":
+        if name == "__main__":
             continue
         described = path.with_name("__init__.py") if name == "gpu" else path  # the package says what it measures
         doc = ast.get_docstring(ast.parse(described.read_text())) or ""

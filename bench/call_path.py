@@ -29,8 +29,9 @@ from pathlib import Path
 
 import httpx
 
+from harness.cpu import children
 from harness.images import encode
-from harness.server import Server, children
+from harness.server import Server
 from model.shapes import make_sample
 
 HOOK = """

@@ -51,11 +51,12 @@ import torch
 
 from bench.common import RESULTS
 from bench.gpu.serving import bodies, random_checkpoint
+from harness.cpu import children, cpu_by_role, roles
 from harness.images import photo_jpeg
 from harness.load import parse_hey, start_hey
 from harness.models import VIT_S16_PREPROCESSING
 from harness.records import commit, cpu_model, table
-from harness.server import ServerProcess, children, free_port
+from harness.server import ServerProcess, free_port
 from harness.stand_in import (
     HARDWARE_DECODE_IMAGES_PER_S,
     NVJPEG_IMAGES_PER_S,
@@ -141,49 +142,6 @@ def pil_one_core_rate(images: int = 512) -> float:
         return images / (time.perf_counter() - started)
 
 
-def own_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of one process (its threads, not its children)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
-def direct_children(pid: int) -> list[int]:
-    try:
-        return [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-
-
-def roles(supervisor: int, workers: int) -> dict[str, list[int]]:
-    """The pids of each role: one process serving alone is the engine (and its own front). With serving
-    processes, the engine is spawned by the supervisor and the front-ends are forked by its fork server."""
-    if workers == 1:
-        return {"engine": [supervisor], "front-ends": [], "supervisor": []}
-    found: dict[str, list[int]] = {"engine": [], "front-ends": [], "supervisor": [supervisor], "other": []}
-    for pid in direct_children(supervisor):
-        line = cmdline(pid)
-        if "forkserver" in line:
-            found["front-ends"] += direct_children(pid)
-            found["other"].append(pid)  # the fork server itself, idle while serving
-        elif "spawn_main" in line:
-            found["engine"].append(pid)
-        else:
-            found["other"].append(pid)  # multiprocessing's resource tracker
-    if len(found["engine"]) != 1 or len(found["front-ends"]) != workers:
-        raise RuntimeError(f"expected 1 engine and {workers} front-ends under pid {supervisor}, found {found}")
-    return found
-
-
 @dataclass(frozen=True)
 class Load:
     """What hey sends, and how many at once."""
@@ -211,14 +169,14 @@ def measure(
     warm = start_hey(server.url + route, 3, concurrency, body, ctype, headers)
     warm.communicate()
     pids = find()
-    before = {role: sum(own_cpu_s(p) for p in ps) for role, ps in pids.items()}
+    before = cpu_by_role(pids)
     hey_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     proc = start_hey(server.url + route, seconds, concurrency, body, ctype, headers)
     out, err = proc.communicate()
     elapsed = time.perf_counter() - started
     hey_after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = {role: sum(own_cpu_s(p) for p in ps) - before[role] for role, ps in pids.items()}
+    cpu = {role: used - before[role] for role, used in cpu_by_role(pids).items()}
     cpu["load generator"] = (hey_after.ru_utime - hey_before.ru_utime) + (hey_after.ru_stime - hey_before.ru_stime)
     if proc.returncode != 0:
         raise RuntimeError(f"hey failed: {err}")
@@ -477,7 +435,7 @@ def litserve_entry(args: argparse.Namespace, load: Load, api_servers: int, here_
         "max_batch_size": MAX_BATCH_SIZE,
         "batch_timeout_s": 0.005,
     }
-    argv = [sys.executable, "-m", "bench.litserve_stand_in", "--model", args.model, "--port", str(port)]
+    argv = [sys.executable, "-m", "bench.peers.litserve_stand_in", "--model", args.model, "--port", str(port)]
     argv += ["--api-servers", str(api_servers), "--workers-per-device", str(args.peer_workers)]
     argv += ["--max-batch-size", str(MAX_BATCH_SIZE), "--wait-ms", "5"]
     with ServerProcess(argv, {}, port, ready_path="/health") as server:

@@ -58,12 +58,12 @@ def start_litserve(
     workers_per_device: int = 1,
     decode: str = "cpu",
 ) -> ServerProcess:
-    """LitServe (bench.litserve_server) serving `weights`: its API servers, inference workers and decoding as given."""
+    """LitServe (bench.peers.litserve_server) serving `weights`: its API servers, inference workers and decoding as given."""
     port = free_port()
     argv = [
         sys.executable,
         "-m",
-        "bench.litserve_server",
+        "bench.peers.litserve_server",
         "--weights",
         str(weights),
         "--port",

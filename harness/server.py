@@ -17,6 +17,8 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from harness.cpu import process_cpu_s
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -25,26 +27,6 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
-
-
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process and its children, from /proc."""
-    total = 0.0
-    for p in [pid, *children(pid)]:
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
-
-
-def children(pid: int) -> list[int]:
-    try:
-        kids = [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-    return kids + [g for k in kids for g in children(k)]
 
 
 class ServerProcess:

@@ -33,7 +33,6 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import signal
 import statistics
 import subprocess
@@ -42,6 +41,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from harness.cpu import own_cpu_s, threads_cpu_s
 
 MAX_BATCH_SIZE = 256
 
@@ -122,36 +123,6 @@ def worker(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
         out = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, check=True).stdout
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return result
-
-
-def own_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of one process (all its threads)."""
-    return cpu_s(Path(f"/proc/{pid}/stat"))
-
-
-def cpu_s(stat: Path) -> float:
-    fields = stat.read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def threads_cpu_s(pid: int) -> dict[str, float]:
-    """CPU seconds of each kind of thread of a process, by name with its number dropped ("forward_1": "forward")."""
-    kinds: dict[str, float] = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            name = (task / "comm").read_text().strip()
-            seconds = cpu_s(task / "stat")
-        except OSError:  # ended meanwhile
-            continue
-        kind = (
-            "event loop"
-            if task.name == str(pid)
-            else "other Python threads"
-            if name == "python"
-            else re.sub(r"/\d+$", "", name)
-        )
-        kinds[kind] = kinds.get(kind, 0.0) + seconds
-    return kinds
 
 
 async def serve_engine(address: str, checkpoint: Path, model: str, profile: Path | None) -> None:

@@ -1,21 +1,15 @@
-"""What tracing costs: this tree with tracing off against a tree without the tracing code, and with it on.
+"""What tracing costs the server: tracing off, on with every request exported, and on with one in 10 sampled.
 
-    python -m bench.compare.tracing --other /tmp/before --contrib /tmp/contrib --rounds 3 --seconds 10
+    python -m bench.compare.tracing --rounds 3 --seconds 10
 
-`--other` is a checkout of the commit before the tracing code (`git worktree add /tmp/before 62326be`),
-run with this environment's packages. `--contrib` (optional) is a checkout whose HTTP spans come from
-OpenTelemetry's contrib package opentelemetry-instrumentation-fastapi (`git worktree add /tmp/contrib
-fdf5efb`, run with that package installed), where this tree has FastAPI's native instrumentation. Every server is `python -m app` with the bundled model on the CPU,
-loaded with `hey` posting one image to `/predict` (multipart) at concurrency 32: by default the bundled model's
-own 64 px PNG, the cheapest request and so the one tracing costs most; `--image jpeg-medium` posts a 500x375
-JPEG, a photo's size, which the server decodes and resizes. Rounds alternate:
-the other tree, this tree with tracing off (no OTEL_ variables), this tree with tracing on (OTLP over
-gRPC to a local receiver in the benchmark's process that counts the exports without parsing them, so
-that it takes next to no CPU from the server), every request traced, and one request in 10
-(`parentbased_traceidratio`, 0.1).
-"tracing on, OTLP/HTTP" (not run by default) exports over http/protobuf, the SDK's default protocol,
-to the same receiver. `--configs` picks the servers and their order; the first is what the others are set beside, so
-`--configs "tracing off" "tracing on"` needs no other tree.
+Every server is `python -m app` with the bundled model on the CPU, loaded with `hey` posting one image to
+`/predict` (multipart) at concurrency 32: by default a 500x375 JPEG, a photo's size, which the server decodes and
+resizes; `--image png-small` posts the bundled model's own 64 px PNG, the cheapest request and so the one tracing
+costs most. Rounds alternate the servers: tracing off (no OTEL_ variables), tracing on (OTLP over gRPC to a local
+receiver in the benchmark's process that counts the exports without parsing them, so that it takes next to no CPU
+from the server), and one request in 10 traced (`parentbased_traceidratio`, 0.1). "tracing on, OTLP/HTTP" (not
+run by default) exports over http/protobuf, the SDK's default protocol, to the same receiver. `--configs` picks
+the servers and their order; the first is what the others are set beside.
 """
 
 from __future__ import annotations
@@ -33,35 +27,29 @@ from harness.otlp import Receiver
 from harness.records import commit, table
 from harness.server import ROOT, Server
 
-CONTRIB = "tracing on, opentelemetry-instrumentation-fastapi"
+SAMPLED = "tracing on, 10% sampled"
 OVER_HTTP = "tracing on, OTLP/HTTP"  # the protocol's default, http/protobuf, where the others export over gRPC
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.compare.tracing", description=__doc__.split("\n\n")[0])
-    p.add_argument("--other", type=Path, help="a checkout without the tracing code (for 'no tracing code')")
-    p.add_argument("--contrib", type=Path, help="a checkout tracing HTTP with opentelemetry-instrumentation-fastapi")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--concurrency", type=int, default=32)
-    p.add_argument("--image", choices=sorted(sample_images()), default="png-small", help="the posted image")
+    p.add_argument("--image", choices=sorted(sample_images()), default="jpeg-medium", help="the posted image")
     p.add_argument("--name", default="tracing-cpu")
     p.add_argument(
         "--configs",
         nargs="+",
-        default=["no tracing code", "tracing off", "tracing on", "tracing on, 10% sampled"],
+        default=["tracing off", "tracing on", SAMPLED],
+        choices=["tracing off", "tracing on", SAMPLED, OVER_HTTP],
         help="which servers, in each round's order",
     )
-    args = p.parse_args()
-    if args.contrib is not None and CONTRIB not in args.configs:
-        args.configs.insert(args.configs.index("tracing on") + 1, CONTRIB)
-    if "no tracing code" in args.configs and args.other is None:
-        p.error("'no tracing code' runs the tree --other names")
-    return args
+    return p.parse_args()
 
 
-def start(tree: Path, env: dict[str, str]) -> Server:
-    server = Server(BUNDLED_WEIGHTS, None, tree=tree, VIT_GRPC_PORT="0", VIT_LOG_LEVEL="warning", **env)
+def start(env: dict[str, str]) -> Server:
+    server = Server(BUNDLED_WEIGHTS, None, VIT_GRPC_PORT="0", VIT_LOG_LEVEL="warning", **env)
     server.wait_ready(180)
     return server
 
@@ -84,18 +72,10 @@ def main() -> None:
         }
         sampled = {**on, "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.1"}
         over_http = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.http_endpoint, "OTEL_TRACES_SAMPLER": "always_on"}
-        servers = {
-            "no tracing code": (args.other, {}),
-            "tracing off": (ROOT, {}),
-            "tracing on": (ROOT, on),
-            OVER_HTTP: (ROOT, over_http),
-            CONTRIB: (args.contrib, on),
-            "tracing on, 10% sampled": (ROOT, sampled),
-        }
+        servers = {"tracing off": {}, "tracing on": on, OVER_HTTP: over_http, SAMPLED: sampled}
         for _ in range(args.rounds):
             for label in args.configs:
-                tree, env = servers[label]
-                server = start(tree, env)
+                server = start(servers[label])
                 try:
                     run_hey(server.url + "/predict", body, content_type, args.concurrency, 2)  # warm
                     cpu = server.cpu_seconds()
@@ -113,8 +93,6 @@ def main() -> None:
     report = {
         "cpu_count": os.cpu_count(),
         "this": commit(ROOT),
-        "other": commit(args.other) if "no tracing code" in args.configs else None,
-        "contrib": commit(args.contrib) if args.contrib is not None else None,
         "image": args.image,
         "concurrency": args.concurrency,
         "seconds": args.seconds,
@@ -133,12 +111,6 @@ def markdown(report: dict[str, Any]) -> str:
     base_label = next(iter(report["runs"]))  # the first server of each round: what the others are set beside
     base = mean(report["runs"][base_label])
     base_cpu = mean(report["server_cpu_us"][base_label])
-    other = f", the tree without the tracing code {report['other']}" if report.get("other") else ""
-    contrib = (
-        f", the tree whose HTTP spans come from opentelemetry-instrumentation-fastapi {report['contrib']}"
-        if report.get("contrib")
-        else ""
-    )
     rows = []
     for label, values in report["runs"].items():
         cpu = report["server_cpu_us"][label]
@@ -156,9 +128,9 @@ def markdown(report: dict[str, Any]) -> str:
         [
             f"# Tracing cost on the CPU ({report['cpu_count']} cores)",
             "",
-            f"`python -m bench.compare.tracing`: `/predict` with one {sample_label(report.get('image', 'png-small'))} at "
+            f"`python -m bench.compare.tracing`: `/predict` with one {sample_label(report['image'])} at "
             f"concurrency {report['concurrency']}, "
-            f"{report['seconds']:.0f} s per run, rounds alternating; this tree {report['this']}{other}{contrib}. Tracing on exports the spans over OTLP/gRPC (OTLP/HTTP where the row says so) to a local "
+            f"{report['seconds']:.0f} s per run, rounds alternating; this tree {report['this']}. Tracing on exports the spans over OTLP/gRPC (OTLP/HTTP where the row says so) to a local "
             f"receiver that counts the exports without parsing them ({report['exports_received']:,} in all). "
             "The server's CPU time (user + system, from /proc) over the requests it answered is what a request "
             "costs it, a figure less shaken than the rate by what else the 2 cores run.",

@@ -31,9 +31,10 @@ import httpx
 
 from app.settings import BUNDLED_WEIGHTS
 from bench.common import multipart, sample_images, write_results
+from harness.cpu import process_cpu_s
 from harness.load import LoadResult, parse_hey, run_hey, start_hey
 from harness.records import commit, table
-from harness.server import ROOT, Server, ServerProcess, process_cpu_s
+from harness.server import ROOT, Server, ServerProcess
 
 
 def parse_args() -> argparse.Namespace:

@@ -21,10 +21,11 @@ from bench.common import multipart
 from bench.gpu.common import MODELS, VARIANTS, save
 from bench.gpu.report import summarize_profile
 from bench.run import check_peer
+from harness.cpu import process_cpu_s
 from harness.images import photo_jpeg
 from harness.load import ServerProcess, run_hey, start_litserve
 from harness.models import VIT_S16_PREPROCESSING
-from harness.server import Server, process_cpu_s
+from harness.server import Server
 from model.checkpoint import save_checkpoint
 from model.vit import ViT
 

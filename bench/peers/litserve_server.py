@@ -1,7 +1,7 @@
 """The peer: LitServe serving the same checkpoint with the same decode, preprocessing and batch settings.
 
-python -m bench.litserve_server --weights weights/vit-shapes.safetensors --port 8001 [--backend onnxruntime]
-python -m bench.litserve_server --weights W --api-servers 8 --workers-per-device 4 --decode gpu   # on a GPU
+python -m bench.peers.litserve_server --weights weights/vit-shapes.safetensors --port 8001 [--backend onnxruntime]
+python -m bench.peers.litserve_server --weights W --api-servers 8 --workers-per-device 4 --decode gpu   # on a GPU
 
 With `--decode cpu` each request's image is decoded and preprocessed by PIL in `decode_request`. With
 `--decode gpu` (a GPU host, as the service's defaults) `decode_request` keeps the upload's bytes and `batch()`

@@ -1,6 +1,6 @@
 """The peer on the device stand-in: LitServe answering /predict with the same waits for the GPU's work.
 
-python -m bench.litserve_stand_in --model vit-b16 --port 8001 --api-servers 4 --workers-per-device 4
+python -m bench.peers.litserve_stand_in --model vit-b16 --port 8001 --api-servers 4 --workers-per-device 4
 
 Configured for throughput as LitServe's docs advise: several API server processes (`num_api_servers`),
 several inference workers on the device (`workers_per_device`), `fast_queue=True` (ZeroMQ between them),
