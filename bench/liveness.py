@@ -28,6 +28,7 @@ from PIL import Image
 
 from app.settings import BUNDLED_WEIGHTS
 from bench.common import multipart, sample_images, write_results
+from bench.trees import alternated
 from harness.load import LoadResult, parse_hey, require_hey, run_hey
 from harness.records import table
 from harness.server import ROOT, ServerProcess, free_port
@@ -133,12 +134,14 @@ def main() -> None:
         photo.write_bytes(large_photo())
         body, form_type = multipart(sample_images()["png-small"], "image.png", "image/png")
         form.write_bytes(body)
-        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
-        for r in range(args.rounds):
-            for name, tree in trees.items():
-                result = measure(tree, photo, form, form_type, args.seconds, not args.throughput_only)
-                runs[name].append(result)
-                print(f"round {r + 1} {name}: {json.dumps(result)}", flush=True)
+
+        def run(tree: Path) -> dict[str, Any]:
+            result = measure(tree, photo, form, form_type, args.seconds, not args.throughput_only)
+            print(f"{tree}: {json.dumps(result)}", flush=True)
+            return result
+
+        by_path = alternated(list(trees.values()), args.rounds, run)
+        runs = {name: by_path[str(tree)] for name, tree in trees.items()}
     write_results(args.name, {"trees": {k: str(v) for k, v in trees.items()}, "runs": runs}, markdown(runs, trees))
     print(markdown(runs, trees))
 

@@ -35,6 +35,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from bench.trees import alternated
+
 ROUTES = {"cache hit": "/predict", "health": "/health/live", "upload answered 404": "/no-such-route"}
 
 
@@ -58,13 +60,16 @@ def main() -> None:
         print(json.dumps(asyncio.run(measure(args.rounds, args.calls, args.freeze_heap))))
         return
     trees = [t.resolve() for t in args.trees]
-    rounds: dict[str, dict[str, list[float]]] = {str(t): {} for t in trees}
-    for repeat in range(args.repeats):
-        for tree in trees if repeat % 2 == 0 else trees[::-1]:
-            run = worker(tree, args.rounds, args.calls, args.freeze_heap)
-            for label, values in run.items():
-                rounds[str(tree)].setdefault(label, []).extend(values)
-            print(tree, {label: round(min(v)) for label, v in run.items()}, flush=True)
+
+    def run(tree: Path) -> dict[str, list[float]]:
+        rounds = worker(tree, args.rounds, args.calls, args.freeze_heap)
+        print(tree, {label: round(min(v)) for label, v in rounds.items()}, flush=True)
+        return rounds
+
+    rounds: dict[str, dict[str, list[float]]] = {
+        tree: {label: [v for r in runs for v in r[label]] for label in runs[0]}
+        for tree, runs in alternated(trees, args.repeats, run).items()
+    }
     from bench.common import write_results  # the parent only: a worker imports nothing of this tree
     from harness.records import commit
 

@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.trees import alternated
 from harness.cpu import own_cpu_s, threads_cpu_s
 
 MAX_BATCH_SIZE = 256
@@ -76,12 +77,13 @@ def main() -> None:
         print(json.dumps(asyncio.run(drive(args))))
         return
     trees = [t.resolve() for t in args.trees]
-    runs: dict[str, list[dict[str, Any]]] = {str(t): [] for t in trees}
-    for repeat in range(args.repeats):
-        for tree in trees if repeat % 2 == 0 else trees[::-1]:
-            run = worker(tree, args)
-            runs[str(tree)].append(run)
-            print(tree, json.dumps(run), flush=True)
+
+    def run(tree: Path) -> dict[str, Any]:
+        measured = worker(tree, args)
+        print(tree, json.dumps(measured), flush=True)
+        return measured
+
+    runs = alternated(trees, args.repeats, run)
     if args.profile:
         print_profile(args.profile)
     from bench.common import write_results  # the parent only: a worker imports nothing of this tree
