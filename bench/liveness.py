@@ -46,7 +46,7 @@ def large_photo() -> bytes:
     return buf.getvalue()
 
 
-def start(tree: Path) -> ServerProcess:
+def start(tree: Path, weights: Path | None) -> ServerProcess:
     port = free_port()
     argv = [
         sys.executable,
@@ -62,7 +62,8 @@ def start(tree: Path) -> ServerProcess:
         "--no-access-log",
     ]
     env = {
-        "VIT_WEIGHTS": str(tree / "weights" / BUNDLED_WEIGHTS.name),  # each tree's own: older code reads only its own
+        # by default each tree's own bundled model: older code may read only its own
+        "VIT_WEIGHTS": str(weights or tree / "weights" / BUNDLED_WEIGHTS.name),
         "VIT_DEVICE": "cpu",
         "VIT_THREADS": "1",
         "VIT_LOG_LEVEL": "warning",
@@ -94,8 +95,10 @@ def health_under(url: str, path: str, body: Path, seconds: float) -> tuple[LoadR
     return health, load[0]
 
 
-def measure(tree: Path, photo: Path, form: Path, form_type: str, seconds: float, health: bool) -> dict[str, Any]:
-    server = start(tree)
+def measure(
+    tree: Path, weights: Path | None, photo: Path, form: Path, form_type: str, seconds: float, health: bool
+) -> dict[str, Any]:
+    server = start(tree, weights)
     if not health:
         try:
             c32 = run_hey(server.url + "/predict", form, form_type, 32, seconds)
@@ -125,6 +128,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=15.0, help="seconds per measurement")
     p.add_argument("--other", type=Path, help="another checkout to measure in alternating rounds (A/B)")
     p.add_argument("--this", type=Path, default=ROOT, help="the checkout measured as 'this' (default: this one)")
+    p.add_argument("--weights", type=Path, help="one checkpoint every tree serves (default: each tree's own)")
     p.add_argument("--throughput-only", action="store_true", help="only /predict at concurrency 32")
     p.add_argument("--name", default="liveness")
     args = p.parse_args()
@@ -136,13 +140,18 @@ def main() -> None:
         form.write_bytes(body)
 
         def run(tree: Path) -> dict[str, Any]:
-            result = measure(tree, photo, form, form_type, args.seconds, not args.throughput_only)
+            result = measure(tree, args.weights, photo, form, form_type, args.seconds, not args.throughput_only)
             print(f"{tree}: {json.dumps(result)}", flush=True)
             return result
 
         by_path = alternated(list(trees.values()), args.rounds, run)
         runs = {name: by_path[str(tree)] for name, tree in trees.items()}
-    write_results(args.name, {"trees": {k: str(v) for k, v in trees.items()}, "runs": runs}, markdown(runs, trees))
+    report = {
+        "trees": {k: str(v) for k, v in trees.items()},
+        "weights": str(args.weights or "each tree's own"),
+        "runs": runs,
+    }
+    write_results(args.name, report, markdown(runs, trees))
     print(markdown(runs, trees))
 
 
