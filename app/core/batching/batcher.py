@@ -281,6 +281,24 @@ class DynamicBatcher(Generic[In, Out]):
         return batch
 
     async def _run(self, batch: list[Pending[In, Out]]) -> None:
+        """Compute `batch`, then, while a full batch is ready without waiting, the next ones in the same task: under
+        load the worker thread goes from one forward to the next without a go of the event loop between them (each
+        go also parses every connection's bytes, and the thread would idle meanwhile)."""
+        while batch:
+            await self._compute(batch)
+            batch = self._take_batch() if self._ready() else []
+            if batch:
+                self._report_depth()
+
+    def _ready(self) -> bool:
+        """Whether `_fill` would return at once: the batch is full, nothing more is coming, or its wait is over."""
+        return bool(self._queue) and (
+            len(self._queue) >= self.max_batch_size
+            or self._incoming == 0
+            or time.monotonic() >= self._queue[0].enqueued + self.max_wait_s
+        )
+
+    async def _compute(self, batch: list[Pending[In, Out]]) -> None:
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
         links = batch_links([i.request.span for i in batch])
@@ -298,8 +316,8 @@ class DynamicBatcher(Generic[In, Out]):
             if len(batch) > 1:  # retry in halves: a poisoned image or a too-large batch fails alone
                 log.warning("batch of %d failed (%s); retrying in halves", len(batch), e)
                 half = len(batch) // 2
-                await self._run(batch[:half])
-                await self._run(batch[half:])
+                await self._compute(batch[:half])
+                await self._compute(batch[half:])
                 return
             item = batch[0]
             if isinstance(e, ServiceError):  # the image's own fault (a file only the forward step decodes)
