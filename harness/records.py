@@ -30,10 +30,13 @@ def commit(tree: Path) -> str:
 
 
 def command_line() -> str:
-    """This run's command as it was typed: `python -m MODULE ARGS` for a module run with -m."""
+    """This run's command as it was typed: `python -m MODULE ARGS` for a module run with -m, after the service's
+    and OpenTelemetry's variables set in its environment (`VIT_BACKEND=torch python -m ...`), which the servers it
+    starts inherit."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     head = ["python", "-m", spec.name.removesuffix(".__main__")] if spec is not None else ["python", sys.argv[0]]
-    return shlex.join(head + sys.argv[1:])
+    settings = [f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith(("VIT_", "OTEL_"))]
+    return shlex.join(settings + head + sys.argv[1:])
 
 
 # The vector extensions that move CPU figures: int8 matrix products run several times faster with VNNI or AMX.

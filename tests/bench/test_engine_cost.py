@@ -34,5 +34,6 @@ def test_replayers_keep_the_engine_busy_and_its_cpu_per_image_is_read(tmp_path: 
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
     assert record["commit"].startswith(head.strip())
     assert record["machine"]["cores"] == os.cpu_count() and record["machine"]["cpu"]
-    assert record["command"] == "python -m bench.compare.engine_cost " + " ".join(command[3:])
+    settings = [f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith(("VIT_", "OTEL_"))]
+    assert record["command"] == " ".join([*settings, "python -m bench.compare.engine_cost", *command[3:]])
     assert f"Measured at {record['commit']} on {record['machine']['cpu']}" in markdown

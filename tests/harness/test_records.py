@@ -20,8 +20,16 @@ def test_a_result_carries_its_commit_machine_and_command(tmp_path: Path) -> None
         "import sys; from pathlib import Path; from harness.records import write_results; "
         "write_results(Path(sys.argv[1]), 'r', {'rows': [1, 2]}, '# A result\\n')"
     )
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("VIT_", "OTEL_"))} | {
+        "VIT_BACKEND": "torch"
+    }
     done = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path), "--flag"], cwd=ROOT, capture_output=True, text=True, check=True
+        [sys.executable, "-c", script, str(tmp_path), "--flag"],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     report = json.loads((tmp_path / "r.json").read_text())
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
@@ -29,6 +37,7 @@ def test_a_result_carries_its_commit_machine_and_command(tmp_path: Path) -> None
     assert record["commit"].removesuffix("+changes") == head.stdout.strip()
     assert record["machine"]["cores"] == os.cpu_count() and record["machine"]["cpu"]
     assert set(record["machine"]["vector_extensions"]) <= set(VECTOR_EXTENSIONS)
+    assert record["command"].startswith("VIT_BACKEND=torch python ")  # the settings its servers inherit, first
     assert record["command"].endswith(f"{tmp_path} --flag")
     assert report["rows"] == [1, 2]
     text = (tmp_path / "r.md").read_text()
