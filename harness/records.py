@@ -21,7 +21,7 @@ def commit(tree: Path) -> str:
     results and documentation differ."""
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True)
     changed = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!*/results", ":!*.md"],
+        ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!*/results/*", ":!*.md"],
         cwd=tree,
         capture_output=True,
         text=True,
