@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.records import VECTOR_EXTENSIONS, table
+from harness.records import VECTOR_EXTENSIONS, commit, table
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,3 +49,21 @@ def test_a_table_checks_its_columns() -> None:
     assert table(["a", "b"], [["x", 1]]) == ["| a | b |", "|---|---:|", "| x | 1 |"]
     with pytest.raises(ValueError, match="a row of 1 cells in a table of 2 columns"):
         table(["a", "b"], [["x"]])
+
+
+def test_only_changed_code_marks_a_tree_changed(tmp_path: Path) -> None:
+    def git(*argv: str) -> None:
+        subprocess.run(["git", *argv], cwd=tmp_path, capture_output=True, check=True)
+
+    files = {"app.py": "x = 1\n", "bench/results/r.json": "{}\n", "evaluation/results/e.md": "a\n", "docs/d.md": "b\n"}
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    git("init", "-q")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    for name in list(files)[1:]:  # results and documentation
+        (tmp_path / name).write_text("changed\n")
+    assert not commit(tmp_path).endswith("+changes")
+    (tmp_path / "app.py").write_text("x = 2\n")
+    assert commit(tmp_path).endswith("+changes")
