@@ -3,7 +3,9 @@
 A single loop takes up to `max_batch_size` queued images, waiting at most `max_wait_ms` after the
 first one arrived, and runs the batch on a dedicated worker thread so the event loop keeps
 accepting requests meanwhile. It waits only while more images are known to be coming (requests
-admitted and still decoding): a lone request is not held back for company that will not come.
+admitted and still decoding): a lone request is not held back for company that will not come. Under load, the
+task that computed a batch takes the next one as soon as it is ready, so the worker thread does not idle for the
+event loop between batches.
 Each request gets one future for all its outputs, answered when its last image is computed (a batch
 may hold images of many requests, and a request's images may span batches). A `Group` queues several
 requests' images at once (the engine process's calls read together, to one model with the same options):
