@@ -3,6 +3,7 @@
     python -m bench.liveness --rounds 2 --name liveness                 # this tree
     python -m bench.liveness --rounds 2 --other /tmp/old --name ab      # A/B against another checkout
     python -m bench.liveness --rounds 4 --other /tmp/old --throughput-only --name ab-c32
+    python -m bench.liveness --rounds 4 --other /tmp/old --throughput-only --weights W.safetensors  # one model
 
 One uvicorn process per measurement (bundled model, the default backend). For each tree, in
 alternating rounds: `/health/live` alone, then beside 4 clients posting a 1600x1200 JPEG with
