@@ -35,8 +35,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.trees import alternated
-
 ROUTES = {"cache hit": "/predict", "health": "/health/live", "upload answered 404": "/no-such-route"}
 
 
@@ -59,6 +57,8 @@ def main() -> None:
     if args.worker:
         print(json.dumps(asyncio.run(measure(args.rounds, args.calls, args.freeze_heap))))
         return
+    from bench.trees import alternated  # the parent only: a worker imports nothing of this tree
+
     trees = [t.resolve() for t in args.trees]
 
     def run(tree: Path) -> dict[str, list[float]]:

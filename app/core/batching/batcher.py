@@ -244,13 +244,11 @@ class DynamicBatcher(Generic[In, Out]):
             log.error("a batch's task failed: %r", e)
 
     async def _fill(self) -> None:
-        """While more items are coming, wait until the batch is full or `max_wait` has passed since its first item."""
-        wait_until = self._queue[0].enqueued + self.max_wait_s
-        while len(self._queue) < self.max_batch_size and self._incoming > 0:
-            remaining = wait_until - time.monotonic()
-            if remaining <= 0:
-                return
+        """While more items are coming, wait until the batch is full or `max_wait` has passed since its first item
+        (`_ready`). A batch task that takes the queued items meanwhile leaves the next batch's first item to time."""
+        while self._queue and not self._ready():
             self._arrived.clear()
+            remaining = self._queue[0].enqueued + self.max_wait_s - time.monotonic()
             try:
                 await asyncio.wait_for(self._arrived.wait(), remaining)
             except TimeoutError:
@@ -293,7 +291,7 @@ class DynamicBatcher(Generic[In, Out]):
                 self._report_depth()
 
     def _ready(self) -> bool:
-        """Whether `_fill` would return at once: the batch is full, nothing more is coming, or its wait is over."""
+        """Whether a batch can be taken now: it is full, nothing more is coming, or its first item's wait is over."""
         return bool(self._queue) and (
             len(self._queue) >= self.max_batch_size
             or self._incoming == 0
