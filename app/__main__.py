@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import sys
 
 from pydantic import ValidationError
@@ -33,7 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:  # uvloop is Linux and macOS only
         loop_factory = None
     with asyncio.Runner(loop_factory=loop_factory) as runner:
-        return runner.run(serve(args.host, args.port, settings))
+        code = runner.run(serve(args.host, args.port, settings))
+    # Stopped: what is still alive (torch, the models, the app) ends with the process. Frozen, it is left out of
+    # the interpreter's last collections at exit, which would otherwise walk all of it once more.
+    gc.freeze()
+    return code
 
 
 if __name__ == "__main__":

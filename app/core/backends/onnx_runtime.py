@@ -98,17 +98,25 @@ def exported(
                 time.perf_counter() - started,
             )
             return forward
+    float32 = cache.float32() if cache is not None and int8 else None
+    kept = float32.load() if float32 is not None else None  # int8 is quantized from the float32 graph
     with export_folder() as folder:
         path = folder / "model.onnx"
-        export(LogitsAndEmbedding(model), input_shape, path)
+        if kept is not None:
+            shutil.copyfile(kept, path)
+        else:
+            export(LogitsAndEmbedding(model), input_shape, path)
+            if float32 is not None:
+                float32.store(path)  # a float32 start of the same checkpoint takes it
         if int8:
             path = quantize_int8(path)
         forward = OnnxForward(session(path, threads), quantization)
         if cache is not None:
             cache.store(path)
     log.info(
-        "exported the model to ONNX%s and built an ORT session (%d threads) in %.1fs",
-        " (int8)" if int8 else "",
+        "%s%s and built an ORT session (%d threads) in %.1fs",
+        f"quantized the cached ONNX graph ({kept}) to int8" if kept else "exported the model to ONNX",
+        " (int8)" if int8 and not kept else "",
         threads,
         time.perf_counter() - started,
     )
@@ -127,6 +135,7 @@ class GraphCache:
     def __init__(
         self, folder: Path, content_hash: str, config: dict[str, Any], input_shape: tuple[int, int, int], int8: bool
     ) -> None:
+        self.folder, self.content_hash, self.config, self.input_shape = folder, content_hash, config, input_shape
         identity = {
             "format": self.FORMAT,
             "checkpoint": content_hash,
@@ -137,6 +146,10 @@ class GraphCache:
         }
         key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
         self.path = folder / f"{'int8' if int8 else 'float32'}-{key}.onnx"
+
+    def float32(self) -> GraphCache:
+        """The place of the same checkpoint's float32 graph, which an int8 graph is quantized from."""
+        return GraphCache(self.folder, self.content_hash, self.config, self.input_shape, int8=False)
 
     def load(self) -> Path | None:
         return self.path if self.path.is_file() else None
