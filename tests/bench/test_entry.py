@@ -28,11 +28,14 @@ def test_the_scenarios_are_listed_each_with_what_it_measures() -> None:
 
 
 def test_a_scenario_runs_as_its_module_does_and_an_unknown_one_is_one_line(tmp_path: Path) -> None:
-    name = tmp_path / "header"
-    ran = bench("compare.header-cost", "--rounds", "1", "--calls", "20", "--name", str(name))
+    name = tmp_path / "features"
+    ran = bench("feature-cost", "--requests", "40", "--repeats", "1", "--name", str(name))
     assert ran.returncode == 0, ran.stderr
     report = json.loads(name.with_suffix(".json").read_text())
-    assert " python -m bench.compare.header_cost --rounds 1" in " " + report["record"]["command"]
+    assert " python -m bench.feature_cost --requests 40" in " " + report["record"]["command"]
+    timed = {"statistics_computed", "statistics_hit", "monitoring", "tracing_off", "span_both", "header_markers_exif"}
+    assert timed <= set(report["us"]), report["us"]  # every feature's calls were timed
+    assert "| statistics | a computed request |" in name.with_suffix(".md").read_text()
     unknown = bench("nope")
     assert unknown.returncode == 1 and unknown.stderr.startswith("python -m bench: no scenario 'nope'; there are: ")
     assert len(unknown.stderr.strip().splitlines()) == 1

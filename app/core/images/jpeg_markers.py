@@ -4,7 +4,7 @@ Where a model decodes plain JPEGs on the GPU, each file's header is checked on t
 then `gpu_decodable`): PIL reads the header, and its EXIF for the orientation, which is several times
 slower, and the hand-off to a pool thread that runs it costs a serving process's event loop more again.
 `plain_jpeg` reads the same facts from the file's markers on the caller's thread (docs/performance.md gives
-the figures, from `python -m bench.compare.header_cost`).
+the figures, from `python -m bench feature-cost`).
 
 It answers True only for files the PIL check would send to the GPU, and only for the common shape of one: a
 baseline or extended sequential JPEG (SOF0, SOF1) of 8 bits and one or three components, within the pixel
