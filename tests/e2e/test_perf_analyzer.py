@@ -80,7 +80,7 @@ def measure(server: Server, protocol: str, input_data: Path, *extra: str) -> Non
     # the figures are not the test's, so any three windows count as stable: perf_analyzer calls a run stable when
     # the slowest of its last three windows is within the percentage of the fastest, and on a shared 2-core
     # machine one window in a run can stall for more than twice the others'
-    command += ["--measurement-interval", "1500", "--stability-percentage", "100000", "--max-trials", "5"]
+    command += ["--measurement-interval", "500", "--stability-percentage", "100000", "--max-trials", "5"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
