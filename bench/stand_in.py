@@ -30,7 +30,6 @@ measurement.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import re
@@ -51,7 +50,7 @@ import torch
 
 from bench.common import RESULTS
 from bench.gpu.serving import bodies, random_checkpoint
-from harness.cpu import children, cpu_by_role, roles
+from harness.cpu import cpu_by_role, roles
 from harness.images import photo_jpeg
 from harness.load import parse_hey, start_hey
 from harness.models import VIT_S16_PREPROCESSING
@@ -93,12 +92,6 @@ def parse_args() -> argparse.Namespace:
         action="store_true",
         help="measure nothing: project the results already in --json again with the current device model",
     )
-    p.add_argument(
-        "--peer",
-        action="store_true",
-        help="also LitServe over the same stand-in (predict only), with as many API servers as front-ends",
-    )
-    p.add_argument("--peer-workers", type=int, default=4, help="LitServe's workers_per_device (default 4)")
     p.add_argument(
         "--replay",
         action="store_true",
@@ -340,9 +333,6 @@ def main() -> None:
         for workers in args.workers:
             entries.append(service_entry(args, checkpoint, load, workers, here_pil, replayed))
             print(json.dumps(entries[-1]), flush=True)
-            if args.peer and args.route == "predict":
-                entries.append(litserve_entry(args, load, workers, here_pil))
-                print(json.dumps(entries[-1]), flush=True)
     report(entries, args)
 
 
@@ -422,57 +412,6 @@ def service_entry(
     if workers == 1 and (reference := H100_ONE_PROCESS.get((args.model, args.route))):
         entry["h100_measured_img_s"], entry["h100_measured_cores"] = reference
     return entry
-
-
-def litserve_entry(args: argparse.Namespace, load: Load, api_servers: int, here_pil: float) -> dict[str, Any]:
-    """LitServe over the same stand-in, `api_servers` API server processes and --peer-workers inference
-    workers sharing the one device; the configuration it ran is checked from its answers."""
-    port = free_port()
-    config = {
-        "num_api_servers": api_servers,
-        "workers_per_device": args.peer_workers,
-        "fast_queue": True,
-        "max_batch_size": MAX_BATCH_SIZE,
-        "batch_timeout_s": 0.005,
-    }
-    argv = [sys.executable, "-m", "bench.peers.litserve_stand_in", "--model", args.model, "--port", str(port)]
-    argv += ["--api-servers", str(api_servers), "--workers-per-device", str(args.peer_workers)]
-    argv += ["--max-batch-size", str(MAX_BATCH_SIZE), "--wait-ms", "5"]
-    with ServerProcess(argv, {}, port, ready_path="/health") as server:
-        workers = litserve_workers(server.url, load)
-        if len(workers) != args.peer_workers or any(w["threads"] != 1 for w in workers.values()):
-            raise RuntimeError(f"LitServe answered from workers {workers}, not {args.peer_workers} of one thread")
-        config["inference_worker_pids"] = sorted(workers)
-
-        def peer_roles() -> dict[str, list[int]]:
-            everything = [server.proc.pid, *children(server.proc.pid)]
-            rest = [p for p in everything if p not in workers]
-            return {"engine": list(workers), "front-ends": rest, "supervisor": []}
-
-        m = measure(server, "/predict", load, args.seconds, 1, peer_roles)
-    entry = summary("litserve", args, api_servers, load, m, here_pil)
-    entry["settings"] = config
-    return entry
-
-
-def litserve_workers(url: str, load: Load) -> dict[int, dict[str, int]]:
-    """The inference workers that answer 256 requests, 64 at a time: pid -> what each reports."""
-    body = load.body.read_bytes()
-
-    async def ask() -> list[dict[str, Any]]:
-        async with httpx.AsyncClient(timeout=60) as client:
-            answers = []
-            for _ in range(4):
-                rs = await asyncio.gather(
-                    *(
-                        client.post(url + "/predict", content=body, headers={"content-type": load.content_type})
-                        for _ in range(64)
-                    )
-                )
-                answers += [r.json()["worker"] for r in rs]
-            return answers
-
-    return {w["pid"]: w for w in asyncio.run(ask())}
 
 
 def summary(
