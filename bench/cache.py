@@ -25,7 +25,7 @@ import httpx
 
 from app.settings import BUNDLED_WEIGHTS
 from bench.common import multipart, write_results
-from harness.load import start_hey
+from harness.load import parse_hey, start_hey
 from harness.records import table
 from harness.server import Server
 from model.shapes import make_sample
@@ -53,11 +53,9 @@ def photos() -> list[bytes]:
 
 
 def rate(out: str) -> tuple[float, int, int]:
-    """Requests/s, non-200 answers and answers in all from one hey report."""
-    found = re.search(r"Requests/sec:\s+(\S+)", out)
-    statuses = {int(c): int(n) for c, n in re.findall(r"\[(\d+)\]\s+(\d+) responses", out)}
-    errors = sum(n for c, n in statuses.items() if c != 200)
-    return (float(found.group(1)) if found else 0.0), errors, sum(statuses.values())
+    """Requests/s, failed requests and answers in all from one hey report."""
+    result = parse_hey(out, 0, None)
+    return result.requests_per_s, result.errors, sum(result.statuses.values())
 
 
 def measure(cache_bytes: int, bodies: list[tuple[Path, str]], seconds: float) -> dict[str, Any]:

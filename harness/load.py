@@ -6,7 +6,7 @@ import re
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -24,6 +24,7 @@ class LoadResult:
     ok: int
     errors: int  # non-200 answers and transport errors
     mean_batch_size: float | None
+    statuses: dict[int, int] = field(default_factory=dict)  # HTTP status -> answers
 
 
 def require_hey() -> str:
@@ -157,4 +158,5 @@ def parse_hey(out: str, concurrency: int, mean_batch: float | None) -> LoadResul
         ok=ok,
         errors=sum(statuses.values()) - ok + transport_errors,
         mean_batch_size=mean_batch,
+        statuses=statuses,
     )

@@ -105,9 +105,8 @@ def load_in_background(url: str, body: Path, content_type: str, concurrency: int
 
     class Running:
         @staticmethod
-        def result() -> tuple[LoadResult, str]:
-            out, _ = proc.communicate()
-            return parse_hey(out, concurrency, None), out
+        def result() -> LoadResult:
+            return parse_hey(proc.communicate()[0], concurrency, None)
 
     return Running
 
@@ -137,8 +136,7 @@ def fault(kind: str, args: argparse.Namespace, body: Path, content_type: str) ->
 
             until(ready, 120)
         back_after = time.monotonic() - killed
-        result, report = running.result()
-        statuses = {int(c): int(n) for c, n in re.findall(r"\[(\d+)\]\s+(\d+) responses", report)}
+        result = running.result()
     return {
         "killed": kind,
         "workers": args.workers,
@@ -147,7 +145,7 @@ def fault(kind: str, args: argparse.Namespace, body: Path, content_type: str) ->
         "requests": result.ok + result.errors,
         "ok": result.ok,
         "failed": result.errors,
-        "statuses": statuses,
+        "statuses": result.statuses,
         "back_after_s": round(back_after, 2),
     }
 
