@@ -127,6 +127,7 @@ def one_row_then_hang(path):
 """
 
 
+@pytest.mark.slow  # a fresh interpreter, and a process left to hang until its time limit
 def test_a_section_in_a_process_of_its_own_keeps_its_rows_and_is_stopped_at_its_time_limit(tmp_path: Path) -> None:
     """The green contexts run in a spawned process: what it wrote comes back, and one that hangs is killed at the
     time limit with its rows so far and a row saying how it ended."""
@@ -134,7 +135,7 @@ def test_a_section_in_a_process_of_its_own_keeps_its_rows_and_is_stopped_at_its_
     run = (
         "import json, rows_module as m; from bench.gpu.engines import in_own_process; "
         "print(json.dumps(in_own_process(m.rows_then_exit, (2,), timeout=60))); "
-        "print(json.dumps(in_own_process(m.one_row_then_hang, (), timeout=10)))"
+        "print(json.dumps(in_own_process(m.one_row_then_hang, (), timeout=3)))"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
     out = subprocess.run(
