@@ -101,16 +101,22 @@ def exported(
     float32 = cache.float32() if cache is not None and int8 else None
     kept = float32.load() if float32 is not None else None  # int8 is quantized from the float32 graph
     with export_folder() as folder:
-        path = folder / "model.onnx"
+        path, forward = folder / "model.onnx", None
         if kept is not None:
-            shutil.copyfile(kept, path)
-        else:
+            try:
+                shutil.copyfile(kept, path)
+                path = quantize_int8(path)
+                forward = OnnxForward(session(path, threads), quantization)
+            except (OnnxExportError, OSError) as e:
+                log.warning("could not quantize the cached graph %s (%s); exporting again", kept, e)
+                path, kept = folder / "model.onnx", None
+        if forward is None:
             export(LogitsAndEmbedding(model), input_shape, path)
             if float32 is not None:
-                float32.store(path)  # a float32 start of the same checkpoint takes it
-        if int8:
-            path = quantize_int8(path)
-        forward = OnnxForward(session(path, threads), quantization)
+                float32.store(path)  # a float32 start of the same checkpoint takes it (and a damaged one is replaced)
+            if int8:
+                path = quantize_int8(path)
+            forward = OnnxForward(session(path, threads), quantization)
         if cache is not None:
             cache.store(path)
     log.info(

@@ -286,6 +286,23 @@ async def test_a_damaged_cached_graph_is_exported_again(
     assert graph.stat().st_size > 1000  # replaced by the new export
 
 
+async def test_a_damaged_float32_graph_under_an_int8_start_is_exported_again(
+    make_client: ClientFactory, tmp_path: Path, app_log: pytest.LogCaptureFixture
+) -> None:
+    cache = tmp_path / "cache"
+    images = [encode(make_sample(9, 0).image)]
+    async with make_client(backend="onnxruntime-int8", onnx_cache=cache) as client:
+        before = await predict(client, images)
+    int8, float32 = sorted(cache.iterdir(), key=lambda p: not p.name.startswith("int8"))
+    int8.unlink()  # the next int8 start quantizes the float32 graph, here cut short
+    float32.write_bytes(float32.read_bytes()[:1000])
+    app_log.clear()
+    async with make_client(backend="onnxruntime-int8", onnx_cache=cache) as client:
+        assert await predict(client, images) == before
+    assert "could not quantize the cached graph" in app_log.text and "exported the model" in app_log.text
+    assert float32.stat().st_size > 1000 and int8.is_file()  # both replaced by the new export
+
+
 async def test_a_cache_folder_that_cannot_be_written_only_costs_the_export(
     make_client: ClientFactory, tmp_path: Path, app_log: pytest.LogCaptureFixture
 ) -> None:
