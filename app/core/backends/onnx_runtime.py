@@ -101,22 +101,16 @@ def exported(
     float32 = cache.float32() if cache is not None and int8 else None
     kept = float32.load() if float32 is not None else None  # int8 is quantized from the float32 graph
     with export_folder() as folder:
-        path, forward = folder / "model.onnx", None
-        if kept is not None:
-            try:
-                shutil.copyfile(kept, path)
-                path = quantize_int8(path)
-                forward = OnnxForward(session(path, threads), quantization)
-            except (OnnxExportError, OSError) as e:
-                log.warning("could not quantize the cached graph %s (%s); exporting again", kept, e)
-                path, kept = folder / "model.onnx", None
-        if forward is None:
+        made = quantized_from(kept, folder, threads) if kept is not None else None
+        if made is None:
+            kept, path = None, folder / "model.onnx"
             export(LogitsAndEmbedding(model), input_shape, path)
             if float32 is not None:
                 float32.store(path)  # a float32 start of the same checkpoint takes it (and a damaged one is replaced)
             if int8:
                 path = quantize_int8(path)
-            forward = OnnxForward(session(path, threads), quantization)
+            made = OnnxForward(session(path, threads), quantization), path
+        forward, path = made
         if cache is not None:
             cache.store(path)
     log.info(
@@ -127,6 +121,19 @@ def exported(
         time.perf_counter() - started,
     )
     return forward
+
+
+def quantized_from(kept: Path, folder: Path, threads: int) -> tuple[OnnxForward, Path] | None:
+    """The int8 graph quantized from the cached float32 graph `kept` (copied into `folder`), and its session; None,
+    with a warning, where that graph cannot be quantized or loaded (then the model is exported again)."""
+    try:
+        path = folder / "model.onnx"
+        shutil.copyfile(kept, path)
+        path = quantize_int8(path)
+        return OnnxForward(session(path, threads), "dynamic"), path
+    except (OnnxExportError, OSError) as e:
+        log.warning("could not quantize the cached graph %s (%s); exporting again", kept, e)
+        return None
 
 
 class GraphCache:
