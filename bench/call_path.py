@@ -21,16 +21,18 @@ import functools
 import json
 import os
 import signal
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 
+from bench.common import write_results
 from harness.cpu import children
 from harness.images import encode
+from harness.records import commit, table
 from harness.server import Server
 from model.shapes import make_sample
 
@@ -95,6 +97,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--trees", type=Path, nargs="+", default=[Path(".")], help="checkouts to compare")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--list", action="store_true", help="print each crossing call")
+    p.add_argument("--name", default="call-path", help="results file name (bench/results/<name>.json and .md)")
     return p.parse_args()
 
 
@@ -182,16 +185,39 @@ def summary(edges: list[list[str]]) -> dict[str, int]:
 
 def main() -> None:
     args = parse_args()
+    rows = []
     for tree in args.trees:
-        commit = subprocess.run(
-            ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
         found = measure(tree, args.rounds)
         for route, edges in found.items():
-            print(json.dumps({"tree": str(tree), "commit": commit, "route": route, **summary(edges)}))
+            rows.append({"tree": str(tree), "commit": commit(tree), "route": route, **summary(edges), "calls": edges})
+            print(json.dumps({k: v for k, v in rows[-1].items() if k != "calls"}))
             if args.list:
                 for e in edges:
                     print(f"    {e[0]}:{e[1]} -> {e[2]}:{e[3]}")
+    report = {"rounds": args.rounds, "workers": 2, "rows": rows}
+    write_results(args.name, report, markdown(report))
+
+
+def markdown(report: dict[str, Any]) -> str:
+    rows = [
+        [r["tree"], r["commit"], r["route"], r["crossings"], r["deferred"], r["from_threads"], r["files"]]
+        for r in report["rows"]
+    ]
+    header = ["tree", "commit", "request", "calls from one file of app/ into another", "deferred", "from threads"]
+    return "\n".join(
+        [
+            "# The file boundaries one request crosses in `app/`",
+            "",
+            f"`python -m bench.call_path`: the bundled checkpoint served with `VIT_WORKERS={report['workers']}`; the "
+            "distinct calls of one request (a `/predict` with one JPEG, a V2 `infer` with one) from a function of "
+            "one file of `app/` into another, in every process, seen in all of "
+            f"{report['rounds']} rounds and in none of the idle windows between them; each call is listed in the "
+            "JSON.",
+            "",
+            *table([*header, "files"], rows),
+            "",
+        ]
+    )
 
 
 if __name__ == "__main__":
