@@ -49,11 +49,23 @@ def test_every_metric_is_documented() -> None:
     assert set(re.findall(r"^\| `(vit_\w+)` \|", page, re.MULTILINE)) == exported
 
 
+def anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces as hyphens."""
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.DOTALL)
+    headings = re.findall(r"^#+ (.+)$", text, re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
 @pytest.mark.parametrize("page", [ROOT / "README.md", ROOT / "weights" / "README.md", *DOCS], ids=lambda p: p.name)
 def test_relative_links_resolve(page: Path) -> None:
-    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
-        if not re.match(r"[a-z]+:", target):
-            assert (page.parent / target).exists(), f"{page.name} links to {target}, which does not exist"
+    """Each link to a file reaches it, and each link to a heading (on the page or another) reaches that heading."""
+    for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)", page.read_text()):
+        if re.match(r"[a-z]+:", target):
+            continue
+        linked = page.parent / target if target else page
+        assert linked.exists(), f"{page.name} links to {target}, which does not exist"
+        if anchor and linked.suffix == ".md":
+            assert anchor in anchors(linked), f"{page.name} links to {target}#{anchor}, a heading it does not have"
 
 
 def test_every_closed_choice_is_documented_with_all_its_values() -> None:
