@@ -135,7 +135,7 @@ def test_a_section_in_a_process_of_its_own_keeps_its_rows_and_is_stopped_at_its_
     run = (
         "import json, rows_module as m; from bench.gpu.engines import in_own_process; "
         "print(json.dumps(in_own_process(m.rows_then_exit, (2,), timeout=60))); "
-        "print(json.dumps(in_own_process(m.one_row_then_hang, (), timeout=3)))"
+        "print(json.dumps(in_own_process(m.one_row_then_hang, (), timeout=5)))"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
     out = subprocess.run(
