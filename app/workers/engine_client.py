@@ -44,6 +44,7 @@ from app.settings import Settings
 from app.telemetry.metrics import Metrics
 from app.telemetry.spans import carrier
 from app.telemetry.statistics import ModelStatistics
+from app.workers.arena import Arena, read_outputs, write_inputs
 from app.workers.link import (
     ENGINE_SILENT_S,
     HEARTBEAT_S,
@@ -53,21 +54,10 @@ from app.workers.link import (
     Hello,
     InferCall,
     Refused,
-    RegionWriter,
     Reply,
     RepositoryCall,
     State,
-    Stored,
-    StoredImage,
-    dumps,
-    input_bytes,
-    load_predictions,
-    loads,
-    output_bytes,
-    read_tensor,
-    store_images,
 )
-from app.workers.shared_memory import Arena, aligned
 from model.preprocessing import Preprocessing
 
 log = logging.getLogger("app")
@@ -110,7 +100,7 @@ class EngineClient(DataPlane):
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.IMMEDIATE, 1)  # nothing queued for an engine not connected
         socket.connect(self.address)
-        self.channel = Channel(socket, self.receive)
+        self.channel = Channel(socket, self.receive, "front-end")
         self.tasks = [asyncio.create_task(self.keep_in_touch())]
 
     async def wait_engine(self, timeout_s: float) -> bool:
@@ -143,23 +133,18 @@ class EngineClient(DataPlane):
                 self.engine_gone(f"no word from the engine for {ENGINE_SILENT_S:.0f} s")
             await asyncio.sleep(0.1 if self.state is None else HEARTBEAT_S)
 
-    def receive(self, frames: list[bytes]) -> None:
-        try:
-            (data,) = frames
-            message = loads(data)
-            if isinstance(message, State):
-                self.apply(message)
-            elif isinstance(message, list):  # the replies the engine computed in one go
-                for reply in message:
-                    self.answered(reply)
-            elif isinstance(message, Reply):
-                self.answered(message)
-        except Exception:  # one bad message never leaves this front-end deaf
-            log.exception("front-end: a message from the engine could not be handled")
+    def receive(self, sender: bytes | None, message: object) -> None:
+        if isinstance(message, State):
+            self.apply(message)
+        elif isinstance(message, list):  # the replies the engine computed in one go
+            for reply in message:
+                self.answered(reply)
+        elif isinstance(message, Reply):
+            self.answered(message)
 
     def send(self, message: object) -> bool:
         """Whether `message` went to the engine (not when no engine is connected, or its queue is full)."""
-        return self.channel is not None and self.channel.send([dumps(message)])
+        return self.channel is not None and self.channel.send(message)
 
     def post(self, message: InferCall | Cancel) -> None:
         """`message` to the engine with the others posted in this go of the event loop, as one message. Calls
@@ -285,15 +270,8 @@ class EngineClient(DataPlane):
         if self.state is None:  # gone while this front-end decoded
             raise NotReady(ENGINE_GONE)
         model = request.model
-        count = inputs.shape[0] if isinstance(inputs, torch.Tensor) else len(inputs)
-        in_bytes = (
-            aligned(inputs.numel() * inputs.element_size()) if isinstance(inputs, torch.Tensor) else input_bytes(inputs)
-        )
         texts = len(request.texts) if request.texts is not None else 0
-        size = max(in_bytes, output_bytes(model, options, count, texts))
-        offset = self.arena.allocate(size) if self.arena is not None else None
-        region = None if offset is None else (offset, size)
-        images, pixels = self.store_inputs(inputs, region)
+        stored = write_inputs(self.arena, inputs, model, options, texts)
         call = InferCall(
             next(self.ids),
             self.state.incarnation,
@@ -301,21 +279,20 @@ class EngineClient(DataPlane):
             request.version,
             options,
             timeout_s,
-            images,
-            pixels,
-            region,
+            stored.images,
+            stored.pixels,
+            stored.region,
             model.version,
             carrier(),
             request.texts,
         )
-        reply = await self.call(call, offset, self.settings.request_timeout_s + 5)
+        region = None if stored.region is None else stored.region[0]
+        reply = await self.call(call, region, self.settings.request_timeout_s + 5)
         try:
             if reply.failure is not None:
                 raise reply.failure.exception()
             assert reply.outputs is not None
-            stored = reply.outputs.text_embeddings
-            embedded = None if stored is None else read_tensor(self.arena, stored)
-            predictions = load_predictions(reply.outputs, self.arena)
+            predictions, embedded = read_outputs(self.arena, reply.outputs)
             return Inference(reply.model or model, predictions, options.labels, embedded)
         finally:
             self.release_call(call.id)
@@ -348,15 +325,6 @@ class EngineClient(DataPlane):
             preparer = ImagePreparer(p, s.max_image_pixels, s.jpeg_draft, gpu_jpegs, s.cpu_decode_share)
             self.preparers[key] = preparer
         return preparer
-
-    def store_inputs(
-        self, inputs: Sequence[EncodedImage | DecodedImage] | torch.Tensor, region: tuple[int, int] | None
-    ) -> tuple[list[StoredImage] | None, Stored | None]:
-        """The inputs written into the arena's `region` (offset, size); inline without one."""
-        into = RegionWriter(self.arena, region)
-        if isinstance(inputs, torch.Tensor):
-            return None, into.tensor(inputs.detach().cpu().contiguous())
-        return store_images(inputs, into), None
 
     async def call(self, message: InferCall | RepositoryCall, region: int | None, timeout_s: float) -> Reply:
         """Send `message`, wait for the engine's answer. Cancelled (the client went away), the engine is

@@ -29,15 +29,15 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 import zmq
 
 from app.core.contract.errors import ServiceError
 from app.core.contract.inference import Inference
-from app.core.contract.request import DecodedImage, EncodedImage, InferOptions
+from app.core.contract.request import InferOptions
 from app.core.engine.call import Call
 from app.core.engine.engine import Engine
 from app.core.engine.served_model import ServedModel
+from app.workers.arena import Arena, read_inputs, viewed, write_outputs
 from app.workers.link import (
     HEARTBEAT_S,
     Ack,
@@ -47,17 +47,10 @@ from app.workers.link import (
     Hello,
     InferCall,
     Refused,
-    RegionWriter,
     Reply,
     RepositoryCall,
     State,
-    dumps,
-    load_images,
-    loads,
-    store_outputs,
-    viewed,
 )
-from app.workers.shared_memory import Arena
 
 log = logging.getLogger("app")
 ACK_TIMEOUT_S = 2.0  # how long a repository change waits for every front-end to apply it
@@ -110,7 +103,7 @@ class EngineHost:
         socket = self.context.socket(zmq.ROUTER)
         socket.setsockopt(zmq.LINGER, 0)
         socket.bind(self.address)
-        self.channel = Channel(socket, self.receive)
+        self.channel = Channel(socket, self.receive, "engine")
         beating = asyncio.create_task(self.heartbeat())
         try:
             await stop.wait()
@@ -130,7 +123,7 @@ class EngineHost:
         the replies waiting for it."""
         if self.channel is not None:
             self.send_replies(peer)
-            self.channel.send([peer.identity, dumps(message)])
+            self.channel.send(message, peer.identity)
 
     def reply(self, peer: Peer, reply: Reply) -> None:
         """`reply` to a front-end with the others computed in this go of the event loop, as one message."""
@@ -147,7 +140,7 @@ class EngineHost:
     def send_replies(self, peer: Peer) -> None:
         if peer.replies and self.channel is not None:
             replies, peer.replies = peer.replies, []
-            self.channel.send([peer.identity, dumps(replies)])
+            self.channel.send(replies, peer.identity)
 
     def broadcast(self) -> State:
         """The current state to every front-end, with a new seq when it changed."""
@@ -169,14 +162,10 @@ class EngineHost:
             self.broadcast()
             await asyncio.sleep(HEARTBEAT_S)
 
-    def receive(self, frames: list[bytes]) -> None:
-        try:
-            identity, data = frames
-            message = loads(data)
-            for one in message if isinstance(message, list) else (message,):  # a front-end's calls, in order
-                self.handle(identity, one)
-        except Exception:  # one bad message (or a front-end's arena gone) never stops the engine answering
-            log.exception("engine: a message from a front-end could not be handled")
+    def receive(self, sender: bytes | None, message: object) -> None:
+        assert sender is not None  # a ROUTER's messages name their front-end
+        for one in message if isinstance(message, list) else (message,):  # a front-end's calls, in order
+            self.handle(sender, one)
 
     def handle(self, identity: bytes, message: object) -> None:
         if isinstance(message, InferCall) and self.gather(identity, message):
@@ -233,7 +222,7 @@ class EngineHost:
             model = self.engine.model(first.model, first.version)
             engine_calls = [
                 Call(
-                    call_inputs(c, p.arena),
+                    read_inputs(p.arena, c.images, c.pixels),
                     c.options,
                     c.timeout_s,
                     functools.partial(self.answer, p, c, model),
@@ -351,18 +340,10 @@ class EngineHost:
                 await asyncio.wait_for(self.acked.wait(), remaining)
 
 
-def call_inputs(call: InferCall, arena: Arena | None) -> list[EncodedImage | DecodedImage] | torch.Tensor:
-    """A call's files (those the front-end prepared left in its arena, as views), or its pixels."""
-    if call.images is not None:
-        return load_images(call.images, arena)
-    assert call.pixels is not None
-    return call.pixels if isinstance(call.pixels, torch.Tensor) else arena.read_tensor(*call.pixels)  # type: ignore[union-attr]
-
-
 def answered(call: InferCall, done: Inference, arena: Arena | None) -> Reply:
     """A computed call's reply: its outputs in its region, and the description (20 KB pickled with 1,000 class
     names) only where the front-end lacks it."""
-    outputs = store_outputs(done.predictions, RegionWriter(arena, call.region), done.text_embeddings)
+    outputs = write_outputs(arena, call.region, done.predictions, done.text_embeddings)
     return Reply(call.id, None if done.model.version == call.described else done.model, outputs)
 
 

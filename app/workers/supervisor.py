@@ -50,9 +50,9 @@ from app.startup import STARTUP_FAILED_EXIT_CODE, startup_errors, startup_failed
 from app.telemetry.logs import configure_logging
 from app.telemetry.metrics import Metrics
 from app.telemetry.tracing import configure_tracing, shutdown_tracing
+from app.workers.arena import Arena
 from app.workers.engine_client import EngineClient
 from app.workers.front_end import serve_front_end
-from app.workers.shared_memory import Arena
 
 log = logging.getLogger("app")
 RESTART_BACKOFF_S = 1.0  # a process that dies within this of its start waits this long to start again

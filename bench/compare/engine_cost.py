@@ -182,7 +182,10 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
         from app.workers.engine_client import EngineClient
     except ImportError:  # a tree from before the front-end's handle on the engine had that name
         from app.workers.remote import RemoteEngine as EngineClient  # type: ignore[no-redef]
-    from app.workers.shared_memory import Arena
+    try:
+        from app.workers.arena import Arena
+    except ImportError:  # a tree from before the arena held a call's layout
+        from app.workers.shared_memory import Arena  # type: ignore[no-redef]
     from bench.gpu.serving import random_checkpoint
 
     with tempfile.TemporaryDirectory(dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None) as tmp:
@@ -246,26 +249,43 @@ async def replay(
     from app.core.images.gpu_decode import Jpeg
     from app.core.images.prepare import ImagePreparer
     from app.settings import Settings
-    from app.workers.link import (
-        Channel,
-        Hello,
-        InferCall,
-        RegionWriter,
-        Reply,
-        State,
-        dumps,
-        input_bytes,
-        loads,
-        output_bytes,
-        store_images,
-    )
+    from app.workers.link import Channel, Hello, InferCall, Reply, State
 
     try:
         from app.workers.engine_client import EngineClient
     except ImportError:  # a tree from before the front-end's handle on the engine had that name
         from app.workers.remote import RemoteEngine as EngineClient  # type: ignore[no-redef]
-    from app.workers.shared_memory import Arena
     from model.preprocessing import Preprocessing
+
+    try:
+        from app.workers.arena import Arena, output_bytes, write_inputs
+
+        def channel(socket: Any, on_message: Any) -> Any:
+            return Channel(socket, on_message, "replayer")
+
+        def send(channel: Any, message: object) -> None:
+            channel.send(message)
+
+    except ImportError:  # a tree from before the arena held a call's layout, and its channel pickled
+        import pickle
+        from types import SimpleNamespace
+
+        from app.workers.shared_memory import Arena  # type: ignore[no-redef]
+
+        from app.workers import link
+
+        output_bytes = link.output_bytes  # type: ignore[attr-defined]
+
+        def write_inputs(arena: Any, inputs: Any, model: Any, options: Any) -> Any:  # type: ignore[misc]
+            room = link.input_bytes(inputs)  # type: ignore[attr-defined]
+            at = arena.allocate(room)
+            return SimpleNamespace(images=link.store_images(inputs, link.RegionWriter(arena, (at, room))))  # type: ignore[attr-defined]
+
+        def channel(socket: Any, on_message: Any) -> Any:
+            return Channel(socket, lambda frames: on_message(None, pickle.loads(frames[-1])))  # type: ignore[call-arg,arg-type]
+
+        def send(channel: Any, message: object) -> None:
+            channel.send([pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)])
 
     # calls leave as the tree's front-ends send them: those of one go as one message, or (before it did) one each
     together = hasattr(EngineClient, "post")
@@ -281,14 +301,13 @@ async def replay(
             socket = context.socket(zmq.DEALER)
             socket.setsockopt(zmq.LINGER, 0)
             socket.connect(address)
-            self.channel = Channel(socket, self.receive)
+            self.channel = channel(socket, self.receive)
             self.state: State | None = None
             self.calls: dict[int, InferCall] = {}
             self.outbox: list[InferCall] = []
 
-        def receive(self, frames: list[bytes]) -> None:
+        def receive(self, sender: bytes | None, message: object) -> None:
             nonlocal failures
-            message = loads(frames[0])
             if isinstance(message, State):
                 self.state = message
                 return
@@ -310,10 +329,10 @@ async def replay(
         def flush(self) -> None:
             calls, self.outbox = self.outbox, []
             if together:
-                self.channel.send([dumps(calls)])
+                send(self.channel, calls)
             else:
                 for call in calls:
-                    self.channel.send([dumps(call)])
+                    send(self.channel, call)
 
     try:
         for i in range(args.front_ends):
@@ -324,7 +343,7 @@ async def replay(
                 raise RuntimeError("the engine did not start")
             for r in replayers:
                 if r.state is None:
-                    r.channel.send([dumps(Hello(os.getpid(), r.arena.path))])
+                    send(r.channel, Hello(os.getpid(), r.arena.path))
             await asyncio.sleep(0.1)
         state = replayers[0].state
         assert state is not None
@@ -343,10 +362,8 @@ async def replay(
         # of its own (a front-end's call has one region for both: its files in, then its outputs over them)
         stored = {}
         for r in replayers:
-            room = input_bytes(decoded)
-            at = r.arena.allocate(room)
-            assert at is not None, "the arena is too small for the files"
-            stored[r] = store_images(decoded, RegionWriter(r.arena, (at, room)))
+            stored[r] = write_inputs(r.arena, decoded, model, options).images
+            assert r.arena.in_use, "the arena is too small for the files"
         size = output_bytes(model, options, len(decoded))
         for c in range(args.concurrency):
             r = replayers[c % len(replayers)]

@@ -33,10 +33,10 @@ from app.settings import Settings
 from app.telemetry import spans
 from app.telemetry.metrics import Metrics
 from app.workers import engine_client
+from app.workers.arena import Arena, StoredImage, read_outputs
 from app.workers.engine_client import EngineClient
 from app.workers.engine_host import EngineHost
-from app.workers.link import Cancel, InferCall, Reply, StoredImage, loads
-from app.workers.shared_memory import Arena
+from app.workers.link import Cancel, InferCall, Reply
 from harness.images import encode
 from model.shapes import make_sample
 from tests.support.checkpoints import write_tiny_checkpoint
@@ -168,12 +168,12 @@ async def test_calls_made_together_travel_as_one_message_each_way(
     assert linked.arena.in_use == 0
 
 
-def spy(send: Callable[[list[bytes]], bool], seen: list[object]) -> Callable[[list[bytes]], bool]:
-    """`send`, recording each message it carries (unpickled)."""
+def spy(send: Callable[..., bool], seen: list[object]) -> Callable[..., bool]:
+    """A channel's `send`, recording each message it carries."""
 
-    def sending(frames: list[bytes]) -> bool:
-        seen.append(loads(frames[-1]))
-        return send(frames)
+    def sending(message: object, to: bytes | None = None) -> bool:
+        seen.append(message)
+        return send(message, to)
 
     return sending
 
@@ -293,7 +293,7 @@ async def test_calls_read_in_one_go_enter_the_batcher_together_and_are_each_answ
             assert reply.failure is not None and reply.failure.kind == "RequestTimeout"
             continue
         assert reply.failure is None and reply.outputs is not None
-        [got] = engine_client.load_predictions(reply.outputs, None)
+        [got], _ = read_outputs(None, reply.outputs)
         want = expected.predictions[(call_id - 3000) % len(FILES)]
         assert got.filename == want.filename
         torch.testing.assert_close(got.probabilities, want.probabilities)

@@ -1,17 +1,15 @@
-"""The link between front-ends and the engine: ZeroMQ on the event loop without losing a message, and a
-request's outputs through a region of the arena (or inline) as blocks."""
+"""The link between front-ends and the engine: messages over ZeroMQ on the event loop, none lost, none
+that cannot be handled stopping the ones after it."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
-import torch
 import zmq
 
-from app.core.contract.request import Prediction
-from app.workers.link import READ_AT_ONCE, Channel, RegionWriter, load_predictions, store_outputs
-from app.workers.shared_memory import Arena
+from app.workers.link import READ_AT_ONCE, Channel
 from tests.support.clients import until
 
 
@@ -23,21 +21,21 @@ async def test_a_channel_reads_every_message_though_its_own_sends_take_the_edge(
     server_socket, client_socket = context.socket(zmq.ROUTER), context.socket(zmq.DEALER)
     server_socket.bind(address)
     client_socket.connect(address)
-    echoed: list[bytes] = []
+    echoed: list[object] = []
     server: Channel | None = None
 
-    def echo(frames: list[bytes]) -> None:
-        assert server is not None
-        assert server.send(frames)
+    def echo(sender: bytes | None, message: object) -> None:
+        assert server is not None and sender is not None
+        assert server.send(message, sender)
 
-    server = Channel(server_socket, echo)
-    client = Channel(client_socket, lambda frames: echoed.extend(frames))
-    sent = [str(i).encode() for i in range(20 * READ_AT_ONCE)]
+    server = Channel(server_socket, echo, "server")
+    client = Channel(client_socket, lambda sender, message: echoed.append(message), "client")
+    sent = [(i, "call") for i in range(20 * READ_AT_ONCE)]
     chunk = 3 * READ_AT_ONCE  # each more than one go reads; all of them within ZeroMQ's queues (1,000 messages)
     try:
         for start in range(0, len(sent), chunk):
             for message in sent[start : start + chunk]:
-                assert client.send([message])
+                assert client.send(message)
             await until(lambda: len(echoed) == min(start + chunk, len(sent)), timeout=10)  # noqa: B023
         assert echoed == sent  # in order, none lost
     finally:
@@ -46,52 +44,43 @@ async def test_a_channel_reads_every_message_though_its_own_sends_take_the_edge(
         context.term()
 
 
+async def test_a_message_that_cannot_be_handled_is_logged_and_the_next_one_read(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    context = zmq.Context()
+    address = f"ipc://{tmp_path / 'link.sock'}"
+    server_socket, client_socket = context.socket(zmq.ROUTER), context.socket(zmq.DEALER)
+    server_socket.bind(address)
+    client_socket.connect(address)
+    handled: list[object] = []
+
+    def handle(sender: bytes | None, message: object) -> None:
+        if message == "refused":
+            raise ValueError("refused")
+        handled.append(message)
+
+    server = Channel(server_socket, handle, "engine")
+    try:
+        with caplog.at_level(logging.ERROR, logger="app"):
+            client_socket.send(b"not a pickle")
+            client_socket.send_pyobj("refused")
+            client_socket.send_pyobj("after")
+            await until(lambda: handled == ["after"], timeout=10)
+        assert [r.getMessage() for r in caplog.records] == ["engine: a message could not be handled"] * 2
+    finally:
+        server.close()
+        client_socket.close(linger=0)
+        context.term()
+
+
 async def test_a_send_with_no_peer_fails_at_once(tmp_path: Path) -> None:
     context = zmq.Context()
     socket = context.socket(zmq.DEALER)
     socket.setsockopt(zmq.IMMEDIATE, 1)
     socket.connect(f"ipc://{tmp_path / 'nobody.sock'}")
-    channel = Channel(socket, lambda frames: None)
+    channel = Channel(socket, lambda sender, message: None, "front-end")
     try:
-        assert not channel.send([b"hello"])
+        assert not channel.send("hello")
     finally:
         channel.close()
         context.term()
-
-
-def predictions(n: int, maps: bool) -> list[Prediction]:
-    return [
-        Prediction(
-            f"{i}.jpg",
-            torch.rand(10),
-            torch.rand(3, 3) if maps else None,
-            b"png" if maps else None,
-            torch.rand(4) if maps else None,
-        )
-        for i in range(n)
-    ]
-
-
-@pytest.mark.parametrize("room", [1 << 16, 64], ids=["in the arena", "inline: the region is too small"])
-def test_outputs_travel_as_blocks_and_come_back_per_image(tmp_path: Path, room: int) -> None:
-    arena = Arena.create(tmp_path / "a.shm", 1 << 16)
-    try:
-        for sent in (predictions(3, maps=True), predictions(2, maps=False), []):
-            stored = store_outputs(sent, RegionWriter(arena, (0, room)))
-            got = load_predictions(stored, arena)
-            assert [p.filename for p in got] == [p.filename for p in sent]
-            for g, s in zip(got, sent, strict=True):
-                torch.testing.assert_close(g.probabilities, s.probabilities)
-                for a, b in ((g.attention_map, s.attention_map), (g.embedding, s.embedding)):
-                    assert (a is None) == (b is None)
-                    if a is not None:
-                        torch.testing.assert_close(a, b)
-                assert g.overlay_png == s.overlay_png
-    finally:
-        arena.close()
-
-
-def test_images_of_one_request_have_the_same_outputs() -> None:
-    mixed = predictions(1, maps=True) + predictions(1, maps=False)
-    with pytest.raises(ValueError, match="some images"):
-        store_outputs(mixed, RegionWriter(None, None))
