@@ -286,8 +286,8 @@ class EngineClient(DataPlane):
             carrier(),
             request.texts,
         )
-        region = None if stored.region is None else stored.region[0]
-        reply = await self.call(call, region, self.settings.request_timeout_s + 5)
+        offset = None if stored.region is None else stored.region[0]
+        reply = await self.call(call, offset, self.settings.request_timeout_s + 5)
         try:
             if reply.failure is not None:
                 raise reply.failure.exception()
