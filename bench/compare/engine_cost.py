@@ -22,7 +22,8 @@ JPEGs each, as the V2 route hands them over. The engine's CPU time (all its thre
 included) over `--seconds`, per image computed, is the figure; the driver's is beside it.
 
 Each tree (a checkout, `git worktree add /tmp/before REV`) runs in its own processes with its own code, the
-trees alternating `--repeats` times. Each run also gives the engine's CPU per image by thread (the event loop,
+trees alternating `--repeats` times; the driver, this file, speaks this tree's `app.workers` (the arena's steps,
+the channel), so a tree from before a change to those is measured with the driver of its own commit. Each run also gives the engine's CPU per image by thread (the event loop,
 the forward threads, ZeroMQ's). `--profile PATH` runs the engine's event loop under cProfile, timing its
 CPU rather than its waits (the profiler's own cost inflates the figures), and prints where that goes.
 """
@@ -165,27 +166,12 @@ async def serve_engine(address: str, checkpoint: Path, model: str, profile: Path
 
 async def drive(args: argparse.Namespace) -> dict[str, Any]:
     """The engine process started, `--front-ends` data planes over it, loaded for `--seconds`."""
+    from app.core.contract.inference import Inference, InferenceRequest
     from app.core.contract.request import InferOptions
     from app.settings import Settings
     from app.telemetry.metrics import Metrics
-
-    try:
-        from app.core.contract.inference import Inference, InferenceRequest
-
-        described = True
-    except ImportError:  # a tree from before a request carried the description its edge looked up
-        from app.core.contract.data_plane import Inference, InferenceRequest  # type: ignore[no-redef]
-
-        described = False
-
-    try:
-        from app.workers.engine_client import EngineClient
-    except ImportError:  # a tree from before the front-end's handle on the engine had that name
-        from app.workers.remote import RemoteEngine as EngineClient  # type: ignore[no-redef]
-    try:
-        from app.workers.arena import Arena
-    except ImportError:  # a tree from before the arena held a call's layout
-        from app.workers.shared_memory import Arena  # type: ignore[no-redef]
+    from app.workers.arena import Arena
+    from app.workers.engine_client import EngineClient
     from bench.gpu.serving import random_checkpoint
 
     with tempfile.TemporaryDirectory(dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None) as tmp:
@@ -213,7 +199,7 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
                 if not await plane.wait_engine(300):
                     raise RuntimeError("the engine did not start")
             files = jpeg_files(args.jpegs)
-            request = InferenceRequest(plane.describe(None) if described else None, files, InferOptions())  # type: ignore[arg-type]
+            request = InferenceRequest(plane.describe(None), files, InferOptions())
             count = Count()
 
             def counted(done: Inference) -> None:
@@ -249,46 +235,10 @@ async def replay(
     from app.core.images.gpu_decode import Jpeg
     from app.core.images.prepare import ImagePreparer
     from app.settings import Settings
+    from app.workers.arena import Arena, output_bytes, write_inputs
     from app.workers.link import Channel, Hello, InferCall, Reply, State
-
-    try:
-        from app.workers.engine_client import EngineClient
-    except ImportError:  # a tree from before the front-end's handle on the engine had that name
-        from app.workers.remote import RemoteEngine as EngineClient  # type: ignore[no-redef]
     from model.preprocessing import Preprocessing
 
-    try:
-        from app.workers.arena import Arena, output_bytes, write_inputs
-
-        def channel(socket: Any, on_message: Any) -> Any:
-            return Channel(socket, on_message, "replayer")
-
-        def send(channel: Any, message: object) -> None:
-            channel.send(message)
-
-    except ImportError:  # a tree from before the arena held a call's layout, and its channel pickled
-        import pickle
-        from types import SimpleNamespace
-
-        from app.workers.shared_memory import Arena  # type: ignore[no-redef]
-
-        from app.workers import link
-
-        output_bytes = link.output_bytes  # type: ignore[attr-defined]
-
-        def write_inputs(arena: Any, inputs: Any, model: Any, options: Any) -> Any:  # type: ignore[misc]
-            room = link.input_bytes(inputs)  # type: ignore[attr-defined]
-            at = arena.allocate(room)
-            return SimpleNamespace(images=link.store_images(inputs, link.RegionWriter(arena, (at, room))))  # type: ignore[attr-defined]
-
-        def channel(socket: Any, on_message: Any) -> Any:
-            return Channel(socket, lambda frames: on_message(None, pickle.loads(frames[-1])))  # type: ignore[call-arg,arg-type]
-
-        def send(channel: Any, message: object) -> None:
-            channel.send([pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)])
-
-    # calls leave as the tree's front-ends send them: those of one go as one message, or (before it did) one each
-    together = hasattr(EngineClient, "post")
     context = zmq.Context()
     ids = itertools.count()
     count = Count()
@@ -301,7 +251,7 @@ async def replay(
             socket = context.socket(zmq.DEALER)
             socket.setsockopt(zmq.LINGER, 0)
             socket.connect(address)
-            self.channel = channel(socket, self.receive)
+            self.channel = Channel(socket, self.receive, "replayer")
             self.state: State | None = None
             self.calls: dict[int, InferCall] = {}
             self.outbox: list[InferCall] = []
@@ -328,11 +278,7 @@ async def replay(
 
         def flush(self) -> None:
             calls, self.outbox = self.outbox, []
-            if together:
-                send(self.channel, calls)
-            else:
-                for call in calls:
-                    send(self.channel, call)
+            self.channel.send(calls)  # those of one go as one message, as a front-end sends them
 
     try:
         for i in range(args.front_ends):
@@ -343,7 +289,7 @@ async def replay(
                 raise RuntimeError("the engine did not start")
             for r in replayers:
                 if r.state is None:
-                    send(r.channel, Hello(os.getpid(), r.arena.path))
+                    r.channel.send(Hello(os.getpid(), r.arena.path))
             await asyncio.sleep(0.1)
         state = replayers[0].state
         assert state is not None
