@@ -3,6 +3,11 @@ the CPU time of every process per image, and what that could feed on the H100 ho
 
     python -m bench.stand_in --model vit-b16 --route v2 --workers 1 2 4 --seconds 15
     python -m bench.stand_in --model vit-b16 --route predict --workers 1 4 --json /tmp/predict.json
+    python -m bench.stand_in --route v2 --workers 2 --seconds 8 --trees . /tmp/before --repeats 3
+
+With `--trees`, each checkout's service (`git worktree add /tmp/before REV`) is measured in turn, the trees
+alternating `--repeats` times (`bench.trees`), and a table gives each tree's CPU µs per image by role and img/s,
+median and best: an A/B of two trees under the same load. Its entries go to `--json` when one is given.
 
 For each VIT_WORKERS value: `python -m app` with the stand-in in place of the GPU (the H200's decode and
 forward times as waits that use no CPU), loaded with `hey` at a concurrency that keeps this machine's cores
@@ -35,6 +40,7 @@ import os
 import re
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -50,12 +56,14 @@ import torch
 
 from bench.common import RESULTS
 from bench.gpu.serving import bodies, random_checkpoint
+from bench.trees import alternated
+from harness import records
 from harness.cpu import cpu_by_role, roles
 from harness.images import photo_jpeg
 from harness.load import parse_hey, start_hey
 from harness.models import VIT_S16_PREPROCESSING
 from harness.records import commit, cpu_model, table
-from harness.server import ServerProcess, free_port
+from harness.server import ROOT, ServerProcess, free_port
 from harness.stand_in import (
     HARDWARE_DECODE_IMAGES_PER_S,
     NVJPEG_IMAGES_PER_S,
@@ -112,7 +120,12 @@ def parse_args() -> argparse.Namespace:
         default=0,
         help="also sample the engine and one front-end with py-spy for this many seconds under the same load",
     )
-    return p.parse_args()
+    p.add_argument("--trees", type=Path, nargs="+", help="checkouts to compare, each serving its own code")
+    p.add_argument("--repeats", type=int, default=1, help="runs of each tree, alternating (with --trees)")
+    args = p.parse_args()
+    if args.trees and (args.project_only or args.replay or args.profile):
+        p.error("--trees compares the services as measured: without --project-only, --replay and --profile")
+    return args
 
 
 def pil_one_core_rate(images: int = 512) -> float:
@@ -331,9 +344,59 @@ def main() -> None:
         else:
             load = Load(folder / "v2", "application/octet-stream", v2_headers, concurrency)
         for workers in args.workers:
+            if args.trees:
+                runs = alternated(
+                    [t.resolve() for t in args.trees],
+                    args.repeats,
+                    lambda tree: service_entry(args, checkpoint, load, workers, here_pil, tree=tree),  # noqa: B023
+                )
+                entries += [e for tree_runs in runs.values() for e in tree_runs]
+                continue
             entries.append(service_entry(args, checkpoint, load, workers, here_pil, replayed))
-            print(json.dumps(entries[-1]), flush=True)
-    report(entries, args)
+    if args.trees:
+        compared(entries, args)
+    else:
+        report(entries, args)
+
+
+def compared(entries: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    """The trees' runs side by side: CPU µs per image by role (best: the least) and img/s (best: the most),
+    median (best), per VIT_WORKERS value; the runs and the table to `--json` (and its .md) when given."""
+
+    def figure(runs: list[dict[str, Any]], field: str, best: Callable[[list[float]], float]) -> str:
+        values = [float(e[field]) for e in runs]
+        return f"{statistics.median(values):.1f} ({best(values):.1f})"
+
+    groups: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for e in entries:
+        groups.setdefault((e["workers"], e["tree"]), []).append(e)
+    header = ["workers", "tree", "commit", "runs", "engine µs/img", "front-ends µs/img", "served img/s"]
+    rows = [
+        (
+            workers,
+            tree,
+            runs[0]["commit"],
+            len(runs),
+            figure(runs, "engine_cpu_us_per_image", min),
+            figure(runs, "frontend_cpu_us_per_image", min),
+            figure(runs, "served_img_s", max),
+        )
+        for (workers, tree), runs in groups.items()
+    ]
+    text = "\n".join(
+        [
+            f"# The service over the device stand-in, trees compared: {args.model}, {args.route}",
+            "",
+            f"Each tree served in turn, alternating, {args.repeats} run(s) of {args.seconds:g} s each: median (best).",
+            "",
+            *table(header, rows, "rllrrrr"),
+            "",
+        ]
+    )
+    if args.json:  # the record (commit, machine, command), then the runs; the table beside them
+        records.write_results(args.json.parent, args.json.stem, {"runs": entries}, text)
+    else:
+        print(text)
 
 
 @dataclass(frozen=True)
@@ -382,8 +445,10 @@ def service_entry(
     workers: int,
     here_pil: float,
     replayed: Replayed | None = None,
+    tree: Path = ROOT,
 ) -> dict[str, Any]:
-    """The service with VIT_WORKERS=`workers` over the stand-in: measured here, projected on the H100 host."""
+    """The service with VIT_WORKERS=`workers` over the stand-in, in `tree`'s code (this checkout's by default):
+    measured here, projected on the H100 host."""
     path, images, _ = ROUTES[args.route]
     port = free_port()
     env = {
@@ -400,12 +465,17 @@ def service_entry(
         "VIT_GRPC_PORT": "0",
         "VIT_CPU_DECODE_SHARE": str(args.cpu_decode_share),
     }
+    if tree != ROOT:
+        env["PYTHONPATH"] = str(tree)
     argv = [sys.executable, "-m", "harness.stand_in_app", "--host", "127.0.0.1", "--port", str(port)]
-    with ServerProcess(argv, env, port) as server:
+    with ServerProcess(argv, env, port, cwd=tree) as server:
         route = path.format(model=checkpoint.stem)  # VIT_WEIGHTS serves the file under its stem
         m = measure(server, route, load, args.seconds, images, lambda: roles(server.proc.pid, workers))
         sampled = profile(server, route, load, args.profile, roles(server.proc.pid, workers)) if args.profile else None
     entry = summary("vit-serve", args, workers, load, m, here_pil, replayed)
+    if args.trees:
+        entry |= {"tree": str(tree), "commit": commit(tree)}
+    print(json.dumps(entry), flush=True)
     if sampled:
         entry["profile"] = sampled
     entry["settings"] = {k: v for k, v in env.items() if k.startswith("VIT_") and k != "VIT_WEIGHTS"}
@@ -445,7 +515,7 @@ def summary(
         extra["cpu_decode_share"] = share
     return {
         "server": server,
-        "commit": commit(Path(__file__).resolve().parent.parent),
+        "commit": commit(ROOT),
         "model": args.model,
         "route": args.route,
         "workers": workers,
