@@ -7,7 +7,7 @@ the CPU time of every process per image, and what that could feed on the H100 ho
 
 With `--trees`, each checkout's service (`git worktree add /tmp/before REV`) is measured in turn, the trees
 alternating `--repeats` times (`bench.trees`), and a table gives each tree's CPU µs per image by role and img/s,
-median and best: an A/B of two trees under the same load. Its entries go to `--json` when one is given.
+median and best: an A/B of two trees under the same load. With `--json`, the runs go there under their record.
 
 For each VIT_WORKERS value: `python -m app` with the stand-in in place of the GPU (the H200's decode and
 forward times as waits that use no CPU), loaded with `hey` at a concurrency that keeps this machine's cores
@@ -394,6 +394,7 @@ def compared(entries: list[dict[str, Any]], args: argparse.Namespace) -> None:
         ]
     )
     if args.json:  # the record (commit, machine, command), then the runs; the table beside them
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         records.write_results(args.json.parent, args.json.stem, {"runs": entries}, text)
     else:
         print(text)
