@@ -13,14 +13,20 @@ from app.workers.link import READ_AT_ONCE, Channel
 from tests.support.clients import until
 
 
-async def test_a_channel_reads_every_message_though_its_own_sends_take_the_edge(tmp_path: Path) -> None:
-    """ZeroMQ's descriptor signals an edge, which a send can take: an echo that answers each message as it
-    reads it, many more than one go reads, must still read them all."""
-    context = zmq.Context()
-    address = f"ipc://{tmp_path / 'link.sock'}"
+def connected(folder: Path) -> tuple[zmq.Context[zmq.Socket[bytes]], zmq.Socket[bytes], zmq.Socket[bytes]]:
+    """A context, and an engine's ROUTER socket with a front-end's DEALER connected to it over ipc in `folder`."""
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    address = f"ipc://{folder / 'link.sock'}"
     server_socket, client_socket = context.socket(zmq.ROUTER), context.socket(zmq.DEALER)
     server_socket.bind(address)
     client_socket.connect(address)
+    return context, server_socket, client_socket
+
+
+async def test_a_channel_reads_every_message_though_its_own_sends_take_the_edge(tmp_path: Path) -> None:
+    """ZeroMQ's descriptor signals an edge, which a send can take: an echo that answers each message as it
+    reads it, many more than one go reads, must still read them all."""
+    context, server_socket, client_socket = connected(tmp_path)
     echoed: list[object] = []
     server: Channel | None = None
 
@@ -47,11 +53,7 @@ async def test_a_channel_reads_every_message_though_its_own_sends_take_the_edge(
 async def test_a_message_that_cannot_be_handled_is_logged_and_the_next_one_read(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    context = zmq.Context()
-    address = f"ipc://{tmp_path / 'link.sock'}"
-    server_socket, client_socket = context.socket(zmq.ROUTER), context.socket(zmq.DEALER)
-    server_socket.bind(address)
-    client_socket.connect(address)
+    context, server_socket, client_socket = connected(tmp_path)
     handled: list[object] = []
 
     def handle(sender: bytes | None, message: object) -> None:
