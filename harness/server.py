@@ -18,6 +18,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness.cpu import process_cpu_s
+from harness.preloaded import Forked, Preloaded
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,7 +31,15 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """`argv` started from `cwd` with `env` over this process's environment, listening on `port`."""
+    """`argv` started from `cwd` with `env` over this process's environment, listening on `port`.
+
+    With `preloaded` set (the test suite sets it), `python -m app` of this checkout is forked from a process that
+    has imported it already (`harness.preloaded`) wherever its environment allows: the same server, without
+    the interpreter's imports each time. Benchmarks leave it unset: a start's own cost is part of what they
+    measure.
+    """
+
+    preloaded = False
 
     def __init__(
         self, argv: list[str], env: dict[str, str], port: int, ready_path: str = "/health/ready", cwd: Path = ROOT
@@ -41,10 +50,17 @@ class ServerProcess:
         # Output goes to a file, not a pipe: an unread pipe fills up and blocks the server's logging.
         self.output = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
         self.final_output = ""
+        full_env = {**os.environ, **env}
+        self.proc: subprocess.Popen[str] | Forked
+        if self.preloaded and argv[:3] == [sys.executable, "-m", "app"] and cwd == ROOT:
+            preloaded = Preloaded.get()
+            if preloaded.allows(full_env):
+                self.proc = preloaded.start(argv[3:], full_env, cwd, self.output)
+                return
         self.proc = subprocess.Popen(  # its own process group: a server's workers are its children
             argv,
             cwd=cwd,
-            env={**os.environ, **env},
+            env=full_env,
             stdout=self.output,
             stderr=subprocess.STDOUT,
             text=True,

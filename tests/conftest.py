@@ -90,10 +90,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Under pytest-xdist, each worker and every process it starts (servers, command lines) computes on its share
+    """The servers the tests start are forked from a process that has imported the service already, where their
+    environment allows (`harness.preloaded`): the suite starts about seventy.
+
+    Under pytest-xdist, each worker and every process it starts (servers, command lines) computes on its share
     of the cores: N workers each running torch's and ONNX Runtime's default of one thread per core would keep
     N times as many threads busy as there are cores, and OpenMP threads waiting for a core spin on it (measured
     on 2 cores with 2 workers: tests/model and the ONNX tests took 148 s so, 106 s with a thread per worker)."""
+    from harness.server import ServerProcess
+
+    ServerProcess.preloaded = True
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         import torch

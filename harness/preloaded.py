@@ -1,0 +1,221 @@
+"""`python -m app` forked from a process that has already imported it: the same server, started without paying
+the interpreter's import of torch, the web stack and the service again (about 2 s of a core each time here).
+
+`python -m harness.preloaded SOCKET` imports what `python -m app` imports, then listens on the Unix socket SOCKET.
+Each connection asks for one server: its arguments, environment and working folder, with the file its output
+goes to. The preloaded process forks; the child becomes `python -m app` with exactly that environment, in a
+session of its own, and runs as the interpreter would run it (`runpy`, its exit code the process's). The
+preloaded process answers the child's pid, then its exit code when it ends. It exits when the process that
+started it closes its stdin.
+
+Only a start whose environment differs from the preloaded process's in variables nothing preloaded has read can
+be forked: the service's own settings (`VIT_*`), OpenTelemetry's (`OTEL_*`, read when the service configures
+tracing), pytest's name of the test running, and the Hugging Face hub's (`HF_*`, read as `huggingface_hub` is imported, which the service does only
+to fetch a model). Anything else (`PYTHONPATH`, the threads OpenMP reads as it loads) could have been read at
+import, and such a start gets a fresh interpreter (`fork_allowed`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Collection, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+ROOT = Path(__file__).resolve().parents[1]
+READ_AT_RUN_TIME = ("VIT_", "OTEL_", "PYTEST_CURRENT_TEST")  # the last: pytest's name of the test running
+READ_AT_IMPORT = {"HF_": "huggingface_hub"}  # a library's variables, and the library that reads them as it loads
+
+
+def fork_allowed(env: Mapping[str, str], preloaded: Mapping[str, str], modules: Collection[str]) -> bool:
+    """Whether a process with `env` behaves the same forked from one that imported `modules` (top-level names)
+    with the environment `preloaded`."""
+    changed = {k for k in env.keys() | preloaded.keys() if env.get(k) != preloaded.get(k)}
+    unread = [prefix for prefix, module in READ_AT_IMPORT.items() if module not in modules]
+    return all(k.startswith((*READ_AT_RUN_TIME, *unread)) for k in changed)
+
+
+class Forked:
+    """A server forked by the preloaded process: what `subprocess.Popen` offers for it (`pid`, `poll`, `wait`,
+    `send_signal`, `returncode`), its exit code read from the preloaded process's answer."""
+
+    def __init__(self, connection: socket.socket, argv: list[str]) -> None:
+        self.args = argv
+        self.returncode: int | None = None
+        self._connection = connection
+        self._received = b""
+        pid = self._line(timeout=60)
+        if pid is None:
+            raise RuntimeError("the preloaded server process did not fork")
+        self.pid = int(pid)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self._exit(self._line(timeout=0))
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            line = self._line(timeout)
+            if line is None:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+            self._exit(line)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
+    def _line(self, timeout: float | None) -> str | None:
+        """The next line of the answer, "" when the connection closed without one, None if none came in time."""
+        while b"\n" not in self._received:
+            if not select.select([self._connection], [], [], timeout)[0]:
+                return None
+            chunk = self._connection.recv(4096)
+            if not chunk:
+                return ""
+            self._received += chunk
+        line, self._received = self._received.split(b"\n", 1)
+        return line.decode()
+
+    def _exit(self, line: str | None) -> None:
+        if line is not None:
+            self.returncode = int(line) if line else -signal.SIGKILL  # the preloaded process itself was killed
+            self._connection.close()
+
+
+class Preloaded:
+    """This process's preloaded `python -m app`, started on first use."""
+
+    _lock = threading.Lock()
+    _started: Preloaded | None = None
+    _owner = 0
+
+    def __init__(self) -> None:
+        self.env = dict(os.environ)
+        self.folder = tempfile.TemporaryDirectory(prefix="preloaded-")
+        self.address = str(Path(self.folder.name) / "socket")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "harness.preloaded", self.address],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,  # closed when this process ends: the preloaded one then ends too
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        assert self.proc.stdout is not None
+        ready = self.proc.stdout.readline()
+        if not ready.startswith("ready "):
+            raise RuntimeError("the preloaded server process did not start")
+        self.modules: list[str] = json.loads(ready.removeprefix("ready "))
+
+    def allows(self, env: Mapping[str, str]) -> bool:
+        return fork_allowed(env, self.env, self.modules)
+
+    @classmethod
+    def get(cls) -> Preloaded:
+        with cls._lock:
+            if cls._started is None or cls._owner != os.getpid() or cls._started.proc.poll() is not None:
+                cls._started, cls._owner = cls(), os.getpid()
+            return cls._started
+
+    def start(self, arguments: list[str], env: Mapping[str, str], cwd: Path, output: IO[str]) -> Forked:
+        """`python -m app ARGUMENTS` with exactly `env`, from `cwd`, writing to `output`."""
+        connection = socket.socket(socket.AF_UNIX)
+        connection.connect(self.address)
+        request = json.dumps({"arguments": arguments, "env": dict(env), "cwd": str(cwd)}).encode()
+        socket.send_fds(connection, [request], [output.fileno()])
+        connection.shutdown(socket.SHUT_WR)
+        return Forked(connection, [sys.executable, "-m", "app", *arguments])
+
+
+def serve(address: str) -> dict[str, Any]:
+    """Fork a server for each connection and report its pid and exit code; in a forked child, return its request."""
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(address)
+    listener.listen(64)
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_write)
+    children: dict[int, socket.socket] = {}
+    print("ready", json.dumps(sorted({name.split(".")[0] for name in sys.modules})), flush=True)
+    while True:
+        readable = select.select([listener, sys.stdin, wake_read], [], [])[0]
+        if sys.stdin in readable and not sys.stdin.readline():
+            sys.exit(0)  # the process that started this one has ended
+        if wake_read in readable:
+            os.read(wake_read, 4096)
+            while True:
+                try:
+                    pid, status = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if pid == 0:
+                    break
+                with contextlib.suppress(OSError):
+                    children[pid].sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+                children.pop(pid).close()
+        if listener in readable:
+            connection = listener.accept()[0]
+            message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 1)
+            while chunk := connection.recv(1 << 20):
+                message += chunk
+            sys.stdout.flush()
+            in_session_read, in_session = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                os.setsid()  # before the pid is answered: the caller stops the server by its process group
+                os.close(in_session)
+                os.close(in_session_read)
+                os.dup2(fds[0], 1)
+                os.dup2(fds[0], 2)
+                for fd in (fds[0], wake_read, wake_write):
+                    os.close(fd)
+                listener.close()
+                connection.close()
+                for other in children.values():
+                    other.close()
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                request: dict[str, Any] = json.loads(message)
+                return request
+            os.close(fds[0])
+            os.close(in_session)
+            os.read(in_session_read, 1)  # end of file once the child has closed its copy, in its own session
+            os.close(in_session_read)
+            connection.sendall(f"{pid}\n".encode())
+            children[pid] = connection
+
+
+def become(request: dict[str, Any]) -> None:
+    """This forked child runs `python -m app` as the interpreter would."""
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.argv = ["-m", *request["arguments"]]
+    import runpy
+
+    runpy.run_module("app", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    import importlib
+
+    for module in ("app.startup", "app.server"):  # what `python -m app` imports before it serves
+        importlib.import_module(module)
+
+    become(serve(sys.argv[1]))
