@@ -19,7 +19,21 @@ def test_two_trees_are_served_in_turn_and_compared(tmp_path: Path) -> None:
     subprocess.run(["git", "clone", "-q", "--shared", str(ROOT), str(other)], check=True)  # HEAD, committed code
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=other, capture_output=True, text=True).stdout
     out = tmp_path / "ab.json"
-    argv = ["--route", "v2", "--workers", "1", "--seconds", "1", "--trees", ".", str(other), "--json", str(out)]
+    argv = [
+        "--model",
+        "vit-s16",
+        "--route",
+        "v2",
+        "--workers",
+        "1",
+        "--seconds",
+        "1",
+        "--trees",
+        ".",
+        str(other),
+        "--json",
+        str(out),
+    ]
     ran = subprocess.run(
         [sys.executable, "-m", "bench.stand_in", *argv], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
