@@ -7,7 +7,8 @@ the CPU time of every process per image, and what that could feed on the H100 ho
 
 With `--trees`, each checkout's service (`git worktree add /tmp/before REV`) is measured in turn, the trees
 alternating `--repeats` times (`bench.trees`), and a table gives each tree's CPU µs per image by role and img/s,
-median and best: an A/B of two trees under the same load. With `--json`, the runs go there under their record.
+median and best: an A/B of two trees under the same load, what each spends here, with no projection. With
+`--json`, the runs go there under their record.
 
 For each VIT_WORKERS value: `python -m app` with the stand-in in place of the GPU (the H200's decode and
 forward times as waits that use no CPU), loaded with `hey` at a concurrency that keeps this machine's cores
@@ -331,8 +332,10 @@ def main() -> None:
         raise SystemExit("--replay replays an engine that takes every JPEG encoded: leave out --cpu-decode-share")
     _, _, default_concurrency = ROUTES[args.route]
     concurrency = args.concurrency or default_concurrency
-    here_pil = pil_one_core_rate()
-    print(f"PIL on one core: {here_pil:.0f} img/s here, {H100_PIL_ONE_CORE:.0f} on the H100 host")
+    here_pil = None  # --trees compares what each tree spends here, and projects nothing
+    if not args.trees:
+        here_pil = pil_one_core_rate()
+        print(f"PIL on one core: {here_pil:.0f} img/s here, {H100_PIL_ONE_CORE:.0f} on the H100 host")
     replayed = engine_replayed(args.model, args.route) if args.replay else None
     entries: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -444,7 +447,7 @@ def service_entry(
     checkpoint: Path,
     load: Load,
     workers: int,
-    here_pil: float,
+    here_pil: float | None,
     replayed: Replayed | None = None,
     tree: Path = ROOT,
 ) -> dict[str, Any]:
@@ -491,13 +494,13 @@ def summary(
     workers: int,
     load: Load,
     m: Measured,
-    here_pil: float,
+    here_pil: float | None,
     replayed: Replayed | None = None,
 ) -> dict[str, Any]:
-    """One results entry: what was measured, per image, and the projection (when `replayed`, the engine's ceiling
-    from its CPU per image where front-ends outrun it, and the CUDA decoder's device at most the rate it served)."""
+    """One results entry: what was measured, per image, and, given `here_pil`, the projection (when `replayed`,
+    the engine's ceiling from its CPU per image where front-ends outrun it, and the CUDA decoder's device at most
+    the rate it served)."""
     _, images, _ = ROUTES[args.route]
-    scale = here_pil / H100_PIL_ONE_CORE  # a microsecond here is `scale` microseconds on the H100 host's cores
     served_images = m.served_img_s * m.seconds
     per_image = {role: s / served_images * 1e6 for role, s in m.cpu_s.items() if role != "other"}
     per_image.setdefault("supervisor", 0.0)
@@ -506,7 +509,12 @@ def summary(
     engine = per_image if replayed is None else {**per_image, "engine": replayed.engine_us_per_image}
     device_replayed = replayed.device_img_s if replayed is not None else None
     share = args.cpu_decode_share
-    projection = project(args.model, workers, engine, scale, device_replayed=device_replayed, cpu_share=share)
+    projected: dict[str, float] = {}
+    if here_pil is not None:
+        scale = here_pil / H100_PIL_ONE_CORE  # a microsecond here is `scale` microseconds on the H100 host's cores
+        projection = project(args.model, workers, engine, scale, device_replayed=device_replayed, cpu_share=share)
+        projected = {k: round(v, 1) for k, v in projection.items()}
+        projected |= {"pil_one_core_here_img_s": round(here_pil, 1), "core_scale_to_h100_host": round(scale, 3)}
     extra: dict[str, float] = {}
     if replayed is not None:
         extra["engine_replayed_cpu_us_per_image"] = round(replayed.engine_us_per_image, 1)
@@ -531,11 +539,9 @@ def summary(
         "load_generator_cpu_us_per_image": round(per_image["load generator"], 1),
         **extra,
         "cores_busy_here": {role: round(s / m.seconds, 2) for role, s in m.cpu_s.items()},
-        **{k: round(v, 1) for k, v in projection.items()},
+        **projected,
         "raw_img_s": RAW_IMAGES_PER_S[args.model],
         "machine": cpu_model(),
-        "pil_one_core_here_img_s": round(here_pil, 1),
-        "core_scale_to_h100_host": round(scale, 3),
     }
 
 
