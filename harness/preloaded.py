@@ -163,9 +163,10 @@ def serve(address: str) -> dict[str, Any]:
                     break
                 if pid == 0:
                     break
-                with contextlib.suppress(OSError):
-                    children[pid].sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
-                children.pop(pid).close()
+                if (asked := children.pop(pid, None)) is not None:
+                    with contextlib.suppress(OSError):  # the caller may have gone
+                        asked.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+                    asked.close()
         if listener in readable:
             connection = listener.accept()[0]
             message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 1)
