@@ -91,7 +91,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     """The servers the tests start are forked from a process that has imported the service already, where their
-    environment allows (`harness.preloaded`): the suite starts about seventy.
+    environment allows (`harness.preloaded`): the suite starts about fifty.
 
     Under pytest-xdist, each worker and every process it starts (servers, command lines) computes on its share
     of the cores: N workers each running torch's and ONNX Runtime's default of one thread per core would keep
