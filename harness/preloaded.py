@@ -10,9 +10,9 @@ started it closes its stdin.
 
 Only a start whose environment differs from the preloaded process's in variables nothing preloaded has read can
 be forked: the service's own settings (`VIT_*`), OpenTelemetry's (`OTEL_*`, read when the service configures
-tracing), pytest's name of the test running, and the Hugging Face hub's (`HF_*`, read as `huggingface_hub` is imported, which the service does only
-to fetch a model). Anything else (`PYTHONPATH`, the threads OpenMP reads as it loads) could have been read at
-import, and such a start gets a fresh interpreter (`fork_allowed`).
+tracing), pytest's name of the test running, and the Hugging Face hub's (`HF_*`, read as `huggingface_hub` is
+imported, which the service does only to fetch a model). Anything else (`PYTHONPATH`, the threads OpenMP reads as
+it loads) could have been read at import, and such a start gets a fresh interpreter (`fork_allowed`).
 """
 
 from __future__ import annotations
