@@ -452,7 +452,7 @@ def service_entry(
     tree: Path = ROOT,
 ) -> dict[str, Any]:
     """The service with VIT_WORKERS=`workers` over the stand-in, in `tree`'s code (this checkout's by default):
-    measured here, projected on the H100 host."""
+    measured here and, given `here_pil` (not with `--trees`), projected on the H100 host."""
     path, images, _ = ROUTES[args.route]
     port = free_port()
     env = {
