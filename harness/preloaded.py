@@ -1,18 +1,23 @@
-"""`python -m app` forked from a process that has already imported it: the same server, started without paying
-the interpreter's import of torch, the web stack and the service again (about 2 s of a core each time here).
+"""`python -m app` and this checkout's other command lines (`python -m model.evaluate`, `python -m app.batch`, ...)
+forked from a process that has already imported what they import: the same process, started without paying the
+interpreter's import of torch, the web stack and the service again (about 2 s of a core each time here).
 
-`python -m harness.preloaded SOCKET` imports what `python -m app` imports, then listens on the Unix socket SOCKET.
-Each connection asks for one server: its arguments, environment and working folder, with the file its output
-goes to. The preloaded process forks; the child becomes `python -m app` with exactly that environment, in a
-session of its own, and runs as the interpreter would run it (`runpy`, its exit code the process's). The
-preloaded process answers the child's pid, then its exit code when it ends. It exits when the process that
-started it closes its stdin.
+`python -m harness.preloaded SOCKET` imports what `python -m app` imports, and torchvision (which the model's
+command lines import), then listens on the Unix socket SOCKET. Each connection asks for one process: its module,
+arguments, environment and working folder, with the files its stdout and stderr go to. The preloaded process
+forks; the child becomes `python -m MODULE` with exactly that environment, in a session of its own, and runs as
+the interpreter would run it (`runpy`, its exit code the process's). The preloaded process answers the child's
+pid, then its exit code when it ends. It exits when the process that started it closes its stdin.
+
+`run_command` is `subprocess.run(argv, capture_output=True, text=True)` for a command line of this checkout,
+forked where it may be.
 
 Only a start whose environment differs from the preloaded process's in variables nothing preloaded has read can
 be forked: the service's own settings (`VIT_*`), OpenTelemetry's (`OTEL_*`, read when the service configures
-tracing), pytest's name of the test running, and the Hugging Face hub's (`HF_*`, read as `huggingface_hub` is
-imported, which the service does only to fetch a model). Anything else (`PYTHONPATH`, the threads OpenMP reads as
-it loads) could have been read at import, and such a start gets a fresh interpreter (`fork_allowed`).
+tracing), pytest's name of the test running, torch's compiler cache (read when torch compiles, and set then in
+the test process), and the Hugging Face hub's (`HF_*`, read as `huggingface_hub` is imported, which the service
+does only to fetch a model). Anything else (`PYTHONPATH`, the threads OpenMP reads as it loads) could have been
+read at import, and such a start gets a fresh interpreter (`fork_allowed`).
 """
 
 from __future__ import annotations
@@ -27,12 +32,15 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 ROOT = Path(__file__).resolve().parents[1]
-READ_AT_RUN_TIME = ("VIT_", "OTEL_", "PYTEST_CURRENT_TEST")  # the last: pytest's name of the test running
+PACKAGES = ("app", "model", "bench", "evaluation", "harness")  # this checkout's: what a fork may run
+PRELOADED = ("app.startup", "app.server", "torchvision")  # what `python -m app` imports, and the model's commands
+# pytest's name of the test running; and torch's compiler cache, which torch reads (and sets) when it compiles
+READ_AT_RUN_TIME = ("VIT_", "OTEL_", "PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR")
 READ_AT_IMPORT = {"HF_": "huggingface_hub"}  # a library's variables, and the library that reads them as it loads
 
 
@@ -45,7 +53,7 @@ def fork_allowed(env: Mapping[str, str], preloaded: Mapping[str, str], modules: 
 
 
 class Forked:
-    """A server forked by the preloaded process: what `subprocess.Popen` offers for it (`pid`, `poll`, `wait`,
+    """A process forked by the preloaded one: what `subprocess.Popen` offers for it (`pid`, `poll`, `wait`,
     `send_signal`, `returncode`), its exit code read from the preloaded process's answer."""
 
     def __init__(self, connection: socket.socket, argv: list[str]) -> None:
@@ -55,7 +63,7 @@ class Forked:
         self._received = b""
         pid = self._line(timeout=60)
         if pid is None:
-            raise RuntimeError("the preloaded server process did not fork")
+            raise RuntimeError("the preloaded process did not fork")
         self.pid = int(pid)
 
     def poll(self) -> int | None:
@@ -95,7 +103,7 @@ class Forked:
 
 
 class Preloaded:
-    """This process's preloaded `python -m app`, started on first use."""
+    """This process's preloaded interpreter, started on first use."""
 
     _lock = threading.Lock()
     _started: Preloaded | None = None
@@ -116,7 +124,7 @@ class Preloaded:
         assert self.proc.stdout is not None
         ready = self.proc.stdout.readline()
         if not ready.startswith("ready "):
-            raise RuntimeError("the preloaded server process did not start")
+            raise RuntimeError("the preloaded process did not start")
         self.modules: list[str] = json.loads(ready.removeprefix("ready "))
 
     def allows(self, env: Mapping[str, str]) -> bool:
@@ -129,18 +137,70 @@ class Preloaded:
                 cls._started, cls._owner = cls(), os.getpid()
             return cls._started
 
-    def start(self, arguments: list[str], env: Mapping[str, str], cwd: Path, output: IO[str]) -> Forked:
-        """`python -m app ARGUMENTS` with exactly `env`, from `cwd`, writing to `output`."""
+    def start(
+        self,
+        module: str,
+        arguments: Sequence[str],
+        env: Mapping[str, str],
+        cwd: Path,
+        output: IO[str],
+        errors: IO[str] | None = None,
+    ) -> Forked:
+        """`python -m MODULE ARGUMENTS` with exactly `env`, from `cwd`, its stdout to `output` and its stderr to
+        `errors` (`output` too when None)."""
         connection = socket.socket(socket.AF_UNIX)
         connection.connect(self.address)
-        request = json.dumps({"arguments": arguments, "env": dict(env), "cwd": str(cwd)}).encode()
-        socket.send_fds(connection, [request], [output.fileno()])
+        request = {"module": module, "arguments": list(arguments), "env": dict(env), "cwd": str(cwd)}
+        fds = [output.fileno(), (errors or output).fileno()]
+        socket.send_fds(connection, [json.dumps(request).encode()], fds)
         connection.shutdown(socket.SHUT_WR)
-        return Forked(connection, [sys.executable, "-m", "app", *arguments])
+        return Forked(connection, [sys.executable, "-m", module, *arguments])
+
+
+def forkable(argv: Sequence[str], cwd: Path) -> str | None:
+    """The module `argv` runs where it is `python -m MODULE ...` of this checkout, run from its root; else None."""
+    if len(argv) < 3 or list(argv[:2]) != [sys.executable, "-m"] or cwd.resolve() != ROOT:
+        return None
+    return argv[2] if argv[2].split(".")[0] in PACKAGES else None
+
+
+def run_command(
+    argv: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    timeout: float | None = None,
+    check: bool = False,
+) -> subprocess.CompletedProcess[str]:
+    """`subprocess.run(argv, env=env, cwd=cwd, timeout=timeout, check=check, capture_output=True, text=True)`,
+    forked from this process's preloaded interpreter where `argv` is a command line of this checkout and `env`
+    allows it; past `timeout`, its process group is killed and `subprocess.TimeoutExpired` raised, as
+    `subprocess.run` does."""
+    where = Path.cwd() if cwd is None else cwd
+    full_env = dict(os.environ if env is None else env)
+    module = forkable(argv, where)
+    preloaded = Preloaded.get() if module is not None else None
+    if module is None or preloaded is None or not preloaded.allows(full_env):
+        return subprocess.run(argv, env=env, cwd=cwd, timeout=timeout, check=check, capture_output=True, text=True)
+    with tempfile.TemporaryFile(mode="w+") as out, tempfile.TemporaryFile(mode="w+") as err:
+        forked = preloaded.start(module, argv[3:], full_env, where, out, err)
+        try:
+            forked.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(forked.pid, signal.SIGKILL)
+            forked.wait()
+            raise
+        out.seek(0)
+        err.seek(0)
+        done = subprocess.CompletedProcess(list(argv), forked.wait(), out.read(), err.read())
+    if check:
+        done.check_returncode()
+    return done
 
 
 def serve(address: str) -> dict[str, Any]:
-    """Fork a server for each connection and report its pid and exit code; in a forked child, return its request."""
+    """Fork a process for each connection and report its pid and exit code; in a forked child, return its
+    request."""
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(address)
     listener.listen(64)
@@ -169,7 +229,7 @@ def serve(address: str) -> dict[str, Any]:
                     asked.close()
         if listener in readable:
             connection = listener.accept()[0]
-            message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 1)
+            message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 2)
             while chunk := connection.recv(1 << 20):
                 message += chunk
             sys.stdout.flush()
@@ -180,8 +240,8 @@ def serve(address: str) -> dict[str, Any]:
                 os.close(in_session)
                 os.close(in_session_read)
                 os.dup2(fds[0], 1)
-                os.dup2(fds[0], 2)
-                for fd in (fds[0], wake_read, wake_write):
+                os.dup2(fds[1], 2)
+                for fd in (*fds, wake_read, wake_write):
                     os.close(fd)
                 listener.close()
                 connection.close()
@@ -191,7 +251,8 @@ def serve(address: str) -> dict[str, Any]:
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 request: dict[str, Any] = json.loads(message)
                 return request
-            os.close(fds[0])
+            for fd in fds:
+                os.close(fd)
             os.close(in_session)
             os.read(in_session_read, 1)  # end of file once the child has closed its copy, in its own session
             os.close(in_session_read)
@@ -200,7 +261,7 @@ def serve(address: str) -> dict[str, Any]:
 
 
 def become(request: dict[str, Any]) -> None:
-    """This forked child runs `python -m app` as the interpreter would."""
+    """This forked child runs `python -m MODULE` as the interpreter would."""
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
@@ -208,15 +269,16 @@ def become(request: dict[str, Any]) -> None:
     os.environ.clear()
     os.environ.update(request["env"])
     sys.argv = ["-m", *request["arguments"]]
+    sys.modules.pop(request["module"], None)  # run afresh as __main__, as the interpreter would, not as imported
     import runpy
 
-    runpy.run_module("app", run_name="__main__", alter_sys=True)
+    runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
 
 
 if __name__ == "__main__":
     import importlib
 
-    for module in ("app.startup", "app.server"):  # what `python -m app` imports before it serves
+    for module in PRELOADED:
         importlib.import_module(module)
 
     become(serve(sys.argv[1]))

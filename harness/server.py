@@ -55,7 +55,7 @@ class ServerProcess:
         if self.preloaded and argv[:3] == [sys.executable, "-m", "app"] and cwd == ROOT:
             preloaded = Preloaded.get()
             if preloaded.allows(full_env):
-                self.proc = preloaded.start(argv[3:], full_env, cwd, self.output)
+                self.proc = preloaded.start("app", argv[3:], full_env, cwd, self.output)
                 return
         self.proc = subprocess.Popen(  # its own process group: a server's workers are its children
             argv,

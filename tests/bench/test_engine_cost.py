@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.preloaded import run_command
+
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow  # an engine process and its replayers
 
@@ -20,7 +22,7 @@ def test_replayers_keep_the_engine_busy_and_its_cpu_per_image_is_read(tmp_path: 
     name = tmp_path / "replayed"
     command = [sys.executable, "-m", "bench.compare.engine_cost", "--replay", "--repeats", "1", "--seconds", "1"]
     command += ["--images", "2", "--concurrency", "8", "--front-ends", "2", "--name", str(name)]
-    subprocess.run(command, cwd=ROOT, check=True, capture_output=True, timeout=300)
+    run_command(command, cwd=ROOT, check=True, timeout=300)
     report = json.loads(name.with_suffix(".json").read_text())
     assert report["replay"] is True
     [[run]] = report["runs"].values()

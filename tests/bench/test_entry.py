@@ -9,12 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from harness.preloaded import run_command
+
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow  # fresh interpreters
 
 
 def bench(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "bench", *argv], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return run_command([sys.executable, "-m", "bench", *argv], cwd=ROOT, timeout=120)
 
 
 def test_the_scenarios_are_listed_each_with_what_it_measures() -> None:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.preloaded import run_command
+
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow  # two services started, and a load on each
 
@@ -34,9 +36,7 @@ def test_two_trees_are_served_in_turn_and_compared(tmp_path: Path) -> None:
         "--json",
         str(out),
     ]
-    ran = subprocess.run(
-        [sys.executable, "-m", "bench.stand_in", *argv], cwd=ROOT, capture_output=True, text=True, timeout=300
-    )
+    ran = run_command([sys.executable, "-m", "bench.stand_in", *argv], cwd=ROOT, timeout=300)
     assert ran.returncode == 0, ran.stderr[-2000:]
     report = json.loads(out.read_text())
     assert report["record"]["command"].endswith(" ".join(argv))
@@ -47,7 +47,5 @@ def test_two_trees_are_served_in_turn_and_compared(tmp_path: Path) -> None:
         assert r["errors"] == 0 and r["served_img_s"] > 0 and r["engine_cpu_us_per_image"] > 0
     rows = [line for line in out.with_suffix(".md").read_text().splitlines() if line.startswith("| 1 |")]
     assert [row.split(" | ")[1] for row in rows] == [str(ROOT), str(other)]
-    refused = subprocess.run(
-        [sys.executable, "-m", "bench.stand_in", "--trees", ".", "--replay"], cwd=ROOT, capture_output=True, text=True
-    )
+    refused = run_command([sys.executable, "-m", "bench.stand_in", "--trees", ".", "--replay"], cwd=ROOT)
     assert refused.returncode == 2 and "--trees compares the services as measured" in refused.stderr

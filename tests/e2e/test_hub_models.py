@@ -21,6 +21,7 @@ from safetensors.torch import save_file
 
 from app.settings import BUNDLED_WEIGHTS
 from harness.images import encode
+from harness.preloaded import run_command
 from harness.server import ROOT, Server, free_port
 from model.shapes import make_sample
 from tests.support.network import silent_endpoint
@@ -162,12 +163,10 @@ def test_a_hub_name_that_cannot_be_served_fails_the_start_with_one_line(
 ) -> None:
     root, _ = hub
     env = {**hub_env(root, tmp_path / "converted", models), "VIT_WEIGHTS": str(BUNDLED_WEIGHTS), "VIT_DEVICE": "cpu"}
-    done = subprocess.run(
+    done = run_command(
         [sys.executable, "-m", "app", "--port", str(free_port())],
         cwd=ROOT,
         env={**os.environ, **env, "VIT_GRPC_PORT": "0"},
-        capture_output=True,
-        text=True,
         timeout=120,
     )
     assert done.returncode == 3, done.stderr[-2000:]
@@ -184,12 +183,10 @@ def test_a_hub_that_does_not_answer_fails_the_start_at_once_with_one_line(tmp_pa
     base = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
     with silent_endpoint() as endpoint:
         started = time.monotonic()
-        done = subprocess.run(
+        done = run_command(
             [sys.executable, "-m", "app", "--port", str(free_port())],
             cwd=ROOT,
             env={**base, **env, "HF_ENDPOINT": endpoint},
-            capture_output=True,
-            text=True,
             timeout=120,
         )
         took = time.monotonic() - started

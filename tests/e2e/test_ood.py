@@ -6,7 +6,6 @@ answers each protocol's client error. The same servers watch drift and shadow `v
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ from tritonclient.utils import InferenceServerException
 
 from app.settings import BUNDLED_WEIGHTS
 from harness.images import encode
+from harness.preloaded import run_command
 from harness.server import Server
 from model.checkpoint import load_checkpoint, save_checkpoint
 from model.shapes import make_sample
@@ -40,7 +40,7 @@ def referenced(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("ood") / "vit-shapes.safetensors"
     cmd = [sys.executable, "-m", "model.reference", str(BUNDLED_WEIGHTS), "--shapes", "300", "--output", str(out)]
     cmd += ["--score", "max_softmax"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    r = run_command(cmd, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "300 procedural shapes: 10 of 10 classes seen" in r.stdout
     assert load_checkpoint(out).version == load_checkpoint(BUNDLED_WEIGHTS).version  # the model's version kept

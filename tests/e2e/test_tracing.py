@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +24,7 @@ from app.settings import BUNDLED_WEIGHTS
 from app.telemetry.tracing import tracing_configured
 from harness.images import encode
 from harness.otlp import ReceivedSpan, Receiver
+from harness.preloaded import run_command
 from harness.server import ROOT, Server
 from model.checkpoint import load_checkpoint
 from model.shapes import make_sample
@@ -204,7 +204,7 @@ def test_the_batch_runner_traces_one_run(tmp_path: Path) -> None:
             "cpu",
         ]
         env = {**os.environ, **otel_env(receiver)}
-        done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+        done = run_command(argv, cwd=ROOT, env=env, check=False)
         assert done.returncode == 0, done.stderr
         run = one(receiver.named("batch run"))
         assert run.parent_span_id == "" and run.attributes["vit.files"] == 3

@@ -1,19 +1,21 @@
-"""Servers forked from the preloaded `python -m app` (the suite's servers): the same server as a fresh interpreter's,
-with its own environment, session, output and exit code; a start whose environment could have been read at
-import gets a fresh interpreter."""
+"""Servers and command lines forked from the preloaded interpreter (the suite's): the same process as a fresh
+interpreter's, with its own environment, session, output streams and exit code; a start whose environment could
+have been read at import gets a fresh interpreter."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import httpx
 import pytest
 
-from harness.preloaded import Forked, fork_allowed
-from harness.server import Server, ServerProcess
+from harness.preloaded import Forked, Preloaded, fork_allowed, run_command
+from harness.server import ROOT, Server, ServerProcess, free_port
 
 pytestmark = pytest.mark.skipif(not ServerProcess.preloaded, reason="the suite's servers are not preloaded")
 
@@ -55,3 +57,29 @@ def test_an_environment_read_at_import_gets_a_fresh_interpreter(tiny_checkpoint:
     with Server(tiny_checkpoint, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1") as server:
         assert isinstance(server.proc, subprocess.Popen)
         assert httpx.get(f"{server.url}/health/ready").status_code == 200
+
+
+def test_a_command_line_is_forked_with_its_own_streams_arguments_and_exit_code(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.safetensors"
+    with tempfile.TemporaryFile(mode="w+") as out, tempfile.TemporaryFile(mode="w+") as err:
+        forked = Preloaded.get().start(
+            "model.evaluate", ["--checkpoint", str(missing)], dict(os.environ), ROOT, out, err
+        )
+        assert forked.wait(timeout=60) == 1  # the command's exit code for what is missing
+        out.seek(0)
+        err.seek(0)
+        assert out.read() == ""
+        assert f"checkpoint {missing}: file not found" in err.read()
+    helped = run_command([sys.executable, "-m", "model.evaluate", "--help"], check=True)
+    assert helped.stdout.startswith("usage: ") and "--checkpoint" in helped.stdout and helped.stderr == ""
+    with pytest.raises(subprocess.CalledProcessError):
+        run_command([sys.executable, "-m", "model.evaluate", "--checkpoint", str(missing)], check=True)
+
+
+def test_a_command_past_its_timeout_is_killed_with_its_process_group(tiny_checkpoint: Path) -> None:
+    port = free_port()
+    env = {**os.environ, "VIT_WEIGHTS": str(tiny_checkpoint), "VIT_DEVICE": "cpu", "VIT_GRPC_PORT": "0"}
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_command([sys.executable, "-m", "app", "--port", str(port)], env=env, timeout=4)
+    with pytest.raises(httpx.TransportError):  # nothing serves there any more
+        httpx.get(f"http://127.0.0.1:{port}/health/live", timeout=2)

@@ -4,7 +4,6 @@ through the CLI into a checkpoint whose logits equal the library's (fp32, atol 1
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +17,7 @@ from safetensors.torch import save_file
 from timm.models.vision_transformer import ParallelScalingBlock, ParallelThingsBlock, ResPostBlock
 from torchvision.models import get_model_weights
 
+from harness.preloaded import run_command
 from model.checkpoint import load_checkpoint
 from model.convert.__main__ import main as convert_main
 from model.convert.converted import (
@@ -200,7 +200,7 @@ def test_timm_features_we_lack_are_refused_by_name(build: Callable[[], Any], fea
 def test_refusal_through_the_cli_exits_2_with_one_line(tmp_path: Path) -> None:
     m = timm.create_model("vit_dwee_patch16_reg1_gap_256")  # differential attention
     torch.save(m.state_dict(), tmp_path / "dwee.pth")
-    r = subprocess.run(
+    r = run_command(
         [
             sys.executable,
             "-m",
@@ -213,8 +213,6 @@ def test_refusal_through_the_cli_exits_2_with_one_line(tmp_path: Path) -> None:
             "--output",
             str(tmp_path / "out.safetensors"),
         ],
-        capture_output=True,
-        text=True,
         timeout=120,
     )
     assert r.returncode == 2
@@ -502,11 +500,9 @@ def test_pretrained_on_a_hub_that_does_not_answer_is_refused_at_once(
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"} | {"HF_HUB_CACHE": str(tmp_path / "hub")}
     with silent_endpoint() as endpoint:
         started = time.monotonic()
-        r = subprocess.run(
+        r = run_command(
             [sys.executable, "-m", "model.convert", *argv, "--output", str(tmp_path / "o.safetensors")],
             env=env | {"HF_ENDPOINT": endpoint},
-            capture_output=True,
-            text=True,
             timeout=120,
         )
         took = time.monotonic() - started
@@ -519,7 +515,7 @@ def test_pretrained_on_a_hub_that_does_not_answer_is_refused_at_once(
 
 
 def test_module_entry_point_help(capsys: pytest.CaptureFixture[str]) -> None:
-    r = subprocess.run([sys.executable, "-m", "model.convert", "--help"], capture_output=True, text=True, check=True)
+    r = run_command([sys.executable, "-m", "model.convert", "--help"], check=True)
     assert "{timm,torchvision,hf,open_clip}" in r.stdout
     with pytest.raises(SystemExit) as exited:  # a source's own help, from the same entry point in-process
         convert_main(["timm", "--help"])

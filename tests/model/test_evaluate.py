@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 
 from app.settings import BUNDLED_WEIGHTS
+from harness.preloaded import run_command
 
 pytestmark = pytest.mark.slow  # each test a fresh interpreter
 
 
 def evaluate(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "model.evaluate", *argv], capture_output=True, text=True, timeout=300)
+    return run_command([sys.executable, "-m", "model.evaluate", *argv], timeout=300)
 
 
 def test_a_report_and_its_json(tmp_path: Path) -> None:

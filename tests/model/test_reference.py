@@ -4,7 +4,6 @@ command over image folders, and training writing them."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +14,7 @@ from PIL import Image
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from harness.preloaded import run_command
 from model.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from model.reference import Reference, fit
 from model.shapes import SHAPE_CLASSES, make_sample
@@ -134,10 +134,8 @@ def test_the_command_labels_by_class_folders_or_by_the_model(tmp_path: Path, by_
     ckpt = tmp_path / "tiny.safetensors"
     save_checkpoint(ckpt, tiny_model(), list(SHAPE_CLASSES), TINY_PREPROCESSING)
     write_shapes(tmp_path / "images", by_class)
-    r = subprocess.run(
+    r = run_command(
         [sys.executable, "-m", "model.reference", str(ckpt), "--images", str(tmp_path / "images")],
-        capture_output=True,
-        text=True,
         timeout=120,
     )
     assert r.returncode == 0, r.stderr
@@ -165,9 +163,7 @@ def test_the_command_refuses_what_it_cannot_use(tmp_path: Path) -> None:
         (["--images", str(tmp_path / "bad")], "not a readable image"),
         (["--shapes", "1"], "at least 2"),
     ):
-        r = subprocess.run(
-            [sys.executable, "-m", "model.reference", str(ckpt), *args], capture_output=True, text=True, timeout=120
-        )
+        r = run_command([sys.executable, "-m", "model.reference", str(ckpt), *args], timeout=120)
         assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
     assert load_checkpoint(ckpt).reference is None
 

@@ -4,7 +4,6 @@ band of the width it says; and the bundled model read through it by `python -m m
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import numpy as np
 import pytest
 
 from app.settings import BUNDLED_WEIGHTS
+from harness.preloaded import run_command
 from model.shapes import IMAGE_SIZE, SHAPE_CLASSES, render_dataset
 from model.shapes_outlines import make_sample
 from tests.model.test_shapes import ring_band
@@ -36,7 +36,7 @@ def test_rings_are_wider_bands_than_any_outline() -> None:
 def test_evaluate_reads_the_bundled_model_through_the_outline_set(tmp_path: Path) -> None:
     out = tmp_path / "outlines.json"
     argv = ["--checkpoint", str(BUNDLED_WEIGHTS), "--renderer", "outlines", "--samples", "200", "--json", str(out)]
-    done = subprocess.run([sys.executable, "-m", "model.evaluate", *argv], capture_output=True, text=True, timeout=300)
+    done = run_command([sys.executable, "-m", "model.evaluate", *argv], timeout=300)
     assert done.returncode == 0, done.stderr
     result = json.loads(out.read_text())
     assert result["dataset"] == "shapes, outlines renderer" and result["accuracy"] > 0.95  # 99.3 % on 1,000

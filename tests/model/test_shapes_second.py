@@ -4,7 +4,6 @@ its colours standing out; and the bundled model read through it by `python -m mo
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import numpy as np
 import pytest
 
 from app.settings import BUNDLED_WEIGHTS
+from harness.preloaded import run_command
 from model.shapes import IMAGE_SIZE, luminance, render_dataset
 from model.shapes_second import make_sample
 
@@ -51,10 +51,8 @@ def test_the_shape_stands_out_from_what_lies_under_it() -> None:
 def test_evaluate_reads_the_bundled_model_through_the_second_renderer(tmp_path: Path) -> None:
     out = tmp_path / "second.json"
     argv = ["--checkpoint", str(BUNDLED_WEIGHTS), "--renderer", "second", "--samples", "200", "--json", str(out)]
-    done = subprocess.run(
+    done = run_command(
         [sys.executable, "-m", "model.evaluate", *argv],
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     assert done.returncode == 0, done.stderr

@@ -17,6 +17,7 @@ import torch
 
 from app.batch.__main__ import main
 from app.batch.outputs import atomic_file, journal_path, read_output
+from harness.preloaded import run_command
 from harness.server import ROOT
 from tests.support.clients import ClientFactory
 
@@ -200,7 +201,7 @@ def test_a_killed_run_resumes_where_its_journal_ends(tiny_checkpoint: Path, imag
     assert len(kept) == 8
     fifo.unlink()
     fifo.write_bytes(good[0].read_bytes())
-    resumed = subprocess.run([*argv, "--resume"], cwd=ROOT, capture_output=True, text=True)
+    resumed = run_command([*argv, "--resume"], cwd=ROOT)
     assert resumed.returncode == 0, resumed.stderr
     assert f"{len(inputs) - 8} images classified" in resumed.stderr and "8 already done" in resumed.stderr
     rows = read_output(output)
