@@ -48,6 +48,7 @@ def server(
     root, _ = repos
     models = ",".join(f"{name}=hf:{hub_id}" for name, (hub_id, _) in REPOS.items())
     env = hub_env(root, tmp_path_factory.mktemp("converted"), models)
+    del env["VIT_BACKEND"]  # served on the CPU's default backend, ONNX Runtime, as a user's server serves them
     return serve(Path("unused.safetensors"), VIT_WORKERS="2", **env)
 
 
