@@ -9,15 +9,16 @@ forks; the child becomes `python -m MODULE` with exactly that environment, in a 
 the interpreter would run it (`runpy`, its exit code the process's). The preloaded process answers the child's
 pid, then its exit code when it ends. It exits when the process that started it closes its stdin.
 
-`run_command` is `subprocess.run(argv, capture_output=True, text=True)` for a command line of this checkout,
-forked where it may be.
+`start_command` is `subprocess.Popen` and `run_command` `subprocess.run(argv, capture_output=True, text=True)` for a
+command line of this checkout, forked where it may be.
 
 Only a start whose environment differs from the preloaded process's in variables nothing preloaded has read can
 be forked: the service's own settings (`VIT_*`), OpenTelemetry's (`OTEL_*`, read when the service configures
 tracing), pytest's name of the test running, torch's compiler cache (read when torch compiles, and set then in
-the test process), and the Hugging Face hub's (`HF_*`, read as `huggingface_hub` is imported, which the service
-does only to fetch a model). Anything else (`PYTHONPATH`, the threads OpenMP reads as it loads) could have been
-read at import, and such a start gets a fresh interpreter (`fork_allowed`).
+the test process), the Hugging Face hub's (`HF_*`, read as `huggingface_hub` is imported, which the service does
+only to fetch a model) and the tokenizers' (`TOKENIZERS_*`, while `tokenizers` is not loaded). Anything else
+(`PYTHONPATH`, the threads OpenMP reads as it loads) could have been read at import, and such a start gets a
+fresh interpreter (`fork_allowed`).
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ PACKAGES = ("app", "model", "bench", "evaluation", "harness")  # this checkout's
 PRELOADED = ("app.startup", "app.server", "torchvision")  # what `python -m app` imports, and the model's commands
 # pytest's name of the test running; and torch's compiler cache, which torch reads (and sets) when it compiles
 READ_AT_RUN_TIME = ("VIT_", "OTEL_", "PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR")
-READ_AT_IMPORT = {"HF_": "huggingface_hub"}  # a library's variables, and the library that reads them as it loads
+# a library's variables, and the library that reads them (as it loads, or once loaded): open_clip's import sets
+# TOKENIZERS_PARALLELISM in a test process that converts a CLIP model
+READ_AT_IMPORT = {"HF_": "huggingface_hub", "TOKENIZERS_": "tokenizers"}
 
 
 def fork_allowed(env: Mapping[str, str], preloaded: Mapping[str, str], modules: Collection[str]) -> bool:
@@ -54,7 +57,7 @@ def fork_allowed(env: Mapping[str, str], preloaded: Mapping[str, str], modules: 
 
 class Forked:
     """A process forked by the preloaded one: what `subprocess.Popen` offers for it (`pid`, `poll`, `wait`,
-    `send_signal`, `returncode`), its exit code read from the preloaded process's answer."""
+    `send_signal`, `kill`, `returncode`), its exit code read from the preloaded process's answer."""
 
     def __init__(self, connection: socket.socket, argv: list[str]) -> None:
         self.args = argv
@@ -83,6 +86,9 @@ class Forked:
     def send_signal(self, sig: int) -> None:
         if self.returncode is None:
             os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
     def _line(self, timeout: float | None) -> str | None:
         """The next line of the answer, "" when the connection closed without one, None if none came in time."""
@@ -164,6 +170,19 @@ def forkable(argv: Sequence[str], cwd: Path) -> str | None:
     return argv[2] if argv[2].split(".")[0] in PACKAGES else None
 
 
+def start_command(
+    argv: Sequence[str], stdout: IO[str], stderr: IO[str], env: Mapping[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.Popen[str] | Forked:
+    """`argv` started in a session of its own, its output to `stdout` and `stderr`: forked from this process's
+    preloaded interpreter where it is a command line of this checkout and `env` (this process's when None) allows
+    it, else a `subprocess.Popen`."""
+    where = Path.cwd() if cwd is None else cwd
+    full_env = dict(os.environ if env is None else env)
+    if (module := forkable(argv, where)) is not None and (preloaded := Preloaded.get()).allows(full_env):
+        return preloaded.start(module, argv[3:], full_env, where, stdout, stderr)
+    return subprocess.Popen(argv, cwd=cwd, env=env, stdout=stdout, stderr=stderr, text=True, start_new_session=True)
+
+
 def run_command(
     argv: Sequence[str],
     env: Mapping[str, str] | None = None,
@@ -171,28 +190,20 @@ def run_command(
     timeout: float | None = None,
     check: bool = False,
 ) -> subprocess.CompletedProcess[str]:
-    """`subprocess.run(argv, env=env, cwd=cwd, timeout=timeout, check=check, capture_output=True, text=True)`,
-    forked from this process's preloaded interpreter where `argv` is a command line of this checkout and `env`
-    allows it; past `timeout`, its process group is killed and `subprocess.TimeoutExpired` raised, as
-    `subprocess.run` does."""
-    where = Path.cwd() if cwd is None else cwd
-    full_env = dict(os.environ if env is None else env)
-    module = forkable(argv, where)
-    preloaded = Preloaded.get() if module is not None else None
-    if module is None or preloaded is None or not preloaded.allows(full_env):
-        return subprocess.run(argv, env=env, cwd=cwd, timeout=timeout, check=check, capture_output=True, text=True)
+    """`subprocess.run(argv, env=env, cwd=cwd, timeout=timeout, check=check, capture_output=True, text=True)`
+    through `start_command`; past `timeout`, its process group is killed and `subprocess.TimeoutExpired` raised."""
     with tempfile.TemporaryFile(mode="w+") as out, tempfile.TemporaryFile(mode="w+") as err:
-        forked = preloaded.start(module, argv[3:], full_env, where, out, err)
+        proc = start_command(argv, out, err, env, cwd)
         try:
-            forked.wait(timeout)
+            proc.wait(timeout)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(forked.pid, signal.SIGKILL)
-            forked.wait()
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
             raise
         out.seek(0)
         err.seek(0)
-        done = subprocess.CompletedProcess(list(argv), forked.wait(), out.read(), err.read())
+        done = subprocess.CompletedProcess(list(argv), proc.wait(), out.read(), err.read())
     if check:
         done.check_returncode()
     return done

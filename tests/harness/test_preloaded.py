@@ -28,6 +28,8 @@ def test_only_variables_read_at_run_time_or_by_libraries_not_loaded_may_differ()
     assert not fork_allowed({k: v for k, v in base.items() if k != "PATH"}, base, [])  # removed is changed too
     assert fork_allowed({**base, "HF_HOME": "/b"}, base, ["torch"])
     assert not fork_allowed({**base, "HF_HOME": "/b"}, base, ["torch", "huggingface_hub"])
+    assert fork_allowed({**base, "TOKENIZERS_PARALLELISM": "false"}, base, ["torch"])
+    assert not fork_allowed({**base, "TOKENIZERS_PARALLELISM": "false"}, base, ["torch", "tokenizers"])
 
 
 def test_a_forked_server_serves_with_its_own_settings_session_output_and_exit_code(tiny_checkpoint: Path) -> None:

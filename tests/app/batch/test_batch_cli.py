@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -17,7 +16,7 @@ import torch
 
 from app.batch.__main__ import main
 from app.batch.outputs import atomic_file, journal_path, read_output
-from harness.preloaded import run_command
+from harness.preloaded import run_command, start_command
 from harness.server import ROOT
 from tests.support.clients import ClientFactory
 
@@ -187,7 +186,8 @@ def test_a_killed_run_resumes_where_its_journal_ends(tiny_checkpoint: Path, imag
         "--batch-size",
         "1",
     ]
-    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(os.devnull, "w") as devnull:
+        proc = start_command(argv, devnull, devnull, cwd=ROOT)
     journal = journal_path(output)
     deadline = time.monotonic() + 60
     while not (journal.exists() and journal.read_text().count("\n") >= 8):
