@@ -173,14 +173,23 @@ def forkable(argv: Sequence[str], cwd: Path) -> str | None:
 def start_command(
     argv: Sequence[str], stdout: IO[str], stderr: IO[str], env: Mapping[str, str] | None = None, cwd: Path | None = None
 ) -> subprocess.Popen[str] | Forked:
-    """`argv` started in a session of its own, its output to `stdout` and `stderr`: forked from this process's
-    preloaded interpreter where it is a command line of this checkout and `env` (this process's when None) allows
-    it, else a `subprocess.Popen`."""
+    """`argv` started in a session of its own, reading nothing, its output to `stdout` and `stderr`: forked from
+    this process's preloaded interpreter where it is a command line of this checkout and `env` (this process's when
+    None) allows it, else a `subprocess.Popen`."""
     where = Path.cwd() if cwd is None else cwd
     full_env = dict(os.environ if env is None else env)
     if (module := forkable(argv, where)) is not None and (preloaded := Preloaded.get()).allows(full_env):
         return preloaded.start(module, argv[3:], full_env, where, stdout, stderr)
-    return subprocess.Popen(argv, cwd=cwd, env=env, stdout=stdout, stderr=stderr, text=True, start_new_session=True)
+    return subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=stdout,
+        stderr=stderr,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def run_command(
@@ -280,7 +289,8 @@ def become(request: dict[str, Any]) -> None:
     os.environ.clear()
     os.environ.update(request["env"])
     sys.argv = ["-m", *request["arguments"]]
-    sys.modules.pop(request["module"], None)  # run afresh as __main__, as the interpreter would, not as imported
+    if not hasattr(sys.modules.get(request["module"]), "__path__"):  # a module imported here: run afresh as __main__
+        sys.modules.pop(request["module"], None)  # as the interpreter would (a package runs its __main__)
     import runpy
 
     runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
