@@ -45,14 +45,21 @@ READ_AT_RUN_TIME = ("VIT_", "OTEL_", "PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE
 # a library's variables, and the library that reads them (as it loads, or once loaded): open_clip's import sets
 # TOKENIZERS_PARALLELISM in a test process that converts a CLIP model
 READ_AT_IMPORT = {"HF_": "huggingface_hub", "TOKENIZERS_": "tokenizers"}
+FRESH: list[str] = []  # this process's starts of this checkout's command lines that got a fresh interpreter, and why
+
+
+def read_before(env: Mapping[str, str], preloaded: Mapping[str, str], modules: Collection[str]) -> list[str]:
+    """The variables in which `env` differs from `preloaded`, the environment of a process that imported `modules`
+    (top-level names), and which that process may have read already."""
+    changed = {k for k in env.keys() | preloaded.keys() if env.get(k) != preloaded.get(k)}
+    unread = [prefix for prefix, module in READ_AT_IMPORT.items() if module not in modules]
+    return sorted(k for k in changed if not k.startswith((*READ_AT_RUN_TIME, *unread)))
 
 
 def fork_allowed(env: Mapping[str, str], preloaded: Mapping[str, str], modules: Collection[str]) -> bool:
     """Whether a process with `env` behaves the same forked from one that imported `modules` (top-level names)
     with the environment `preloaded`."""
-    changed = {k for k in env.keys() | preloaded.keys() if env.get(k) != preloaded.get(k)}
-    unread = [prefix for prefix, module in READ_AT_IMPORT.items() if module not in modules]
-    return all(k.startswith((*READ_AT_RUN_TIME, *unread)) for k in changed)
+    return not read_before(env, preloaded, modules)
 
 
 class Forked:
@@ -134,7 +141,11 @@ class Preloaded:
         self.modules: list[str] = json.loads(ready.removeprefix("ready "))
 
     def allows(self, env: Mapping[str, str]) -> bool:
-        return fork_allowed(env, self.env, self.modules)
+        """Whether a process with `env` may be forked from this one; where not, why goes into `FRESH`."""
+        if not (why := read_before(env, self.env, self.modules)):
+            return True
+        FRESH.append(f"{os.environ.get('PYTEST_CURRENT_TEST', '?').removesuffix(' (call)')}: {', '.join(why)}")
+        return False
 
     @classmethod
     def get(cls) -> Preloaded:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
@@ -107,6 +107,35 @@ def pytest_configure(config: pytest.Config) -> None:
         threads = max(1, len(os.sched_getaffinity(0)) // workers)
         os.environ["OMP_NUM_THREADS"] = str(threads)  # read by torch in the processes the tests start
         torch.set_num_threads(threads)
+
+
+FRESH_IN_WORKERS: list[str] = []
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A pytest-xdist worker hands on which of its starts got a fresh interpreter (`harness.preloaded.FRESH`)."""
+    from harness.preloaded import FRESH
+
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["fresh_starts"] = FRESH
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    FRESH_IN_WORKERS.extend(getattr(node, "workeroutput", {}).get("fresh_starts", []))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The starts that could not be forked from the preloaded interpreter, each with the variables why: a test
+    that sets another one (or a library that does, in the test process) slows every later start of its worker."""
+    from harness.preloaded import FRESH
+
+    fresh = FRESH_IN_WORKERS + FRESH
+    if fresh:
+        starts = f"{len(fresh)} start" + ("s" if len(fresh) > 1 else "")
+        terminalreporter.write_line(f"harness.preloaded: {starts} got a fresh interpreter, for variables set:")
+        for line in fresh:
+            terminalreporter.write_line(f"  {line}")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
