@@ -12,7 +12,7 @@ import pytest
 from harness.preloaded import run_command
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.slow  # fresh interpreters
+pytestmark = pytest.mark.slow  # the entry, as processes of their own
 
 
 def bench(*argv: str) -> subprocess.CompletedProcess[str]:

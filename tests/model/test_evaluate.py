@@ -12,7 +12,7 @@ import pytest
 from app.settings import BUNDLED_WEIGHTS
 from harness.preloaded import run_command
 
-pytestmark = pytest.mark.slow  # each test a fresh interpreter
+pytestmark = pytest.mark.slow  # each test runs the command line as a process of its own
 
 
 def evaluate(*argv: str) -> subprocess.CompletedProcess[str]:

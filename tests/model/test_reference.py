@@ -149,7 +149,7 @@ def test_the_command_labels_by_class_folders_or_by_the_model(tmp_path: Path, by_
     assert loaded.training["reference"].endswith(how)
 
 
-@pytest.mark.slow  # a fresh interpreter
+@pytest.mark.slow  # the command line, as a process of its own
 def test_the_command_refuses_what_it_cannot_use(tmp_path: Path) -> None:
     ckpt = tmp_path / "tiny.safetensors"
     save_checkpoint(ckpt, tiny_model(), list(SHAPE_CLASSES), TINY_PREPROCESSING)

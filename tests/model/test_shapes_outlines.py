@@ -32,7 +32,7 @@ def test_rings_are_wider_bands_than_any_outline() -> None:
     assert min(ring_band(s.mask) for s in rings) > 6 + 1  # the thickest outline, and a pixel's margin to measure
 
 
-@pytest.mark.slow  # a fresh interpreter
+@pytest.mark.slow  # the command line, as a process of its own
 def test_evaluate_reads_the_bundled_model_through_the_outline_set(tmp_path: Path) -> None:
     out = tmp_path / "outlines.json"
     argv = ["--checkpoint", str(BUNDLED_WEIGHTS), "--renderer", "outlines", "--samples", "200", "--json", str(out)]

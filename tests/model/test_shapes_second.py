@@ -47,7 +47,7 @@ def test_the_shape_stands_out_from_what_lies_under_it() -> None:
         assert abs(luminance(img[s.mask]) - luminance(img[ring])) > 0.02
 
 
-@pytest.mark.slow  # a fresh interpreter
+@pytest.mark.slow  # the command line, as a process of its own
 def test_evaluate_reads_the_bundled_model_through_the_second_renderer(tmp_path: Path) -> None:
     out = tmp_path / "second.json"
     argv = ["--checkpoint", str(BUNDLED_WEIGHTS), "--renderer", "second", "--samples", "200", "--json", str(out)]
