@@ -160,16 +160,14 @@ class Preloaded:
         arguments: Sequence[str],
         env: Mapping[str, str],
         cwd: Path,
-        output: IO[str],
-        errors: IO[str] | None = None,
+        stdout: IO[str],
+        stderr: IO[str],
     ) -> Forked:
-        """`python -m MODULE ARGUMENTS` with exactly `env`, from `cwd`, its stdout to `output` and its stderr to
-        `errors` (`output` too when None)."""
+        """`python -m MODULE ARGUMENTS` with exactly `env`, from `cwd`, its output to `stdout` and `stderr`."""
         connection = socket.socket(socket.AF_UNIX)
         connection.connect(self.address)
         request = {"module": module, "arguments": list(arguments), "env": dict(env), "cwd": str(cwd)}
-        fds = [output.fileno(), (errors or output).fileno()]
-        socket.send_fds(connection, [json.dumps(request).encode()], fds)
+        socket.send_fds(connection, [json.dumps(request).encode()], [stdout.fileno(), stderr.fileno()])
         connection.shutdown(socket.SHUT_WR)
         return Forked(connection, [sys.executable, "-m", module, *arguments])
 
@@ -182,14 +180,20 @@ def forkable(argv: Sequence[str], cwd: Path) -> str | None:
 
 
 def start_command(
-    argv: Sequence[str], stdout: IO[str], stderr: IO[str], env: Mapping[str, str] | None = None, cwd: Path | None = None
+    argv: Sequence[str],
+    stdout: IO[str],
+    stderr: IO[str],
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    fork: bool = True,
 ) -> subprocess.Popen[str] | Forked:
-    """`argv` started in a session of its own, reading nothing, its output to `stdout` and `stderr`: forked from
-    this process's preloaded interpreter where it is a command line of this checkout and `env` (this process's when
-    None) allows it, else a `subprocess.Popen`."""
+    """`argv` started in a session of its own, reading nothing, its output to `stdout` and `stderr`: with `fork`,
+    forked from this process's preloaded interpreter where it is a command line of this checkout and `env` (this
+    process's when None) allows it; else a `subprocess.Popen`."""
     where = Path.cwd() if cwd is None else cwd
     full_env = dict(os.environ if env is None else env)
-    if (module := forkable(argv, where)) is not None and (preloaded := Preloaded.get()).allows(full_env):
+    module = forkable(argv, where) if fork else None
+    if module is not None and (preloaded := Preloaded.get()).allows(full_env):
         return preloaded.start(module, argv[3:], full_env, where, stdout, stderr)
     return subprocess.Popen(
         argv,

@@ -18,7 +18,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness.cpu import process_cpu_s
-from harness.preloaded import Forked, Preloaded
+from harness.preloaded import start_command
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,22 +50,8 @@ class ServerProcess:
         # Output goes to a file, not a pipe: an unread pipe fills up and blocks the server's logging.
         self.output = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
         self.final_output = ""
-        full_env = {**os.environ, **env}
-        self.proc: subprocess.Popen[str] | Forked
-        if self.preloaded and argv[:3] == [sys.executable, "-m", "app"] and cwd == ROOT:
-            preloaded = Preloaded.get()
-            if preloaded.allows(full_env):
-                self.proc = preloaded.start("app", argv[3:], full_env, cwd, self.output)
-                return
-        self.proc = subprocess.Popen(  # its own process group: a server's workers are its children
-            argv,
-            cwd=cwd,
-            env=full_env,
-            stdout=self.output,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
+        # its own process group: a server's workers are its children
+        self.proc = start_command(argv, self.output, self.output, {**os.environ, **env}, cwd, fork=self.preloaded)
 
     def __enter__(self) -> ServerProcess:
         """Started and ready; stopped (with its whole process group) when the block ends."""
