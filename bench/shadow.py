@@ -22,8 +22,9 @@ import httpx
 
 from app.settings import BUNDLED_WEIGHTS
 from bench.common import write_results
+from bench.rounds import alternated, loaded, rounds_table
 from harness.images import encode
-from harness.load import require_hey, run_hey
+from harness.load import require_hey
 from harness.records import cpu_model, table
 from harness.server import Server
 from model.evaluate import DEFAULT_SHAPES_EVAL_SEED
@@ -59,32 +60,21 @@ def agreement(challenger: Path, images: int) -> dict[str, Any]:
     return dict(report)
 
 
-def overload(seconds: float, concurrency: int, rounds: int) -> list[dict[str, Any]]:
+def overload(seconds: float, concurrency: int, rounds: int) -> dict[str, list[dict[str, Any]]]:
+    """The champion under `hey`, the shadow pair configured ("on") or not ("off"), alternating."""
     with tempfile.TemporaryDirectory() as tmp:
         body = Path(tmp) / "shape.png"
         body.write_bytes(encode(make_sample(DEFAULT_SHAPES_EVAL_SEED, 0).image))
-        runs = []
-        for r in range(rounds):
-            for shadow in (False, True) if r % 2 == 0 else (True, False):
-                models = f"a={BUNDLED_WEIGHTS},b={BUNDLED_WEIGHTS}"
-                with Server(BUNDLED_WEIGHTS, VIT_MODELS=models, VIT_SHADOW="a:b" if shadow else "") as server:
-                    result = run_hey(f"{server.url}/predict?model=a", body, "image/png", concurrency, seconds)
-                    report = httpx.get(f"{server.url}/v1/models/a/shadow").json() if shadow else {}
-                runs.append(
-                    {
-                        "round": r,
-                        "shadow": shadow,
-                        "rps": result.requests_per_s,
-                        "p50_ms": result.p50_ms,
-                        "p99_ms": result.p99_ms,
-                        "ok": result.ok,
-                        "errors": result.errors,
-                        "compared": report.get("compared"),
-                        "shed": report.get("shed"),
-                    }
-                )
-                print(runs[-1], flush=True)
-        return runs
+
+        def run(shadow: str) -> dict[str, Any]:
+            models = f"a={BUNDLED_WEIGHTS},b={BUNDLED_WEIGHTS}"
+            with Server(BUNDLED_WEIGHTS, VIT_MODELS=models, VIT_SHADOW="a:b" if shadow == "on" else "") as server:
+                measured = loaded(server, "/predict?model=a", body, "image/png", concurrency, seconds, warm=0)
+                report = httpx.get(f"{server.url}/v1/models/a/shadow").json() if shadow == "on" else {}
+            print(shadow, measured, report, flush=True)
+            return {**measured, "compared": report.get("compared"), "shed": report.get("shed")}
+
+        return alternated(["off", "on"], rounds, run)
 
 
 def main() -> None:
@@ -119,18 +109,6 @@ def markdown(report: dict[str, Any]) -> str:
             str(r["shed"]),
         ]
 
-    overload_rows = [
-        [
-            "on" if r["shadow"] else "off",
-            str(r["round"]),
-            f"{r['rps']:.0f}",
-            f"{r['p50_ms']:.1f}",
-            f"{r['p99_ms']:.1f}",
-            str(r["errors"]),
-            "" if r["compared"] is None else f"{r['compared']} / {r['shed']}",
-        ]
-        for r in report["overload"]
-    ]
     return "\n".join(
         [
             "# A shadow challenger: its comparison, and the champion under overload",
@@ -158,7 +136,10 @@ def markdown(report: dict[str, Any]) -> str:
             f"Overload: `hey`, one shape a request, {report['concurrency']} connections for {report['seconds']:g} s "
             "against the champion, the shadow pair (the same checkpoint, fraction 1) configured or not, alternating:",
             "",
-            *table(["shadow", "round", "requests/s", "p50 ms", "p99 ms", "errors", "compared / shed"], overload_rows),
+            *rounds_table(report["overload"], "shadow"),
+            "",
+            "Compared / shed by the shadow, each round: "
+            + ", ".join(f"{r['compared']} / {r['shed']}" for r in report["overload"]["on"]),
             "",
         ]
     )

@@ -6,7 +6,7 @@ the CPU time of every process per image, and what that could feed on the H100 ho
     python -m bench.stand_in --route v2 --workers 2 --seconds 8 --trees . /tmp/before --repeats 3
 
 With `--trees`, each checkout's service (`git worktree add /tmp/before REV`) is measured in turn, the trees
-alternating `--repeats` times (`bench.trees`), and a table gives each tree's CPU µs per image by role and img/s,
+alternating `--repeats` times (`bench.rounds`), and a table gives each tree's CPU µs per image by role and img/s,
 median and best: an A/B of two trees under the same load, what each spends here, with no projection. With
 `--json`, the runs go there under their record.
 
@@ -57,7 +57,7 @@ import torch
 
 from bench.common import RESULTS
 from bench.gpu.serving import bodies, random_checkpoint
-from bench.trees import alternated
+from bench.rounds import alternated
 from harness import records
 from harness.cpu import cpu_by_role, roles
 from harness.images import photo_jpeg

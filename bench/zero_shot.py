@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import os
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -25,10 +24,8 @@ from urllib.parse import urlencode
 
 import torch
 
-from bench.cache import rate
 from bench.common import multipart, write_results
-from harness.load import start_hey
-from harness.records import table
+from bench.rounds import alternated, loaded, rounds_table
 from harness.server import Server
 from harness.zero_shot import clip_vocabulary
 from model.checkpoint import load_checkpoint, save_checkpoint
@@ -90,79 +87,45 @@ def jpeg() -> bytes:
     return buf.getvalue()
 
 
-def measure(checkpoint: Path, query: str, body: Path, content_type: str, seconds: float) -> dict[str, Any]:
-    with Server(checkpoint, VIT_LOG_LEVEL="warning") as server:
-        url = f"{server.url}/predict?{query}"
-        start_hey(url, 3, CONCURRENCY, body, content_type).communicate()  # warm: the labels' text pass
-        cpu = server.cpu_seconds()
-        per_s, errors, answered = rate(start_hey(url, seconds, CONCURRENCY, body, content_type).communicate()[0])
-        cpu = server.cpu_seconds() - cpu
-    return {"per_s": round(per_s, 1), "errors": errors, "cpu_ms": round(cpu / max(answered, 1) * 1e3, 2)}
-
-
 def main() -> None:
     args = parse_args()
-    runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         clip = clip_checkpoint(folder)
         data, content_type = multipart(jpeg(), "photo.jpg", "image/jpeg")
         body = folder / "photo.body"
         body.write_bytes(data)
-        heads = {n: linear_head(clip, n, folder / f"linear-{n}.safetensors") for n in LABEL_COUNTS}
-        for round_ in range(args.rounds):
-            for n in LABEL_COUNTS:
-                labels = urlencode({"labels": ",".join(f"c{i}" for i in range(n)), "top_k": 5})
-                for kind, checkpoint, query in (("linear head", heads[n], "top_k=5"), ("zero-shot", clip, labels)):
-                    run = {
-                        "round": round_,
-                        "classes": n,
-                        "kind": kind,
-                        **measure(checkpoint, query, body, content_type, args.seconds),
-                    }
-                    print(run, flush=True)
-                    runs.append(run)
-    report = {"cpu_count": os.cpu_count(), "concurrency": CONCURRENCY, "seconds": args.seconds, "runs": runs}
+        servers = {}
+        for n in LABEL_COUNTS:
+            labels = urlencode({"labels": ",".join(f"c{i}" for i in range(n)), "top_k": 5})
+            servers[f"{n}, linear head"] = (linear_head(clip, n, folder / f"linear-{n}.safetensors"), "top_k=5")
+            servers[f"{n}, zero-shot"] = (clip, labels)
+
+        def run(name: str) -> dict[str, Any]:
+            checkpoint, query = servers[name]
+            with Server(checkpoint, VIT_LOG_LEVEL="warning") as server:  # the warm-up runs the labels' text pass
+                measured = loaded(server, f"/predict?{query}", body, content_type, CONCURRENCY, args.seconds, warm=3)
+            print(name, measured, flush=True)
+            return measured
+
+        runs = alternated(list(servers), args.rounds, run)
+    report = {"concurrency": CONCURRENCY, "seconds": args.seconds, "runs": runs}
     write_results(args.name, report, markdown(report))
 
 
 def markdown(report: dict[str, Any]) -> str:
-    rows = []
-    for n in LABEL_COUNTS:
-        for kind in ("linear head", "zero-shot"):
-            mine = [r for r in report["runs"] if r["classes"] == n and r["kind"] == kind]
-            rows.append((n, kind, mine))
     lines = [
-        f"# Zero-shot serving on the CPU ({report['cpu_count']} cores)",
+        "# Zero-shot serving on the CPU",
         "",
-        "`python -m bench.zero_shot`: a random-weight CLIP (ViT-Ti-sized image tower at 224 px) beside its own image "
-        "tower with a linear head of as many classes, `/predict` with one 500x375 JPEG at concurrency "
-        f"{report['concurrency']}, {report['seconds']:.0f} s per run, rounds alternating; the labels named in the "
-        "query and kept after the warm-up. Server CPU per request is user + system time over requests answered.",
-        "",
-        *table(
-            ["classes", "model", "req/s per round", "errors", "server CPU per request", "req/s : linear head"],
-            [
-                [
-                    n,
-                    kind,
-                    ", ".join(f"{r['per_s']:.1f}" for r in mine),
-                    sum(r["errors"] for r in mine),
-                    ", ".join(f"{r['cpu_ms']:.2f} ms" for r in mine),
-                    ratio(report, n, mine),
-                ]
-                for n, kind, mine in rows
-            ],
-        ),
-        "",
+        "A random-weight CLIP (ViT-Ti-sized image tower at 224 px) beside its own image tower with a linear head of "
+        f"as many classes, `/predict` with one 500x375 JPEG at concurrency {report['concurrency']}, "
+        f"{report['seconds']:.0f} s per run, rounds alternating; the labels named in the query and kept after the "
+        "warm-up. Server CPU per request is user + system time over requests answered.",
     ]
-    return "\n".join(lines)
-
-
-def ratio(report: dict[str, Any], n: int, mine: list[dict[str, Any]]) -> str:
-    """Each round's rate over the linear head's in the same round."""
-    linear = {r["round"]: r["per_s"] for r in report["runs"] if r["classes"] == n and r["kind"] == "linear head"}
-    return ", ".join(f"{r['per_s'] / linear[r['round']]:.2f}" for r in mine if linear.get(r["round"]))
+    for n in LABEL_COUNTS:
+        runs = {k: v for k, v in report["runs"].items() if k.startswith(f"{n},")}
+        lines += ["", *rounds_table(runs, "classes, model")]
+    return "\n".join([*lines, ""])
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.trees import alternated
+from bench.rounds import alternated
 from harness.cpu import own_cpu_s, threads_cpu_s
 
 MAX_BATCH_SIZE = 256

@@ -15,16 +15,14 @@ the servers and their order; the first is what the others are set beside.
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from app.settings import BUNDLED_WEIGHTS
 from bench.common import multipart, sample_images, sample_label, write_results
-from harness.load import run_hey
+from bench.rounds import alternated, loaded, rounds_table
 from harness.otlp import Receiver
-from harness.records import commit, table
 from harness.server import ROOT, Server
 
 SAMPLED = "tracing on, 10% sampled"
@@ -48,23 +46,13 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def start(env: dict[str, str]) -> Server:
-    server = Server(BUNDLED_WEIGHTS, None, VIT_GRPC_PORT="0", VIT_LOG_LEVEL="warning", **env)
-    server.wait_ready(180)
-    return server
-
-
 def main() -> None:
     args = parse_args()
     kind = args.image.split("-")[0]
     data, content_type = multipart(sample_images()[args.image], f"image.{kind}", f"image/{kind}")
-    runs: dict[str, list[float]] = {label: [] for label in args.configs}
-    cpu_us: dict[str, list[float]] = {label: [] for label in args.configs}
-    exports = 0
-    with tempfile.NamedTemporaryFile(suffix=".body") as f, Receiver(keep=False) as receiver:
-        f.write(data)
-        f.flush()
-        body = Path(f.name)
+    with tempfile.TemporaryDirectory() as tmp, Receiver(keep=False) as receiver:
+        body = Path(tmp) / "request.body"
+        body.write_bytes(data)
         on = {
             "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
             "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
@@ -73,79 +61,40 @@ def main() -> None:
         sampled = {**on, "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.1"}
         over_http = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.http_endpoint, "OTEL_TRACES_SAMPLER": "always_on"}
         servers = {"tracing off": {}, "tracing on": on, OVER_HTTP: over_http, SAMPLED: sampled}
-        for _ in range(args.rounds):
-            for label in args.configs:
-                server = start(servers[label])
-                try:
-                    run_hey(server.url + "/predict", body, content_type, args.concurrency, 2)  # warm
-                    cpu = server.cpu_seconds()
-                    r = run_hey(server.url + "/predict", body, content_type, args.concurrency, args.seconds)
-                    cpu = server.cpu_seconds() - cpu
-                finally:
-                    server.stop()
-                runs[label].append(r.requests_per_s)
-                cpu_us[label].append(cpu / (r.ok + r.errors) * 1e6)
-                print(
-                    f"{label}: {r.requests_per_s:.1f} req/s, {cpu_us[label][-1]:.0f} µs CPU, {r.errors} errors",
-                    flush=True,
-                )
+
+        def run(label: str) -> dict[str, Any]:
+            with Server(
+                BUNDLED_WEIGHTS, None, tree=ROOT, VIT_GRPC_PORT="0", VIT_LOG_LEVEL="warning", **servers[label]
+            ) as server:
+                measured = loaded(server, "/predict", body, content_type, args.concurrency, args.seconds)
+            print(label, measured, flush=True)
+            return measured
+
+        runs = alternated(args.configs, args.rounds, run)
         exports = receiver.count
     report = {
-        "cpu_count": os.cpu_count(),
-        "this": commit(ROOT),
         "image": args.image,
         "concurrency": args.concurrency,
         "seconds": args.seconds,
         "runs": runs,
-        "server_cpu_us": cpu_us,
         "exports_received": exports,
     }
     write_results(args.name, report, markdown(report))
 
 
-def mean(values: list[float]) -> float:
-    return sum(values) / len(values)
-
-
 def markdown(report: dict[str, Any]) -> str:
-    base_label = next(iter(report["runs"]))  # the first server of each round: what the others are set beside
-    base = mean(report["runs"][base_label])
-    base_cpu = mean(report["server_cpu_us"][base_label])
-    rows = []
-    for label, values in report["runs"].items():
-        cpu = report["server_cpu_us"][label]
-        rows.append(
-            [
-                label,
-                ", ".join(f"{v:.1f}" for v in values),
-                f"{mean(values):.1f}",
-                f"{mean(values) / base:.3f}",
-                ", ".join(f"{v:.0f}" for v in cpu),
-                f"{mean(cpu) - base_cpu:+.0f} µs",
-            ]
-        )
     return "\n".join(
         [
-            f"# Tracing cost on the CPU ({report['cpu_count']} cores)",
+            "# Tracing cost on the CPU",
             "",
-            f"`python -m bench.compare.tracing`: `/predict` with one {sample_label(report['image'])} at "
-            f"concurrency {report['concurrency']}, "
-            f"{report['seconds']:.0f} s per run, rounds alternating; this tree {report['this']}. Tracing on exports the spans over OTLP/gRPC (OTLP/HTTP where the row says so) to a local "
-            f"receiver that counts the exports without parsing them ({report['exports_received']:,} in all). "
-            "The server's CPU time (user + system, from /proc) over the requests it answered is what a request "
-            "costs it, a figure less shaken than the rate by what else the 2 cores run.",
+            f"`/predict` with one {sample_label(report['image'])} at concurrency {report['concurrency']}, "
+            f"{report['seconds']:.0f} s per run, rounds alternating. Tracing on exports the spans over OTLP/gRPC "
+            "(OTLP/HTTP where the row says so) to a local receiver that counts the exports without parsing them "
+            f"({report['exports_received']:,} in all). The server's CPU time (user + system, from /proc) over the "
+            "requests it answered is what a request costs it, a figure less shaken than the rate by what else the "
+            "machine runs.",
             "",
-            *table(
-                [
-                    "server",
-                    "req/s (each round)",
-                    "mean",
-                    f"of {base_label}",
-                    "server CPU µs per request (each round)",
-                    f"CPU per request beside {base_label}",
-                ],
-                rows,
-            ),
+            *rounds_table(report["runs"]),
             "",
         ]
     )

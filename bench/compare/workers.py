@@ -31,8 +31,8 @@ import httpx
 
 from app.settings import BUNDLED_WEIGHTS
 from bench.common import multipart, sample_images, write_results
-from harness.cpu import process_cpu_s
-from harness.load import LoadResult, parse_hey, run_hey, start_hey
+from bench.rounds import alternated, loaded, rounds_table
+from harness.load import LoadResult, parse_hey, start_hey
 from harness.records import commit, table
 from harness.server import ROOT, Server, ServerProcess
 
@@ -55,30 +55,6 @@ def start(workers: int, device: str, tree: Path = ROOT) -> Server:
     if workers > 1:
         until(lambda: len(front_ends(server)) == workers, 60)
     return server
-
-
-def cpu_by_role(server: ServerProcess, workers: int) -> dict[str, float]:
-    """CPU seconds used so far: all of the server's processes, and with workers the engine and the front-ends."""
-    used = {"all": process_cpu_s(server.proc.pid)}
-    if workers > 1:
-        used["engine"] = process_cpu_s(engine(server))
-        used["front-ends"] = sum(process_cpu_s(p) for p in front_ends(server))
-    return used
-
-
-def measure(
-    server: ServerProcess, workers: int, body: Path, content_type: str, args: argparse.Namespace
-) -> dict[str, Any]:
-    """One measured run after a warm-up: the rate, and each role's CPU milliseconds per request."""
-    url = server.url + "/predict"
-    run_hey(url, body, content_type, args.concurrency, 2)  # warm
-    before = cpu_by_role(server, workers)
-    r = run_hey(url, body, content_type, args.concurrency, args.seconds)
-    after = cpu_by_role(server, workers)
-    answered = max(r.ok, 1)
-    cpu = {role: round((after[role] - before[role]) / answered * 1e3, 2) for role in after}
-    print(f"VIT_WORKERS={workers}: {r.requests_per_s:.1f} req/s, errors {r.errors}, CPU ms/request {cpu}", flush=True)
-    return {"requests_per_s": r.requests_per_s, "errors": r.errors, "cpu_ms_per_request": cpu}
 
 
 def until(condition: Any, timeout: float) -> float:
@@ -152,26 +128,26 @@ def fault(kind: str, args: argparse.Namespace, body: Path, content_type: str) ->
 
 def main() -> None:
     args = parse_args()
-    image = sample_images()["jpeg-medium"]
-    data, content_type = multipart(image, "photo.jpg", "image/jpeg")
-    with tempfile.NamedTemporaryFile(suffix=".body") as f:
-        f.write(data)
-        f.flush()
-        body = Path(f.name)
+    data, content_type = multipart(sample_images()["jpeg-medium"], "photo.jpg", "image/jpeg")
+    with tempfile.TemporaryDirectory() as tmp:
+        body = Path(tmp) / "request.body"
+        body.write_bytes(data)
         servers = {"1": (1, ROOT), str(args.workers): (args.workers, ROOT)}
         if args.other is not None:
             servers[f"{args.workers}, {commit(args.other)}"] = (args.workers, args.other)
-        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in servers}
-        for _ in range(args.rounds):
-            for name, (workers, tree) in servers.items():
-                with start(workers, args.device, tree) as server:
-                    runs[name].append(measure(server, workers, body, content_type, args))
+
+        def run(name: str) -> dict[str, Any]:
+            workers, tree = servers[name]
+            with start(workers, args.device, tree) as server:
+                measured = loaded(server, "/predict", body, content_type, args.concurrency, args.seconds, workers)
+            print(f"VIT_WORKERS={name}: {measured}", flush=True)
+            return measured
+
+        runs = alternated(list(servers), args.rounds, run)
         faults = [fault(kind, args, body, content_type) for kind in ("front-end", "engine")]
         for f_ in faults:
             print(f_, flush=True)
     report = {
-        "commit": commit(ROOT),
-        "cpu_count": os.cpu_count(),
         "device": args.device,
         "image": "jpeg-medium (500x375)",
         "concurrency": args.concurrency,
@@ -184,32 +160,13 @@ def main() -> None:
 
 def markdown(report: dict[str, Any]) -> str:
     n = next(k for k in report["throughput"] if k != "1")
-
-    def cpu(runs: list[dict[str, Any]], role: str) -> str:
-        values = [r["cpu_ms_per_request"][role] for r in runs if role in r["cpu_ms_per_request"]]
-        return ", ".join(f"{v:.2f}" for v in values) or "-"
-
     lines = [
-        f"# Serving processes on {report['device']} ({report['cpu_count']} cores)",
+        f"# Serving processes on {report['device']}",
         "",
-        f"`python -m bench.compare.workers` at {report['commit']}: `/predict` with one {report['image']} JPEG, concurrency "
-        f"{report['concurrency']}, {report['seconds']:.0f} s per run, rounds alternating. CPU: milliseconds "
-        "of CPU time per request answered, each round.",
+        f"`/predict` with one {report['image']} JPEG, concurrency {report['concurrency']}, "
+        f"{report['seconds']:.0f} s per run, rounds alternating; CPU time per request answered, by role.",
         "",
-        *table(
-            ["VIT_WORKERS", "req/s (each round)", "mean", "CPU, all", "CPU, engine", "CPU, front-ends"],
-            [
-                [
-                    w,
-                    ", ".join(f"{r['requests_per_s']:.1f}" for r in runs),
-                    f"{sum(r['requests_per_s'] for r in runs) / len(runs):.1f}",
-                    cpu(runs, "all"),
-                    cpu(runs, "engine"),
-                    cpu(runs, "front-ends"),
-                ]
-                for w, runs in report["throughput"].items()
-            ],
-        ),
+        *rounds_table(report["throughput"], "VIT_WORKERS"),
         "",
         f"Faults, VIT_WORKERS={n} under the same load, SIGKILL a third of the way in:",
         "",

@@ -23,7 +23,7 @@ def test_the_scenarios_are_listed_each_with_what_it_measures() -> None:
     listed = bench()
     assert listed.returncode == 0, listed.stderr
     lines = {line.split()[0]: line for line in listed.stdout.splitlines()[2:] if line.strip()}
-    for name in ("run", "stand_in", "gpu", "compare.engine_cost", "compare.app_cost", "batch"):
+    for name in ("run", "stand_in", "gpu", "compare.engine_cost", "compare.tracing", "batch"):
         assert name in lines, listed.stdout
     assert "litserve_server" not in lines and "common" not in lines  # the peer's server and helpers are no scenario
     assert "One run of the serving benchmark" in lines["run"]
