@@ -44,20 +44,8 @@ from app.settings import Settings
 from app.telemetry.metrics import Metrics
 from app.telemetry.spans import carrier
 from app.telemetry.statistics import ModelStatistics
+from app.workers import link
 from app.workers.arena import Arena, read_outputs, write_inputs
-from app.workers.link import (
-    ENGINE_SILENT_S,
-    HEARTBEAT_S,
-    Ack,
-    Cancel,
-    Channel,
-    Hello,
-    InferCall,
-    Refused,
-    Reply,
-    RepositoryCall,
-    State,
-)
 from model.preprocessing import Preprocessing
 
 log = logging.getLogger("app")
@@ -67,7 +55,7 @@ ENGINE_BEHIND = "server overloaded: the engine has not yet read the calls sent t
 
 @dataclass(eq=False)
 class Pending:
-    future: asyncio.Future[Reply]
+    future: asyncio.Future[link.Reply]
     region: int | None  # the arena offset held until the engine answers
     abandoned: bool = False  # the caller stopped waiting (cancelled): free the region on the answer
 
@@ -82,12 +70,12 @@ class EngineClient(DataPlane):
         self.address = address
         self.arena = arena
         self.context = zmq.Context()
-        self.channel: Channel | None = None  # once started
-        self.state: State | None = None  # the engine's, while it is up
+        self.channel: link.Channel | None = None  # once started
+        self.state: link.State | None = None  # the engine's, while it is up
         self.heard_at = 0.0
         self.draining = False
         self.pending: dict[int, Pending] = {}
-        self.outbox: list[InferCall | Cancel] = []  # sent together, once per go of the event loop
+        self.outbox: list[link.InferCall | link.Cancel] = []  # sent together, once per go of the event loop
         self.ids = itertools.count()
         self.engine_pidfd: int | None = None
         self.tasks: list[asyncio.Task[None]] = []
@@ -100,7 +88,7 @@ class EngineClient(DataPlane):
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.IMMEDIATE, 1)  # nothing queued for an engine not connected
         socket.connect(self.address)
-        self.channel = Channel(socket, self.receive, "front-end")
+        self.channel = link.Channel(socket, self.receive, "front-end")
         self.tasks = [asyncio.create_task(self.keep_in_touch())]
 
     async def wait_engine(self, timeout_s: float) -> bool:
@@ -128,25 +116,25 @@ class EngineClient(DataPlane):
         """Say hello until an engine answers (and again after it is gone); notice a silent one."""
         while True:
             if self.state is None:
-                self.send(Hello(os.getpid(), self.arena.path if self.arena else None))
-            elif time.monotonic() - self.heard_at > ENGINE_SILENT_S:
-                self.engine_gone(f"no word from the engine for {ENGINE_SILENT_S:.0f} s")
-            await asyncio.sleep(0.1 if self.state is None else HEARTBEAT_S)
+                self.send(link.Hello(os.getpid(), self.arena.path if self.arena else None))
+            elif time.monotonic() - self.heard_at > link.ENGINE_SILENT_S:
+                self.engine_gone(f"no word from the engine for {link.ENGINE_SILENT_S:.0f} s")
+            await asyncio.sleep(0.1 if self.state is None else link.HEARTBEAT_S)
 
     def receive(self, sender: bytes | None, message: object) -> None:
-        if isinstance(message, State):
+        if isinstance(message, link.State):
             self.apply(message)
         elif isinstance(message, list):  # the replies the engine computed in one go
             for reply in message:
                 self.answered(reply)
-        elif isinstance(message, Reply):
+        elif isinstance(message, link.Reply):
             self.answered(message)
 
     def send(self, message: object) -> bool:
         """Whether `message` went to the engine (not when no engine is connected, or its queue is full)."""
         return self.channel is not None and self.channel.send(message)
 
-    def post(self, message: InferCall | Cancel) -> None:
+    def post(self, message: link.InferCall | link.Cancel) -> None:
         """`message` to the engine with the others posted in this go of the event loop, as one message. Calls
         the engine cannot be sent fail: NotReady without an engine, Overloaded when ZeroMQ's queue is full."""
         if not self.outbox:
@@ -159,7 +147,7 @@ class EngineClient(DataPlane):
             return
         for message in messages:
             p = self.pending.get(message.id)
-            if not isinstance(message, InferCall) or p is None:
+            if not isinstance(message, link.InferCall) or p is None:
                 continue
             if p.abandoned:  # its caller left before it was sent: no answer will come to free its region
                 self.release_call(message.id)
@@ -173,7 +161,7 @@ class EngineClient(DataPlane):
         # connected, but ZeroMQ's queue to the engine is full: the engine is not keeping up
         return Overloaded(f"{ENGINE_BEHIND} ({len(self.pending)} calls under way); retry shortly", 1)
 
-    def apply(self, state: State) -> None:
+    def apply(self, state: link.State) -> None:
         if self.state is not None and state.incarnation != self.state.incarnation:
             self.engine_gone("the engine was replaced")
         if self.state is None:
@@ -185,7 +173,7 @@ class EngineClient(DataPlane):
         if changed:
             serving = {(m.name, m.version) for m in state.models}
             self.preparers = {k: v for k, v in self.preparers.items() if k in serving}
-            self.send(Ack(state.seq))
+            self.send(link.Ack(state.seq))
 
     def watch_engine(self, pid: int) -> None:
         try:
@@ -211,7 +199,7 @@ class EngineClient(DataPlane):
             if not p.future.done():
                 p.future.set_exception(NotReady(ENGINE_GONE))
 
-    def answered(self, reply: Reply) -> None:
+    def answered(self, reply: link.Reply) -> None:
         p = self.pending.get(reply.id)
         if p is None:
             return
@@ -272,7 +260,7 @@ class EngineClient(DataPlane):
         model = request.model
         texts = len(request.texts) if request.texts is not None else 0
         stored = write_inputs(self.arena, inputs, model, options, texts)
-        call = InferCall(
+        call = link.InferCall(
             next(self.ids),
             self.state.incarnation,
             model.name,
@@ -306,7 +294,7 @@ class EngineClient(DataPlane):
             prepared = await self.preparer(model).prepare_all(files, keep_images, self.cpu_pool)
         except Exception:
             if self.state is not None:
-                self.send(Refused(self.state.incarnation, model.name, model.version, time.monotonic() - started))
+                self.send(link.Refused(self.state.incarnation, model.name, model.version, time.monotonic() - started))
             raise
         took = time.monotonic() - started
         decoded = [
@@ -326,14 +314,16 @@ class EngineClient(DataPlane):
             self.preparers[key] = preparer
         return preparer
 
-    async def call(self, message: InferCall | RepositoryCall, region: int | None, timeout_s: float) -> Reply:
+    async def call(
+        self, message: link.InferCall | link.RepositoryCall, region: int | None, timeout_s: float
+    ) -> link.Reply:
         """Send `message`, wait for the engine's answer. Cancelled (the client went away), the engine is
         told to stop; the region stays held until the engine has answered."""
-        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[link.Reply] = asyncio.get_running_loop().create_future()
         pending = Pending(future, region)
         self.pending[message.id] = pending
         try:
-            if isinstance(message, InferCall):
+            if isinstance(message, link.InferCall):
                 self.post(message)
             elif not self.send(message):
                 raise self.unsent()
@@ -344,10 +334,10 @@ class EngineClient(DataPlane):
                 self.release_call(message.id)
             elif message.id in self.pending:
                 pending.abandoned = True
-                if isinstance(message, InferCall):
-                    self.post(Cancel(message.id, message.incarnation))
+                if isinstance(message, link.InferCall):
+                    self.post(link.Cancel(message.id, message.incarnation))
                 else:
-                    self.send(Cancel(message.id, message.incarnation))
+                    self.send(link.Cancel(message.id, message.incarnation))
             if isinstance(e, TimeoutError):
                 raise RequestTimeout(f"the engine did not answer within {timeout_s:.0f} s") from None
             raise
@@ -362,10 +352,10 @@ class EngineClient(DataPlane):
 
     async def repository(
         self, op: str, name: str | None = None, ready_only: bool = False, version: str | None = None
-    ) -> Reply:
+    ) -> link.Reply:
         self.check_serving()
         assert self.state is not None
-        call = RepositoryCall(next(self.ids), self.state.incarnation, op, name, ready_only, version)
+        call = link.RepositoryCall(next(self.ids), self.state.incarnation, op, name, ready_only, version)
         reply = await self.call(call, None, self.settings.request_timeout_s + 600)  # a load may take minutes
         self.release_call(call.id)
         if reply.failure is not None:

@@ -37,20 +37,8 @@ from app.core.contract.request import InferOptions
 from app.core.engine.call import Call
 from app.core.engine.engine import Engine
 from app.core.engine.served_model import ServedModel
+from app.workers import link
 from app.workers.arena import Arena, read_inputs, viewed, write_outputs
-from app.workers.link import (
-    HEARTBEAT_S,
-    Ack,
-    Cancel,
-    Channel,
-    Failure,
-    Hello,
-    InferCall,
-    Refused,
-    Reply,
-    RepositoryCall,
-    State,
-)
 
 log = logging.getLogger("app")
 ACK_TIMEOUT_S = 2.0  # how long a repository change waits for every front-end to apply it
@@ -72,7 +60,7 @@ class Peer:
     pid: int
     arena: Arena | None
     queued: dict[int, Queued] = field(default_factory=dict)  # calls in the engine, by id
-    replies: list[Reply] = field(default_factory=list)  # computed, not yet sent: they leave together
+    replies: list[link.Reply] = field(default_factory=list)  # computed, not yet sent: they leave together
     acked: int = -1
     pidfd: int | None = None
 
@@ -85,25 +73,25 @@ class EngineHost:
         self.address = address
         self.incarnation = uuid.uuid4().hex
         self.context = zmq.Context()
-        self.channel: Channel | None = None  # while serving
+        self.channel: link.Channel | None = None  # while serving
         self.peers: dict[bytes, Peer] = {}
         self.seq = 0
         self.state = self.current_state()
         self.acked = asyncio.Event()  # set on each front-end's Ack
         self.tasks: set[asyncio.Task[None]] = set()
         self.flushing = False  # a send of the waiting replies is scheduled
-        self.gathered: list[tuple[Peer, InferCall]] = []  # calls read in this go, to enter the batcher together
+        self.gathered: list[tuple[Peer, link.InferCall]] = []  # calls read in this go, to enter the batcher together
 
-    def current_state(self) -> State:
+    def current_state(self) -> link.State:
         e = self.engine
-        return State(self.incarnation, os.getpid(), self.seq, e.ready(), e.taking_requests, tuple(e.models()))
+        return link.State(self.incarnation, os.getpid(), self.seq, e.ready(), e.taking_requests, tuple(e.models()))
 
     async def serve(self, stop: asyncio.Event) -> None:
         """Answer the front-ends until `stop` is set."""
         socket = self.context.socket(zmq.ROUTER)
         socket.setsockopt(zmq.LINGER, 0)
         socket.bind(self.address)
-        self.channel = Channel(socket, self.receive, "engine")
+        self.channel = link.Channel(socket, self.receive, "engine")
         beating = asyncio.create_task(self.heartbeat())
         try:
             await stop.wait()
@@ -125,7 +113,7 @@ class EngineHost:
             self.send_replies(peer)
             self.channel.send(message, peer.identity)
 
-    def reply(self, peer: Peer, reply: Reply) -> None:
+    def reply(self, peer: Peer, reply: link.Reply) -> None:
         """`reply` to a front-end with the others computed in this go of the event loop, as one message."""
         peer.replies.append(reply)
         if not self.flushing:
@@ -142,7 +130,7 @@ class EngineHost:
             replies, peer.replies = peer.replies, []
             self.channel.send(replies, peer.identity)
 
-    def broadcast(self) -> State:
+    def broadcast(self) -> link.State:
         """The current state to every front-end, with a new seq when it changed."""
         state = self.current_state()
         if (state.ready, state.taking_requests, state.models) != (
@@ -160,7 +148,7 @@ class EngineHost:
     async def heartbeat(self) -> None:
         while True:
             self.broadcast()
-            await asyncio.sleep(HEARTBEAT_S)
+            await asyncio.sleep(link.HEARTBEAT_S)
 
     def receive(self, sender: bytes | None, message: object) -> None:
         assert sender is not None  # a ROUTER's messages name their front-end
@@ -168,27 +156,27 @@ class EngineHost:
             self.handle(sender, one)
 
     def handle(self, identity: bytes, message: object) -> None:
-        if isinstance(message, InferCall) and self.gather(identity, message):
+        if isinstance(message, link.InferCall) and self.gather(identity, message):
             return
         self.queue_gathered()  # what came before this message is queued before it is handled
-        if isinstance(message, Hello):
+        if isinstance(message, link.Hello):
             self.hello(identity, message)
             return
         peer = self.peers.get(identity)
         if peer is None:
             return  # from a front-end this engine has not met: it says hello again first
-        if isinstance(message, Ack):
+        if isinstance(message, link.Ack):
             peer.acked = max(peer.acked, message.seq)
             self.acked.set()
-        elif isinstance(message, Cancel) and message.incarnation == self.incarnation:
+        elif isinstance(message, link.Cancel) and message.incarnation == self.incarnation:
             if (queued := peer.queued.get(message.id)) is not None:
                 queued.call.cancel()
-        elif isinstance(message, RepositoryCall) and message.incarnation == self.incarnation:
+        elif isinstance(message, link.RepositoryCall) and message.incarnation == self.incarnation:
             self.spawn(self.repository(peer, message))
-        elif isinstance(message, Refused) and message.incarnation == self.incarnation:
+        elif isinstance(message, link.Refused) and message.incarnation == self.incarnation:
             self.engine.book.of(message.model, message.version).fail.add(message.seconds)
 
-    def gather(self, identity: bytes, call: InferCall) -> bool:
+    def gather(self, identity: bytes, call: link.InferCall) -> bool:
         """Whether `call` joins the calls read in this go of the event loop, which enter the engine together once
         it ends. Any other message queues the calls gathered before it is handled, so that each front-end's
         messages keep their order."""
@@ -204,7 +192,7 @@ class EngineHost:
         """The calls gathered, into the engine: those on files to one model and version with the same options
         together (the engine queues them as one group where they all can), each other one on its own."""
         gathered, self.gathered = self.gathered, []
-        together: dict[tuple[str | None, str | None, InferOptions], list[tuple[Peer, InferCall]]] = {}
+        together: dict[tuple[str | None, str | None, InferOptions], list[tuple[Peer, link.InferCall]]] = {}
         for peer, call in gathered:
             if self.peers.get(peer.identity) is not peer:  # gone since
                 continue
@@ -215,7 +203,7 @@ class EngineHost:
         for calls in together.values():
             self.submit(calls)
 
-    def submit(self, calls: list[tuple[Peer, InferCall]]) -> None:
+    def submit(self, calls: list[tuple[Peer, link.InferCall]]) -> None:
         """Calls to one model into the engine's lane (`Lane.submit`), each answered by `answer`."""
         first = calls[0][1]
         try:  # refused at once, all alike: no model by that name, an arena that cannot be read
@@ -239,7 +227,7 @@ class EngineHost:
             peer.queued[call.id] = Queued(engine_call, model)
         self.engine.lane.submit(model, engine_calls)
 
-    def answer(self, peer: Peer, call: InferCall, model: ServedModel, done: Inference | BaseException) -> None:
+    def answer(self, peer: Peer, call: link.InferCall, model: ServedModel, done: Inference | BaseException) -> None:
         """A call's answer: its outputs written into its region, or what failed it. A call that failed while its
         files are still in the arena (a batch under way may read them) is answered once that batch has ended
         (and stays among the peer's queued calls until then, so that its arena outlives that batch)."""
@@ -257,7 +245,7 @@ class EngineHost:
         if self.peers.get(peer.identity) is peer:
             self.reply(peer, reply)
 
-    async def reply_when_settled(self, peer: Peer, call_id: int, model: ServedModel, reply: Reply) -> None:
+    async def reply_when_settled(self, peer: Peer, call_id: int, model: ServedModel, reply: link.Reply) -> None:
         try:
             await settled(model)
         finally:
@@ -271,7 +259,7 @@ class EngineHost:
         task.add_done_callback(self.tasks.discard)
         return task
 
-    def hello(self, identity: bytes, hello: Hello) -> None:
+    def hello(self, identity: bytes, hello: link.Hello) -> None:
         if identity not in self.peers:
             arena = Arena.attach(hello.arena) if hello.arena is not None else None
             peer = Peer(identity, hello.pid, arena)
@@ -307,28 +295,28 @@ class EngineHost:
             else:
                 arena.close()
 
-    async def repository(self, peer: Peer, call: RepositoryCall) -> None:
+    async def repository(self, peer: Peer, call: link.RepositoryCall) -> None:
         try:
             if call.op == "index":
-                reply = Reply(call.id, index=await self.engine.repository_index(call.ready_only))
+                reply = link.Reply(call.id, index=await self.engine.repository_index(call.ready_only))
             elif call.op == "statistics":
-                reply = Reply(call.id, statistics=await self.engine.statistics(call.name, call.version))
+                reply = link.Reply(call.id, statistics=await self.engine.statistics(call.name, call.version))
             elif call.op == "shadow":
                 assert call.name is not None
-                reply = Reply(call.id, shadow=await self.engine.shadow_report(call.name))
+                reply = link.Reply(call.id, shadow=await self.engine.shadow_report(call.name))
             else:
                 assert call.name is not None
                 await (self.engine.load_model if call.op == "load" else self.engine.unload_model)(call.name)
                 await self.applied_everywhere(self.broadcast())
-                reply = Reply(call.id)
+                reply = link.Reply(call.id)
         except ServiceError as e:
-            reply = Reply(call.id, failure=Failure.of(e))
+            reply = link.Reply(call.id, failure=link.Failure.of(e))
         except Exception as e:
             log.exception("engine: unhandled error in a repository call")
-            reply = Reply(call.id, failure=Failure.of(e))
+            reply = link.Reply(call.id, failure=link.Failure.of(e))
         self.reply(peer, reply)
 
-    async def applied_everywhere(self, state: State) -> None:
+    async def applied_everywhere(self, state: link.State) -> None:
         """Wait (at most ACK_TIMEOUT_S) until every front-end has applied `state`."""
         deadline = time.monotonic() + ACK_TIMEOUT_S
         while not all(p.acked >= state.seq for p in self.peers.values()):
@@ -340,20 +328,20 @@ class EngineHost:
                 await asyncio.wait_for(self.acked.wait(), remaining)
 
 
-def answered(call: InferCall, done: Inference, arena: Arena | None) -> Reply:
+def answered(call: link.InferCall, done: Inference, arena: Arena | None) -> link.Reply:
     """A computed call's reply: its outputs in its region, and the description (20 KB pickled with 1,000 class
     names) only where the front-end lacks it."""
     outputs = write_outputs(arena, call.region, done.predictions, done.text_embeddings)
-    return Reply(call.id, None if done.model.version == call.described else done.model, outputs)
+    return link.Reply(call.id, None if done.model.version == call.described else done.model, outputs)
 
 
-def failed(call_id: int, error: BaseException) -> Reply:
+def failed(call_id: int, error: BaseException) -> link.Reply:
     """What failed a call, as its reply: a cancelled one as a timeout; a fault that is no core error, logged."""
     if isinstance(error, asyncio.CancelledError):
-        return Reply(call_id, failure=Failure("RequestTimeout", "cancelled"))
+        return link.Reply(call_id, failure=link.Failure("RequestTimeout", "cancelled"))
     if not isinstance(error, ServiceError):
         log.error("engine: unhandled error computing a request", exc_info=error)
-    return Reply(call_id, failure=Failure.of(error))
+    return link.Reply(call_id, failure=link.Failure.of(error))
 
 
 async def settled(model: ServedModel) -> None:

@@ -32,7 +32,7 @@ from app.core.engine.engine import Engine
 from app.settings import Settings
 from app.telemetry import spans
 from app.telemetry.metrics import Metrics
-from app.workers import engine_client
+from app.workers import engine_client, link
 from app.workers.arena import Arena, StoredImage, read_outputs
 from app.workers.engine_client import EngineClient
 from app.workers.engine_host import EngineHost
@@ -465,7 +465,7 @@ async def test_a_call_that_could_not_be_sent_frees_its_region_even_when_its_call
 async def test_a_silent_engine_makes_the_front_end_unready_and_fails_its_calls(
     make_linked: Callable[..., Awaitable[Linked]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(engine_client, "ENGINE_SILENT_S", 0.5)
+    monkeypatch.setattr(link, "ENGINE_SILENT_S", 0.5)
     linked: Linked = await make_linked()
     assert linked.plane.ready()
     under_way = slow_forward(linked.engine.model(None), 3)
