@@ -4,6 +4,7 @@ server, its rate, latency and CPU per request by process role, as every scenario
 
 from __future__ import annotations
 
+import resource
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -37,20 +38,24 @@ def loaded(
     seconds: float,
     workers: int = 1,
     warm: float = 2.0,
+    headers: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """`body` posted to `path` for `seconds` from `concurrency` connections after `warm` seconds of the same load:
-    its rate, latency and answers, and the CPU each role of the server spent per request answered, in µs
-    (`server`: all of its processes; with serving processes, `workers` of them, also `engine` and `front-ends`)."""
+    its rate, latency, answers and mean batch, and the CPU each role spent per request answered, in µs: `server`
+    (all of its processes), with serving processes (`workers` of them) also `engine`, `front-ends` and `supervisor`,
+    and `load generator` (hey)."""
     url = server.url + path
     if warm:
-        run_hey(url, body, content_type, concurrency, warm)
+        run_hey(url, body, content_type, concurrency, warm, headers)
     pids = roles(server.proc.pid, workers) if workers > 1 else {}
 
     def cpu() -> dict[str, float]:
-        return {"server": server.cpu_seconds(), **{k: v for k, v in cpu_by_role(pids).items() if k in SPLIT}}
+        by_role = {k: v for k, v in cpu_by_role(pids).items() if k != "other"}
+        hey = resource.getrusage(resource.RUSAGE_CHILDREN)  # hey's, once it has exited
+        return {"server": server.cpu_seconds(), **by_role, "load generator": hey.ru_utime + hey.ru_stime}
 
     before = cpu()
-    result = run_hey(url, body, content_type, concurrency, seconds)
+    result = run_hey(url, body, content_type, concurrency, seconds, headers)
     after = cpu()
     answered = max(result.ok + result.errors, 1)
     return {
@@ -59,6 +64,7 @@ def loaded(
         "p99_ms": result.p99_ms,
         "ok": result.ok,
         "errors": result.errors,
+        "mean_batch": result.mean_batch_size,
         "cpu_us": {role: round((after[role] - before[role]) / answered * 1e6, 1) for role in after},
     }
 

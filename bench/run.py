@@ -1,4 +1,4 @@
-"""One run of the serving benchmark; writes bench/results/<name>.json, .md and .png.
+"""One run of the serving benchmark; writes bench/results/<name>.json and .md.
 
     python -m bench.run --threads 1 --attention --duration 8 --name cpu     # bundled checkpoint, both backends
     python -m bench.run --model vit-s16 --threads 1 --concurrency 1 8 32 --duration 20 --name cpu-vit-s16
@@ -144,7 +144,6 @@ def main() -> None:
             preprocess_ms = report["preprocess_ms"][image_name]
             report["backends"][backend] = run_backend(args, weights, device, backend, image_name, preprocess_ms)
     write_results(args.name, report, markdown(report))
-    plot(report, RESULTS / f"{args.name}.png")
 
 
 def run_backend(
@@ -286,33 +285,6 @@ def markdown(report: dict[str, Any]) -> str:
         lines += table(header, rows)
         lines += ["", *table(["target", "measured"], [[k, f"{v:.3f}"] for k, v in result["targets"].items()])]
     return "\n".join(lines) + "\n"
-
-
-def plot(report: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for backend, result in report["backends"].items():
-        for name, runs in result["load"].items():
-            if len(runs) < 2:
-                continue
-            cs = [r["concurrency"] for r in runs]
-            style = "-" if backend == "onnxruntime" else "--"
-            ax1.plot(cs, [r["requests_per_s"] for r in runs], style, marker="o", label=f"{name} [{backend}]")
-            ax2.plot(cs, [r["p99_ms"] for r in runs], style, marker="o", label=f"{name} [{backend}]")
-        raw_max = max(r["images_per_s"] for r in result["forward"])
-        ax1.axhline(raw_max, linestyle=":", color="grey")
-        ax1.annotate(f"raw forward [{backend}]", (1, raw_max), fontsize=7, color="grey", va="bottom")
-    ax1.set(xscale="log", xlabel="concurrency", ylabel="requests/s", title="Throughput")
-    ax2.set(xscale="log", yscale="log", xlabel="concurrency", ylabel="p99 latency (ms)", title="p99 latency")
-    ax1.legend(fontsize=6)
-    ax2.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -39,10 +39,7 @@ import argparse
 import json
 import os
 import re
-import resource
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -52,16 +49,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import torch
 
 from bench.common import RESULTS
 from bench.gpu.serving import bodies, random_checkpoint
-from bench.rounds import alternated
+from bench.rounds import alternated, loaded
 from harness import records
-from harness.cpu import cpu_by_role, roles
 from harness.images import photo_jpeg
-from harness.load import parse_hey, start_hey
 from harness.models import VIT_S16_PREPROCESSING
 from harness.records import commit, cpu_model, table
 from harness.server import ROOT, ServerProcess, free_port
@@ -74,13 +68,6 @@ from harness.stand_in import (
 
 H100_HOST_CORES = 16
 H100_PIL_ONE_CORE = 211.0  # img/s, the same 500x375 JPEG decoded and preprocessed (bench/results/gpu-h100.md)
-# The H100's one-process measurements (gpu-decode+graphs, the defaults of that day): best img/s and server cores.
-H100_ONE_PROCESS = {
-    ("vit-b16", "v2"): (2433, 1.3),
-    ("vit-s16", "v2"): (3152, 1.2),
-    ("vit-b16", "predict"): (748, 1.1),
-    ("vit-s16", "predict"): (802, 1.0),
-}
 ROUTES = {"predict": ("/predict", 1, 64), "v2": ("/v2/models/{model}/infer", 8, 16)}  # path, images, concurrency
 # requests in flight where the engine is replayed (--replay): the largest load of the GPU sweep (bench/gpu/serving.py),
 # where the service served its best
@@ -115,17 +102,11 @@ def parse_args() -> argparse.Namespace:
         help="VIT_CPU_DECODE_SHARE: the share of plain JPEGs the front-ends decode with PIL; the device decodes the "
         "rest (not with --replay, whose engine takes every JPEG encoded)",
     )
-    p.add_argument(
-        "--profile",
-        type=float,
-        default=0,
-        help="also sample the engine and one front-end with py-spy for this many seconds under the same load",
-    )
     p.add_argument("--trees", type=Path, nargs="+", help="checkouts to compare, each serving its own code")
     p.add_argument("--repeats", type=int, default=1, help="runs of each tree, alternating (with --trees)")
     args = p.parse_args()
-    if args.trees and (args.project_only or args.replay or args.profile):
-        p.error("--trees compares the services as measured: without --project-only, --replay and --profile")
+    if args.trees and (args.project_only or args.replay):
+        p.error("--trees compares the services as measured: without --project-only and --replay")
     return args
 
 
@@ -157,104 +138,6 @@ class Load:
     content_type: str
     headers: dict[str, str]
     concurrency: int
-
-
-@dataclass
-class Measured:
-    served_img_s: float
-    errors: int
-    mean_batch: float | None
-    cpu_s: dict[str, float]  # by role, and "load generator"
-    seconds: float
-
-
-def measure(
-    server: ServerProcess, route: str, load: Load, seconds: float, images: int, find: Callable[[], dict[str, list[int]]]
-) -> Measured:
-    """hey for `seconds`, with the CPU of every role and of hey itself counted over the same time."""
-    body, ctype, headers, concurrency = load.body, load.content_type, load.headers, load.concurrency
-    warm = start_hey(server.url + route, 3, concurrency, body, ctype, headers)
-    warm.communicate()
-    pids = find()
-    before = cpu_by_role(pids)
-    hey_before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.perf_counter()
-    proc = start_hey(server.url + route, seconds, concurrency, body, ctype, headers)
-    out, err = proc.communicate()
-    elapsed = time.perf_counter() - started
-    hey_after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = {role: used - before[role] for role, used in cpu_by_role(pids).items()}
-    cpu["load generator"] = (hey_after.ru_utime - hey_before.ru_utime) + (hey_after.ru_stime - hey_before.ru_stime)
-    if proc.returncode != 0:
-        raise RuntimeError(f"hey failed: {err}")
-    result = parse_hey(out, concurrency, None)
-    return Measured(result.requests_per_s * images, result.errors, mean_batch(server.url), cpu, elapsed)
-
-
-def profile(
-    server: ServerProcess, route: str, load: Load, seconds: float, pids: dict[str, list[int]]
-) -> dict[str, Any]:
-    """py-spy's samples of the engine and one front-end under the same load, taken only while a thread holds the
-    GIL (`--gil`: the Python work that bounds one process, not threads asleep in the stand-in's waits): the share
-    of each role's samples spent in each function (its own time), the largest first."""
-    pyspy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    targets = {role: ps[0] for role, ps in pids.items() if role in ("engine", "front-ends") and ps}
-    hey = start_hey(server.url + route, seconds + 3, load.concurrency, load.body, load.content_type, load.headers)
-    time.sleep(1.5)
-    out: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        record = [
-            pyspy,
-            "record",
-            "-d",
-            str(max(1, round(seconds))),
-            "-r",
-            "200",
-            "-f",
-            "raw",
-            "--nonblocking",
-            "--gil",
-        ]
-        runs = {
-            role: subprocess.Popen(
-                [*record, "-p", str(pid), "-o", f"{tmp}/{role}.txt"],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for role, pid in targets.items()
-        }
-        for role, run in runs.items():
-            _, error = run.communicate()
-            if not (Path(tmp) / f"{role}.txt").exists():
-                raise RuntimeError(f"py-spy could not sample the {role} (pid {targets[role]}): {error.strip()}")
-            out[role] = own_time(Path(tmp) / f"{role}.txt")
-    hey.communicate()
-    return out
-
-
-def own_time(folded: Path, top: int = 15) -> list[tuple[float, str]]:
-    """From py-spy's folded stacks: (share of the samples, function) for the functions that ran themselves."""
-    counts: dict[str, int] = {}
-    total = 0
-    for line in folded.read_text().splitlines():
-        stack, _, n = line.rpartition(" ")
-        leaf = stack.rsplit(";", 1)[-1]
-        counts[leaf] = counts.get(leaf, 0) + int(n)
-        total += int(n)
-    ranked = sorted(counts.items(), key=lambda kv: -kv[1])[:top]
-    return [(round(n / total, 3), leaf) for leaf, n in ranked]
-
-
-def mean_batch(url: str) -> float | None:
-    text = httpx.get(url + "/metrics", timeout=10).text
-    total = count = 0.0
-    for line in text.splitlines():
-        if line.startswith("vit_batch_size_sum"):
-            total += float(line.split()[-1])
-        elif line.startswith("vit_batch_size_count"):
-            count += float(line.split()[-1])
-    return total / count if count else None
 
 
 def project(
@@ -435,7 +318,6 @@ def engine_replayed(model: str, route: str, tree: Path | None = None) -> Replaye
         concurrency=REPLAY_CONCURRENCY[route],
         seconds=8.0,
         replay=True,
-        profile=None,
     )
     run = engine_cost.worker((tree or Path(__file__).parent.parent).resolve(), replay)
     print(f"{tree or 'here'}, {model} {route}: the engine where front-ends outrun it: {json.dumps(run)}", flush=True)
@@ -453,7 +335,7 @@ def service_entry(
 ) -> dict[str, Any]:
     """The service with VIT_WORKERS=`workers` over the stand-in, in `tree`'s code (this checkout's by default):
     measured here and, given `here_pil` (not with `--trees`), projected on the H100 host."""
-    path, images, _ = ROUTES[args.route]
+    path, _, _ = ROUTES[args.route]
     port = free_port()
     env = {
         "STAND_IN_MODEL": args.model,
@@ -474,17 +356,14 @@ def service_entry(
     argv = [sys.executable, "-m", "harness.stand_in_app", "--host", "127.0.0.1", "--port", str(port)]
     with ServerProcess(argv, env, port, cwd=tree) as server:
         route = path.format(model=checkpoint.stem)  # VIT_WEIGHTS serves the file under its stem
-        m = measure(server, route, load, args.seconds, images, lambda: roles(server.proc.pid, workers))
-        sampled = profile(server, route, load, args.profile, roles(server.proc.pid, workers)) if args.profile else None
+        m = loaded(
+            server, route, load.body, load.content_type, load.concurrency, args.seconds, workers, 3, load.headers
+        )
     entry = summary("vit-serve", args, workers, load, m, here_pil, replayed)
     if args.trees:
         entry |= {"tree": str(tree), "commit": commit(tree)}
     print(json.dumps(entry), flush=True)
-    if sampled:
-        entry["profile"] = sampled
     entry["settings"] = {k: v for k, v in env.items() if k.startswith("VIT_") and k != "VIT_WEIGHTS"}
-    if workers == 1 and (reference := H100_ONE_PROCESS.get((args.model, args.route))):
-        entry["h100_measured_img_s"], entry["h100_measured_cores"] = reference
     return entry
 
 
@@ -493,17 +372,16 @@ def summary(
     args: argparse.Namespace,
     workers: int,
     load: Load,
-    m: Measured,
+    m: dict[str, Any],
     here_pil: float | None,
     replayed: Replayed | None = None,
 ) -> dict[str, Any]:
-    """One results entry: what was measured, per image, and, given `here_pil`, the projection (when `replayed`,
+    """One results entry: what was measured (`m`, as `bench.rounds.loaded` gives it), per image, and, given `here_pil`, the projection (when `replayed`,
     the engine's ceiling from its CPU per image where front-ends outrun it, and the CUDA decoder's device at most
     the rate it served)."""
     _, images, _ = ROUTES[args.route]
-    served_images = m.served_img_s * m.seconds
-    per_image = {role: s / served_images * 1e6 for role, s in m.cpu_s.items() if role != "other"}
-    per_image.setdefault("supervisor", 0.0)
+    per_request = {"engine": m["cpu_us"]["server"], "front-ends": 0.0, "supervisor": 0.0} | m["cpu_us"]  # one process
+    per_image = {role: us / images for role, us in per_request.items()}
     if workers == 1:  # one process, the front-end too: the replay measures an engine process of its own
         replayed = None
     engine = per_image if replayed is None else {**per_image, "engine": replayed.engine_us_per_image}
@@ -530,15 +408,15 @@ def summary(
         "workers": workers,
         "concurrency": load.concurrency,
         "images_per_request": images,
-        "served_img_s": round(m.served_img_s, 1),
-        "errors": m.errors,
-        "mean_batch": m.mean_batch and round(m.mean_batch, 1),
+        "served_img_s": round(m["requests_per_s"] * images, 1),
+        "errors": m["errors"],
+        "mean_batch": m["mean_batch"] and round(m["mean_batch"], 1),
         "engine_cpu_us_per_image": round(per_image["engine"], 1),
         "frontend_cpu_us_per_image": round(per_image["front-ends"], 1),
         "supervisor_cpu_us_per_image": round(per_image["supervisor"], 1),
         "load_generator_cpu_us_per_image": round(per_image["load generator"], 1),
         **extra,
-        "cores_busy_here": {role: round(s / m.seconds, 2) for role, s in m.cpu_s.items()},
+        "cores_busy_here": {role: round(us * m["requests_per_s"] / 1e6, 2) for role, us in per_request.items()},
         **projected,
         "raw_img_s": RAW_IMAGES_PER_S[args.model],
         "machine": cpu_model(),
@@ -620,30 +498,6 @@ def markdown(entries: list[dict[str, Any]]) -> str:
         *table(header, rows, "llllr" + "r" * 16),
         "",
     ]
-    calibration = [e for e in entries if "h100_measured_img_s" in e]
-    if calibration:
-        lines += ["## Calibration: one process, projected against what the H100 served", ""]
-        lines += table(
-            ["model", "route", "projected img/s", "H100 measured img/s", "measured / projected", "H100 cores"],
-            [
-                (
-                    e["model"],
-                    e["route"],
-                    f"{e['projected_img_s']:.0f}",
-                    e["h100_measured_img_s"],
-                    f"{e['h100_measured_img_s'] / e['projected_img_s']:.2f}",
-                    e["h100_measured_cores"],
-                )
-                for e in calibration
-            ],
-        )
-        lines.append("")
-    for e in (e for e in entries if e.get("profile")):
-        lines += [f"## Where the time goes: {e['server']}, {e['model']}, {e['route']}, {e['workers']} workers", ""]
-        for role, frames in e["profile"].items():
-            lines += [f"py-spy, {role}, own time (share of its samples):", ""]
-            lines += table(["share", "function"], [(f"{share:.1%}", f"`{leaf}`") for share, leaf in frames], "rl")
-            lines.append("")
     pil = sorted({e["pil_one_core_here_img_s"] for e in entries})
     scales = sorted({e["core_scale_to_h100_host"] for e in entries})
     machines = ", ".join(sorted({e.get("machine", cpu_model()) for e in entries}))

@@ -2,7 +2,6 @@
 requests reach it over ZeroMQ and shared memory, the device replaced by the stand-in.
 
     python -m bench.compare.engine_cost --trees . /tmp/before --repeats 3
-    python -m bench.compare.engine_cost --profile /tmp/engine.pstats
 
 With `--replay`, each front-end is replaced by a replayer: its requests' files are prepared and written into
 its arena once, and each call, whose outputs have a region of their own, is sent again as soon as its answer is
@@ -24,8 +23,7 @@ included) over `--seconds`, per image computed, is the figure; the driver's is b
 Each tree (a checkout, `git worktree add /tmp/before REV`) runs in its own processes with its own code, the
 trees alternating `--repeats` times; the driver, this file, speaks this tree's `app.workers` (the arena's steps,
 the channel), so a tree from before a change to those is measured with the driver of its own commit. Each run also gives the engine's CPU per image by thread (the event loop,
-the forward threads, ZeroMQ's). `--profile PATH` runs the engine's event loop under cProfile, timing its
-CPU rather than its waits (the profiler's own cost inflates the figures), and prints where that goes.
+the forward threads, ZeroMQ's).
 """
 
 from __future__ import annotations
@@ -58,7 +56,6 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--front-ends", type=int, default=4)
     p.add_argument("--concurrency", type=int, default=16, help="requests in flight, over all front-ends")
     p.add_argument("--seconds", type=float, default=8.0, help="measured, after 2 s of warm-up")
-    p.add_argument("--profile", type=Path, help="run the engine under cProfile; its stats go here")
     p.add_argument("--replay", action="store_true", help="replayers instead of front-end data planes (see above)")
     p.add_argument("--name", default="engine-cost-cpu")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -72,7 +69,7 @@ def main() -> None:
     if args.engine:
         import uvloop  # as the supervisor runs its children
 
-        uvloop.run(serve_engine(args.engine[0], Path(args.engine[1]), args.model, args.profile))
+        uvloop.run(serve_engine(args.engine[0], Path(args.engine[1]), args.model))
         return
     if args.worker:
         print(json.dumps(asyncio.run(drive(args))))
@@ -85,8 +82,6 @@ def main() -> None:
         return measured
 
     runs = alternated(trees, args.repeats, run)
-    if args.profile:
-        print_profile(args.profile)
     from bench.common import write_results  # the parent only: a worker imports nothing of this tree
     from harness.records import commit
 
@@ -98,7 +93,6 @@ def main() -> None:
         "concurrency": args.concurrency,
         "seconds": args.seconds,
         "repeats": args.repeats,
-        "profiled": bool(args.profile),
         "replay": args.replay,
         "trees": {str(t): commit(t) for t in trees},
         "runs": runs,
@@ -116,8 +110,6 @@ def worker(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
     command += ["--seconds", str(args.seconds)]
     if args.replay:
         command += ["--replay"]
-    if args.profile:
-        command += ["--profile", str(args.profile)]
     env = {**os.environ, "PYTHONPATH": str(tree)}
     with tempfile.TemporaryDirectory() as jpegs:
         for i in range(args.images):
@@ -128,10 +120,8 @@ def worker(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-async def serve_engine(address: str, checkpoint: Path, model: str, profile: Path | None) -> None:
+async def serve_engine(address: str, checkpoint: Path, model: str) -> None:
     """The engine process as the supervisor starts it, over the stand-in, until SIGTERM."""
-    import cProfile
-
     from app.core.engine.engine import Engine
     from app.settings import Settings
     from app.workers.engine_host import EngineHost
@@ -153,13 +143,7 @@ async def serve_engine(address: str, checkpoint: Path, model: str, profile: Path
     host = EngineHost(engine, address)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    profiler = cProfile.Profile(time.thread_time) if profile else None  # the event loop's CPU, not its waits
-    if profiler is not None:
-        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, profiler.enable)
     await host.serve(stop)
-    if profiler is not None and profile is not None:
-        profiler.disable()
-        profiler.dump_stats(profile)
     await engine.shutdown()
     host.close()
 
@@ -179,8 +163,6 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
         checkpoint = random_checkpoint(folder, args.model)
         address = f"ipc://{folder / 'engine.sock'}"
         command = [sys.executable, __file__, "--engine", address, str(checkpoint), "--model", args.model]
-        if args.profile:
-            command += ["--profile", str(args.profile)]
         engine = subprocess.Popen(command)
         if args.replay:
             try:
@@ -346,10 +328,8 @@ class Count:
 
 async def measured(args: argparse.Namespace, engine: subprocess.Popen[bytes], count: Count) -> dict[str, Any]:
     """After 2 s of warm-up, the engine's CPU (all of it, and by thread) and the driver's per image answered over
-    `--seconds`, and the rate (the engine's profiler on over the same time, with `--profile`)."""
+    `--seconds`, and the rate."""
     await asyncio.sleep(2.0)
-    if args.profile:
-        engine.send_signal(signal.SIGUSR1)
     count.counting = True
     engine_cpu, driver_cpu, started = own_cpu_s(engine.pid), time.process_time(), time.monotonic()
     threads = threads_cpu_s(engine.pid)
@@ -374,13 +354,6 @@ def jpeg_files(folder: Path) -> list[Any]:
     return [EncodedImage(p.name, p.read_bytes()) for p in sorted(folder.glob("*.jpg"))]
 
 
-def print_profile(path: Path, top: int = 30) -> None:
-    import pstats
-
-    stats = pstats.Stats(str(path))
-    stats.sort_stats("tottime").print_stats(top)
-
-
 def markdown(report: dict[str, Any]) -> str:
     from harness.records import table
 
@@ -399,7 +372,6 @@ def markdown(report: dict[str, Any]) -> str:
                 f"{statistics.median(r['img_s'] for r in runs):.0f}",
             ]
         )
-    profiled = " Under cProfile: the figures include its cost." if report["profiled"] else ""
     return "\n".join(
         [
             f"# What the engine process spends per image over the link ({report['cpu_count']} cores)",
@@ -409,7 +381,7 @@ def markdown(report: dict[str, Any]) -> str:
             f"{'replayers' if report.get('replay') else 'front-end data planes'} in one driver process, {report['concurrency']} requests "
             f"of {report['images_per_request']} JPEGs in flight, {report['seconds']:.0f} s per run, each tree run "
             f"{report['repeats']} times, alternating. CPU time of the engine process (all its threads) per image, "
-            "and by thread (medians)." + profiled,
+            "and by thread (medians).",
             "",
             *table(
                 [
