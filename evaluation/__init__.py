@@ -1,5 +1,5 @@
 """Evaluations of the model as the service serves it: what quantization, out-of-distribution inputs, phone photos
-and the architecture variants do to its answers, each a command (`python -m evaluation.NAME`) writing
+and the architecture variants do to its answers, and what its drift gauges do when the traffic shifts, each a command (`python -m evaluation.NAME`) writing
 evaluation/results/<name>.json and .md with the record of its run (`harness.records`). Serving speed is measured
 in bench/; the model alone, on a dataset, by `python -m model.evaluate`."""
 

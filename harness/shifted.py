@@ -1,4 +1,4 @@
-"""Images a shapes model never saw, for out-of-distribution measurements (evaluation.ood, bench.drift, the tests):
+"""Images a shapes model never saw, for out-of-distribution measurements (evaluation.ood, evaluation.drift, the tests):
 held-out shapes as the in-distribution reference, and shapes under heavy noise, shapes in a colour of the
 background's luminance, crops of scikit-image's photographs and uniform noise; and the AUROC between two sets
 of scores."""

@@ -1,11 +1,11 @@
-"""The drift gauges of a real server before, during and after a switch of its traffic: a plot for the docs.
+"""What the drift gauges of a real server do before, during and after a switch of its traffic, and a plot for the docs.
 
-    python -m bench.drift [--window 200] [--phase 600]
+    python -m evaluation.drift [--window 200] [--phase 600]
 
 The bundled model serves with VIT_DRIFT_WINDOW=--window. Traffic in requests of 8 images: --phase held-out
 shapes (its own kind of image), then --phase crops of scikit-image's photographs, then --phase shapes again.
-After every request both `vit_drift_score` gauges are read from /metrics. Writes bench/results/drift-cpu.json
-and docs/drift.png.
+After every request both `vit_drift_score` gauges are read from /metrics. Writes evaluation/results/drift.json
+and .md, and docs/drift.png.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.settings import BUNDLED_WEIGHTS
-from bench.common import write_results
+from evaluation import write_results
 from harness.images import encode
 from harness.server import Server
 from harness.shifted import held_out_shapes, photograph_crops, skimage_photos
@@ -36,7 +36,7 @@ def gauges(text: str) -> dict[str, float]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.drift", description=(__doc__ or "").split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m evaluation.drift", description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--window", type=int, default=200)
     p.add_argument("--phase", type=int, default=600, help="images in each phase")
     args = p.parse_args()
@@ -63,7 +63,7 @@ def main() -> None:
     lines = [
         "# Drift gauges through a switch of traffic",
         "",
-        f"`python -m bench.drift --window {args.window} --phase {args.phase}`: the bundled model, "
+        f"`python -m evaluation.drift --window {args.window} --phase {args.phase}`: the bundled model, "
         f"VIT_DRIFT_WINDOW={args.window}; the gauges at the end of each phase:",
         "",
         "| phase | prediction (TV distance) | embedding (mean ood score) |",
@@ -71,7 +71,7 @@ def main() -> None:
         *(f"| {phase} | {s['prediction']:.3f} | {s['embedding']:.2f} |" for phase, s in ends.items()),
         "",
     ]
-    write_results("drift-cpu", report, "\n".join(lines))
+    write_results("drift", report, "\n".join(lines))
     plot(series, phases, args)
     print("\n".join(lines))
 
