@@ -209,7 +209,7 @@ def main() -> None:
         # entries from before the machine was recorded: the one their page names
         named = re.search(r"^Here: (.+?), \d+ cores;", target.with_suffix(".md").read_text(), re.MULTILINE)
         machine = named.group(1) if named else cpu_model()
-        report([projected_again(e, machine) for e in json.loads(target.read_text())], args)
+        report([projected_again(e, machine) for e in stored_rows(target)], args)
         return
     if args.replay and args.cpu_decode_share:
         raise SystemExit("--replay replays an engine that takes every JPEG encoded: leave out --cpu-decode-share")
@@ -423,9 +423,19 @@ def summary(
     }
 
 
+def stored_rows(target: Path) -> list[dict[str, Any]]:
+    """The rows a results file holds (each with the commit and machine it was measured on)."""
+    if not target.exists():
+        return []
+    stored = json.loads(target.read_text())
+    return stored if isinstance(stored, list) else list(stored["rows"])  # a list: written before the record
+
+
 def report(entries: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    """`entries` written over the rows of the same model, route and workers in the results file, under the record
+    of this run; the other rows kept as they were measured."""
     target = args.json or RESULTS / "stand-in-cpu.json"
-    previous = json.loads(target.read_text()) if target.exists() else []
+    previous = stored_rows(target)
 
     def key(e: dict[str, Any]) -> tuple[str, str, str, int]:
         return (e["model"], e["route"], e["server"], e["workers"])
@@ -433,9 +443,7 @@ def report(entries: list[dict[str, Any]], args: argparse.Namespace) -> None:
     mine = {key(e) for e in entries}
     everything = sorted([e for e in previous if key(e) not in mine] + entries, key=key)
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(everything, indent=2) + "\n")
-    target.with_suffix(".md").write_text(markdown(everything))
-    print(markdown(everything))
+    records.write_results(target.parent, target.stem, {"rows": everything}, markdown(everything))
 
 
 def markdown(entries: list[dict[str, Any]]) -> str:
@@ -478,7 +486,8 @@ def markdown(entries: list[dict[str, Any]]) -> str:
     lines = [
         "# The GPU path's CPU side on the device stand-in",
         "",
-        "`python -m bench.stand_in` (see its docstring). CPU µs per image measured here, and in µs of a GPU-host core",
+        "`python -m bench.stand_in` (see its docstring). Each row names the commit it was measured at; the last line, "
+        "the run that wrote this file. CPU µs per image measured here, and in µs of a GPU-host core",
         "(times the run's core scale: the one-core PIL rate here over the H100 host's); ceilings and the",
         "projection on the H100 host's 16 cores, CPU times scaled by the one-core PIL rate of the same JPEG.",
         "A projection with the device's work replaced by the H200's measured durations (the run that served the "
