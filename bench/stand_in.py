@@ -376,9 +376,9 @@ def summary(
     here_pil: float | None,
     replayed: Replayed | None = None,
 ) -> dict[str, Any]:
-    """One results entry: what was measured (`m`, as `bench.rounds.loaded` gives it), per image, and, given `here_pil`, the projection (when `replayed`,
-    the engine's ceiling from its CPU per image where front-ends outrun it, and the CUDA decoder's device at most
-    the rate it served)."""
+    """One results entry: what was measured (`m`, as `bench.rounds.loaded` gives it), per image, and, given
+    `here_pil`, the projection (when `replayed`, the engine's ceiling from its CPU per image where front-ends outrun
+    it, and the CUDA decoder's device at most the rate it served)."""
     _, images, _ = ROUTES[args.route]
     per_request = {"engine": m["cpu_us"]["server"], "front-ends": 0.0, "supervisor": 0.0} | m["cpu_us"]  # one process
     per_image = {role: us / images for role, us in per_request.items()}
@@ -427,8 +427,7 @@ def stored_rows(target: Path) -> list[dict[str, Any]]:
     """The rows a results file holds (each with the commit and machine it was measured on)."""
     if not target.exists():
         return []
-    stored = json.loads(target.read_text())
-    return stored if isinstance(stored, list) else list(stored["rows"])  # a list: written before the record
+    return list(json.loads(target.read_text())["rows"])
 
 
 def report(entries: list[dict[str, Any]], args: argparse.Namespace) -> None:
