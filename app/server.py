@@ -18,7 +18,7 @@ import signal
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from app.serving import Serving
+from app.serving import Serving, check_ports
 from app.settings import Settings
 from app.startup import read_settings, startup_errors, startup_failed
 from app.telemetry.logs import configure_logging
@@ -40,6 +40,7 @@ async def serve(host: str, port: int, settings: Settings | None = None) -> int:
     try:
         settings = settings or read_settings()
         configure_logging(settings.log_level, settings.log_format)
+        check_ports(port, settings)
         workers = settings.serving_workers(gpu=await asyncio.to_thread(gpu_serving, settings))
         if workers > 1:
             return await Supervisor(host, port, settings, workers).run(stop)

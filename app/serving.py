@@ -50,6 +50,15 @@ def bind_http(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     return sock
 
 
+def check_ports(port: int, settings: Settings) -> None:
+    """ValueError where gRPC would listen on the HTTP port: each protocol needs a port of its own (bound to the
+    same number, the two listeners would split the connections between them, each refusing the other's)."""
+    if settings.grpc_port and settings.grpc_port == port:
+        raise ValueError(
+            f"VIT_GRPC_PORT {port} is the HTTP port too: give gRPC another port (or 0: off), or pass another --port"
+        )
+
+
 class HttpServer(uvicorn.Server):
     """uvicorn's server, leaving signals to the process's owner, which tells it when to stop."""
 

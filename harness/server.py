@@ -24,10 +24,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    return free_ports(1)[0]
+
+
+def free_ports(count: int, besides: int | None = None) -> list[int]:
+    """`count` ports free now, each a different one and none `besides`: all held at once while they are chosen
+    (ports taken one after another may come back the same, the first released before the next is asked for)."""
+    with contextlib.ExitStack() as held:
+        ports: list[int] = []
+        while len(ports) < count:
+            s = held.enter_context(socket.socket())
+            s.bind(("127.0.0.1", 0))
+            if (port := s.getsockname()[1]) != besides:
+                ports.append(port)
+        return ports
 
 
 class ServerProcess:
@@ -113,9 +123,12 @@ class Server(ServerProcess):
     """
 
     def __init__(self, checkpoint: Path, port: int | None = None, *, tree: Path = ROOT, **env: str) -> None:
-        port = port or free_port()
+        if not port:
+            port, grpc_port = free_ports(2)
+        else:
+            [grpc_port] = free_ports(1, besides=port)
         argv = [sys.executable, "-m", "app", "--host", "127.0.0.1", "--port", str(port)]
-        env.setdefault("VIT_GRPC_PORT", str(free_port()))
+        env.setdefault("VIT_GRPC_PORT", str(grpc_port))
         env.setdefault("VIT_DRAIN_TIMEOUT_S", "20")
         if tree != ROOT:
             env.setdefault("PYTHONPATH", str(tree))

@@ -22,7 +22,7 @@ import yaml
 
 from app.settings import Settings
 from harness.images import encode
-from harness.server import free_port
+from harness.server import free_ports
 from model.shapes import make_sample
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -226,13 +226,13 @@ def test_the_image_environment_serves_predictions(tmp_path: Path, venv: Path) ->
                 shutil.copy(ROOT / src, srv / dest)
             else:
                 shutil.copytree(ROOT / src, srv / dest, ignore=shutil.ignore_patterns("__pycache__", "*.state.pt"))
-    port = free_port()
+    port, grpc_port = free_ports(2)
     cmd = list(DOCKERFILE.cmd)
     cmd[cmd.index("--port") + 1] = str(port)
     cmd[cmd.index("--host") + 1] = "127.0.0.1"
     env = {k: v.replace("/srv", str(srv)) for k, v in DOCKERFILE.env.items() if k.startswith(("VIT_", "PYTHON"))}
     env |= {"PATH": f"{venv / 'bin'}:{os.environ['PATH']}", "HOME": str(tmp_path)}
-    env["VIT_GRPC_PORT"] = str(free_port())  # the image's 8001 may be taken by another server on this machine
+    env["VIT_GRPC_PORT"] = str(grpc_port)  # the image's 8001 may be taken by another server on this machine
     log = tmp_path / "server.log"
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, cwd=srv, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)

@@ -17,7 +17,7 @@ from app.codecs.proto import messages_pb2 as pb
 from app.codecs.proto.service_pb2_grpc import GRPCInferenceServiceStub
 from app.settings import BUNDLED_WEIGHTS
 from harness.images import encode
-from harness.server import Server
+from harness.server import Server, free_ports
 from model.shapes import make_sample
 from tests.support.grpc_requests import image_request
 
@@ -112,3 +112,18 @@ def test_a_port_in_use_exits_3_with_one_line(tiny_checkpoint: Path, protocol: st
     assert "Traceback" not in out
     [line] = [line for line in out.splitlines() if "startup failed" in line]
     assert "cannot listen" in line and str(port) in line
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_grpc_on_the_http_port_exits_3_with_one_line(tiny_checkpoint: Path, workers: str) -> None:
+    """VIT_GRPC_PORT set to the HTTP port: refused before anything loads, rather than two listeners splitting the
+    connections (HTTP's readiness probe answered by gRPC, or by nothing)."""
+    [port] = free_ports(1)
+    s = Server(tiny_checkpoint, port=port, VIT_BACKEND="torch", VIT_GRPC_PORT=str(port), VIT_WORKERS=workers)
+    code = s.proc.wait(timeout=60)
+    out = s.stop()
+    assert code == 3, out
+    assert "Traceback" not in out
+    [line] = [line for line in out.splitlines() if "startup failed" in line]
+    assert f"VIT_GRPC_PORT {port} is the HTTP port too" in line
+    assert "loaded" not in out  # refused before any model is read
