@@ -12,10 +12,23 @@ from pydantic import ValidationError
 from app.startup import read_settings, startup_failed
 
 
+def port_number(text: str) -> int:
+    """A TCP port, 0 to 65535 (0: one the system chooses)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port number (0 to 65535)")
+    return port
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m app", description=__doc__)
     p.add_argument("--host", default="0.0.0.0", help="interface HTTP listens on (default 0.0.0.0)")
-    p.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000); gRPC listens on VIT_GRPC_PORT")
+    p.add_argument(
+        "--port", type=port_number, default=8000, help="HTTP port (default 8000); gRPC listens on VIT_GRPC_PORT"
+    )
     return p.parse_args(argv)
 
 

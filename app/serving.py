@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import socket
 from collections.abc import Iterator
@@ -43,11 +44,17 @@ def bind_http(host: str, port: int, reuse_port: bool = False) -> socket.socket:
         sock.bind((host, port))
     except OSError as e:
         sock.close()
-        raise OSError(
-            f"HTTP port {host}:{port}: cannot listen ({e.strerror or e}); free the port or pass --port"
-        ) from None
+        raise cannot_listen(host, port, e) from None
     sock.set_inheritable(True)
     return sock
+
+
+def cannot_listen(host: str, port: int, e: OSError) -> OSError:
+    """What to fix where HTTP cannot bind `host`:`port`: the host (no such name, or no address of this machine),
+    or the port."""
+    if isinstance(e, socket.gaierror) or e.errno == errno.EADDRNOTAVAIL:
+        return OSError(f"HTTP host {host}: not an address of this machine ({e.strerror or e}); pass another --host")
+    return OSError(f"HTTP port {host}:{port}: cannot listen ({e.strerror or e}); free the port or pass --port")
 
 
 def check_ports(port: int, settings: Settings) -> None:

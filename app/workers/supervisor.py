@@ -45,6 +45,7 @@ from typing import Any
 import torch
 from prometheus_client import multiprocess
 
+from app.serving import cannot_listen
 from app.settings import Settings
 from app.startup import STARTUP_FAILED_EXIT_CODE, startup_errors, startup_failed
 from app.telemetry.logs import configure_logging
@@ -89,9 +90,7 @@ def hold_ports(host: str, port: int, settings: Settings) -> list[socket.socket]:
         try:
             held.append(hold_port(host, port))
         except OSError as e:
-            raise OSError(
-                f"HTTP port {host}:{port}: cannot listen ({e.strerror or e}); free the port or pass --port"
-            ) from None
+            raise cannot_listen(host, port, e) from None
         if settings.grpc_port:
             try:
                 held.append(hold_port("::", settings.grpc_port))

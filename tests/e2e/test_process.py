@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from app.codecs.proto import messages_pb2 as pb
 from app.codecs.proto.service_pb2_grpc import GRPCInferenceServiceStub
 from app.settings import BUNDLED_WEIGHTS
 from harness.images import encode
+from harness.preloaded import run_command
 from harness.server import Server, free_ports
 from model.shapes import make_sample
 from tests.support.grpc_requests import image_request
@@ -127,3 +129,26 @@ def test_grpc_on_the_http_port_exits_3_with_one_line(tiny_checkpoint: Path, work
     [line] = [line for line in out.splitlines() if "startup failed" in line]
     assert f"VIT_GRPC_PORT {port} is the HTTP port too" in line
     assert "loaded" not in out  # refused before any model is read
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_host_that_is_not_this_machines_exits_3_with_one_line(tiny_checkpoint: Path, workers: str) -> None:
+    """--host names no address of this machine (192.0.2.1 is reserved for documentation): the line says to pass
+    another host, not to free a port."""
+    [port] = free_ports(1)
+    env = {**os.environ, "VIT_WEIGHTS": str(tiny_checkpoint), "VIT_DEVICE": "cpu", "VIT_GRPC_PORT": "0"}
+    argv = [sys.executable, "-m", "app", "--host", "192.0.2.1", "--port", str(port)]
+    done = run_command(argv, {**env, "VIT_BACKEND": "torch", "VIT_WORKERS": workers}, timeout=120)
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    [line] = [line for line in done.stderr.splitlines() if "startup failed" in line]
+    assert "HTTP host 192.0.2.1: not an address of this machine" in line and "pass another --host" in line
+
+
+@pytest.mark.parametrize("port", ["65536", "-1", "http"])
+def test_a_port_that_is_no_port_number_is_a_usage_error(port: str) -> None:
+    """Refused by the command line (exit 2, what a port is), before anything is read or loaded."""
+    done = run_command([sys.executable, "-m", "app", "--port", port], timeout=60)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "argument --port" in done.stderr and "is not a port number" in done.stderr
+    assert "Traceback" not in done.stderr
