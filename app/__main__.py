@@ -27,7 +27,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m app", description=__doc__)
     p.add_argument("--host", default="0.0.0.0", help="interface HTTP listens on (default 0.0.0.0)")
     p.add_argument(
-        "--port", type=port_number, default=8000, help="HTTP port (default 8000); gRPC listens on VIT_GRPC_PORT"
+        "--port",
+        type=port_number,
+        default=8000,
+        help="HTTP port (default 8000; 0: one the system chooses, named in the log); gRPC listens on VIT_GRPC_PORT",
     )
     return p.parse_args(argv)
 

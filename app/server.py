@@ -56,7 +56,7 @@ async def serve(host: str, port: int, settings: Settings | None = None) -> int:
     except OSError as e:
         return startup_failed(e)
     engine.start(freeze_heap=True)
-    log.info("ready: HTTP on %s:%d", host, port)
+    log.info("ready: HTTP on %s:%d", host, serving.http_port)
     code = await serving.run(stop)
     shutdown_tracing()  # the spans still buffered
     log.info("stopped")

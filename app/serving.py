@@ -116,6 +116,13 @@ class Serving:
             await self.plane.shutdown(0)
             raise
 
+    @property
+    def http_port(self) -> int:
+        """The port HTTP is bound to: the one asked for, or the one the system chose for port 0."""
+        assert self.sock is not None, "start() binds HTTP"
+        port: int = self.sock.getsockname()[1]
+        return port
+
     async def run(self, stop: asyncio.Event) -> int:
         """Serve HTTP and gRPC until `stop` is set (or HTTP fails), then drain both and the plane; the exit
         code: 1 when HTTP failed by itself, 0 otherwise."""

@@ -142,6 +142,7 @@ class Supervisor:
         except OSError as e:
             shutil.rmtree(self.directory, ignore_errors=True)
             return startup_failed(e)
+        self.port = held[0].getsockname()[1]  # the one the system chose where --port 0 asked it to: the front-ends'
         try:
             return await self.supervise(stop)
         finally:
@@ -158,11 +159,11 @@ class Supervisor:
         for slot in range(self.workers):
             self.start_front_end(slot)
         log.info(
-            "started %d front-end processes (HTTP on %s:%d, gRPC on %s) over the engine process (pid %s)",
+            "started %d front-end processes (HTTP on %s:%d, gRPC %s) over the engine process (pid %s)",
             self.workers,
             self.host,
             self.port,
-            self.settings.grpc_port or "off",
+            f"on port {self.settings.grpc_port}" if self.settings.grpc_port else "off",
             self.engine.process.pid if self.engine else "?",
         )
         while not stop.is_set() and self.exit_code == 0:

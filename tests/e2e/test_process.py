@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import socket
 import sys
@@ -19,7 +20,7 @@ from app.codecs.proto.service_pb2_grpc import GRPCInferenceServiceStub
 from app.settings import BUNDLED_WEIGHTS
 from harness.images import encode
 from harness.preloaded import run_command
-from harness.server import Server, free_ports
+from harness.server import Server, ServerProcess, free_ports
 from model.shapes import make_sample
 from tests.support.grpc_requests import image_request
 
@@ -108,8 +109,10 @@ def test_a_port_in_use_exits_3_with_one_line(tiny_checkpoint: Path, protocol: st
             s = Server(tiny_checkpoint, port=port, VIT_BACKEND="torch", VIT_WORKERS=workers)
         else:
             s = Server(tiny_checkpoint, VIT_BACKEND="torch", VIT_GRPC_PORT=str(port), VIT_WORKERS=workers)
-        code = s.proc.wait(timeout=60)
-        out = s.stop()
+        try:
+            code = s.proc.wait(timeout=60)
+        finally:
+            out = s.stop()
     assert code == 3, out
     assert "Traceback" not in out
     [line] = [line for line in out.splitlines() if "startup failed" in line]
@@ -122,8 +125,10 @@ def test_grpc_on_the_http_port_exits_3_with_one_line(tiny_checkpoint: Path, work
     connections (HTTP's readiness probe answered by gRPC, or by nothing)."""
     [port] = free_ports(1)
     s = Server(tiny_checkpoint, port=port, VIT_BACKEND="torch", VIT_GRPC_PORT=str(port), VIT_WORKERS=workers)
-    code = s.proc.wait(timeout=60)
-    out = s.stop()
+    try:
+        code = s.proc.wait(timeout=60)
+    finally:
+        out = s.stop()
     assert code == 3, out
     assert "Traceback" not in out
     [line] = [line for line in out.splitlines() if "startup failed" in line]
@@ -152,3 +157,36 @@ def test_a_port_that_is_no_port_number_is_a_usage_error(port: str) -> None:
     assert done.returncode == 2, done.stderr[-2000:]
     assert "argument --port" in done.stderr and "is not a port number" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_port_0_serves_on_the_port_the_system_chose_and_says_which(tiny_checkpoint: Path, workers: str) -> None:
+    """--port 0: the log names the port HTTP was given, and every front-end serves on that one port."""
+    env = {"VIT_WEIGHTS": str(tiny_checkpoint), "VIT_DEVICE": "cpu", "VIT_BACKEND": "torch", "VIT_GRPC_PORT": "0"}
+    argv = [sys.executable, "-m", "app", "--host", "127.0.0.1", "--port", "0"]
+    server = ServerProcess(argv, {**env, "VIT_WORKERS": workers}, 0)
+    try:
+        deadline = time.monotonic() + 120
+        while not (said := re.search(r"HTTP on 127\.0\.0\.1:(\d+)", server.read_output())):
+            assert server.proc.poll() is None and time.monotonic() < deadline, server.read_output()
+            time.sleep(0.1)
+        port = int(said.group(1))
+        assert port != 0
+        url = f"http://127.0.0.1:{port}"
+        body = encode(make_sample(7, 0).image, "PNG")
+        while not ready(url):  # the front-ends listen once the supervisor has said where
+            assert time.monotonic() < deadline, server.read_output()
+            time.sleep(0.1)
+        for _ in range(8):  # each on a connection of its own, spread over the front-ends by the kernel
+            with httpx.Client(timeout=30) as client:
+                r = client.post(url + "/predict", files={"file": ("x.png", body, "image/png")})
+                assert r.status_code == 200, r.text
+    finally:
+        server.stop()
+
+
+def ready(url: str) -> bool:
+    try:
+        return httpx.get(url + "/health/ready", timeout=5).status_code == 200
+    except httpx.TransportError:
+        return False
