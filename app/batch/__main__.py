@@ -86,6 +86,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.top_k < 1 or args.batch_size < 1 or args.actors < 1:
         p.error("--top-k, --batch-size and --actors must be at least 1")
+    if args.threads < 0:
+        p.error("--threads must be at least 0 (0: all cores)")
     if args.ray and args.resume:
         p.error("--resume continues a single-process run; a Ray job writes its shards anew")
     return args

@@ -28,10 +28,13 @@ class OutputError(ValueError):
 
 
 def output_format(path: Path) -> str:
-    """The output's format by its suffix, checked before any image is computed (Parquet needs pyarrow)."""
+    """The output's format by its suffix, checked before any image is computed (Parquet needs pyarrow), as is
+    the folder it goes in."""
     found = FORMATS.get(path.suffix.lower())
     if found is None:
         raise OutputError(f"{path}: the output's suffix names its format: {', '.join(FORMATS)}")
+    if not path.parent.is_dir():
+        raise OutputError(f"{path}: there is no folder {path.parent} to write it in")
     if found == "parquet":
         parquet()
     return found

@@ -134,6 +134,8 @@ def test_a_failed_write_leaves_the_previous_output_whole(tmp_path: Path) -> None
             ["{images}", "--output", "o.jsonl", "--attention", "gradient", "--target", "moon"],
             "target 'moon' names no class",
         ),
+        (["{images}", "--output", "no-folder/o.jsonl"], "o.jsonl: there is no folder no-folder to write it in"),
+        (["{images}", "--output", "o.jsonl", "--threads", "-1"], "--threads must be at least 0"),
     ],
 )
 def test_bad_arguments_exit_2_with_what_to_fix(
