@@ -187,6 +187,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--shapes-outliers adds shape-less backgrounds to the shapes dataset; drop it for other datasets")
     if args.shapes_outliers < 0:
         p.error(f"--shapes-outliers must be >= 0, got {args.shapes_outliers}")
+    for flag in ("epochs", "batch_size", "shapes_train", "shapes_test"):
+        if getattr(args, flag) < 1:
+            p.error(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
+    if args.workers < 0 or args.warmup_epochs < 0:
+        p.error("--workers and --warmup-epochs must be at least 0")
     return args
 
 

@@ -105,6 +105,23 @@ def test_missing_dataset_is_a_clear_error(tmp_path: Path, capsys: pytest.Capture
     assert "pass --download" in error and "cifar-10-batches-py" in error
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--epochs", "0"], "--epochs must be at least 1, got 0"),  # it trained nothing and said it had
+        (["--batch-size", "-4"], "--batch-size must be at least 1"),
+        (["--shapes-train", "0"], "--shapes-train must be at least 1"),
+        (["--workers", "-1"], "--workers and --warmup-epochs must be at least 0"),
+    ],
+)
+def test_counts_below_their_least_are_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str], message: str
+) -> None:
+    error = refusal(capsys, *argv, "--output", str(tmp_path / "x.safetensors"))
+    assert error.startswith("2\n") and message in error
+    assert not (tmp_path / "x.safetensors").exists()
+
+
 def test_help_lists_the_options(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         train.main(["--help"])
