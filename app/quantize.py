@@ -29,6 +29,7 @@ from app.core.contract.errors import ServiceError
 from app.core.images.decode import decode_image
 from app.core.images.prepare import Preprocessor
 from app.settings import Settings
+from model.arguments import at_least
 from model.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from model.shapes import make_sample
 
@@ -65,8 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m app.quantize", description=__doc__.split("\n\n")[0])
     p.add_argument("checkpoint", type=Path, help="the .safetensors checkpoint to quantize")
     p.add_argument("--calibration", required=True, help="a folder of representative images, or 'shapes'")
-    p.add_argument("--images", type=int, default=256, help="calibration images to use (default 256)")
-    p.add_argument("--batch-size", type=int, default=16, help="images per calibration batch")
+    p.add_argument("--images", type=at_least(1), default=256, help="calibration images to use (default 256)")
+    p.add_argument("--batch-size", type=at_least(1), default=16, help="images per calibration batch")
     p.add_argument(
         "--method",
         choices=["minmax", "entropy", "percentile"],
@@ -79,8 +80,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.calibration != "shapes" and not Path(args.calibration).is_dir():
         p.error(f"--calibration {args.calibration}: not a folder (or 'shapes')")
-    if args.images < 1 or args.batch_size < 1:
-        p.error("--images and --batch-size must be at least 1")
     try:
         checkpoint = load_checkpoint(args.checkpoint)
     except CheckpointError as e:

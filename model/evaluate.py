@@ -21,6 +21,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 from model import shapes, shapes_outlines, shapes_second
+from model.arguments import at_least
 from model.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from model.data import DATASETS, DataOptions, DatasetNotFoundError, ShapesDataset, build_data
 from model.preprocessing import EvalTransform
@@ -55,7 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dataset", choices=DATASETS, help="default: the dataset the checkpoint was trained on")
     p.add_argument("--data-dir", type=Path, default=Path("data"))
     p.add_argument("--download", action="store_true")
-    p.add_argument("--samples", type=int, default=5000, help="shapes: held-out images to render")
+    p.add_argument("--samples", type=at_least(1), default=5000, help="shapes: held-out images to render")
     p.add_argument("--seed", type=int, default=DEFAULT_SHAPES_EVAL_SEED, help="shapes: seed of the held-out set")
     p.add_argument(
         "--renderer",
@@ -65,7 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "`outlines`, small thick-outlined circles and rings alone (model/shapes_outlines.py)",
     )
     p.add_argument("--attention", choices=MAP_METHODS, default="rollout", help="map scored by the pointing game")
-    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--batch-size", type=at_least(1), default=256)
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", type=Path, help="also write the results here")
     return p.parse_args(argv)

@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 from tqdm import tqdm
 
+from model.arguments import at_least
 from model.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
 from model.data import DATASETS, DEFAULT_GEOMETRY, DataBundle, DataOptions, DatasetNotFoundError, build_data
 from model.device import resolve_device
@@ -97,8 +98,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     d.add_argument("--download", action="store_true", help="download cifar10/mnist if missing")
     d.add_argument("--channels", type=int, choices=(1, 3), help="mnist: 1 (default) or 3; shapes: 3 (default) or 1")
     d.add_argument("--randaugment", action="store_true", help="RandAugment for natural images")
-    d.add_argument("--shapes-train", type=int, default=50_000, help="shapes: training samples")
-    d.add_argument("--shapes-test", type=int, default=5_000, help="shapes: test samples")
+    d.add_argument("--shapes-train", type=at_least(1), default=50_000, help="shapes: training samples")
+    d.add_argument("--shapes-test", type=at_least(1), default=5_000, help="shapes: test samples")
     d.add_argument(
         "--shapes-outliers",
         type=int,
@@ -147,8 +148,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     f.add_argument("--mean", type=float, nargs="+", help="override the checkpoint's normalisation mean")
     f.add_argument("--std", type=float, nargs="+", help="override the checkpoint's normalisation std")
     o = p.add_argument_group("optimisation")
-    o.add_argument("--epochs", type=int, default=12)
-    o.add_argument("--batch-size", type=int, default=128, help="per process")
+    o.add_argument("--epochs", type=at_least(1), default=12)
+    o.add_argument("--batch-size", type=at_least(1), default=128, help="per process")
     o.add_argument(
         "--lr", type=float, help=f"peak learning rate (default: {SCRATCH_LR}, or {FINETUNE_LR} with --init-from)"
     )
@@ -159,7 +160,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     r = p.add_argument_group("run")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    r.add_argument("--workers", type=int, default=2, help="data loader processes")
+    r.add_argument("--workers", type=at_least(0), default=2, help="data loader processes")
     r.add_argument("--output", type=Path, default=Path("runs/vit.safetensors"), help="checkpoint path")
     r.add_argument("--resume", action="store_true", help="continue from <output>.state.pt")
     r.add_argument("--no-progress", action="store_true", help="no progress bars (logs and CI)")
@@ -187,11 +188,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--shapes-outliers adds shape-less backgrounds to the shapes dataset; drop it for other datasets")
     if args.shapes_outliers < 0:
         p.error(f"--shapes-outliers must be >= 0, got {args.shapes_outliers}")
-    for flag in ("epochs", "batch_size", "shapes_train", "shapes_test"):
-        if getattr(args, flag) < 1:
-            p.error(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
-    if args.workers < 0 or args.warmup_epochs < 0:
-        p.error("--workers and --warmup-epochs must be at least 0")
+    if args.warmup_epochs < 0:
+        p.error(f"--warmup-epochs must be at least 0, got {args.warmup_epochs}")
+    if not finetuning:  # the shape asked for, checked before any data is read (the classes do not change it)
+        try:
+            build_config(args, num_classes=2, channels=args.channels or 3)
+        except ValueError as e:
+            p.error(f"the model's shape: {e}")
     return args
 
 

@@ -46,6 +46,7 @@ from app.core.contract.request import ATTENTION_KINDS, InferOptions, parse_label
 from app.core.engine.engine import Engine
 from app.settings import BUNDLED_WEIGHTS, Settings
 from app.telemetry.tracing import configure_tracing, shutdown_tracing
+from model.arguments import at_least
 from model.checkpoint import CheckpointError
 
 USAGE_ERROR, SOME_FAILED, INTERRUPTED = 2, 1, 130
@@ -61,7 +62,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("inputs", nargs="+", help="files, directories (recursive), glob patterns, or @FILE listing paths")
     p.add_argument("-o", "--output", type=Path, required=True, help="results file: .jsonl, .csv or .parquet")
     p.add_argument("--checkpoint", type=Path, default=BUNDLED_WEIGHTS, help="default: the bundled checkpoint")
-    p.add_argument("--top-k", type=int, default=5, help="top classes per row (default 5)")
+    p.add_argument("--top-k", type=at_least(1), default=5, help="top classes per row (default 5)")
     p.add_argument("--probabilities", action="store_true", help="also every class's probability")
     p.add_argument("--embedding", action="store_true", help="also the embedding the classification head receives")
     p.add_argument("--normalize", action="store_true", help="with --embedding: L2-normalised")
@@ -72,22 +73,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--label", action="append", help="a zero-shot model: one more class, taken whole; repeatable")
     p.add_argument("--template", help="a zero-shot model: the prompt each label is set in, {} where it goes")
-    p.add_argument("--batch-size", type=int, default=32, help="images per forward pass (default 32)")
+    p.add_argument("--batch-size", type=at_least(1), default=32, help="images per forward pass (default 32)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--backend", choices=("auto", *BACKENDS), default="auto")
-    p.add_argument("--threads", type=int, default=0, help="torch and ONNX Runtime threads (0: all cores)")
+    p.add_argument("--threads", type=at_least(0), default=0, help="torch and ONNX Runtime threads (0: all cores)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run from what the output holds")
     ray = p.add_argument_group("Ray Data (pip install 'vit-serve[ray]')")
     ray.add_argument("--ray", action="store_true", help="run as a Ray Data job; --output is a directory of shards")
     ray.add_argument(
         "--ray-address", help="the cluster to join (auto: the one this node belongs to); default: a local Ray"
     )
-    ray.add_argument("--actors", type=int, default=1, help="model actors, each loading the checkpoint once (default 1)")
+    ray.add_argument(
+        "--actors", type=at_least(1), default=1, help="model actors, each loading the checkpoint once (default 1)"
+    )
     args = p.parse_args(argv)
-    if args.top_k < 1 or args.batch_size < 1 or args.actors < 1:
-        p.error("--top-k, --batch-size and --actors must be at least 1")
-    if args.threads < 0:
-        p.error("--threads must be at least 0 (0: all cores)")
     if args.ray and args.resume:
         p.error("--resume continues a single-process run; a Ray job writes its shards anew")
     return args

@@ -12,6 +12,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 
+from model.arguments import at_least
 from model.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from model.preprocessing import EvalTransform
 from model.reference import OOD_SCORES, embed, fit
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     source.add_argument("--shapes", type=int, metavar="N", help="N procedural shapes (the bundled model's data)")
     p.add_argument("--output", type=Path, help="write here (default: the checkpoint, in place)")
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--batch-size", type=at_least(1), default=64)
     p.add_argument(
         "--score",
         choices=OOD_SCORES,

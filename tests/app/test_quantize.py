@@ -117,3 +117,7 @@ def test_bad_arguments(tmp_path: Path, calibration: Path, capsys: pytest.Capture
     with pytest.raises(SystemExit) as exit_:
         main([str(tmp_path / "nope.safetensors"), "--calibration", str(calibration)])
     assert exit_.value.code == 2
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        main([str(checkpoint), "--calibration", "shapes", "--batch-size", "0"])
+    assert exit_.value.code == 2 and "argument --batch-size: must be at least 1, got 0" in capsys.readouterr().err

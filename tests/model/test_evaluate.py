@@ -47,3 +47,15 @@ def test_what_is_missing_is_one_line_without_a_traceback(argv: list[str], said: 
     assert done.returncode == 1
     assert said in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--samples", "0"], "argument --samples: must be at least 1, got 0"),  # it reported on no images
+        (["--batch-size", "0"], "argument --batch-size: must be at least 1, got 0"),  # a traceback
+    ],
+)
+def test_counts_below_one_are_refused(argv: list[str], message: str) -> None:
+    done = evaluate("--checkpoint", str(BUNDLED_WEIGHTS), *argv)
+    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr

@@ -162,6 +162,7 @@ def test_the_command_refuses_what_it_cannot_use(tmp_path: Path) -> None:
         (["--images", str(tmp_path / "empty")], "fewer than 2 image files"),
         (["--images", str(tmp_path / "bad")], "not a readable image"),
         (["--shapes", "1"], "at least 2"),
+        (["--shapes", "8", "--batch-size", "0"], "argument --batch-size: must be at least 1, got 0"),
     ):
         r = run_command([sys.executable, "-m", "model.reference", str(ckpt), *args], timeout=120)
         assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)

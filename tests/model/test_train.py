@@ -108,10 +108,12 @@ def test_missing_dataset_is_a_clear_error(tmp_path: Path, capsys: pytest.Capture
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--epochs", "0"], "--epochs must be at least 1, got 0"),  # it trained nothing and said it had
-        (["--batch-size", "-4"], "--batch-size must be at least 1"),
-        (["--shapes-train", "0"], "--shapes-train must be at least 1"),
-        (["--workers", "-1"], "--workers and --warmup-epochs must be at least 0"),
+        (["--epochs", "0"], "argument --epochs: must be at least 1, got 0"),  # it trained nothing and said it had
+        (["--batch-size", "-4"], "argument --batch-size: must be at least 1, got -4"),
+        (["--epochs", "two"], "argument --epochs: 'two' is not a whole number"),
+        (["--shapes-train", "0"], "argument --shapes-train: must be at least 1"),
+        (["--workers", "-1"], "argument --workers: must be at least 0, got -1"),
+        (["--dim", "100", "--heads", "3"], "the model's shape: dim 100 is not divisible by heads 3"),
     ],
 )
 def test_counts_below_their_least_are_refused(

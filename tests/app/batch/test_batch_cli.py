@@ -135,7 +135,8 @@ def test_a_failed_write_leaves_the_previous_output_whole(tmp_path: Path) -> None
             "target 'moon' names no class",
         ),
         (["{images}", "--output", "no-folder/o.jsonl"], "o.jsonl: there is no folder no-folder to write it in"),
-        (["{images}", "--output", "o.jsonl", "--threads", "-1"], "--threads must be at least 0"),
+        (["{images}", "--output", "o.jsonl", "--threads", "-1"], "argument --threads: must be at least 0, got -1"),
+        (["{images}", "--output", "o.jsonl", "--top-k", "0"], "argument --top-k: must be at least 1, got 0"),
     ],
 )
 def test_bad_arguments_exit_2_with_what_to_fix(
