@@ -59,7 +59,7 @@ from app.codecs.v2_tensors import (
     split_bytes_elements,
 )
 from app.core.contract.description import ModelDescription
-from app.core.contract.errors import InvalidInput
+from app.core.contract.errors import InvalidInput, validation_problems
 from app.core.contract.inference import Limits
 from app.core.contract.regions import SharedMemoryRegions
 from app.core.contract.request import (
@@ -124,8 +124,7 @@ def parse_request(header: bytes) -> InferRequest:
         return InferRequest.model_validate(json.loads(header))
     except (ValueError, UnicodeDecodeError) as e:  # json errors are ValueErrors
         if isinstance(e, ValidationError):
-            problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
-            raise InvalidInput(f"invalid inference request: {problems}") from None
+            raise InvalidInput(f"invalid inference request: {validation_problems(e.errors())}") from None
         raise InvalidInput(f"the inference request is not valid JSON ({e})") from None
 
 

@@ -93,10 +93,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = [
-            f"{'.'.join(str(p) for p in e['loc'] if p not in ('query', 'body'))}: {e['msg']}" for e in exc.errors()
-        ]
-        return protocol_of(request).response(422, "invalid request: " + "; ".join(problems))
+        return protocol_of(request).response(422, "invalid request: " + errors.validation_problems(exc.errors()))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -37,7 +37,7 @@ from app.codecs.v2_schemas import (
     V2ServerMetadata,
     V2Statistics,
 )
-from app.core.contract.errors import InvalidInput, NotSupported
+from app.core.contract.errors import InvalidInput, NotSupported, validation_problems
 from app.core.contract.inference import Inference, InferenceRequest
 from app.core.contract.regions import CUDA_NOT_SUPPORTED
 from app.core.data_plane import DataPlane
@@ -195,8 +195,7 @@ async def optional_body(request: Request, model: type[BodyT], limit: int) -> Bod
     try:
         return model.model_validate_json(body or b"{}")
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
-        raise InvalidInput(f"invalid request body: {problems}") from None
+        raise InvalidInput(f"invalid request body: {validation_problems(e.errors())}") from None
 
 
 @router.post("/repository/index", response_model=list[V2ModelIndex], responses=v2_errors(400, 503))

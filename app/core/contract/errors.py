@@ -6,6 +6,9 @@ Each edge maps them to its protocol's answer in one table: HTTP statuses for `/p
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from typing import Any
+
 
 class ServiceError(Exception):
     """Base of the errors the service answers with; `detail` says what to fix."""
@@ -74,3 +77,13 @@ class RegionNotFound(ServiceError):
 
 class NotSupported(ServiceError):
     """A protocol feature this server does not offer (CUDA shared memory), or one turned off."""
+
+
+def validation_problems(problems: Iterable[Mapping[str, Any]]) -> str:
+    """A validator's problems (pydantic's `errors()`) in one line: each where it is, then what is wrong; a problem
+    with the whole document (not JSON, say) names no place, and where it came from (query, body) is left out."""
+    said = []
+    for problem in problems:
+        where = ".".join(str(part) for part in problem["loc"] if part not in ("query", "body"))
+        said.append(f"{where}: {problem['msg']}" if where else str(problem["msg"]))
+    return "; ".join(said)

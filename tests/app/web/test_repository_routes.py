@@ -73,7 +73,7 @@ async def test_errors(make_client: ClientFactory, repository: Path) -> None:
         r = await client.post("/v2/repository/models/a/load", json={"parameters": {"config": "{}"}})
         assert r.status_code == 400 and "load parameter 'config' is not taken" in r.json()["error"]
         r = await client.post("/v2/repository/models/a/load", content=b"{not json")
-        assert r.status_code == 400 and "invalid request body" in r.json()["error"]
+        assert r.status_code == 400 and r.json()["error"].startswith("invalid request body: Invalid JSON"), r.text
         (repository / "b.safetensors").write_bytes(b"broken")
         r = await client.post("/v2/repository/models/b/load")
         assert r.status_code == 400 and "failed to load b.safetensors" in r.json()["error"]
