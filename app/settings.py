@@ -250,6 +250,19 @@ class Settings(BaseSettings):
             raise ValueError(f"VIT_WORKERS must be auto or a number of processes from 1 to 64, got {v!r}")
         return v
 
+    @field_validator("api_keys")
+    @classmethod
+    def check_api_keys(cls, v: SecretStr | None) -> SecretStr | None:
+        """Empty (as compose passes it unset) turns keys off; commas with no key between them are a mistake that
+        would leave the service open, and are refused (without saying the value: it is a secret)."""
+        given = v.get_secret_value() if v is not None else ""
+        if given.strip() and not any(k.strip() for k in given.split(",")):
+            raise ValueError(
+                "VIT_API_KEYS holds no key, only commas: give the keys (key1,key2), or leave it unset or empty to "
+                "turn keys off"
+            )
+        return v
+
     @field_validator("device")
     @classmethod
     def check_device(cls, v: str) -> str:

@@ -35,11 +35,17 @@ def test_several_models_in_order() -> None:
         ({"hw_decoder_load": 1.5}, "less than or equal to 1"),
         ({"cpu_decode_share": -0.1}, "greater than or equal to 0"),
         ({"cpu_decode_share": 1.5}, "less than or equal to 1"),
+        ({"api_keys": " , ,"}, "VIT_API_KEYS holds no key, only commas"),  # else the service would be open
     ],
 )
 def test_bad_values_are_refused(values: dict[str, object], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         Settings(**values)  # type: ignore[arg-type]
+
+
+def test_api_keys_empty_are_off_and_listed_are_each_a_key() -> None:
+    assert Settings(api_keys="").api_key_set() == frozenset()  # compose passes VIT_API_KEYS= when unset
+    assert Settings(api_keys=" k1 ,, k2 ").api_key_set() == {"k1", "k2"}
 
 
 def test_a_typo_names_the_closest_setting() -> None:
