@@ -133,6 +133,8 @@ def save_checkpoint(
 
 def read_checkpoint_file(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
     """Tensors and metadata of a safetensors file, or CheckpointError."""
+    if path.is_dir():
+        raise CheckpointError(path, "a folder, not a checkpoint file: name the .safetensors file in it")
     if not path.is_file():
         raise CheckpointError(path, "file not found")
     try:

@@ -41,6 +41,11 @@ def test_missing_file(tmp_path: Path) -> None:
         load_checkpoint(tmp_path / "nope.safetensors")
 
 
+def test_a_folder_is_named_as_one(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="a folder, not a checkpoint file: name the .safetensors file in it"):
+        load_checkpoint(tmp_path)
+
+
 def test_truncated_file(tiny_checkpoint: Path) -> None:
     data = tiny_checkpoint.read_bytes()
     tiny_checkpoint.write_bytes(data[: len(data) // 2])
