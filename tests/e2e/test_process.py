@@ -109,13 +109,7 @@ def test_a_port_in_use_exits_3_with_one_line(tiny_checkpoint: Path, protocol: st
             s = Server(tiny_checkpoint, port=port, VIT_BACKEND="torch", VIT_WORKERS=workers)
         else:
             s = Server(tiny_checkpoint, VIT_BACKEND="torch", VIT_GRPC_PORT=str(port), VIT_WORKERS=workers)
-        try:
-            code = s.proc.wait(timeout=60)
-        finally:
-            out = s.stop()
-    assert code == 3, out
-    assert "Traceback" not in out
-    [line] = [line for line in out.splitlines() if "startup failed" in line]
+        line = failed_start(s)
     assert "cannot listen" in line and str(port) in line
 
 
@@ -125,15 +119,9 @@ def test_grpc_on_the_http_port_exits_3_with_one_line(tiny_checkpoint: Path, work
     connections (HTTP's readiness probe answered by gRPC, or by nothing)."""
     [port] = free_ports(1)
     s = Server(tiny_checkpoint, port=port, VIT_BACKEND="torch", VIT_GRPC_PORT=str(port), VIT_WORKERS=workers)
-    try:
-        code = s.proc.wait(timeout=60)
-    finally:
-        out = s.stop()
-    assert code == 3, out
-    assert "Traceback" not in out
-    [line] = [line for line in out.splitlines() if "startup failed" in line]
+    line = failed_start(s)
     assert f"VIT_GRPC_PORT {port} is the HTTP port too" in line
-    assert "loaded" not in out  # refused before any model is read
+    assert "loaded" not in s.final_output  # refused before any model is read
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])
@@ -144,9 +132,7 @@ def test_a_host_that_is_not_this_machines_exits_3_with_one_line(tiny_checkpoint:
     env = {**os.environ, "VIT_WEIGHTS": str(tiny_checkpoint), "VIT_DEVICE": "cpu", "VIT_GRPC_PORT": "0"}
     argv = [sys.executable, "-m", "app", "--host", "192.0.2.1", "--port", str(port)]
     done = run_command(argv, {**env, "VIT_BACKEND": "torch", "VIT_WORKERS": workers}, timeout=120)
-    assert done.returncode == 3, done.stderr[-2000:]
-    assert "Traceback" not in done.stderr
-    [line] = [line for line in done.stderr.splitlines() if "startup failed" in line]
+    line = startup_failure(done.returncode, done.stderr)
     assert "HTTP host 192.0.2.1: not an address of this machine" in line and "pass another --host" in line
 
 
@@ -190,3 +176,20 @@ def ready(url: str) -> bool:
         return httpx.get(url + "/health/ready", timeout=5).status_code == 200
     except httpx.TransportError:
         return False
+
+
+def failed_start(server: Server) -> str:
+    """The line a server that cannot start writes (`startup_failure`), the server stopped whatever happens."""
+    try:
+        code = server.proc.wait(timeout=60)
+    finally:
+        out = server.stop()
+    return startup_failure(code, out)
+
+
+def startup_failure(code: int, out: str) -> str:
+    """The one `startup failed` line of a start that ended with exit 3 and no traceback."""
+    assert code == 3, out[-2000:]
+    assert "Traceback" not in out
+    [line] = [line for line in out.splitlines() if "startup failed" in line]
+    return line
