@@ -8,7 +8,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from dotenv import dotenv_values
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
@@ -143,13 +143,20 @@ class Settings(BaseSettings):
         "JPEG engines, the rest to its CUDA decoder (DALI's hw_decoder_load). 1: the engines take every file they "
         "can, the CUDA decoder what they leave",
     )
-    cpu_decode_share: float = Field(
+    cpu_decode_share: float | Literal["auto"] = Field(
+        "auto",
+        description="With JPEGs decoded on the GPU: the share of plain JPEGs that the serving processes decode on "
+        "their CPU pools instead (with VIT_WORKERS, in the front-ends), every file in turn (1 in 4 at 0.25), to take "
+        "decoding off the SMs where the host has cores to spare. auto: the engine moves it, per model, to where the "
+        "GPU and the host's cores run out together, from what its batches measure (the vit_cpu_decode_share gauge, "
+        "a log line at each move); a number fixes it; 0: the GPU decodes every plain JPEG",
+    )
+    cpu_decode_share_start: float = Field(
         0.0,
         ge=0,
         le=1,
-        description="With JPEGs decoded on the GPU: the share of plain JPEGs that the serving processes decode on "
-        "their CPU pools instead, every file in turn (1 in 4 at 0.25), to take decoding off the SMs where the host "
-        "has cores to spare; 0: the GPU decodes every plain JPEG",
+        description="With VIT_CPU_DECODE_SHARE=auto: the share it starts from (a share an earlier run settled on "
+        "gets there sooner)",
     )
     jpeg_draft: bool = Field(
         True,
@@ -262,6 +269,19 @@ class Settings(BaseSettings):
                 "turn keys off"
             )
         return v
+
+    @field_validator("cpu_decode_share", mode="before")
+    @classmethod
+    def check_cpu_decode_share(cls, v: object) -> float | str:
+        if isinstance(v, str) and v.strip().lower() == "auto":
+            return "auto"
+        try:
+            share = float(v)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            share = math.nan
+        if not 0 <= share <= 1:
+            raise ValueError(f"VIT_CPU_DECODE_SHARE must be auto or a share from 0 to 1, got {v!r}")
+        return share
 
     @field_validator("device")
     @classmethod

@@ -26,6 +26,8 @@ nvJPEG's own host work) is not in it: the calibration in docs/performance.md say
 from __future__ import annotations
 
 import bisect
+import contextlib
+import dataclasses
 import fcntl
 import json
 import threading
@@ -86,15 +88,16 @@ class DeviceTimes:
     forward_img_s: dict[int, float] | None = None
     decode_img_s: float = NVJPEG_IMAGES_PER_S
     hardware_img_s: float = HARDWARE_DECODE_IMAGES_PER_S
+    slower: float = 1.0  # every duration this many times longer (`install`'s `slower`)
 
     def decode_s(self, n: int) -> float:
-        return n / self.decode_img_s
+        return self.slower * n / self.decode_img_s
 
     def forward_s(self, n: int) -> float:
         """The forward of the captured size `n` is padded to (the service replays CUDA graphs)."""
         sizes = graph_sizes(self.max_batch_size)
         padded = sizes[bisect.bisect_left(sizes, n)] if n <= sizes[-1] else n
-        return batch_seconds(self.forward_img_s or FORWARD_IMAGES_PER_S[self.model], padded)
+        return self.slower * batch_seconds(self.forward_img_s or FORWARD_IMAGES_PER_S[self.model], padded)
 
     def images_per_s(self, decoder: str = "cuda", cpu_share: float = 0.0) -> float:
         """The device's rate at the largest batch, with two batches in flight (as the predictor keeps them): what it
@@ -108,7 +111,7 @@ class DeviceTimes:
         forward = self.forward_s(n)
         on_device = n * (1.0 - cpu_share)
         if decoder == "hardware":
-            return n / max(forward, on_device / self.hardware_img_s)
+            return n / max(forward, self.slower * on_device / self.hardware_img_s)
         return n / (forward + self.decode_s(on_device))
 
 
@@ -129,12 +132,25 @@ def batch_seconds(rates: dict[int, float], n: int) -> float:
 class Device:
     """The GPU as waits: a JPEG decoder and the compute, each one batch at a time. With `shared` (a folder),
     every process that makes a `Device` over the same folder shares the one GPU, as processes that share a
-    real one take turns on it (file locks: waiting for one uses no CPU either)."""
+    real one take turns on it (file locks: waiting for one uses no CPU either). With `switch` (a file), the
+    model it names there (vit-s16 or vit-b16), once written, times the batches from then on: a forward that
+    gets faster while the service runs."""
 
-    def __init__(self, times: DeviceTimes, shared: Path | None = None) -> None:
-        self.times = times
+    def __init__(self, times: DeviceTimes, shared: Path | None = None, switch: Path | None = None) -> None:
+        self._times = times
+        self.switch = switch
         self.decoder = Resource(shared / "decoder.lock" if shared else None)
         self.compute = Resource(shared / "compute.lock" if shared else None)
+
+    @property
+    def times(self) -> DeviceTimes:
+        """The timings of the model the switch file names now (read at each batch), else those it was made with."""
+        if self.switch is not None:
+            with contextlib.suppress(OSError):
+                named = self.switch.read_text().strip()
+                if named in FORWARD_IMAGES_PER_S and named != self._times.model:
+                    self._times = dataclasses.replace(self._times, model=named)
+        return self._times
 
     def close(self) -> None:
         """Let go of the lock files (a process's Device otherwise holds them for its life)."""
@@ -248,14 +264,17 @@ class StandInPredictor:
         return 0.0
 
 
-def install(model: str, max_batch_size: int) -> None:
+def install(model: str, max_batch_size: int, slower: float = 1.0, switch: Path | None = None) -> None:
     """Every model this process loads from now on is served by a `StandInPredictor` timed as `model` with
-    CUDA graphs captured up to `max_batch_size` (VIT_MAX_BATCH_SIZE)."""
+    CUDA graphs captured up to `max_batch_size` (VIT_MAX_BATCH_SIZE); `slower` times as long (a device whose
+    balance with this machine's few cores is the H200's with its host's many); `switch`: see `Device`."""
     if model not in FORWARD_IMAGES_PER_S:
         raise ValueError(f"no device timings for {model!r}; there are: {', '.join(FORWARD_IMAGES_PER_S)}")
+    if not slower >= 1.0:
+        raise ValueError(f"the stand-in can be slower than the H200, not faster: got {slower}")
     from app.core.engine.served_model import ServedModel
 
     def build_predictor(name: str, checkpoint: Checkpoint, *args: object, **kwargs: object) -> StandInPredictor:
-        return StandInPredictor(checkpoint, Device(DeviceTimes(model, max_batch_size)))
+        return StandInPredictor(checkpoint, Device(DeviceTimes(model, max_batch_size, slower=slower), switch=switch))
 
     ServedModel.build_predictor = staticmethod(build_predictor)  # type: ignore[method-assign, assignment]

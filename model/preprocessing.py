@@ -131,13 +131,21 @@ class EvalTransform:
         self.preprocessing = p
 
     def __call__(self, image: Image.Image | Tensor) -> Tensor:
+        return self.scaled(self.pixels(image))
+
+    def pixels(self, image: Image.Image | Tensor) -> Tensor:
+        """The first half: channels, resize and crop -> (channels, S, S) uint8, every value the model will see."""
         p = self.preprocessing
         if p.resize_backend == "pil":
             if isinstance(image, Tensor):
                 image = to_pil(image)
-            x = as_tensor(resize_and_crop(to_channels(image, p.channels), p))  # (C, S, S) uint8
-        else:
-            x = resize_and_crop(to_channels(as_tensor(image), p.channels), p)
+            return as_tensor(resize_and_crop(to_channels(image, p.channels), p))
+        x: Tensor = resize_and_crop(to_channels(as_tensor(image), p.channels), p)
+        return x
+
+    def scaled(self, x: Tensor) -> Tensor:
+        """The second half: (..., C, S, S) uint8 -> float32 scaled to [0, 1] and normalised, on x's device."""
+        p = self.preprocessing
         return normalize(to_float(x), p.mean, p.std)
 
     def __repr__(self) -> str:

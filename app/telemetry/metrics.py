@@ -56,6 +56,14 @@ class Metrics:
         self.queue = Gauge(
             "vit_queue_depth", "Images waiting for a batch", ["model"], registry=r, multiprocess_mode="livesum"
         )
+        self.cpu_decode_share = Gauge(
+            "vit_cpu_decode_share",
+            "Share of a GPU model's plain JPEGs decoded on the host's cores, the rest on the GPU (VIT_CPU_DECODE_SHARE: "
+            "fixed, or moved by what the batches measure with auto)",
+            ["model"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
         self.images = Counter("vit_images_processed", "Images computed by the model", ["model"], registry=r)
         self.dropped_images = Counter(
             "vit_images_dropped",
@@ -175,6 +183,7 @@ class ModelMetrics:
         self.queue = metrics.queue.labels(model)
         self.queue.set(0)
         self.text_embeddings = metrics.text_embeddings.labels(model)
+        self.cpu_decode_share = metrics.cpu_decode_share.labels(model)
 
     def drift_gauges(self) -> tuple[Any, Any]:
         """This model's two drift gauges (`vit_drift_score`), prediction and embedding."""

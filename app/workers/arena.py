@@ -36,6 +36,7 @@ from app.core.contract.description import ModelDescription
 from app.core.contract.request import DecodedImage, EncodedImage, InferOptions, Prediction
 
 ALIGN = 64  # a cache line: every region and every tensor written into one starts on one
+ARENA_DTYPES = {torch.float32: "float32", torch.uint8: "uint8"}  # tensors written into a region; others inline
 
 # Where a value lives: an arena offset with its shape and dtype, or the value itself (inline).
 Stored = tuple[int, tuple[int, ...], str] | torch.Tensor
@@ -358,10 +359,12 @@ class RegionWriter:
         self.end = self.offset + size
 
     def tensor(self, t: torch.Tensor) -> Stored:
+        """A float32 tensor (outputs, normalised pixels) or a uint8 one (pixels a GPU normalises)."""
         room = tensor_bytes(tuple(t.shape), t.element_size())
-        if self.arena is None or self.offset + room > self.end or t.dtype != torch.float32:
+        dtype = ARENA_DTYPES.get(t.dtype)
+        if self.arena is None or self.offset + room > self.end or dtype is None:
             return t
-        stored = (self.offset, tuple(t.shape), "float32")
+        stored = (self.offset, tuple(t.shape), dtype)
         self.offset = self.arena.write_tensor(self.offset, t)
         return stored
 

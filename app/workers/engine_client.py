@@ -280,6 +280,8 @@ class EngineClient(DataPlane):
             if reply.failure is not None:
                 raise reply.failure.exception()
             assert reply.outputs is not None
+            if reply.cpu_decode_share is not None:  # the engine moved it (auto): the next files go its way
+                self.preparer(model).set_cpu_share(reply.cpu_decode_share)
             predictions, embedded = read_outputs(self.arena, reply.outputs)
             return Inference(reply.model or model, predictions, options.labels, embedded)
         finally:
@@ -310,7 +312,9 @@ class EngineClient(DataPlane):
             s = self.settings
             p = Preprocessing(**model.preprocessing)
             gpu_jpegs = model.decode == "gpu"
-            preparer = ImagePreparer(p, s.max_image_pixels, s.jpeg_draft, gpu_jpegs, s.cpu_decode_share)
+            share = s.cpu_decode_share_start if s.cpu_decode_share == "auto" else s.cpu_decode_share
+            on_gpu = model.device.startswith("cuda")  # pixels go as uint8, normalised there with their batch
+            preparer = ImagePreparer(p, s.max_image_pixels, s.jpeg_draft, gpu_jpegs, share, uint8=on_gpu)
             self.preparers[key] = preparer
         return preparer
 

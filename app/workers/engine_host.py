@@ -238,7 +238,7 @@ class EngineHost:
                 return
         else:
             try:
-                reply = answered(call, done, peer.arena)
+                reply = answered(call, done, peer.arena, model)
             except Exception as e:
                 reply = failed(call.id, e)
         peer.queued.pop(call.id, None)
@@ -328,11 +328,15 @@ class EngineHost:
                 await asyncio.wait_for(self.acked.wait(), remaining)
 
 
-def answered(call: link.InferCall, done: Inference, arena: Arena | None) -> link.Reply:
-    """A computed call's reply: its outputs in its region, and the description (20 KB pickled with 1,000 class
-    names) only where the front-end lacks it."""
+def answered(call: link.InferCall, done: Inference, arena: Arena | None, model: ServedModel) -> link.Reply:
+    """A computed call's reply: its outputs in its region, the description (20 KB pickled with 1,000 class
+    names) only where the front-end lacks it, and the share of JPEGs the front-ends decode where the engine
+    moves it."""
     outputs = write_outputs(arena, call.region, done.predictions, done.text_embeddings)
-    return link.Reply(call.id, None if done.model.version == call.described else done.model, outputs)
+    share = model.decode_share.share if model.decode_share is not None and model.decode_share.auto else None
+    return link.Reply(
+        call.id, None if done.model.version == call.described else done.model, outputs, cpu_decode_share=share
+    )
 
 
 def failed(call_id: int, error: BaseException) -> link.Reply:

@@ -136,6 +136,8 @@ class Reply:
     statistics: list[ModelStatistics] | None = None
     shadow: ShadowReport | None = None
     failure: Failure | None = None
+    # infer, with VIT_CPU_DECODE_SHARE=auto: the share of the model's plain JPEGs the front-ends decode from now on
+    cpu_decode_share: float | None = None
 
 
 class Channel:

@@ -53,6 +53,16 @@ VARIANTS: dict[str, dict[str, str]] = {
         "VIT_CUDA_GRAPHS": "true",
         "VIT_WORKERS": "8",
     },
+    # the share of plain JPEGs the front-ends' cores decode, the rest by nvJPEG: fixed, then found (auto)
+    **{
+        f"workers-8-share-{share}": {
+            "VIT_DECODE": "auto",
+            "VIT_CPU_DECODE_SHARE": share,
+            "VIT_CUDA_GRAPHS": "true",
+            "VIT_WORKERS": "8",
+        }
+        for share in ("0", "0.3", "0.5", "0.7", "auto")
+    },
     # every image decoded by PIL on the front-ends' cores instead of on the GPU: what the CPUs add
     "workers-8-cpu-decode": {"VIT_DECODE": "cpu", "VIT_CUDA_GRAPHS": "true", "VIT_WORKERS": "8"},
 }

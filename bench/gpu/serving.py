@@ -142,8 +142,17 @@ def start_server(args: argparse.Namespace, checkpoint: Path, variant: str) -> Se
         VIT_MAX_FILES="64",
         VIT_LOG_LEVEL="warning",
         VIT_GRPC_PORT="0",
-        **VARIANTS[variant],
+        # every variant before the share's sweep decoded on the GPU alone: they measure that still
+        **{"VIT_CPU_DECODE_SHARE": "0", **VARIANTS[variant]},
     )
+
+
+def decode_share(url: str) -> float | None:
+    """The share of plain JPEGs decoded on the host's cores now (`vit_cpu_decode_share`), None where not shown."""
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith("vit_cpu_decode_share{"):
+            return float(line.rsplit(" ", 1)[1])
+    return None
 
 
 def batch_totals(url: str, name: str) -> dict[str, int]:
@@ -319,6 +328,7 @@ def served(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
                         f"{variant} V2 x{args.images_per_request}",
                         v2_headers,
                     ),
+                    "cpu_decode_share": decode_share(server.url),  # where the loads left it (auto moves it)
                 }
             finally:
                 log = server.stop()

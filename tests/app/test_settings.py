@@ -33,8 +33,10 @@ def test_several_models_in_order() -> None:
         ({"max_batch_size": 0}, "greater than or equal to 1"),
         ({"hw_decoder_load": 0}, "greater than 0"),
         ({"hw_decoder_load": 1.5}, "less than or equal to 1"),
-        ({"cpu_decode_share": -0.1}, "greater than or equal to 0"),
-        ({"cpu_decode_share": 1.5}, "less than or equal to 1"),
+        ({"cpu_decode_share": -0.1}, "VIT_CPU_DECODE_SHARE must be auto or a share from 0 to 1, got -0.1"),
+        ({"cpu_decode_share": "1.5"}, "VIT_CPU_DECODE_SHARE must be auto or a share from 0 to 1, got '1.5'"),
+        ({"cpu_decode_share": "half"}, "VIT_CPU_DECODE_SHARE must be auto or a share from 0 to 1, got 'half'"),
+        ({"cpu_decode_share_start": 2}, "less than or equal to 1"),
         ({"api_keys": " , ,"}, "VIT_API_KEYS holds no key, only commas"),  # else the service would be open
     ],
 )

@@ -18,6 +18,7 @@ from app.core.contract.request import AttentionKind
 from app.core.images.gpu_decode import GpuJpegDecoder, Jpeg, blank_jpeg
 from app.telemetry.statistics import BatchTiming
 from model.checkpoint import Checkpoint
+from model.preprocessing import EvalTransform
 from model.rollout import GRADIENT, Readout, attention_map, gradient_attention_map
 from model.vit import ViT
 from model.zero_shot import ZeroShot
@@ -32,7 +33,9 @@ PRECISIONS: dict[torch.dtype, Precision] = {
 
 @dataclass(frozen=True)
 class ImageInput:
-    pixels: Tensor | Jpeg  # (C, S, S) float32, normalised; or a JPEG the GPU decodes with its batch
+    # (C, S, S) float32, normalised; uint8, resized but not yet scaled (the device normalises it); or a JPEG the
+    # GPU decodes with its batch
+    pixels: Tensor | Jpeg
     attention: AttentionKind
     target: int | None = None  # the class a gradient map explains (None: the top-1 class)
     embedding: bool = False  # also return the embedding the head receives
@@ -123,6 +126,7 @@ class Predictor:
         self.computing = threading.Lock()
         self.decode_stream = torch.cuda.Stream(device) if device.type == "cuda" and jpeg_decoder else None
         self.dtype = inference_dtype(device)
+        self.scale = EvalTransform(checkpoint.preprocessing).scaled  # uint8 pixels -> normalised float32
         self.model = checkpoint.model.to(device=device, dtype=self.dtype).eval()
         config = checkpoint.config
         self.input_shape = (config.in_channels, config.image_size, config.image_size)
@@ -213,23 +217,35 @@ class Predictor:
         return [ImageOutput(row, m, embedding, timing) for row, m, embedding in ordered]
 
     def inputs(self, batch: list[ImageInput]) -> Tensor:
-        """The batch as one tensor on the device: CPU pixels copied over, JPEGs decoded there."""
+        """The batch as one tensor on the device: CPU pixels copied over (uint8 ones scaled and normalised there),
+        JPEGs decoded there."""
         jpegs = [i for i, item in enumerate(batch) if isinstance(item.pixels, Jpeg)]
-        pixels = [i for i, item in enumerate(batch) if not isinstance(item.pixels, Jpeg)]
-        if not jpegs:
-            return self.copied([batch[i].pixels for i in pixels])  # type: ignore[misc]
-        if self.jpeg_decoder is None:
-            raise RuntimeError("a JPEG reached a predictor without a GPU decoder")
+        floats = [i for i, item in enumerate(batch) if is_float(item.pixels)]
+        if not jpegs and len(floats) == len(batch):
+            return self.copied([batch[i].pixels for i in floats])  # type: ignore[misc]
+        uint8s = [i for i, item in enumerate(batch) if isinstance(item.pixels, Tensor) and not is_float(item.pixels)]
         x = torch.empty(len(batch), *self.input_shape, device=self.device, dtype=self.dtype)
-        x[jpegs] = self.jpeg_decoder([batch[i].pixels for i in jpegs]).to(self.dtype)  # type: ignore[misc]
-        if pixels:
-            x[pixels] = self.copied([batch[i].pixels for i in pixels])  # type: ignore[misc]
+        if jpegs:
+            if self.jpeg_decoder is None:
+                raise RuntimeError("a JPEG reached a predictor without a GPU decoder")
+            x[jpegs] = self.jpeg_decoder([batch[i].pixels for i in jpegs]).to(self.dtype)  # type: ignore[misc]
+        if floats:
+            x[floats] = self.copied([batch[i].pixels for i in floats])  # type: ignore[misc]
+        if uint8s:
+            x[uint8s] = self.normalized([batch[i].pixels for i in uint8s]).to(self.dtype)  # type: ignore[misc]
         return x
 
     def copied(self, pixels: list[Tensor]) -> Tensor:
         x = torch.stack(pixels)
         x = x.pin_memory() if self.device.type == "cuda" else x
         return x.to(self.device, self.dtype, non_blocking=True)
+
+    def normalized(self, pixels: list[Tensor]) -> Tensor:
+        """(C, S, S) uint8 pixels as the host's preprocessing stopped them -> (N, C, S, S) float32 on the device,
+        scaled and normalised there as `EvalTransform` would have on the host."""
+        x = torch.stack(pixels)  # (N, C, S, S) uint8: a quarter of float32's bytes to copy
+        x = x.pin_memory() if self.device.type == "cuda" else x
+        return self.scale(x.to(self.device, non_blocking=True))
 
     @torch.inference_mode()
     def forward_weights(self, x: Tensor, items: list[ImageInput], index: list[int]) -> dict[int, Parts]:
@@ -304,6 +320,11 @@ class Predictor:
         seconds = time.perf_counter() - started
         log.info("warmed up batch sizes %s in %.2fs", sizes, seconds)
         return seconds
+
+
+def is_float(pixels: Tensor | Jpeg) -> bool:
+    """Pixels the host normalised already (not uint8 ones the device normalises, nor a JPEG)."""
+    return isinstance(pixels, Tensor) and pixels.dtype.is_floating_point
 
 
 def label_sets(batch: list[ImageInput], indices: list[int]) -> list[list[int]]:

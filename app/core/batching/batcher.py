@@ -104,10 +104,28 @@ class DynamicBatcher(Generic[In, Out]):
         self._incoming = 0  # images of admitted requests not yet submitted (still decoding)
         self._last_batch_s = 0.0
         self._depth_due = False  # a report of the queue's depth is scheduled
+        self._device_bound_s = 0.0  # time images waited while every slot held a batch (`device_bound_s`)
+        self._bound_since: float | None = None  # since when they have been waiting so, now
 
     @property
     def queue_depth(self) -> int:
         return len(self._queue)
+
+    def device_bound_s(self) -> float:
+        """Seconds so far during which images waited while every worker thread held a batch: the time the
+        device (not the images' arrival) held the batches back. Its growth over a span of time, as a share of
+        that span, says how much of it the device was the bound."""
+        now = time.monotonic()
+        return self._device_bound_s + (now - self._bound_since if self._bound_since is not None else 0.0)
+
+    def _mark_bound(self) -> None:
+        """Start or stop counting `device_bound_s` as images wait, or not, with every slot taken."""
+        bound = bool(self._queue) and len(self._running) >= self.in_flight
+        if bound and self._bound_since is None:
+            self._bound_since = time.monotonic()
+        elif not bound and self._bound_since is not None:
+            self._device_bound_s += time.monotonic() - self._bound_since
+            self._bound_since = None
 
     async def wait_idle(self) -> None:
         """Until nothing is queued, arriving or computing (at once when that is so now)."""
@@ -186,6 +204,7 @@ class DynamicBatcher(Generic[In, Out]):
     def _queue_items(self, payloads: Sequence[In], request: Request[Out]) -> None:
         now = time.monotonic()
         self._queue.extend(Pending(payload, request, i, now) for i, payload in enumerate(payloads))
+        self._mark_bound()
         self._idle.clear()
         self._arrived.set()
         if not self._depth_due:  # the gauge once per go of the event loop, not once per request
@@ -235,9 +254,11 @@ class DynamicBatcher(Generic[In, Out]):
             running = asyncio.create_task(self._run(batch))
             self._running.add(running)
             running.add_done_callback(self._ran)
+            self._mark_bound()
 
     def _ran(self, task: asyncio.Task[None]) -> None:
         self._running.discard(task)
+        self._mark_bound()
         self._slots.release()
         self._arrived.set()  # the loop looks again: the batcher may be idle now
         if not task.cancelled() and (e := task.exception()) is not None:
@@ -287,6 +308,7 @@ class DynamicBatcher(Generic[In, Out]):
         while batch:
             await self._compute(batch)
             batch = self._take_batch() if self._ready() else []
+            self._mark_bound()
             if batch:
                 self._report_depth()
 

@@ -28,6 +28,7 @@ from app.core.batching.batcher import BatchObserver, DynamicBatcher
 from app.core.contract.description import ModelDescription, numeric_version
 from app.core.contract.errors import TIMED_OUT, InvalidInput, RequestTimeout
 from app.core.contract.request import AttentionKind, DecodedImage, EncodedImage, InferOptions, owned
+from app.core.engine.decode_share import DecodeShare
 from app.core.engine.drift import DriftWatch, Watching
 from app.core.images.gpu_decode import GpuJpegDecoder, Jpeg, jpeg_decoder_for
 from app.core.images.prepare import ImagePreparer, Prepared
@@ -60,6 +61,8 @@ class ServedModel:
     preparer: ImagePreparer
     batcher: DynamicBatcher[ImageInput, ImageOutput]
     labels: LabelEmbeddings | None = None  # a zero-shot model's text tower, behind its cache
+    # the share of its JPEGs decoded on the host's cores (a model whose GPU decodes them)
+    decode_share: DecodeShare | None = None
     retired: bool = False  # replaced or unloaded: admits nothing new
     successor: ServedModel | None = None  # the version that replaced it
 
@@ -86,9 +89,8 @@ class ServedModel:
         )
         # plain JPEGs are left encoded only for a predictor that decodes them (a fallback to torch has none)
         gpu_jpegs = predictor.jpeg_decoder is not None
-        preparer = ImagePreparer(
-            p, settings.max_image_pixels, settings.jpeg_draft, gpu_jpegs, settings.cpu_decode_share
-        )
+        on_gpu = predictor.device.type == "cuda"  # pixels made on the host travel as uint8, normalised there
+        preparer = ImagePreparer(p, settings.max_image_pixels, settings.jpeg_draft, gpu_jpegs, uint8=on_gpu)
         z = checkpoint.zero_shot
         classes = f"{len(checkpoint.classes)} classes"
         if z is not None:
@@ -120,11 +122,23 @@ class ServedModel:
         observer: BatchObserver = metrics
         if checkpoint.reference is not None and s.drift_window > 0:  # its drift window, fed a batch at a time
             observer = Watching(metrics, DriftWatch(checkpoint.reference, s.drift_window, metrics.drift_gauges))
+        decode_share = None
+        if gpu_jpegs:  # the host's cores take a share of the JPEGs the GPU would decode: fixed, or found
+            decode_share = DecodeShare(
+                name,
+                s.cpu_decode_share,
+                s.cpu_decode_share_start,
+                observer,
+                metrics.cpu_decode_share,
+                lambda: batcher.device_bound_s(),  # the batcher made next: it reports to this share
+            )
+            decode_share.follow(preparer.set_cpu_share)
+            observer = decode_share
         batcher = DynamicBatcher(predictor, s.max_batch_size, s.max_wait_ms, s.max_queue, observer, traced, in_flight)
         labels = None
         if checkpoint.zero_shot is not None:
             labels = LabelEmbeddings(checkpoint.zero_shot, s.text_cache_labels, metrics.text_embeddings)
-        return cls(name, checkpoint, predictor, preparer, batcher, labels)
+        return cls(name, checkpoint, predictor, preparer, batcher, labels, decode_share)
 
     @staticmethod
     def build_predictor(

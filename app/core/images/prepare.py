@@ -30,7 +30,9 @@ from model.preprocessing import EvalTransform, Preprocessing
 class Preprocessor:
     """Resize per the checkpoint's policy, scale to [0, 1], normalise -> (C, S, S) float32.
 
-    It is the evaluation transform the model was scored with, so served and measured accuracy agree.
+    It is the evaluation transform the model was scored with, so served and measured accuracy agree. For a model
+    on a GPU it stops at the resized (C, S, S) uint8 pixels (`pixels`): the device scales and normalises them with
+    their batch (`Predictor`), a quarter of the bytes to move and no float work on the host.
     """
 
     def __init__(self, p: Preprocessing) -> None:
@@ -41,18 +43,26 @@ class Preprocessor:
         x: Tensor = self.transform(image)
         return x
 
+    def pixels(self, image: Image.Image) -> Tensor:
+        """Resized and cropped, not yet scaled: (C, S, S) uint8."""
+        return self.transform.pixels(image)
+
 
 @dataclass(frozen=True)
 class Prepared:
     filename: str
     image: Image.Image | None  # kept only when an overlay is drawn
-    pixels: Tensor | Jpeg  # a plain JPEG stays encoded when the GPU decodes it
+    # (C, S, S) float32 normalised, or uint8 for a device that normalises (`uint8`); a plain JPEG stays encoded
+    # when the GPU decodes it
+    pixels: Tensor | Jpeg
 
 
 class ImagePreparer:
     """One model version's way from a file to its input: decode (a large JPEG scaled inside libjpeg when
     `jpeg_draft`), check, preprocess; a plain JPEG is only checked when `gpu_jpegs` (nvJPEG decodes it), except
-    for `cpu_share` of them, every file in turn, which are decoded here too (VIT_CPU_DECODE_SHARE)."""
+    for `cpu_share` of them, every file in turn, which are decoded here too (VIT_CPU_DECODE_SHARE: a number, or
+    the share the engine's `DecodeShare` chose, set as it moves). With `uint8` (a model on a GPU), pixels stop
+    before scaling: the device normalises them with their batch."""
 
     def __init__(
         self,
@@ -61,6 +71,7 @@ class ImagePreparer:
         jpeg_draft: bool,
         gpu_jpegs: bool,
         cpu_share: float = 0.0,
+        uint8: bool = False,
     ) -> None:
         self.preprocessor = Preprocessor(preprocessing)
         self.channels = preprocessing.channels
@@ -68,6 +79,7 @@ class ImagePreparer:
         self.draft_to = preprocessing.resize_size if jpeg_draft else None
         self.gpu_jpegs = gpu_jpegs
         self.cpu_share = cpu_share
+        self.uint8 = uint8
         self.cpu_credit = 0.0  # the share owed to the CPU so far: a file goes there each time it reaches 1
 
     def prepare(self, image: EncodedImage | DecodedImage, keep_image: bool, leave_jpeg: bool = True) -> Prepared:
@@ -79,7 +91,8 @@ class ImagePreparer:
         # An overlay is drawn on the image as sent: decoded in full.
         draft_to = None if keep_image else self.draft_to
         decoded = load_image(header, image.filename, self.channels, draft_to)
-        return Prepared(image.filename, decoded if keep_image else None, self.preprocessor(decoded))
+        pixels = self.preprocessor.pixels(decoded) if self.uint8 else self.preprocessor(decoded)
+        return Prepared(image.filename, decoded if keep_image else None, pixels)
 
     async def prepare_all(
         self, images: Sequence[EncodedImage | DecodedImage], keep_images: bool, pool: Executor
@@ -117,6 +130,10 @@ class ImagePreparer:
         markers are read, so that a file has one whichever way it goes; it leaves out their few microseconds."""
         with child_span("decode", {"vit.image.filename": image.filename, "vit.image.bytes": len(image.data)}):
             return Prepared(image.filename, None, Jpeg(image.data, image.filename))
+
+    def set_cpu_share(self, share: float) -> None:
+        """The share of plain JPEGs decoded here from now on (the engine's `DecodeShare` moved it)."""
+        self.cpu_share = share
 
     def decode_here(self) -> bool:
         """Whether this plain JPEG is the CPU's turn: `cpu_share` of them, spread evenly over the files."""

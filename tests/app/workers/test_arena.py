@@ -66,6 +66,8 @@ def test_inputs_reach_the_engine_as_written_and_the_region_holds_the_outputs(tmp
             EncodedImage("a.png", b"png bytes"),
             DecodedImage("b.jpg", b"jpeg bytes" * 20, "1", torch.rand(3, 8, 8), 0.25),
             DecodedImage("c.jpg", b"plain jpeg", "1", None, 0.5),  # a checked JPEG the GPU decodes
+            # pixels for a model on a GPU: uint8, normalised there
+            DecodedImage("d.jpg", b"jpeg", "1", torch.randint(0, 256, (3, 8, 8), dtype=torch.uint8), 0.5),
         ]
         options = InferOptions("rollout", embedding=True)
         stored = write_inputs(owner, files, MODEL, options)
@@ -80,7 +82,7 @@ def test_inputs_reach_the_engine_as_written_and_the_region_holds_the_outputs(tmp
                 assert isinstance(g, DecodedImage) and (g.version, g.decode_s) == (f.version, f.decode_s)
                 assert (g.pixels is None) == (f.pixels is None)
                 if f.pixels is not None:
-                    torch.testing.assert_close(g.pixels, f.pixels)
+                    torch.testing.assert_close(g.pixels, f.pixels, atol=0, rtol=0)  # the dtype too
         assert viewed(stored.images) == (stored.region is not None)  # prepared files stay in the arena
         del got
         pixels = torch.rand(2, 3, 8, 8)

@@ -7,6 +7,7 @@ import torch
 
 from app.core.backends.predictor import ImageInput, Predictor, batch_sizes, inference_dtype, resolve_backend
 from model.checkpoint import load_checkpoint
+from model.preprocessing import Preprocessing
 from model.rollout import attention_map
 from tests.support.checkpoints import write_tiny_checkpoint
 
@@ -51,6 +52,25 @@ def test_outputs_are_the_models_in_input_order_whatever_each_image_asks(predicto
         if kind in ("rollout", "last"):
             mine = attention_map([a[i : i + 1] for a in attentions], kind, predictor.model.readout)[0]
             torch.testing.assert_close(out.attention_map, mine, atol=1e-5, rtol=0)
+
+
+def test_uint8_pixels_are_scaled_and_normalised_with_their_batch_as_the_host_would(predictor: Predictor) -> None:
+    """Pixels a host prepared for a GPU model stop at uint8 (a quarter of the bytes to move); the predictor scales
+    and normalises them on its device, to the same input as `EvalTransform` on the host, in a batch that also
+    holds pixels the host normalised."""
+    from model.preprocessing import EvalTransform
+
+    p = Preprocessing(predictor.input_shape[1], 3, (0.5, 0.4, 0.3), (0.2, 0.25, 0.3))
+    predictor.scale = EvalTransform(p).scaled
+    raw = torch.randint(0, 256, (4, *predictor.input_shape), dtype=torch.uint8)
+    on_host = EvalTransform(p).scaled(raw)  # what the host sends when it normalises
+    mixed = [ImageInput(raw[0], "none"), ImageInput(on_host[1], "none"), ImageInput(raw[2], "rollout")]
+    mixed.append(ImageInput(raw[3], "none"))
+    torch.testing.assert_close(predictor.inputs(mixed), on_host, atol=0, rtol=0)
+    outputs = predictor(mixed)
+    expected = predictor([ImageInput(x, item.attention) for x, item in zip(on_host, mixed, strict=True)])
+    for got, want in zip(outputs, expected, strict=True):
+        torch.testing.assert_close(got.probabilities, want.probabilities, atol=0, rtol=0)
 
 
 def test_a_gradient_map_explains_the_asked_class(predictor: Predictor) -> None:

@@ -144,3 +144,20 @@ async def test_the_cpu_share_carries_over_from_one_request_to_the_next() -> None
     with ThreadPoolExecutor(1) as pool:
         answers = [(await preparer.prepare_all([EncodedImage("a.jpg", data)], False, pool))[0] for _ in range(8)]
     assert [isinstance(a.pixels, torch.Tensor) for a in answers] == [False, False, False, True] * 2
+
+
+@pytest.mark.parametrize("resize_backend", ["tensor", "pil"])
+def test_pixels_for_a_gpu_stop_at_uint8_and_scale_to_the_cpu_paths(resize_backend: str) -> None:
+    """With `uint8` (a model on a GPU) the host resizes and crops, and leaves scaling and normalising to the device:
+    those pixels, scaled as the predictor scales them, are the CPU path's exactly."""
+    from model.preprocessing import EvalTransform
+
+    p = Preprocessing(32, 3, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25), "center_crop", 0.875, resize_backend=resize_backend)  # type: ignore[arg-type]
+    data = encode(photo(), "PNG")
+    prepared = ImagePreparer(p, LIMIT, jpeg_draft=True, gpu_jpegs=True, uint8=True).prepare(
+        EncodedImage("a.png", data), False
+    )
+    assert isinstance(prepared.pixels, torch.Tensor) and prepared.pixels.dtype == torch.uint8
+    assert tuple(prepared.pixels.shape) == (3, 32, 32)
+    full = ImagePreparer(p, LIMIT, jpeg_draft=True, gpu_jpegs=True).prepare(EncodedImage("a.png", data), False)
+    torch.testing.assert_close(EvalTransform(p).scaled(prepared.pixels), full.pixels, atol=0, rtol=0)

@@ -1,0 +1,186 @@
+"""Where a GPU model's plain JPEGs are decoded: the share the host's cores take, and the controller that finds it.
+
+On a GPU, every decoder (nvJPEG, the JPEG engines' kernels) runs on the SMs the forward fills; the host's cores are
+the one decoder that costs the GPU nothing, at some thousand times the CPU. The share that serves the most is where
+the two run out together: decode less on the host and the device holds the batches back; decode more and the
+host's cores do, while the device waits for images. Which share that is depends on the model (a faster forward
+leaves the decoders less of the GPU), the host's cores and what else spends them, and the images, so with
+VIT_CPU_DECODE_SHARE=auto it is measured, over windows of `WINDOW_S`, from what the engine sees of its batches:
+
+- how much of the window images waited while every worker thread held a batch (`DynamicBatcher.device_bound_s`):
+  the device was the bound for that part;
+- how long the batches waited for their decoding (`BatchTiming.input_s` against the forward's `infer_s`): whether
+  there is decoding left on the device to move;
+- the host's pools, seen in what the device does: when their cores run out, images stop queueing for the device.
+
+A window where the device held images back for more than `BOUND_HIGH` of it, with decoding to move, says the share
+is too low; one where it held them back for less than `BOUND_LOW` says it is too high (the host is the bound, or the
+traffic is light and the GPU has room to decode); in between, the two ran out together: that share is kept. The
+search brackets the best share between the highest share found too low and the lowest found too high, stepping
+out (doubling) until it has both and halving the bracket after, and keeps the bracket's low end once it is
+narrower than `STEP_MIN`: below the best share the device's bound costs a little throughput per step, above it the
+host's cores, at some thousand times the device's cost per image, cost much more. The window after a move is not
+read (the queues of the share before it are still draining). Kept, the share is watched: a window too high
+searches down at once (a faster forward, cheaper traffic); every `PROBE_S` the share one step up is tried, since a
+share too low looks the same as the best one from where it stands. A fixed number overrides all of this.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+from app.core.batching.batcher import BatchObserver
+from app.telemetry.statistics import BatchTiming
+
+log = logging.getLogger("app")
+
+WINDOW_S = 1.0  # seconds of batches each decision reads
+MIN_BATCHES = 4  # fewer batches in a window: too little traffic to read anything from
+BOUND_HIGH = 0.6  # the device held images back for more of a window than this: the share is too low
+BOUND_LOW = 0.3  # ... for less than this: too high
+DECODING_MIN = 0.05  # the batches' decoding, as a share of the device's time, below which none is worth moving
+STEP_START = 0.1  # the first step out from where it stands
+STEP_MIN = 0.05  # a bracket this narrow is found: its low end is kept
+PROBE_S = 15.0  # a kept share tries the one a step up this often
+
+ShareSetting = float | Literal["auto"]
+
+
+class DecodeShare:
+    """The share of a model's plain JPEGs decoded on the host's cores, fixed or (`auto`) moved by what its
+    batches measure. A batcher's observer (passing each batch on to `inner`); `followers` are told each new share
+    (the engine's own `ImagePreparer`), the gauge shows it, and a log line says why it moved."""
+
+    def __init__(
+        self,
+        model: str,
+        setting: ShareSetting,
+        start: float,
+        inner: BatchObserver,
+        gauge: Any,
+        device_bound_s: Callable[[], float],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.model = model
+        self.auto = setting == "auto"
+        self.share = start if setting == "auto" else float(setting)
+        self.inner = inner
+        self.gauge = gauge
+        self.device_bound_s = device_bound_s
+        self.clock = clock
+        self.followers: list[Callable[[float], None]] = []
+        self.low: float | None = None  # the highest share seen too low (the device the bound)
+        self.high: float | None = None  # the lowest seen too high (the host the bound)
+        self.step = STEP_START
+        self.kept_since: float | None = None  # when the share in force was found, while it is kept
+        self.settling = False  # the window after a move: not read
+        self.gauge.set(self.share)
+        self.window_start = clock()
+        self.window_bound = 0.0  # the batcher's count, which starts at 0 with it
+        self.batches = 0
+        self.decoding_s = 0.0
+        self.device_s = 0.0
+
+    def follow(self, follower: Callable[[float], None]) -> None:
+        """`follower` told the share now and at every move."""
+        self.followers.append(follower)
+        follower(self.share)
+
+    # BatchObserver
+    def batch_done(self, size: int, seconds: float, outputs: Sequence[object]) -> None:
+        self.inner.batch_done(size, seconds, outputs)
+        if not self.auto:
+            return
+        timing = getattr(outputs[0], "batch", None) if outputs else None
+        self.batches += 1
+        if isinstance(timing, BatchTiming):
+            self.decoding_s += timing.input_s
+            self.device_s += timing.input_s + timing.infer_s
+        now = self.clock()
+        if now - self.window_start >= WINDOW_S:
+            self.decide(now)
+
+    def dropped(self, reason: str, count: int) -> None:
+        self.inner.dropped(reason, count)
+
+    def queue_depth(self, depth: int) -> None:
+        self.inner.queue_depth(depth)
+
+    def decide(self, now: float) -> None:
+        """The window that ends now read, the share moved (or not), and the next window begun."""
+        bound_s = self.device_bound_s()
+        bound = (bound_s - self.window_bound) / (now - self.window_start)
+        decoding = self.decoding_s / self.device_s if self.device_s > 0 else 0.0
+        enough, settling = self.batches >= MIN_BATCHES, self.settling
+        self.window_start, self.window_bound = now, bound_s
+        self.batches, self.decoding_s, self.device_s = 0, 0.0, 0.0
+        self.settling = False
+        if not enough or settling:
+            return
+        if bound > BOUND_HIGH and decoding >= DECODING_MIN and self.share < 1.0:
+            self.too_low(
+                now, f"the device held images back {bound:.0%} of a second, {decoding:.0%} of its time decoding"
+            )
+        elif bound < BOUND_LOW and self.share > 0.0:
+            self.too_high(f"the device held images back {bound:.0%} of a second")
+        elif self.kept_since is None:  # the two ran out together here
+            self.keep(now, self.share, f"the device held images back {bound:.0%} of a second")
+
+    def too_low(self, now: float, why: str) -> None:
+        s = self.share
+        self.low = s
+        if self.high is not None and self.high <= s:
+            self.high = None  # the best share has moved up since
+        if self.kept_since is not None:  # kept here: a device held back is what it expects of the best share
+            if now - self.kept_since < PROBE_S:
+                return
+            self.high, self.step = None, STEP_MIN  # the probe: one small step up
+        self.next_share(now, why)
+
+    def too_high(self, why: str) -> None:
+        s = self.share
+        self.high = s
+        if self.low is not None and self.low >= s:
+            self.low = None  # the best share has moved down since
+        self.kept_since = None
+        self.next_share(None, why)
+
+    def next_share(self, now: float | None, why: str) -> None:
+        """Halve the bracket when there is one; else step out from the share in force, doubling each time."""
+        if self.low is not None and self.high is not None:
+            if self.high - self.low <= STEP_MIN + 1e-9:
+                self.keep(now, self.low, why)
+                return
+            target = (self.low + self.high) / 2
+        elif self.low is not None:
+            target, self.step = self.share + self.step, min(1.0, self.step * 2)
+        else:
+            target, self.step = self.share - self.step, min(1.0, self.step * 2)
+        self.kept_since = None
+        self.move(round(min(1.0, max(0.0, target)), 3), why)
+
+    def keep(self, now: float | None, share: float, why: str) -> None:
+        """`share` found: kept from now on (watched, and probed a step up every PROBE_S)."""
+        self.kept_since = now if now is not None else self.clock()
+        self.step = STEP_START
+        if share != self.share:
+            self.move(share, why)
+
+    def move(self, share: float, why: str) -> None:
+        before, self.share = self.share, share
+        self.settling = True
+        self.gauge.set(share)
+        for follower in self.followers:
+            follower(share)
+        kept = " (kept)" if self.kept_since is not None else ""
+        log.info(
+            "model %s: JPEGs decoded on the host's cores %.2f -> %.2f of them%s: %s",
+            self.model,
+            before,
+            share,
+            kept,
+            why,
+        )
