@@ -4,6 +4,7 @@ the CPU time of every process per image, and what that could feed on the H100 ho
     python -m bench.stand_in --model vit-b16 --route v2 --workers 1 2 4 --seconds 15
     python -m bench.stand_in --model vit-b16 --route predict --workers 1 4 --json /tmp/predict.json
     python -m bench.stand_in --route v2 --workers 2 --seconds 8 --trees . /tmp/before --repeats 3
+    python -m bench.stand_in --shares 0 0.25 0.5 0.75 1 auto --model vit-b16   # see bench/stand_in_shares.py
 
 With `--trees`, each checkout's service (`git worktree add /tmp/before REV`) is measured in turn, the trees
 alternating `--repeats` times (`bench.rounds`), and a table gives each tree's CPU µs per image by role and img/s,
@@ -101,6 +102,22 @@ def parse_args() -> argparse.Namespace:
         default=0.0,
         help="VIT_CPU_DECODE_SHARE: the share of plain JPEGs the front-ends decode with PIL; the device decodes the "
         "rest (not with --replay, whose engine takes every JPEG encoded)",
+    )
+    p.add_argument(
+        "--shares",
+        nargs="+",
+        help="VIT_CPU_DECODE_SHARE values, numbers and auto, measured against each other over V2 on a stand-in "
+        "--slower times as long as the H200 (bench/stand_in_shares.py); the other options but --model, --seconds, "
+        "--repeats and --json are not used",
+    )
+    p.add_argument(
+        "--slower",
+        type=float,
+        help="with --shares: how much slower than the H200 the stand-in runs (default: as this machine's cores to a "
+        "16-core GPU host's, by PIL's one-core rate)",
+    )
+    p.add_argument(
+        "--settle", type=float, default=20.0, help="with --shares: seconds auto settles before it is measured"
     )
     p.add_argument("--trees", type=Path, nargs="+", help="checkouts to compare, each serving its own code")
     p.add_argument("--repeats", type=int, default=1, help="runs of each tree, alternating (with --trees)")
@@ -204,6 +221,11 @@ def projected_again(entry: dict[str, Any], machine: str) -> dict[str, Any]:
 
 def main() -> None:
     args = parse_args()
+    if args.shares:
+        from bench import stand_in_shares
+
+        stand_in_shares.run(args)
+        return
     if args.project_only:
         target = args.json or RESULTS / "stand-in-cpu.json"
         # entries from before the machine was recorded: the one their page names

@@ -101,6 +101,14 @@ def batch_counters(url: str) -> tuple[float, float] | None:
     return (sum(map(float, images)), sum(map(float, batches))) if images and batches else None
 
 
+def cpu_decode_share(url: str) -> float | None:
+    """The share of the first model's plain JPEGs decoded on the host's cores now (`vit_cpu_decode_share` in
+    /metrics), None where no model shows one (a CPU host)."""
+    text = httpx.get(url + "/metrics", timeout=5).text
+    found = re.search(r"^vit_cpu_decode_share\{[^}]*\} (\S+)$", text, re.MULTILINE)
+    return float(found.group(1)) if found else None
+
+
 def start_hey(
     url: str,
     seconds: float,

@@ -40,8 +40,9 @@ from typing import IO, Any
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("app", "model", "bench", "evaluation", "harness")  # this checkout's: what a fork may run
 PRELOADED = ("app.startup", "app.server", "torchvision")  # what `python -m app` imports, and the model's commands
-# pytest's name of the test running; and torch's compiler cache, which torch reads (and sets) when it compiles
-READ_AT_RUN_TIME = ("VIT_", "OTEL_", "PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR")
+# pytest's name of the test running; torch's compiler cache, which torch reads (and sets) when it compiles; and the
+# device stand-in's, which harness.stand_in_app reads as it runs (afresh, as __main__)
+READ_AT_RUN_TIME = ("VIT_", "OTEL_", "STAND_IN_", "PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR")
 # a library's variables, and the library that reads them (as it loads, or once loaded): open_clip's import sets
 # TOKENIZERS_PARALLELISM in a test process that converts a CLIP model
 READ_AT_IMPORT = {"HF_": "huggingface_hub", "TOKENIZERS_": "tokenizers"}

@@ -30,6 +30,7 @@ import contextlib
 import dataclasses
 import fcntl
 import json
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ from app.choices import DecodedOn, Precision
 from app.core.backends.predictor import ImageInput, ImageOutput, graph_sizes
 from app.core.images.gpu_decode import Jpeg
 from app.telemetry.statistics import BatchTiming
+from harness.server import ROOT, ServerProcess, free_port
 from model.checkpoint import Checkpoint
 
 NVJPEG_IMAGES_PER_S = 13_921.0  # decode and resize on the GPU, batches of 64, 500x375 JPEGs (docs/performance.md)
@@ -278,3 +280,29 @@ def install(model: str, max_batch_size: int, slower: float = 1.0, switch: Path |
         return StandInPredictor(checkpoint, Device(DeviceTimes(model, max_batch_size, slower=slower), switch=switch))
 
     ServedModel.build_predictor = staticmethod(build_predictor)  # type: ignore[method-assign, assignment]
+
+
+def stand_in_server(
+    checkpoint: Path, model: str, slower: float = 1.0, switch: Path | None = None, cwd: Path | None = None, **env: str
+) -> ServerProcess:
+    """`python -m harness.stand_in_app` serving `checkpoint` (under its stem) over the stand-in timed as `model`,
+    `slower` times as long, on a free port, with the settings of the GPU benchmark's served sweep (batches of up to
+    256 within 5 ms, room for 8,192 images) and `env` over them; started, not yet waited for (`with` waits)."""
+    port = free_port()
+    settings = {
+        "STAND_IN_MODEL": model,
+        "STAND_IN_SLOWER": str(slower),
+        "STAND_IN_SWITCH": str(switch or ""),
+        "VIT_WEIGHTS": str(checkpoint),
+        "VIT_DEVICE": "cpu",
+        "VIT_BACKEND": "torch",
+        "VIT_MAX_BATCH_SIZE": "256",
+        "VIT_MAX_WAIT_MS": "5",
+        "VIT_MAX_QUEUE": "8192",
+        "VIT_MAX_FILES": "64",
+        "VIT_LOG_LEVEL": "warning",
+        "VIT_GRPC_PORT": "0",
+        **env,
+    }
+    argv = [sys.executable, "-m", "harness.stand_in_app", "--host", "127.0.0.1", "--port", str(port)]
+    return ServerProcess(argv, settings, port, cwd=cwd or ROOT)

@@ -23,7 +23,7 @@ from bench.gpu.report import summarize_profile
 from bench.run import check_peer
 from harness.cpu import process_cpu_s
 from harness.images import photo_jpeg
-from harness.load import ServerProcess, run_hey, start_litserve
+from harness.load import ServerProcess, cpu_decode_share, run_hey, start_litserve
 from harness.models import VIT_S16_PREPROCESSING
 from harness.server import Server
 from model.checkpoint import save_checkpoint
@@ -145,14 +145,6 @@ def start_server(args: argparse.Namespace, checkpoint: Path, variant: str) -> Se
         # every variant before the share's sweep decoded on the GPU alone: they measure that still
         **{"VIT_CPU_DECODE_SHARE": "0", **VARIANTS[variant]},
     )
-
-
-def decode_share(url: str) -> float | None:
-    """The share of plain JPEGs decoded on the host's cores now (`vit_cpu_decode_share`), None where not shown."""
-    for line in httpx.get(url + "/metrics").text.splitlines():
-        if line.startswith("vit_cpu_decode_share{"):
-            return float(line.rsplit(" ", 1)[1])
-    return None
 
 
 def batch_totals(url: str, name: str) -> dict[str, int]:
@@ -328,7 +320,7 @@ def served(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
                         f"{variant} V2 x{args.images_per_request}",
                         v2_headers,
                     ),
-                    "cpu_decode_share": decode_share(server.url),  # where the loads left it (auto moves it)
+                    "cpu_decode_share": cpu_decode_share(server.url),  # where the loads left it (auto moves it)
                 }
             finally:
                 log = server.stop()

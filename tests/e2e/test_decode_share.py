@@ -1,0 +1,144 @@
+"""VIT_CPU_DECODE_SHARE=auto against the service over the device stand-in, the host's decoding real CPU work.
+
+The stand-in's device runs a batch's decoding and its forward in turn, as on the SMs, here `SLOWER` times as long
+as the H200's: this machine's two cores then stand to it as a GPU host's sixteen to the H200, so that the share
+serving most lies between 0 and 1 (docs/performance.md, "Where JPEGs are decoded on a GPU host"). Each test loads
+the service with `hey` (V2, eight 500x375 JPEGs a request) and reads the share in force from /metrics.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.gpu.serving import bodies
+from harness.load import cpu_decode_share, run_hey, start_hey
+from harness.models import VIT_S16_PREPROCESSING
+from harness.server import ServerProcess
+from harness.stand_in import stand_in_server
+from model.checkpoint import save_checkpoint
+from model.vit import ViT, ViTConfig
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+if shutil.which("hey") is None and not os.environ.get("CI"):
+    pytest.skip("needs the hey load generator (apt-get install hey); bin/test installs it", allow_module_level=True)
+
+SLOWER = 20  # the stand-in's device this many times slower than the H200
+CONCURRENCY = 16  # hey's workers: 128 images in flight
+SETTLE_S = 20  # the stated time: by then auto has reached the best share, from 0 or from 1
+NEAR = 0.9  # fixed shares that served this share of the most are all "the best" (the machine is shared and noisy)
+FLOOR = 0.8  # auto, settled, serves at least this share of the best fixed share's img/s (the lowest share's: 0.7)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 224-pixel checkpoint of ViT-S/16's preprocessing (the stand-in times the forward, the weights are not run)
+    and the V2 body."""
+    folder = tmp_path_factory.mktemp("decode-share")
+    torch.manual_seed(0)
+    config = ViTConfig(image_size=224, patch_size=16, dim=32, depth=1, heads=2, num_classes=10)
+    save_checkpoint(folder / "m.safetensors", ViT(config).eval(), [f"c{i}" for i in range(10)], VIT_S16_PREPROCESSING)
+    bodies(folder, 8)
+    return folder
+
+
+def v2_load(server: ServerProcess, folder: Path, seconds: float) -> float:
+    """img/s served over `seconds` of V2 requests."""
+    _, headers = bodies(folder, 8)
+    r = run_hey(
+        server.url + "/v2/models/m/infer", folder / "v2", "application/octet-stream", CONCURRENCY, seconds, headers
+    )
+    assert r.errors == 0, r
+    return r.requests_per_s * 8
+
+
+def served(folder: Path, share: str, start: float = 0.0, switch: Path | None = None) -> ServerProcess:
+    return stand_in_server(
+        folder / "m.safetensors",
+        "vit-b16",
+        SLOWER,
+        switch,
+        VIT_CPU_DECODE_SHARE=share,
+        VIT_CPU_DECODE_SHARE_START=str(start),
+        VIT_LOG_LEVEL="info",
+    )
+
+
+@pytest.fixture(scope="module")
+def fixed_shares(folder: Path) -> dict[float, float]:
+    """img/s at each fixed share, 0 to 1 by quarters: the sweep auto is measured against."""
+    rates = {}
+    for share in (0.0, 0.25, 0.5, 0.75, 1.0):
+        with served(folder, str(share)) as server:
+            rates[share] = v2_load(server, folder, 4)
+    print(f"fixed shares, img/s: {rates}")
+    return rates
+
+
+def shares_under_load(server: ServerProcess, folder: Path, seconds: float, every: float = 0.5) -> list[float]:
+    """The share in force every `every` seconds while `hey` loads the service for `seconds`."""
+    _, headers = bodies(folder, 8)
+    hey = start_hey(
+        server.url + "/v2/models/m/infer", seconds, CONCURRENCY, folder / "v2", "application/octet-stream", headers
+    )
+    shares = []
+    try:
+        while hey.poll() is None:
+            time.sleep(every)
+            share = cpu_decode_share(server.url)
+            assert share is not None
+            shares.append(share)
+    finally:
+        hey.communicate()
+    return shares
+
+
+def near_best(fixed: dict[float, float]) -> tuple[float, float]:
+    """The shares, between the lowest and the highest of those that served within NEAR of the most, widened by half a
+    step of the sweep: where the best share lies, as far as a sweep on a shared machine can say."""
+    best = max(fixed.values())
+    near = [share for share, rate in fixed.items() if rate >= NEAR * best]
+    return min(near) - 0.125, max(near) + 0.125
+
+
+def settles(folder: Path, fixed: dict[float, float], start: float, server: ServerProcess) -> list[float]:
+    """SETTLE_S under load from `start`: it leaves its start, ends where the sweep's best share lies, and then serves
+    at least FLOOR of the best fixed share's img/s. The shares it went through."""
+    shares = shares_under_load(server, folder, SETTLE_S)
+    rate = v2_load(server, folder, 5)
+    low, high = near_best(fixed)
+    print(f"auto from {start}: shares {shares}, then {rate:.0f} img/s; fixed {fixed}, best within {low:.3f}-{high:.3f}")
+    assert any(share != start for share in shares), shares
+    assert low <= shares[-1] <= high, (shares, fixed)
+    assert rate >= FLOOR * max(fixed.values()), (rate, fixed, shares)
+    return shares
+
+
+def test_auto_from_one_settles_where_the_best_fixed_share_lies(folder: Path, fixed_shares: dict[float, float]) -> None:
+    with served(folder, "auto", 1.0) as server:
+        settles(folder, fixed_shares, 1.0, server)
+
+
+def test_auto_from_zero_settles_holds_and_moves_down_when_the_forward_gets_faster(
+    folder: Path, fixed_shares: dict[float, float], tmp_path: Path
+) -> None:
+    """From 0 as from 1; then it holds its share (a probe a step up at most); once the stand-in's forward is
+    ViT-S/16's, 2.5 times faster, the host's cores bind sooner and the share goes down."""
+    switch = tmp_path / "switch"
+    with served(folder, "auto", 0.0, switch) as server:
+        settles(folder, fixed_shares, 0.0, server)
+        held = shares_under_load(server, folder, 10)
+        switch.write_text("vit-s16")
+        after = shares_under_load(server, folder, 16)
+        log = server.read_output()
+    moves = sum(a != b for a, b in itertools.pairwise(held))
+    print(f"held {held}; after the switch {after}")
+    assert moves <= 2, held  # steady: no more than one probe up and back
+    assert max(after[-6:]) < min(held), (held, after)
+    assert "JPEGs decoded on the host's cores" in log
