@@ -46,13 +46,6 @@ VARIANTS: dict[str, dict[str, str]] = {
         "VIT_CUDA_GRAPHS": "true",
         "VIT_WORKERS": "8",
     },
-    # three plain JPEGs in ten decoded by PIL in the front-ends, the rest by nvJPEG (VIT_CPU_DECODE_SHARE)
-    "workers-8-cpu-share-0.3": {
-        "VIT_DECODE": "auto",
-        "VIT_CPU_DECODE_SHARE": "0.3",
-        "VIT_CUDA_GRAPHS": "true",
-        "VIT_WORKERS": "8",
-    },
     # the share of plain JPEGs the front-ends' cores decode, the rest by nvJPEG: fixed, then found (auto)
     **{
         f"workers-8-share-{share}": {

@@ -1,11 +1,12 @@
 """Where a GPU model's plain JPEGs are decoded: the share the host's cores take, and the controller that finds it.
 
 On a GPU, every decoder (nvJPEG, the JPEG engines' kernels) runs on the SMs the forward fills; the host's cores are
-the one decoder that costs the GPU nothing, at some thousand times the CPU. The share that serves the most is where
-the two run out together: decode less on the host and the device holds the batches back; decode more and the
-host's cores do, while the device waits for images. Which share that is depends on the model (a faster forward
-leaves the decoders less of the GPU), the host's cores and what else spends them, and the images, so with
-VIT_CPU_DECODE_SHARE=auto it is measured, over windows of `WINDOW_S`, from what the engine sees of its batches:
+the one decoder that costs the GPU nothing, at a far higher price per image (docs/performance.md, "Where JPEGs are
+decoded on a GPU host"). The share that serves the most is where the two run out together: decode less on the host
+and the device holds the batches back; decode more and the host's cores do, while the device waits for images.
+Which share that is depends on the model (a faster forward leaves the decoders less of the GPU), the host's cores
+and what else spends them, and the images, so with VIT_CPU_DECODE_SHARE=auto it is measured, over windows of
+`WINDOW_S`, from what the engine sees of its batches:
 
 - how much of the window images waited while every worker thread held a batch (`DynamicBatcher.device_bound_s`):
   the device was the bound for that part;
@@ -18,11 +19,11 @@ is too low; one where it held them back for less than `BOUND_LOW` says it is too
 traffic is light and the GPU has room to decode); in between, the two ran out together: that share is kept. The
 search brackets the best share between the highest share found too low and the lowest found too high, stepping
 out (doubling) until it has both and halving the bracket after, and keeps the bracket's low end once it is
-narrower than `STEP_MIN`: below the best share the device's bound costs a little throughput per step, above it the
-host's cores, at some thousand times the device's cost per image, cost much more. The window after a move is not
-read (the queues of the share before it are still draining). Kept, the share is watched: a window too high
-searches down at once (a faster forward, cheaper traffic); every `PROBE_S` the share one step up is tried, since a
-share too low looks the same as the best one from where it stands. A fixed number overrides all of this.
+narrower than `STEP_MIN`: below the best share each step costs the device a little, above it each step costs the
+host's cores, at their far higher price per image, much more. The window after a move is not
+read (the queues of the share before it are still draining). Kept, the share is watched: `LEAVE_AFTER` windows in a
+row too high search down from it (a faster forward, lighter traffic); every `PROBE_S` the shares above it are tried,
+`STEP_MIN` at a time, since a share too low looks the same as the best one from where it stands. A fixed number overrides all of this.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ BOUND_LOW = 0.3  # ... for less than this: too high
 DECODING_MIN = 0.05  # the batches' decoding, as a share of the device's time, below which none is worth moving
 STEP_START = 0.1  # the first step out from where it stands
 STEP_MIN = 0.05  # a bracket this narrow is found: its low end is kept
-PROBE_S = 15.0  # a kept share tries the one a step up this often
+PROBE_S = 30.0  # a kept share tries the one a step up this often
+LEAVE_AFTER = 2  # windows in a row that read a kept share too high before it is left (one may be noise)
 
 ShareSetting = float | Literal["auto"]
 
@@ -76,6 +78,8 @@ class DecodeShare:
         self.high: float | None = None  # the lowest seen too high (the host the bound)
         self.step = STEP_START
         self.kept_since: float | None = None  # when the share in force was found, while it is kept
+        self.kept_too_high = 0  # windows in a row that read the kept share too high
+        self.probing = False  # stepping up from a kept share, a small step at a time
         self.settling = False  # the window after a move: not read
         self.gauge.set(self.share)
         self.window_start = clock()
@@ -120,6 +124,8 @@ class DecodeShare:
         self.settling = False
         if not enough or settling:
             return
+        if not bound < BOUND_LOW:
+            self.kept_too_high = 0
         if bound > BOUND_HIGH and decoding >= DECODING_MIN and self.share < 1.0:
             self.too_low(
                 now, f"the device held images back {bound:.0%} of a second, {decoding:.0%} of its time decoding"
@@ -137,11 +143,16 @@ class DecodeShare:
         if self.kept_since is not None:  # kept here: a device held back is what it expects of the best share
             if now - self.kept_since < PROBE_S:
                 return
-            self.high, self.step = None, STEP_MIN  # the probe: one small step up
+            self.high, self.step, self.probing = None, STEP_MIN, True  # the probe: small steps up
         self.next_share(now, why)
 
     def too_high(self, why: str) -> None:
         s = self.share
+        if self.kept_since is not None:  # kept: left once it reads too high twice, a step at a time at first
+            self.kept_too_high += 1
+            if self.kept_too_high < LEAVE_AFTER:
+                return
+            self.step = STEP_MIN
         self.high = s
         if self.low is not None and self.low >= s:
             self.low = None  # the best share has moved down since
@@ -155,17 +166,17 @@ class DecodeShare:
                 self.keep(now, self.low, why)
                 return
             target = (self.low + self.high) / 2
-        elif self.low is not None:
-            target, self.step = self.share + self.step, min(1.0, self.step * 2)
-        else:
-            target, self.step = self.share - self.step, min(1.0, self.step * 2)
+        else:  # out from here, doubling each step; a probe from a kept share in small steps (it is near the best)
+            target = self.share + (self.step if self.low is not None else -self.step)
+            self.step = self.step if self.probing else min(1.0, self.step * 2)
         self.kept_since = None
         self.move(round(min(1.0, max(0.0, target)), 3), why)
 
     def keep(self, now: float | None, share: float, why: str) -> None:
         """`share` found: kept from now on (watched, and probed a step up every PROBE_S)."""
         self.kept_since = now if now is not None else self.clock()
-        self.step = STEP_START
+        self.kept_too_high = 0
+        self.step, self.probing = STEP_START, False
         if share != self.share:
             self.move(share, why)
 
@@ -175,12 +186,17 @@ class DecodeShare:
         self.gauge.set(share)
         for follower in self.followers:
             follower(share)
-        kept = " (kept)" if self.kept_since is not None else ""
+        if self.kept_since is not None:
+            where = "kept"
+        elif self.low is not None and self.high is not None:
+            where = f"the best between {self.low:.2f} and {self.high:.2f}"
+        else:
+            where = "the best above" if self.low is not None else "the best below"
         log.info(
-            "model %s: JPEGs decoded on the host's cores %.2f -> %.2f of them%s: %s",
+            "model %s: JPEGs decoded on the host's cores %.2f -> %.2f of them (%s): %s",
             self.model,
             before,
             share,
-            kept,
+            where,
             why,
         )

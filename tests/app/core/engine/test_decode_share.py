@@ -6,6 +6,7 @@ real CPU work."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Sequence
 
@@ -116,8 +117,8 @@ def test_followers_are_told_each_move_and_a_log_line_says_why(caplog: pytest.Log
     assert told == [0.0, 0.1, 0.3, 0.7]  # stepping out, doubling; the window after each move not read
     moves = [r.getMessage() for r in caplog.records if "decoded on the host" in r.getMessage()]
     assert moves[0] == (
-        "model m: JPEGs decoded on the host's cores 0.00 -> 0.10 of them: the device held images back 90% of a "
-        "second, 40% of its time decoding"
+        "model m: JPEGs decoded on the host's cores 0.00 -> 0.10 of them (the best above): the device held images "
+        "back 90% of a second, 40% of its time decoding"
     )
 
 
@@ -126,3 +127,17 @@ def test_every_batch_reaches_the_observer_behind_it() -> None:
     share, _ = controller(plant)
     plant.run(share, 2)
     assert share.inner.batches == 40  # type: ignore[attr-defined]
+
+
+def test_a_kept_share_is_probed_upward_and_follows_a_best_share_that_rose() -> None:
+    """Below the best share the device holds images back as it does at the best one, so a kept share cannot see
+    the best move up: it tries the shares above it every PROBE_S, a small step at a time, and follows."""
+    plant = Plant(best=0.3)
+    share, _ = controller(plant)
+    plant.run(share, 20)
+    assert abs(share.share - 0.3) <= plant.band
+    plant.best = 0.6  # lighter images, say: the host's cores now keep up with more
+    shares = plant.run(share, decode_share.PROBE_S + 20)
+    assert abs(shares[-1] - 0.6) <= plant.band, shares
+    steps = [round(b - a, 3) for a, b in itertools.pairwise(shares) if b > a]
+    assert max(steps) <= decode_share.STEP_MIN, shares  # no leap past the best share and back

@@ -161,3 +161,20 @@ def test_pixels_for_a_gpu_stop_at_uint8_and_scale_to_the_cpu_paths(resize_backen
     assert tuple(prepared.pixels.shape) == (3, 32, 32)
     full = ImagePreparer(p, LIMIT, jpeg_draft=True, gpu_jpegs=True).prepare(EncodedImage("a.png", data), False)
     torch.testing.assert_close(EvalTransform(p).scaled(prepared.pixels), full.pixels, atol=0, rtol=0)
+
+
+async def test_a_large_jpeg_of_the_cpus_share_is_drafted_before_it_is_decoded() -> None:
+    """A plain JPEG the host decodes in the GPU's place is decoded as the CPU path decodes it: a phone-sized one
+    scaled inside libjpeg first (VIT_JPEG_DRAFT), then resized; uint8 for the GPU to normalise."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from model.preprocessing import EvalTransform
+
+    data = encode(photo(1600, 1200), "JPEG", quality=90)
+    preparer = ImagePreparer(P, LIMIT, jpeg_draft=True, gpu_jpegs=True, cpu_share=1.0, uint8=True)
+    with ThreadPoolExecutor(1) as pool:
+        [prepared] = await preparer.prepare_all([EncodedImage("big.jpg", data)], False, pool)
+    assert isinstance(prepared.pixels, torch.Tensor) and prepared.pixels.dtype == torch.uint8
+    drafted, full = cpu_pixels(data, draft_to=P.resize_size), cpu_pixels(data)
+    torch.testing.assert_close(EvalTransform(P).scaled(prepared.pixels), drafted, atol=0, rtol=0)
+    assert not torch.equal(drafted, full)  # the draft is what made them so, not the full decode
