@@ -43,13 +43,13 @@ HOST_PIL_ONE_CORE = 211.0  # img/s of the GPU host's one core on the same JPEG (
 CONCURRENCY = 16  # hey's workers, eight images each: 128 in flight
 
 
-def host_scaled_slower() -> float:
+def host_scaled_slower() -> tuple[float, float]:
     """How much slower than the H200 the stand-in runs so that this machine's cores stand to it as a 16-core GPU
-    host's to the H200 (PIL's one-core rate of the same JPEG, times the cores)."""
+    host's to the H200 (PIL's one-core rate of the same JPEG, times the cores); and that rate here."""
     from bench.stand_in import pil_one_core_rate
 
-    here = pil_one_core_rate() * (os.cpu_count() or 1)
-    return H200_HOST_CORES * HOST_PIL_ONE_CORE / here
+    here = pil_one_core_rate()
+    return H200_HOST_CORES * HOST_PIL_ONE_CORE / (here * (os.cpu_count() or 1)), here
 
 
 def checkpoint(folder: Path) -> Path:
@@ -63,7 +63,7 @@ def checkpoint(folder: Path) -> Path:
 
 def run(args: argparse.Namespace) -> None:
     """The sweep, then its table (and results under `--json`, default bench/results/stand-in-shares-MODEL.json)."""
-    slower = args.slower or host_scaled_slower()
+    slower, pil_here = (args.slower, None) if args.slower else host_scaled_slower()
     workers = args.workers[0]
     print(f"the stand-in {slower:.1f} times slower than the H200", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -97,6 +97,7 @@ def run(args: argparse.Namespace) -> None:
     target = args.json or RESULTS / f"stand-in-shares-{args.model}.json"
     settings = {"slower": round(slower, 2), "model": args.model, "workers": workers, "seconds": args.seconds}
     settings |= {"settle_s": args.settle, "concurrency": CONCURRENCY, "images_per_request": 8}
+    settings |= {"pil_one_core_here_img_s": pil_here and round(pil_here, 1)}
     records.write_results(target.parent, target.stem, {"settings": settings, "rows": rows, "runs": runs}, report(rows))
 
 
