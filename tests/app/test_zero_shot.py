@@ -158,6 +158,20 @@ async def test_what_a_zero_shot_model_cannot_answer_is_a_422_that_says_why(
     assert says in r.json()["detail"]
 
 
+async def test_a_request_refused_for_its_options_embeds_no_labels(
+    make_client: ClientFactory, clip: tuple[Repo, Path], photo: Image.Image
+) -> None:
+    """An out-of-distribution score asked of a zero-shot model is refused before the request's labels reach the
+    text tower: no work is spent on an answer nobody gets."""
+    async with make_client(weights=clip[1]) as client:
+        name = (await client.get("/v1/model")).json()["name"]
+        before = text_passes((await client.get("/metrics")).text, name)
+        r = await predict(client, encode(photo), labels="a heron,a kettle,a violin", ood="true")
+        after = text_passes((await client.get("/metrics")).text, name)
+    assert r.status_code == 422 and "zero-shot" in r.json()["detail"], r.text
+    assert after == before
+
+
 async def test_a_classifier_refuses_labels(client: httpx.AsyncClient, photo: Image.Image) -> None:
     """Each parameter is told what it is for: labels name classes, a template is a prompt."""
     for params, says in (

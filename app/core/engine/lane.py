@@ -187,6 +187,7 @@ class Lane:
         where a front-end did not prepare them or an overlay needs the image."""
         while True:  # a zero-shot model's label embeddings (no wait where they are kept), for the version serving
             model = self.model_set.current(model)
+            model.check_scores(call.options)  # refused before its labels cost the text tower anything
             texts = None if model.labels is None else await model.label_embeddings(call.options, self.run_in_pool)
             if not model.retired:
                 break

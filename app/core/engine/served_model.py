@@ -222,16 +222,7 @@ class ServedModel:
         """What the batcher computes for each image of a request (a zero-shot model's with its label embeddings
         `texts`; with `watch_drift`, the embedding its drift window takes); InvalidInput for what it cannot."""
         reference = self.checkpoint.reference
-        if options.ood and self.labels is not None:
-            raise InvalidInput(
-                f"model {self.name} is zero-shot (CLIP, SigLIP): it has no out-of-distribution score, whose reference "
-                "statistics are fitted to a classifier's fixed classes"
-            )
-        if options.ood and reference is None:
-            raise InvalidInput(
-                f"model {self.name} (version {self.version}) has no reference statistics to score images by; "
-                "add them with: python -m model.reference CHECKPOINT --images DIR (in-distribution images)"
-            )
+        self.check_scores(options)
         if isinstance(inputs, torch.Tensor):
             if options.overlay:
                 raise InvalidInput("an overlay is drawn over the image file: send images, not pixels")
@@ -244,6 +235,20 @@ class ServedModel:
         embedding = (options.embedding or options.ood or watched) and texts is None  # zero-shot: the head's output
         target = self.target_index(options.target, options.labels)
         return Wanted(options.attention, target, embedding, texts if options.attention == "gradient" else None)
+
+    def check_scores(self, options: InferOptions) -> None:
+        """InvalidInput for an out-of-distribution score this version cannot give: checked before any work on the
+        request (a zero-shot model's labels are embedded after it)."""
+        if options.ood and self.labels is not None:
+            raise InvalidInput(
+                f"model {self.name} is zero-shot (CLIP, SigLIP): it has no out-of-distribution score, whose reference "
+                "statistics are fitted to a classifier's fixed classes"
+            )
+        if options.ood and self.checkpoint.reference is None:
+            raise InvalidInput(
+                f"model {self.name} (version {self.version}) has no reference statistics to score images by; "
+                "add them with: python -m model.reference CHECKPOINT --images DIR (in-distribution images)"
+            )
 
     async def label_embeddings(
         self, options: InferOptions, run_in_pool: Callable[..., Awaitable[torch.Tensor]]
