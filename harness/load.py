@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -99,6 +100,21 @@ def batch_counters(url: str) -> tuple[float, float] | None:
     images = re.findall(r"^vit_batch_size_sum(?:\{[^}]*\})? (\S+)$", text, re.MULTILINE)
     batches = re.findall(r"^vit_batch_size_count(?:\{[^}]*\})? (\S+)$", text, re.MULTILINE)
     return (sum(map(float, images)), sum(map(float, batches))) if images and batches else None
+
+
+def v2_body(files: list[bytes]) -> tuple[bytes, dict[str, str]]:
+    """A V2 binary request of image `files` (the input `image`, BYTES, each file after its 4-byte length; the
+    probabilities asked for in binary), and the header that says where its JSON ends."""
+    binary = b"".join(len(f).to_bytes(4, "little") + f for f in files)
+    image = {
+        "name": "image",
+        "datatype": "BYTES",
+        "shape": [len(files)],
+        "parameters": {"binary_data_size": len(binary)},
+    }
+    header = {"inputs": [image], "outputs": [{"name": "probabilities", "parameters": {"binary_data": True}}]}
+    head = json.dumps(header).encode()
+    return head + binary, {"Inference-Header-Content-Length": str(len(head))}
 
 
 def cpu_decode_share(url: str) -> float | None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import subprocess
@@ -23,7 +22,7 @@ from bench.gpu.report import summarize_profile
 from bench.run import check_peer
 from harness.cpu import process_cpu_s
 from harness.images import photo_jpeg
-from harness.load import ServerProcess, cpu_decode_share, run_hey, start_litserve
+from harness.load import ServerProcess, cpu_decode_share, run_hey, start_litserve, v2_body
 from harness.models import VIT_S16_PREPROCESSING
 from harness.server import Server
 from model.checkpoint import save_checkpoint
@@ -58,23 +57,6 @@ class Sampler:
         self.thread.join()
         self.cores = (process_cpu_s(self.pid) - self.cpu0) / (time.perf_counter() - self.t0)
         self.gpu_util = statistics.mean(self.samples) if self.samples else float("nan")
-
-
-def v2_body(files: list[bytes]) -> tuple[bytes, int]:
-    binary = b"".join(len(f).to_bytes(4, "little") + f for f in files)
-    header = {
-        "inputs": [
-            {
-                "name": "image",
-                "datatype": "BYTES",
-                "shape": [len(files)],
-                "parameters": {"binary_data_size": len(binary)},
-            }
-        ],
-        "outputs": [{"name": "probabilities", "parameters": {"binary_data": True}}],
-    }
-    head = json.dumps(header).encode()
-    return head + binary, len(head)
 
 
 def load_levels(
@@ -114,9 +96,9 @@ def bodies(folder: Path, images: int) -> tuple[str, dict[str, str]]:
     files = [photo_jpeg(i) for i in range(images)]
     form, form_type = multipart(files[0], "photo.jpg", "image/jpeg")
     (folder / "form").write_bytes(form)
-    v2, header_length = v2_body(files)
+    v2, headers = v2_body(files)
     (folder / "v2").write_bytes(v2)
-    return form_type, {"Inference-Header-Content-Length": str(header_length)}
+    return form_type, headers
 
 
 def random_checkpoint(folder: Path, name: str) -> Path:

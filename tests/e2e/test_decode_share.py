@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.gpu.serving import bodies
-from harness.load import cpu_decode_share, run_hey, start_hey
+from harness.images import photo_jpeg
+from harness.load import cpu_decode_share, run_hey, start_hey, v2_body
 from harness.models import VIT_S16_PREPROCESSING
 from harness.server import ServerProcess
 from harness.stand_in import stand_in_server
@@ -34,6 +34,7 @@ CONCURRENCY = 16  # hey's workers: 128 images in flight
 SETTLE_S = 20  # the stated time: by then auto has reached the best share, from 0 or from 1
 NEAR = 0.9  # fixed shares that served this share of the most are all "the best" (the machine is shared and noisy)
 FLOOR = 0.8  # auto, settled, serves at least this share of the best fixed share's img/s (the lowest share's: 0.7)
+BODY, HEADERS = v2_body([photo_jpeg(i) for i in range(8)])  # eight 500x375 photos
 
 
 @pytest.fixture(scope="module")
@@ -44,15 +45,14 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch.manual_seed(0)
     config = ViTConfig(image_size=224, patch_size=16, dim=32, depth=1, heads=2, num_classes=10)
     save_checkpoint(folder / "m.safetensors", ViT(config).eval(), [f"c{i}" for i in range(10)], VIT_S16_PREPROCESSING)
-    bodies(folder, 8)
+    (folder / "v2").write_bytes(BODY)
     return folder
 
 
 def v2_load(server: ServerProcess, folder: Path, seconds: float) -> float:
     """img/s served over `seconds` of V2 requests."""
-    _, headers = bodies(folder, 8)
     r = run_hey(
-        server.url + "/v2/models/m/infer", folder / "v2", "application/octet-stream", CONCURRENCY, seconds, headers
+        server.url + "/v2/models/m/infer", folder / "v2", "application/octet-stream", CONCURRENCY, seconds, HEADERS
     )
     assert r.errors == 0, r
     return r.requests_per_s * 8
@@ -83,9 +83,8 @@ def fixed_shares(folder: Path) -> dict[float, float]:
 
 def shares_under_load(server: ServerProcess, folder: Path, seconds: float, every: float = 0.5) -> list[float]:
     """The share in force every `every` seconds while `hey` loads the service for `seconds`."""
-    _, headers = bodies(folder, 8)
     hey = start_hey(
-        server.url + "/v2/models/m/infer", seconds, CONCURRENCY, folder / "v2", "application/octet-stream", headers
+        server.url + "/v2/models/m/infer", seconds, CONCURRENCY, folder / "v2", "application/octet-stream", HEADERS
     )
     shares = []
     try:

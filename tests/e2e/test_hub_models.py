@@ -144,6 +144,24 @@ def test_hub_names_serve_offline_converted_once(hub: tuple[Path, Any], tmp_path:
     assert third_log.count("cannot be fetched now; serving the conversion kept in") == 2, third_log
 
 
+def test_without_a_hub_cache_the_conversion_goes_with_the_service(hub: tuple[Path, Any], tmp_path: Path) -> None:
+    """VIT_HUB_CACHE empty keeps no conversion: the one made at the start lies in a folder of the service's own, in
+    the temporary directory, while it serves, and is removed when it stops."""
+    root, _ = hub
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = hub_env(root, tmp_path / "unused", f"tiny=hf:{HF_REPO}") | {"VIT_HUB_CACHE": "", "TMPDIR": str(scratch)}
+    png = encode(make_sample(3, 4).image)
+    with Server(BUNDLED_WEIGHTS, **env) as server:
+        during = sorted(p.name for p in scratch.glob("vit-serve-hub-*/*.safetensors"))
+        r = httpx.post(f"{server.url}/predict", files={"file": ("p.png", png, "image/png")}, params={"model": "tiny"})
+        server.stop()
+    assert r.status_code == 200, r.text
+    assert during == ["someone--tiny-vit.safetensors"]
+    assert list(scratch.glob("vit-serve-hub-*")) == []
+    assert not (tmp_path / "unused").exists()
+
+
 @pytest.mark.parametrize(
     ("models", "message"),
     [

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import shutil
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -31,7 +32,7 @@ from app.core.engine.repository import Repository
 from app.core.engine.served_model import ServedModel
 from app.core.engine.shadow_traffic import ShadowTraffic
 from app.core.engine.startup_checks import check_shadows, check_thresholds, startup_models
-from app.settings import Settings
+from app.settings import HubName, Settings
 from app.telemetry.metrics import Metrics, ModelMetrics
 from app.telemetry.statistics import ModelStatistics, StatisticsBook
 from model.device import cuda_unavailable_reason, resolve_device
@@ -43,9 +44,15 @@ class Engine(DataPlane):
     """A `DataPlane` whose compute step runs in this process, on the models it owns."""
 
     def __init__(
-        self, settings: Settings, metrics: Metrics, models: ModelSet, statistics: StatisticsBook | None = None
+        self,
+        settings: Settings,
+        metrics: Metrics,
+        models: ModelSet,
+        statistics: StatisticsBook | None = None,
+        scratch: list[Path] | None = None,
     ) -> None:
         super().__init__(settings, metrics, cpu_threads=8)
+        self.scratch = scratch or []  # folders of hub models converted for this engine alone: removed as it stops
         self.book = statistics or StatisticsBook()
         self.model_set = models
         self.cache = PredictionCache(settings.cache_bytes, metrics) if settings.cache_bytes else None
@@ -77,14 +84,22 @@ class Engine(DataPlane):
 
         repository = Repository(settings.model_repository) if settings.model_repository else None
         files = repository.scan() if repository else {}
-        served = {}
-        for name, path in startup_models(settings, repository, files).items():
-            started = time.perf_counter()
-            served[name] = build(name, path)
-            metrics.model_load_seconds.observe(time.perf_counter() - started)
-        s = settings
-        models = ModelSet(served, build, repository, s.model_control, metrics, s.drain_timeout_s, files)
-        return cls(s, metrics, models, statistics)
+        paths = startup_models(settings, repository, files)
+        # with no VIT_HUB_CACHE to keep them, hub models are converted into folders of the engine's own
+        named = settings.model_paths() if repository is None and settings.hub_cache is None else {}
+        scratch = [paths[name].parent for name, given in named.items() if isinstance(given, HubName)]
+        try:
+            served = {}
+            for name, path in paths.items():
+                started = time.perf_counter()
+                served[name] = build(name, path)
+                metrics.model_load_seconds.observe(time.perf_counter() - started)
+            s = settings
+            models = ModelSet(served, build, repository, s.model_control, metrics, s.drain_timeout_s, files)
+            return cls(s, metrics, models, statistics, scratch)
+        except BaseException:
+            remove(scratch)
+            raise
 
     @classmethod
     @asynccontextmanager
@@ -195,7 +210,14 @@ class Engine(DataPlane):
             await model.batcher.stop()
         self.cpu_pool.shutdown(wait=False, cancel_futures=True)
         self.regions.close()
+        remove(self.scratch)
         if self.started:
             self.metrics.unwatch_gc()
         if self.froze_heap:
             gc.unfreeze()  # back to the collector: the program may go on (the batch runner's caller, a test)
+
+
+def remove(folders: list[Path]) -> None:
+    """Folders and what they hold, gone (those already gone too)."""
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
