@@ -16,14 +16,15 @@ and what else spends them, and the images, so with VIT_CPU_DECODE_SHARE=auto it 
 
 A window where the device held images back for more than `BOUND_HIGH` of it, with decoding to move, says the share
 is too low; one where it held them back for less than `BOUND_LOW` says it is too high (the host is the bound, or the
-traffic is light and the GPU has room to decode); in between, the two ran out together: that share is kept. The
-search brackets the best share between the highest share found too low and the lowest found too high, stepping
-out (doubling) until it has both and halving the bracket after, and keeps the bracket's low end once it is
-narrower than `STEP_MIN`: below the best share each step costs the device a little, above it each step costs the
-host's cores, at their far higher price per image, much more. The window after a move is not
-read (the queues of the share before it are still draining). Kept, the share is watched: `LEAVE_AFTER` windows in a
-row too high search down from it (a faster forward, lighter traffic); every `PROBE_S` the shares above it are tried,
-`STEP_MIN` at a time, since a share too low looks the same as the best one from where it stands. A fixed number overrides all of this.
+traffic is light and the GPU has room to decode); in between, the two ran out together: a share read so
+`KEEP_AFTER` windows in a row is kept. The search brackets the best share between the highest share found too low
+and the lowest found too high, stepping out (doubling) until it has both and halving the bracket after, and keeps
+the bracket's low end once it is narrower than `STEP_MIN`: below the best share each step costs the device a
+little, above it each step costs the host's cores, at their far higher price per image, much more. The window after
+a move is not read (the queues of the share before it are still draining). Kept, the share is watched:
+`LEAVE_AFTER` windows in a row too high search down from it (a faster forward, lighter traffic); every `PROBE_S` the
+shares above it are tried, `STEP_MIN` at a time, since a share too low looks the same as the best one from where it
+stands. A fixed number overrides all of this.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ STEP_START = 0.1  # the first step out from where it stands
 STEP_MIN = 0.05  # a bracket this narrow is found: its low end is kept
 PROBE_S = 30.0  # a kept share tries the one a step up this often
 LEAVE_AFTER = 2  # windows in a row that read a kept share too high before it is left (one may be noise)
+KEEP_AFTER = 2  # windows in a row where the two ran out together before a share is kept (one may be noise)
 
 ShareSetting = float | Literal["auto"]
 
@@ -79,6 +81,7 @@ class DecodeShare:
         self.step = STEP_START
         self.kept_since: float | None = None  # when the share in force was found, while it is kept
         self.kept_too_high = 0  # windows in a row that read the kept share too high
+        self.balanced = 0  # windows in a row where the device and the host ran out together
         self.probing = False  # stepping up from a kept share, a small step at a time
         self.settling = False  # the window after a move: not read
         self.gauge.set(self.share)
@@ -126,13 +129,16 @@ class DecodeShare:
             return
         if not bound < BOUND_LOW:
             self.kept_too_high = 0
-        if bound > BOUND_HIGH and decoding >= DECODING_MIN and self.share < 1.0:
+        too_low = bound > BOUND_HIGH and decoding >= DECODING_MIN and self.share < 1.0
+        too_high = bound < BOUND_LOW and self.share > 0.0
+        self.balanced = 0 if too_low or too_high else self.balanced + 1
+        if too_low:
             self.too_low(
                 now, f"the device held images back {bound:.0%} of a second, {decoding:.0%} of its time decoding"
             )
-        elif bound < BOUND_LOW and self.share > 0.0:
+        elif too_high:
             self.too_high(f"the device held images back {bound:.0%} of a second")
-        elif self.kept_since is None:  # the two ran out together here
+        elif self.kept_since is None and self.balanced >= KEEP_AFTER:  # the two ran out together here
             self.keep(now, self.share, f"the device held images back {bound:.0%} of a second")
 
     def too_low(self, now: float, why: str) -> None:

@@ -141,3 +141,14 @@ def test_a_kept_share_is_probed_upward_and_follows_a_best_share_that_rose() -> N
     assert abs(shares[-1] - 0.6) <= plant.band, shares
     steps = [round(b - a, 3) for a, b in itertools.pairwise(shares) if b > a]
     assert max(steps) <= decode_share.STEP_MIN, shares  # no leap past the best share and back
+
+
+def test_one_balanced_window_keeps_nothing() -> None:
+    """A window where the device and the host seem to run out together, between windows that say the share is too
+    low (the first second of traffic, say), does not stop the search: a share is kept when two in a row say so."""
+    plant = Plant(best=0.8)
+    share, _ = controller(plant)
+    # one balanced window first, then too low at every share
+    plant.bound = lambda _: 0.45 if plant.now <= 1.0 else 0.9  # type: ignore[method-assign]
+    shares = plant.run(share, 8)
+    assert shares[-1] >= 0.7, shares
