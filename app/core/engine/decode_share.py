@@ -46,7 +46,7 @@ BOUND_LOW = 0.3  # ... for less than this: too high
 DECODING_MIN = 0.05  # the batches' decoding, as a share of the device's time, below which none is worth moving
 STEP_START = 0.1  # the first step out from where it stands
 STEP_MIN = 0.05  # a bracket this narrow is found: its low end is kept
-PROBE_S = 30.0  # a kept share tries the one a step up this often
+PROBE_S = 30.0  # how often the shares above a kept one are tried, STEP_MIN at a time
 LEAVE_AFTER = 2  # windows in a row that read a kept share too high before it is left (one may be noise)
 KEEP_AFTER = 2  # windows in a row where the two ran out together before a share is kept (one may be noise)
 
