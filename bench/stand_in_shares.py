@@ -25,40 +25,24 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from bench.common import RESULTS
 from bench.gpu.serving import bodies
 from bench.rounds import alternated, loaded
+from bench.stand_in import H100_HOST_CORES, H100_PIL_ONE_CORE, pil_one_core_rate
 from harness import records
 from harness.load import cpu_decode_share
-from harness.models import VIT_S16_PREPROCESSING
+from harness.models import stand_in_checkpoint
 from harness.records import table
 from harness.stand_in import RAW_IMAGES_PER_S, stand_in_server
-from model.checkpoint import save_checkpoint
-from model.vit import ViT, ViTConfig
 
-H200_HOST_CORES = 16
-HOST_PIL_ONE_CORE = 211.0  # img/s of the GPU host's one core on the same JPEG (bench/results/gpu-h100.md)
 CONCURRENCY = 16  # hey's workers, eight images each: 128 in flight
 
 
 def host_scaled_slower() -> tuple[float, float]:
     """How much slower than the H200 the stand-in runs so that this machine's cores stand to it as a 16-core GPU
     host's to the H200 (PIL's one-core rate of the same JPEG, times the cores); and that rate here."""
-    from bench.stand_in import pil_one_core_rate
-
     here = pil_one_core_rate()
-    return H200_HOST_CORES * HOST_PIL_ONE_CORE / (here * (os.cpu_count() or 1)), here
-
-
-def checkpoint(folder: Path) -> Path:
-    """A 224-pixel checkpoint with ViT-S/16's preprocessing: the stand-in times the forward, its weights never run."""
-    torch.manual_seed(0)
-    config = ViTConfig(image_size=224, patch_size=16, dim=32, depth=1, heads=2, num_classes=1000)
-    path = folder / "m.safetensors"
-    save_checkpoint(path, ViT(config).eval(), [f"class_{i}" for i in range(1000)], VIT_S16_PREPROCESSING)
-    return path
+    return H100_HOST_CORES * H100_PIL_ONE_CORE / (here * (os.cpu_count() or 1)), here
 
 
 def run(args: argparse.Namespace) -> None:
@@ -68,7 +52,7 @@ def run(args: argparse.Namespace) -> None:
     print(f"the stand-in {slower:.1f} times slower than the H200", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        weights = checkpoint(folder)
+        weights = stand_in_checkpoint(folder / "m.safetensors")
         _, headers = bodies(folder, 8)
 
         def measured(share: str) -> dict[str, Any]:

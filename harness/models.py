@@ -26,3 +26,12 @@ def vit_s16_checkpoint(path: Path, seed: int = 0) -> Path:
         {"note": "random weights, for speed measurements only"},
     )
     return path
+
+
+def stand_in_checkpoint(path: Path, classes: int = 1000) -> Path:
+    """A checkpoint of ViT-S/16's input (224 px, its preprocessing) with a tiny network: what the device stand-in
+    serves, which times the forward and never runs the weights."""
+    torch.manual_seed(0)
+    config = ViTConfig(image_size=224, patch_size=16, dim=32, depth=1, heads=2, num_classes=classes)
+    save_checkpoint(path, ViT(config).eval(), [f"class_{i}" for i in range(classes)], VIT_S16_PREPROCESSING)
+    return path

@@ -15,16 +15,13 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from app.core.engine import decode_share
 from harness.images import photo_jpeg
 from harness.load import cpu_decode_share, run_hey, start_hey, v2_body
-from harness.models import VIT_S16_PREPROCESSING
+from harness.models import stand_in_checkpoint
 from harness.server import ServerProcess
 from harness.stand_in import stand_in_server
-from model.checkpoint import save_checkpoint
-from model.vit import ViT, ViTConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 if shutil.which("hey") is None and not os.environ.get("CI"):
@@ -42,9 +39,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 224-pixel checkpoint of ViT-S/16's preprocessing (the stand-in times the forward, the weights are not run)
     and the V2 body."""
     folder = tmp_path_factory.mktemp("decode-share")
-    torch.manual_seed(0)
-    config = ViTConfig(image_size=224, patch_size=16, dim=32, depth=1, heads=2, num_classes=10)
-    save_checkpoint(folder / "m.safetensors", ViT(config).eval(), [f"c{i}" for i in range(10)], VIT_S16_PREPROCESSING)
+    stand_in_checkpoint(folder / "m.safetensors", classes=10)
     (folder / "v2").write_bytes(BODY)
     return folder
 
