@@ -9,6 +9,7 @@ import sys
 
 from pydantic import ValidationError
 
+from app.listen import listen_early
 from app.startup import read_settings, startup_failed
 
 
@@ -41,6 +42,10 @@ def main(argv: list[str] | None = None) -> int:
         settings = read_settings()
     except ValidationError as e:  # said before the serving stack is imported
         return startup_failed(e)
+    try:
+        listening = listen_early(args.host, args.port, settings)  # connections wait while the stack is imported
+    except OSError as e:
+        return startup_failed(e)
     from app.server import serve
 
     try:
@@ -50,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:  # uvloop is Linux and macOS only
         loop_factory = None
     with asyncio.Runner(loop_factory=loop_factory) as runner:
-        code = runner.run(serve(args.host, args.port, settings))
+        code = runner.run(serve(args.host, args.port, settings, listening))
     # Stopped: what is still alive (torch, the models, the app) ends with the process. Frozen, it is left out of
     # the interpreter's last collections at exit, which would otherwise walk all of it once more.
     gc.freeze()

@@ -3,58 +3,37 @@
 Every process that serves uses it: `python -m app` (one process), each serving front-end (VIT_WORKERS > 1)
 and the lifespan of `uvicorn app.main:app`, where uvicorn owns HTTP and this serves only gRPC.
 
-    serving = Serving(plane, settings, http=("0.0.0.0", 8000))
+    serving = Serving(LoadingPlane(settings, metrics), settings, http=("0.0.0.0", 8000))
     await serving.start()       # binds HTTP and starts gRPC: OSError (with what to fix) when a port is taken
-    code = await serving.run(stop)  # serves until `stop`, then drains: the exit code
+    running = asyncio.create_task(serving.run(stop))  # serves until `stop`, then drains: the exit code
+    serving.hand_over(engine)   # once the models are loaded: ready
 
-Draining: the plane turns unready for every protocol at once; the HTTP listener closes and gRPC takes no
-new calls; both answer what they accepted, together, within VIT_DRAIN_TIMEOUT_S; then the plane answers
-what is left within the rest of that time and stops.
+Draining, with every listener still up: the plane turns unready for every protocol at once, and requests that
+arrive are answered 503 `draining` (UNAVAILABLE over gRPC) while those accepted before are answered, within
+VIT_DRAIN_TIMEOUT_S; any still running then are answered 503 `draining: not finished within
+VIT_DRAIN_TIMEOUT_S`. Then the HTTP listener closes, gRPC stops, and the plane stops.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 import socket
 from collections.abc import Iterator
 
 import uvicorn
+from fastapi import FastAPI
 
 from app.core.data_plane import DataPlane
 from app.grpc.server import GrpcServer
+from app.listen import bind_http
 from app.settings import Settings
 from app.telemetry.logs import uvicorn_log_config
 from app.web.app import create_app
 
 log = logging.getLogger("app")
-
-
-def bind_http(host: str, port: int, reuse_port: bool = False) -> socket.socket:
-    """The HTTP listening socket, bound now so that a port in use is an error before serving starts; with
-    `reuse_port`, shared with the other serving front-ends (the kernel spreads the connections over them)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if reuse_port:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        raise cannot_listen(host, port, e) from None
-    sock.set_inheritable(True)
-    return sock
-
-
-def cannot_listen(host: str, port: int, e: OSError) -> OSError:
-    """What to fix where HTTP cannot bind `host`:`port`: the host (no such name, or no address of this machine),
-    or the port."""
-    if isinstance(e, socket.gaierror) or e.errno == errno.EADDRNOTAVAIL:
-        return OSError(f"HTTP host {host}: not an address of this machine ({e.strerror or e}); pass another --host")
-    return OSError(f"HTTP port {host}:{port}: cannot listen ({e.strerror or e}); free the port or pass --port")
+CUT_ANSWERS_S = 1.0  # for the answers to requests the drain's end cut short, and to close the listeners
 
 
 def check_ports(port: int, settings: Settings) -> None:
@@ -74,9 +53,9 @@ class HttpServer(uvicorn.Server):
         yield
 
 
-def http_server(plane: DataPlane, settings: Settings) -> HttpServer:
+def http_server(app: FastAPI, settings: Settings) -> HttpServer:
     config = uvicorn.Config(
-        create_app(plane),
+        app,
         lifespan="off",
         log_level=settings.log_level,
         log_config=uvicorn_log_config(settings.log_format) or uvicorn.config.LOGGING_CONFIG,
@@ -87,24 +66,34 @@ def http_server(plane: DataPlane, settings: Settings) -> HttpServer:
 
 
 class Serving:
-    """HTTP on `http` (host, port; None: someone else serves HTTP) and gRPC on VIT_GRPC_PORT over `plane`;
-    with `reuse_port`, on ports shared with the other serving front-ends."""
+    """HTTP on `http` (host, port; None: someone else serves HTTP, `app`) and gRPC on VIT_GRPC_PORT over `plane`;
+    with `reuse_port`, on ports shared with the other serving front-ends; on `listening` where HTTP's socket is
+    bound already."""
 
     def __init__(
-        self, plane: DataPlane, settings: Settings, http: tuple[str, int] | None, reuse_port: bool = False
+        self,
+        plane: DataPlane,
+        settings: Settings,
+        http: tuple[str, int] | None,
+        reuse_port: bool = False,
+        listening: socket.socket | None = None,
     ) -> None:
         self.plane = plane
         self.settings = settings
         self.http_address = http
         self.reuse_port = reuse_port
-        self.sock: socket.socket | None = None
+        self.app = create_app(plane)
+        self.sock = listening  # HTTP's socket, when bound already (app.listen.listen_early)
         self.grpc: GrpcServer | None = None
+        self.answering: asyncio.Task[None] | None = None  # the drain's first step, once begun
+        self.deadline = 0.0  # when the drain's time runs out, once begun
+        self.retired: asyncio.Task[None] | None = None  # the first plane's shutdown, once handed over
 
     async def start(self) -> None:
         """Bind HTTP, start gRPC. A port that cannot be taken: what was opened is closed, the plane shut down,
         and OSError raised, saying what to fix."""
         try:
-            if self.http_address is not None:
+            if self.http_address is not None and self.sock is None:
                 self.sock = bind_http(*self.http_address, reuse_port=self.reuse_port)
             if self.settings.grpc_port:
                 limit = self.settings.grpc_message_limit()
@@ -115,6 +104,16 @@ class Serving:
                 self.sock.close()
             await self.plane.shutdown(0)
             raise
+
+    def hand_over(self, plane: DataPlane) -> None:
+        """Every protocol serves `plane` (sharing the first plane's metrics) from its next request on: the engine,
+        once the models are loaded, in place of the `LoadingPlane` that answered until then. The first plane is
+        shut down."""
+        loading, self.plane = self.plane, plane
+        self.app.state.data_plane = plane
+        if self.grpc is not None:
+            self.grpc.hand_over(plane)
+        self.retired = asyncio.get_running_loop().create_task(loading.shutdown(0))
 
     @property
     def http_port(self) -> int:
@@ -127,7 +126,7 @@ class Serving:
         """Serve HTTP and gRPC until `stop` is set (or HTTP fails), then drain both and the plane; the exit
         code: 1 when HTTP failed by itself, 0 otherwise."""
         assert self.sock is not None, "run() serves HTTP: start() binds it"
-        http = http_server(self.plane, self.settings)
+        http = http_server(self.app, self.settings)
         serving = asyncio.create_task(http.serve(sockets=[self.sock]))
         stopped = asyncio.create_task(stop.wait())
         await asyncio.wait([serving, stopped], return_when=asyncio.FIRST_COMPLETED)
@@ -139,19 +138,37 @@ class Serving:
         self.sock.close()
         return 1 if failed else 0
 
-    async def drain(self, http: HttpServer | None = None, serving: asyncio.Task[None] | None = None) -> None:
-        """Unready at once; HTTP (when served here) and gRPC closed to new work and drained together; then the
-        plane answers what is left within the rest of VIT_DRAIN_TIMEOUT_S and stops."""
-        loop = asyncio.get_running_loop()
+    async def answer_accepted(self) -> None:
+        """The drain's first step, with every listener still up: not ready at once for every protocol, new requests
+        refused (503 `draining`, UNAVAILABLE), and those accepted answered within VIT_DRAIN_TIMEOUT_S; those still
+        running then are answered 503 (DRAIN_TIMED_OUT). Calling it again waits for the same step."""
+        if self.answering is None:
+            self.deadline = asyncio.get_running_loop().time() + self.settings.drain_timeout_s
+            self.answering = asyncio.create_task(self.answer_within_drain())
+        await self.answering
+
+    async def answer_within_drain(self) -> None:
         timeout_s = self.settings.drain_timeout_s
-        deadline = loop.time() + timeout_s
         self.plane.begin_drain()  # /health/ready, /v2/health/ready and ServerReady answer not-ready from here
+        log.info("draining: not ready; HTTP and gRPC answer what they accepted (up to %.0f s)", timeout_s)
+        if not await self.plane.settle(self.deadline - asyncio.get_running_loop().time()):
+            cut = self.plane.cut()
+            log.warning(
+                "draining: %d requests not finished within VIT_DRAIN_TIMEOUT_S (%.0f s) answered 503 draining",
+                cut,
+                timeout_s,
+            )
+            await self.plane.settle(CUT_ANSWERS_S)  # their answers written before the listeners close
+
+    async def drain(self, http: HttpServer | None = None, serving: asyncio.Task[None] | None = None) -> None:
+        """The accepted requests answered with the listeners up (`answer_accepted`); then HTTP (when served here)
+        and gRPC closed, and the plane stopped."""
+        await self.answer_accepted()
         if http is not None:
             http.should_exit = True
-        log.info("draining: HTTP and gRPC answer what they accepted (up to %.0f s)", timeout_s)
         await asyncio.gather(
             serving or asyncio.sleep(0),
-            self.grpc.stop(timeout_s) if self.grpc else asyncio.sleep(0),
+            self.grpc.stop(CUT_ANSWERS_S) if self.grpc else asyncio.sleep(0),
             return_exceptions=True,
         )
-        await self.plane.shutdown(max(0.0, deadline - loop.time()))
+        await self.plane.shutdown(max(0.0, self.deadline - asyncio.get_running_loop().time()))

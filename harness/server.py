@@ -85,6 +85,29 @@ class ServerProcess:
         self.output.seek(0)
         return self.output.read()
 
+    def accepted(self, protocol: str, route: str) -> float:
+        """Requests of `protocol` ("http" or "grpc") to `route` (a path, or an RPC) that the server has taken:
+        answered or in flight, from /metrics (summed over every serving process)."""
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            if family.name in ("vit_requests", "vit_requests_in_flight")
+            for sample in family.samples
+            if sample.name in ("vit_requests_total", "vit_requests_in_flight")
+            and sample.labels.get("protocol") == protocol
+            and sample.labels.get("route") == route
+        )
+
+    async def until_accepted(self, protocol: str, route: str, count: float, timeout: float = 60) -> None:
+        """Wait (without blocking the event loop that sends them) until the server has taken `count` requests
+        of `protocol` to `route`."""
+        deadline = time.monotonic() + timeout
+        while (taken := await asyncio.to_thread(self.accepted, protocol, route)) < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the server took {taken:.0f} of {count:.0f} {protocol} requests to {route}")
+            await asyncio.sleep(0.02)
+
     def wait_ready(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -138,26 +161,3 @@ class Server(ServerProcess):
     def __enter__(self) -> Server:
         super().__enter__()
         return self
-
-    def accepted(self, protocol: str, route: str) -> float:
-        """Requests of `protocol` ("http" or "grpc") to `route` (a path, or an RPC) that the server has taken:
-        answered or in flight, from /metrics (summed over every serving process)."""
-        text = httpx.get(self.url + "/metrics", timeout=10).text
-        return sum(
-            sample.value
-            for family in text_string_to_metric_families(text)
-            if family.name in ("vit_requests", "vit_requests_in_flight")
-            for sample in family.samples
-            if sample.name in ("vit_requests_total", "vit_requests_in_flight")
-            and sample.labels.get("protocol") == protocol
-            and sample.labels.get("route") == route
-        )
-
-    async def until_accepted(self, protocol: str, route: str, count: float, timeout: float = 60) -> None:
-        """Wait (without blocking the event loop that sends them) until the server has taken `count` requests
-        of `protocol` to `route`."""
-        deadline = time.monotonic() + timeout
-        while (taken := await asyncio.to_thread(self.accepted, protocol, route)) < count:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the server took {taken:.0f} of {count:.0f} {protocol} requests to {route}")
-            await asyncio.sleep(0.02)

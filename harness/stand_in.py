@@ -266,10 +266,13 @@ class StandInPredictor:
         return 0.0
 
 
-def install(model: str, max_batch_size: int, slower: float = 1.0, switch: Path | None = None) -> None:
+def install(
+    model: str, max_batch_size: int, slower: float = 1.0, switch: Path | None = None, load_s: float = 0.0
+) -> None:
     """Every model this process loads from now on is served by a `StandInPredictor` timed as `model` with
     CUDA graphs captured up to `max_batch_size` (VIT_MAX_BATCH_SIZE); `slower` times as long (a device whose
-    balance with this machine's few cores is the H200's with its host's many); `switch`: see `Device`."""
+    balance with this machine's few cores is the H200's with its host's many); `switch`: see `Device`; each
+    model's load `load_s` longer (a hub model's download, a large checkpoint read from a slow disk)."""
     if model not in FORWARD_IMAGES_PER_S:
         raise ValueError(f"no device timings for {model!r}; there are: {', '.join(FORWARD_IMAGES_PER_S)}")
     if not slower >= 1.0:
@@ -277,22 +280,33 @@ def install(model: str, max_batch_size: int, slower: float = 1.0, switch: Path |
     from app.core.engine.served_model import ServedModel
 
     def build_predictor(name: str, checkpoint: Checkpoint, *args: object, **kwargs: object) -> StandInPredictor:
+        time.sleep(load_s)
         return StandInPredictor(checkpoint, Device(DeviceTimes(model, max_batch_size, slower=slower), switch=switch))
 
     ServedModel.build_predictor = staticmethod(build_predictor)  # type: ignore[method-assign, assignment]
 
 
 def stand_in_server(
-    checkpoint: Path, model: str, slower: float = 1.0, switch: Path | None = None, cwd: Path | None = None, **env: str
+    checkpoint: Path,
+    model: str,
+    slower: float = 1.0,
+    switch: Path | None = None,
+    cwd: Path | None = None,
+    load_s: float = 0.0,
+    uvicorn: bool = False,
+    **env: str,
 ) -> ServerProcess:
     """`python -m harness.stand_in_app` serving `checkpoint` (under its stem) over the stand-in timed as `model`,
-    `slower` times as long, on a free port, with the settings of the GPU benchmark's served sweep (batches of up to
-    256 within 5 ms, room for 8,192 images) and `env` over them; started, not yet waited for (`with` waits)."""
+    `slower` times as long, its load `load_s` longer, on a free port, with the settings of the GPU benchmark's
+    served sweep (batches of up to 256 within 5 ms, room for 8,192 images) and `env` over them; started, not yet
+    waited for (`with` waits). With `uvicorn`, `uvicorn harness.stand_in_app:app` serves it (as `uvicorn app.main:app`
+    serves the service)."""
     port = free_port()
     settings = {
         "STAND_IN_MODEL": model,
         "STAND_IN_SLOWER": str(slower),
         "STAND_IN_SWITCH": str(switch or ""),
+        "STAND_IN_LOAD_S": str(load_s),
         "VIT_WEIGHTS": str(checkpoint),
         "VIT_DEVICE": "cpu",
         "VIT_BACKEND": "torch",
@@ -305,4 +319,6 @@ def stand_in_server(
         **env,
     }
     argv = [sys.executable, "-m", "harness.stand_in_app", "--host", "127.0.0.1", "--port", str(port)]
+    if uvicorn:
+        argv = [sys.executable, "-m", "uvicorn", "harness.stand_in_app:app", "--host", "127.0.0.1", "--port", str(port)]
     return ServerProcess(argv, settings, port, cwd=cwd or ROOT)

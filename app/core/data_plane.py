@@ -8,21 +8,28 @@ sees), `infer`, and the model repository. What computes a request is the subclas
 decodes the images here and has the engine process compute them (VIT_WORKERS > 1). No edge can tell which it
 holds. The synchronous members answer from state held where the edge runs; whatever may wait on the engine is
 a coroutine. Errors are `app.core.contract.errors.ServiceError`s, which each edge maps to its protocol.
+
+Draining: each edge holds each request it serves in `accepted()`, from its arrival to its answer. From
+`begin_drain()` on, readiness is off and a request that arrives is refused (`Draining`), while those accepted
+before are answered; `settle()` waits for them, and `cut()` answers those still running when the drain time is
+out with `Draining` (the edge's `accepted()` turns the cancellation into that answer).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextvars import ContextVar
 from pathlib import Path
 from typing import TypeVar
 
 from app.core.contract.description import ModelDescription, ModelStatus, ShadowReport, canonical_version
-from app.core.contract.errors import ModelNotFound, Unauthorized
+from app.core.contract.errors import DRAIN_TIMED_OUT, DRAINING, Draining, ModelNotFound, Unauthorized
 from app.core.contract.inference import Batching, Inference, InferenceRequest, Limits, costly_to_encode
 from app.core.contract.regions import SharedMemoryRegions
 from app.settings import Settings
@@ -31,6 +38,8 @@ from app.telemetry.spans import child_span
 from app.telemetry.statistics import ModelStatistics
 
 T = TypeVar("T")
+# Whether the request being served arrived before the drain began (set by `DataPlane.accepted`).
+ARRIVED_BEFORE_DRAIN: ContextVar[bool] = ContextVar("arrived_before_drain", default=False)
 
 
 class ApiKeys:
@@ -86,6 +95,11 @@ class DataPlane(ABC):
         self.regions = SharedMemoryRegions(regions, settings.shared_memory_regions)
         # decoding, overlays and large responses: CPU work kept off the event loop
         self.cpu_pool = ThreadPoolExecutor(max_workers=min(cpu_threads, os.cpu_count() or 1), thread_name_prefix="cpu")
+        self.draining = False  # from begin_drain() on
+        self.running: set[asyncio.Task[object]] = set()  # the tasks serving accepted requests
+        self.all_answered = asyncio.Event()
+        self.all_answered.set()
+        self.cut_tasks: set[asyncio.Task[object]] = set()  # those still running when the drain ran out
 
     # The compute step's.
     @abstractmethod
@@ -98,10 +112,8 @@ class DataPlane(ABC):
         the start of shutdown."""
 
     @abstractmethod
-    def check_serving(self) -> None:
-        """NotReady unless requests are taken: from startup until the engine stops. While the process drains,
-        `ready()` is False but requests still are: the edges take no new connections or calls then, so what
-        reaches the data plane was accepted before the shutdown began and is answered."""
+    def check_taking(self) -> None:
+        """NotReady unless the compute step takes requests: once the models are loaded, until it stops."""
 
     @abstractmethod
     async def compute(self, request: InferenceRequest) -> Inference:
@@ -129,10 +141,6 @@ class DataPlane(ABC):
         """Stop admitting requests for a model, answer those admitted, then free it."""
 
     @abstractmethod
-    def begin_drain(self) -> None:
-        """Unready for every protocol at once: the first step of shutdown; accepted requests are still taken."""
-
-    @abstractmethod
     async def shutdown(self, timeout_s: float | None = None) -> None:
         """Answer what was accepted (within `timeout_s`, default VIT_DRAIN_TIMEOUT_S), then stop."""
 
@@ -140,6 +148,67 @@ class DataPlane(ABC):
     def live(self) -> bool:
         """True while the process serves."""
         return True
+
+    def check_serving(self) -> None:
+        """NotReady unless requests are taken: not while the models load, nor once the compute step stopped; while
+        the process drains, Draining for a request that arrived after the drain began."""
+        if self.draining and not ARRIVED_BEFORE_DRAIN.get():
+            raise Draining(DRAINING)
+        self.check_taking()
+
+    def begin_drain(self) -> None:
+        """Unready for every protocol at once, and requests arriving from now on refused (Draining): the first step
+        of shutdown. The requests accepted before are still served."""
+        self.draining = True
+
+    @contextlib.contextmanager
+    def accepted(self) -> Iterator[None]:
+        """Around an edge's request, from its arrival to its answer: counted until answered (what `settle` waits
+        for), refused by `check_serving` if it arrived while draining. A `Draining` raised inside, or the
+        cancellation `cut` sends, is the edge's to answer as its protocol says."""
+        task = asyncio.current_task()
+        token = ARRIVED_BEFORE_DRAIN.set(not self.draining)
+        if task is not None:
+            self.running.add(task)
+            self.all_answered.clear()
+        try:
+            yield
+        finally:
+            ARRIVED_BEFORE_DRAIN.reset(token)
+            if task is not None:
+                self.running.discard(task)
+                if not self.running:
+                    self.all_answered.set()
+
+    async def settle(self, timeout_s: float) -> bool:
+        """Whether every accepted request was answered within `timeout_s`."""
+        try:
+            await asyncio.wait_for(self.all_answered.wait(), max(0.0, timeout_s))
+            return True
+        except TimeoutError:
+            return False
+
+    def cut(self) -> int:
+        """The drain time is out: each request still running is cancelled, and its edge answers it Draining
+        (DRAIN_TIMED_OUT); how many there were."""
+        cut = [task for task in self.running if not task.done()]
+        self.cut_tasks.update(cut)
+        for task in cut:
+            task.cancel()
+        return len(cut)
+
+    def cut_here(self) -> bool:
+        """Whether the current task was cancelled by `cut`: its edge answers it Draining (DRAIN_TIMED_OUT), and the
+        task is no longer cancelled."""
+        task = asyncio.current_task()
+        if task is None or task not in self.cut_tasks:
+            return False
+        task.uncancel()
+        return True
+
+    @staticmethod
+    def cut_error() -> Draining:
+        return Draining(DRAIN_TIMED_OUT)
 
     def authorize(self, credentials: str | None) -> None:
         """Unauthorized unless `credentials` is a valid API key (anything passes when VIT_API_KEYS is unset)."""

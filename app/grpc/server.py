@@ -8,6 +8,7 @@ Started and drained by the process's owner (`app.server`), beside the HTTP serve
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import time
@@ -48,6 +49,7 @@ STATUS: dict[type[errors.ServiceError], grpc.StatusCode] = {
     errors.ModelNotFound: Code.NOT_FOUND,
     errors.Overloaded: Code.UNAVAILABLE,
     errors.NotReady: Code.UNAVAILABLE,
+    errors.Draining: Code.UNAVAILABLE,
     errors.RequestTimeout: Code.DEADLINE_EXCEEDED,
     errors.InferenceFailed: Code.INTERNAL,
     errors.LoadFailed: Code.INVALID_ARGUMENT,
@@ -69,7 +71,8 @@ def rpc(
     """An RPC that parses its own request (bytes that are no such message: INVALID_ARGUMENT, not UNKNOWN) and
     answers the core's errors with status codes, counted and timed as HTTP requests are. With `serving`, it
     answers UNAVAILABLE until the models are loaded and once the engine has stopped (while the server drains
-    it answers the calls it accepted); with `authorized`, it needs an API key (when VIT_API_KEYS is set)."""
+    it answers the calls it accepted and refuses new ones, `draining`); with `authorized`, it needs an API key
+    (when VIT_API_KEYS is set). Each call is held as accepted by the data plane until answered."""
 
     def decorate(method: Method[Request, Response]) -> Handler[Response]:
         name = method.__name__
@@ -98,12 +101,17 @@ def rpc(
                     context.set_trailing_metadata((("retry-after", str(e.retry_after_s)),))
             except grpc.aio.AbortError:
                 raise
-            except BaseException as e:  # cancelled (client gone, deadline) or a fault: never a crash
-                if not isinstance(e, Exception):
+            except BaseException as e:  # cancelled (client gone, deadline, the drain's end) or a fault: never a crash
+                if (
+                    isinstance(e, asyncio.CancelledError) and self.plane.cut_here()
+                ):  # still running when the drain ran out
+                    code, detail = Code.UNAVAILABLE, self.plane.cut_error().detail
+                elif not isinstance(e, Exception):
                     self.count(name, Code.CANCELLED, started)
                     raise
-                code, detail = Code.INTERNAL, "internal error; see the server log"
-                log.exception("unhandled error in gRPC %s", name)
+                else:
+                    code, detail = Code.INTERNAL, "internal error; see the server log"
+                    log.exception("unhandled error in gRPC %s", name)
             else:
                 self.count(name, Code.OK, started)
                 return response
@@ -127,7 +135,8 @@ def rpc(
                     in_flight.dec()
 
             try:
-                return await handle(self, body, context, settle)
+                with self.plane.accepted():
+                    return await handle(self, body, context, settle)
             finally:
                 settle()
 
@@ -297,13 +306,17 @@ class GrpcServer:
                 ("grpc.so_reuseport", int(reuse_port)),
             ],
         )
-        servicer = InferenceServicer(plane)
+        self.servicer = servicer = InferenceServicer(plane)
         rpcs = {
             name: grpc.unary_unary_rpc_method_handler(getattr(servicer, name), response_serializer=serialize)
             for name in dir(servicer)
             if getattr(getattr(servicer, name), "rpc", False)
         }
         self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, rpcs),))
+
+    def hand_over(self, plane: DataPlane) -> None:
+        """Serve `plane` from the next call on (the engine, once the models are loaded)."""
+        self.servicer.plane = plane
 
     async def start(self) -> None:
         try:

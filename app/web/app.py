@@ -8,7 +8,7 @@ from app import __version__
 from app.core.data_plane import DataPlane
 from app.telemetry.tracing import tracing_configured
 from app.web.errors import install_error_handlers
-from app.web.middleware import RequestTelemetry, http_telemetry
+from app.web.middleware import AcceptedRequests, RequestTelemetry, http_telemetry
 from app.web.pages import install_pages
 from app.web.pages import router as pages_router
 from app.web.predict_routes import router
@@ -43,5 +43,6 @@ def create_app(data_plane: DataPlane) -> FastAPI:
     install_pages(app)  # the try-it page at /, and /docs and /redoc with local assets
     # the routes as each router declares them (APIRouter.routes), then the app's own (/openapi.json, the mounts)
     routes = [*router.routes, *v2_router.routes, *pages_router.routes, *app.router.routes]
+    app.add_middleware(AcceptedRequests)  # inside the telemetry: its answers are counted and logged
     app.add_middleware(RequestTelemetry, metrics=data_plane.metrics, routes=routes)
     return app

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from starlette.datastructures import Headers
 
-from app.core.contract.errors import NOT_READY, NotReady
+from app.core.contract.errors import DRAINING, NOT_READY, Draining, NotReady
 from app.core.data_plane import DataPlane
 
 
@@ -31,9 +31,9 @@ async def serving_data_plane(plane: Annotated[DataPlane, Depends(data_plane)]) -
 
 
 async def ready_data_plane(plane: Annotated[DataPlane, Depends(data_plane)]) -> DataPlane:
-    """For readiness probes: NotReady before the models are loaded and from the start of shutdown."""
+    """For readiness probes: NotReady before the models are loaded, Draining from the start of shutdown."""
     if not plane.ready():
-        raise NotReady(NOT_READY)
+        raise Draining(DRAINING) if plane.draining else NotReady(NOT_READY)
     return plane
 
 

@@ -29,6 +29,7 @@ PREDICT_STATUS: dict[type[errors.ServiceError], int] = {
     errors.ModelNotFound: 404,
     errors.Overloaded: 503,
     errors.NotReady: 503,
+    errors.Draining: 503,
     errors.RequestTimeout: 504,
     errors.InferenceFailed: 500,
     errors.LoadFailed: 400,
@@ -88,6 +89,8 @@ def install_error_handlers(app: FastAPI) -> None:
     async def service_error(request: Request, exc: errors.ServiceError) -> JSONResponse:
         protocol = protocol_of(request)
         headers = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s is not None else None
+        if isinstance(exc, errors.Draining):  # the client's next request opens a connection, to another replica
+            headers = {"Connection": "close"}
         detail = f"{exc.detail}; {KEY_HINT}" if isinstance(exc, errors.Unauthorized) else exc.detail
         return protocol.response(protocol.status_of(exc), detail, headers)
 

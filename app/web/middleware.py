@@ -1,8 +1,10 @@
-"""ASGI middleware: a request ID on every request and response, one access log line, HTTP metrics; and
-the settings of FastAPI's own OpenTelemetry instrumentation, which opens each request's server span."""
+"""ASGI middleware: a request ID on every request and response, one access log line, HTTP metrics; each request
+held as accepted by the data plane while it runs (the drain waits for it); and the settings of FastAPI's own
+OpenTelemetry instrumentation, which opens each request's server span."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import os
@@ -13,10 +15,13 @@ from collections.abc import Sequence
 
 from fastapi.telemetry import TelemetryConfig
 from opentelemetry import trace
+from starlette.requests import Request
 from starlette.routing import BaseRoute, Match, Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.core.data_plane import DataPlane
 from app.telemetry.metrics import Metrics
+from app.web.errors import protocol_of
 
 log = logging.getLogger("app.access")
 VALID_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
@@ -153,3 +158,35 @@ class RequestTelemetry:
                     traced,
                     extra=extra,
                 )
+
+
+class AcceptedRequests:
+    """Each request accepted by the app's data plane (`DataPlane.accepted`) until answered: the drain waits for it,
+    and one still running when the drain runs out is answered 503 (DRAIN_TIMED_OUT) in its route's protocol's
+    format, with `Connection: close`, instead of being dropped."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        plane: DataPlane = scope["app"].state.data_plane  # read per request: it changes once the models are loaded
+        started = False
+
+        async def send_noting_start(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        with plane.accepted():
+            try:
+                await self.app(scope, receive, send_noting_start)
+            except asyncio.CancelledError:
+                if not plane.cut_here():
+                    raise
+                if not started:
+                    error = plane.cut_error()
+                    response = protocol_of(Request(scope)).response(503, error.detail, {"Connection": "close"})
+                    await response(scope, receive, send)

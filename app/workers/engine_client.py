@@ -33,7 +33,7 @@ import zmq
 from PIL import Image
 
 from app.core.contract.description import ModelDescription, ModelStatus, ShadowReport
-from app.core.contract.errors import NOT_READY, TIMED_OUT, NotReady, Overloaded, RequestTimeout
+from app.core.contract.errors import LOADING, NOT_READY, TIMED_OUT, NotReady, Overloaded, RequestTimeout
 from app.core.contract.inference import Inference, InferenceRequest
 from app.core.contract.request import DecodedImage, EncodedImage, InferOptions
 from app.core.data_plane import DataPlane
@@ -73,7 +73,7 @@ class EngineClient(DataPlane):
         self.channel: link.Channel | None = None  # once started
         self.state: link.State | None = None  # the engine's, while it is up
         self.heard_at = 0.0
-        self.draining = False
+        self.engine_seen = False  # an engine has answered (before: the models are loading)
         self.pending: dict[int, Pending] = {}
         self.outbox: list[link.InferCall | link.Cancel] = []  # sent together, once per go of the event loop
         self.ids = itertools.count()
@@ -165,6 +165,7 @@ class EngineClient(DataPlane):
         if self.state is not None and state.incarnation != self.state.incarnation:
             self.engine_gone("the engine was replaced")
         if self.state is None:
+            self.engine_seen = True
             self.watch_engine(state.pid)
             log.info("front-end pid %d: connected to the engine (pid %d)", os.getpid(), state.pid)
         changed = self.state is None or state.seq != self.state.seq
@@ -218,12 +219,9 @@ class EngineClient(DataPlane):
     def ready(self) -> bool:
         return self.state is not None and self.state.ready and not self.draining
 
-    def begin_drain(self) -> None:
-        self.draining = True
-
-    def check_serving(self) -> None:
+    def check_taking(self) -> None:
         if self.state is None:
-            raise NotReady(ENGINE_GONE)
+            raise NotReady(ENGINE_GONE if self.engine_seen else LOADING)
         if not self.state.taking_requests:
             raise NotReady(NOT_READY)
 

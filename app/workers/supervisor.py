@@ -45,7 +45,7 @@ from typing import Any
 import torch
 from prometheus_client import multiprocess
 
-from app.serving import cannot_listen
+from app.listen import cannot_listen
 from app.settings import Settings
 from app.startup import STARTUP_FAILED_EXIT_CODE, startup_errors, startup_failed
 from app.telemetry.logs import configure_logging
@@ -151,13 +151,12 @@ class Supervisor:
             shutil.rmtree(self.directory, ignore_errors=True)
 
     async def supervise(self, stop: asyncio.Event) -> int:
-        if not await self.start_engine(first=True, stop=stop):
-            if stop.is_set():  # stopped while the models loaded
-                await self.shut_down()
-                return 0
-            return STARTUP_FAILED_EXIT_CODE
-        for slot in range(self.workers):
-            self.start_front_end(slot)
+        self.start_engine()
+        for slot in range(self.workers):  # listening at once: not ready (503) while the engine loads the models
+            self.start_front_end(slot, listen_at_once=True)
+        if not await self.engine_loads(stop):
+            await self.shut_down()
+            return 0 if stop.is_set() else STARTUP_FAILED_EXIT_CODE
         log.info(
             "started %d front-end processes (HTTP on %s:%d, gRPC %s) over the engine process (pid %s)",
             self.workers,
@@ -172,9 +171,8 @@ class Supervisor:
         await self.shut_down()
         return self.exit_code
 
-    async def start_engine(self, first: bool = False, stop: asyncio.Event | None = None) -> bool:
-        """The engine process started; on the first start, True once it is serving, False if it failed
-        (or `stop` was set first)."""
+    def start_engine(self) -> None:
+        """The engine process started (it loads the models, then serves the front-ends)."""
         loaded = self.spawn.Event()
         process = self.spawn.Process(
             target=engine_main,
@@ -185,11 +183,14 @@ class Supervisor:
         process.start()
         self.engine = Child("engine", process, time.monotonic())
         self.engine_loaded = loaded  # held: the child opens it while it starts
-        if not first:
-            return True
+
+    async def engine_loads(self, stop: asyncio.Event) -> bool:
+        """True once the engine first started is serving; False if it failed (or `stop` was set first)."""
+        assert self.engine is not None and self.engine_loaded is not None
+        process, loaded = self.engine.process, self.engine_loaded
         deadline = time.monotonic() + ENGINE_START_TIMEOUT_S
         while not loaded.is_set():
-            if stop is not None and stop.is_set():
+            if stop.is_set():
                 return False
             if not process.is_alive() or time.monotonic() > deadline:
                 process.join(1)
@@ -199,7 +200,9 @@ class Supervisor:
             await asyncio.sleep(0.05)
         return True
 
-    def start_front_end(self, slot: int) -> None:
+    def start_front_end(self, slot: int, listen_at_once: bool = False) -> None:
+        """Front-end `slot` started: listening at once at the service's start, otherwise (a restart) once the
+        engine has answered, so that it does not answer not-ready beside front-ends that are ready."""
         self.generation += 1
         arena = self.directory / f"front-end-{slot}-{self.generation}.shm"
         plan = FrontEndPlan(
@@ -211,6 +214,7 @@ class Supervisor:
             arena_bytes(self.settings),
             self.directory / "regions",
             os.getpid(),
+            listen_at_once,
         )
         process = self.fork.Process(
             target=front_end_main,
@@ -257,7 +261,7 @@ class Supervisor:
             if time.monotonic() - child.started_at < RESTART_BACKOFF_S:
                 await asyncio.sleep(RESTART_BACKOFF_S)
             if child is self.engine:
-                await self.start_engine()
+                self.start_engine()
             else:
                 slot = next(s for s, c in self.front_ends.items() if c is child)
                 for stale in self.directory.glob(f"front-end-{slot}-*.shm"):
@@ -393,6 +397,7 @@ class FrontEndPlan:
     arena_size: int
     regions: Path  # the folder of the shared-memory regions clients register
     supervisor: int  # the supervisor's pid, watched
+    listen_at_once: bool  # before the engine answers (the service's start), or only once it has (a restart)
 
 
 def front_end_main(plan: FrontEndPlan) -> None:
@@ -416,4 +421,4 @@ async def serve_through_engine(plan: FrontEndPlan) -> int:
     except ValueError as e:
         return startup_failed(e)
     plane = EngineClient(settings, Metrics(), plan.address, arena, plan.regions)
-    return await serve_front_end(host, port, settings, plane, stop)
+    return await serve_front_end(host, port, settings, plane, stop, plan.listen_at_once)

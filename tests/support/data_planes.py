@@ -25,8 +25,8 @@ class UnreadyDataPlane(DataPlane):
     def ready(self) -> bool:
         return False
 
-    def check_serving(self) -> None:
-        raise self.refuse("check_serving")
+    def check_taking(self) -> None:
+        raise self.refuse("check_taking")
 
     def models(self) -> list[ModelDescription]:
         raise self.refuse("models")
@@ -50,6 +50,7 @@ class UnreadyDataPlane(DataPlane):
         raise self.refuse("unload_model")
 
     def begin_drain(self) -> None:
+        super().begin_drain()
         self.calls.append("begin_drain")
 
     async def shutdown(self, timeout_s: float | None = None) -> None:

@@ -47,7 +47,16 @@ class NotReady(ServiceError):
     """Not loaded yet, or draining for shutdown."""
 
 
+class Draining(NotReady):
+    """Shutting down: a request that came after the drain began, or one still running when it ran out. Over HTTP
+    its answer closes the connection (`Connection: close`), so a client's next request opens one to another
+    replica."""
+
+
 NOT_READY = "not ready: the models are not loaded yet or the service is draining; retry shortly"
+LOADING = "not ready: the models are loading; retry shortly"
+DRAINING = "draining: this server is shutting down; retry on another replica"
+DRAIN_TIMED_OUT = "draining: not finished within VIT_DRAIN_TIMEOUT_S; retry on another replica"
 TIMED_OUT = "the request was not answered within VIT_REQUEST_TIMEOUT_S; retry or send fewer images"
 
 

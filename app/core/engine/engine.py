@@ -161,7 +161,7 @@ class Engine(DataPlane):
     def ready(self) -> bool:
         return self.is_ready
 
-    def check_serving(self) -> None:
+    def check_taking(self) -> None:
         if not self.taking_requests:
             raise NotReady(NOT_READY)
 
@@ -189,6 +189,7 @@ class Engine(DataPlane):
         return self.shadowing.report(champion)
 
     def begin_drain(self) -> None:
+        super().begin_drain()
         self.is_ready = False
         self.metrics.ready.set(0)
 
@@ -206,7 +207,12 @@ class Engine(DataPlane):
         for model, ok in zip(self.served.values(), drained, strict=True):
             if not ok and self.started:
                 queued = model.batcher.queue_depth
-                log.warning("model %s: drain timed out after %.1fs with %d images queued", model.name, timeout, queued)
+                log.warning(
+                    "model %s: %d images not computed within VIT_DRAIN_TIMEOUT_S (%.0f s left of it)",
+                    model.name,
+                    queued,
+                    timeout,
+                )
             await model.batcher.stop()
         self.cpu_pool.shutdown(wait=False, cancel_futures=True)
         self.regions.close()

@@ -192,7 +192,7 @@ async def test_the_edges_ask_only_the_data_plane(shape_png: bytes) -> None:
         r = await c.post("/v2/models/m/infer", json={"inputs": []})
         assert r.status_code == 503 and "not loaded yet" in r.json()["error"]
         assert (await c.get("/metrics")).status_code == 200
-    assert plane.calls == ["check_serving"] * 2  # /predict and V2 infer; readiness asks ready()
+    assert plane.calls == ["check_taking"] * 2  # /predict and V2 infer; readiness asks ready()
 
 
 async def test_api_keys_guard_predict_only(make_client: ClientFactory, shape_png: bytes) -> None:

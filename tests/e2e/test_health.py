@@ -1,0 +1,191 @@
+"""Health through a start and a drain, as an orchestrator's probes and a client meet it: the HTTP listener is up
+before the models load and until the drain ends; `/health/ready` answers 503 and gRPC `ServerReady` false while
+the models load and from SIGTERM on; inference then gets 503 `not ready` (loading) or `draining` (with
+`Connection: close`), never a refused connection; the requests accepted before SIGTERM are answered, and those
+still running when VIT_DRAIN_TIMEOUT_S runs out get 503 `draining: not finished within VIT_DRAIN_TIMEOUT_S`.
+
+The service runs over the device stand-in (`harness.stand_in`), whose model load takes LOAD_S longer (a hub
+download) and whose forward is slow enough to keep requests in flight through a SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+
+from app.codecs.proto import messages_pb2 as pb
+from app.codecs.proto.service_pb2_grpc import GRPCInferenceServiceStub
+from app.core.contract.errors import DRAIN_TIMED_OUT
+from harness.images import photo_jpeg
+from harness.models import stand_in_checkpoint
+from harness.server import ServerProcess, free_port
+from harness.stand_in import stand_in_server
+from tests.support.grpc_requests import image_request
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+LOAD_S = 4.0  # the stand-in's model load, longer by this
+JPEG = photo_jpeg(0)
+REFUSED = "refused"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return stand_in_checkpoint(tmp_path_factory.mktemp("health") / "m.safetensors", classes=10)
+
+
+def served(checkpoint: Path, how: str, slower: float, drain_s: float) -> tuple[ServerProcess, str]:
+    """The stand-in service as `how` runs it (`workers-1`, `workers-2`: python -m app; `uvicorn`: uvicorn
+    app.main:app), not yet waited for, and its gRPC target."""
+    grpc_port = free_port()
+    env = {"VIT_GRPC_PORT": str(grpc_port), "VIT_DRAIN_TIMEOUT_S": str(drain_s), "VIT_LOG_LEVEL": "info"}
+    if how.startswith("workers-"):
+        env["VIT_WORKERS"] = how.removeprefix("workers-")
+    server = stand_in_server(checkpoint, "vit-b16", slower, load_s=LOAD_S, uvicorn=how == "uvicorn", **env)
+    return server, f"127.0.0.1:{grpc_port}"
+
+
+async def http_status(client: httpx.AsyncClient, method: str, path: str, **kwargs: object) -> int | str:
+    try:
+        return (await client.request(method, path, timeout=3, **kwargs)).status_code  # type: ignore[arg-type]
+    except httpx.ConnectError:
+        return REFUSED
+
+
+async def grpc_ready(stub: GRPCInferenceServiceStub) -> bool | str:
+    try:
+        return bool((await stub.ServerReady(pb.ServerReadyRequest(), timeout=3)).ready)
+    except grpc.aio.AioRpcError as e:
+        return REFUSED if e.code() == grpc.StatusCode.UNAVAILABLE else e.code().name
+
+
+def after_first_answer(seen: list[int | str | bool]) -> list[int | str | bool]:
+    """What the polls got from the first one answered on: before it, the interpreter had not started listening."""
+    first = next((i for i, got in enumerate(seen) if got != REFUSED), len(seen))
+    return seen[first:]
+
+
+async def through_start(server: ServerProcess, stub: GRPCInferenceServiceStub) -> dict[str, list[int | str | bool]]:
+    """Polls every 0.1 s from the process's start until /health/ready answers 200."""
+    seen: dict[str, list[int | str | bool]] = {"ready": [], "live": [], "v2 ready": [], "grpc": [], "predict": []}
+    details: list[tuple[str, bool]] = []
+    deadline = time.monotonic() + 120
+    async with httpx.AsyncClient(base_url=server.url) as client:
+        while (ready := await http_status(client, "GET", "/health/ready")) != 200:
+            assert time.monotonic() < deadline and server.proc.poll() is None, server.read_output()[-3000:]
+            seen["ready"].append(ready)
+            seen["grpc"].append(await grpc_ready(stub))
+            if ready != REFUSED:
+                seen["live"].append(await http_status(client, "GET", "/health/live"))
+                seen["v2 ready"].append(await http_status(client, "GET", "/v2/health/ready"))
+                r = await client.post("/predict", content=JPEG, headers={"content-type": "image/jpeg"}, timeout=3)
+                seen["predict"].append(r.status_code)
+                details.append((r.json()["detail"], "retry-after" in r.headers))
+            await asyncio.sleep(0.1)
+    seen["details"] = details  # type: ignore[assignment]
+    return seen
+
+
+async def through_drain(
+    server: ServerProcess, stub: GRPCInferenceServiceStub, grpc_calls: int = 4, posts: int = 8
+) -> tuple[dict[str, list[int | str | bool]], list[int], list[str], list[str]]:
+    """`posts` /predict requests and `grpc_calls` ModelInfer calls in flight, SIGTERM, then polls until every one is
+    answered: what the polls got, the posts' statuses and details, and the calls' outcomes."""
+    seen: dict[str, list[int | str | bool]] = {"ready": [], "grpc": [], "predict": []}
+    headers = {"content-type": "image/jpeg"}
+    async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+        http_before = await asyncio.to_thread(server.accepted, "http", "/predict")
+        grpc_before = await asyncio.to_thread(server.accepted, "grpc", "ModelInfer")
+        sent = [asyncio.create_task(client.post("/predict", content=JPEG, headers=headers)) for _ in range(posts)]
+        called = [asyncio.ensure_future(stub.ModelInfer(image_request(JPEG, model="m"))) for _ in range(grpc_calls)]
+        await server.until_accepted("http", "/predict", http_before + posts)
+        await server.until_accepted("grpc", "ModelInfer", grpc_before + grpc_calls)
+        os.killpg(server.proc.pid, signal.SIGTERM)  # as `kill %1` does: serving processes have sessions of their own
+        async with httpx.AsyncClient(base_url=server.url) as poller:
+            while not all(t.done() for t in [*sent, *called]):
+                seen["ready"].append(await http_status(poller, "GET", "/health/ready"))
+                seen["grpc"].append(await grpc_ready(stub))
+                r = await poller.post("/predict", content=JPEG, headers=headers, timeout=3)
+                seen["predict"].append(r.status_code)
+                assert r.status_code != 503 or (
+                    r.json()["detail"].startswith("draining") and r.headers.get("connection") == "close"
+                ), (r.headers, r.text)
+                await asyncio.sleep(0.1)
+        answers = await asyncio.gather(*sent)
+        outcomes = []
+        for call in called:
+            try:
+                outcomes.append(f"OK {len((await call).outputs)}")
+            except grpc.aio.AioRpcError as e:
+                outcomes.append(f"{e.code().name} {e.details()}")
+    return seen, [r.status_code for r in answers], [r.text for r in answers], outcomes
+
+
+@pytest.fixture
+def stopped_servers() -> Iterator[list[ServerProcess]]:
+    servers: list[ServerProcess] = []
+    yield servers
+    for server in servers:
+        server.stop()
+
+
+@pytest.mark.parametrize("how", ["workers-1", "workers-2", "uvicorn"])
+def test_not_ready_never_refused_through_start_and_drain(
+    checkpoint: Path, how: str, stopped_servers: list[ServerProcess]
+) -> None:
+    """While the models load: live 200, ready 503, ServerReady false, /predict 503 `not ready` without Retry-After.
+    From SIGTERM until every accepted request is answered: ready 503, ServerReady false, /predict 503 `draining`,
+    the accepted requests 200. Never a refused connection from the listener's first answer to the drain's end."""
+    server, target = served(checkpoint, how, slower=300, drain_s=30)
+    stopped_servers.append(server)
+
+    async def run() -> tuple[dict[str, list[int | str | bool]], tuple[object, ...]]:
+        async with grpc.aio.insecure_channel(target) as channel:
+            stub = GRPCInferenceServiceStub(channel)
+            start = await through_start(server, stub)
+            drain = await through_drain(server, stub)
+        return start, drain
+
+    start, (drain, statuses, texts, outcomes) = asyncio.run(run())
+    ready = after_first_answer(start["ready"])
+    assert ready and set(ready) == {503}, start  # listening before the models loaded, never refused after
+    assert set(start["live"]) == {200} and set(start["v2 ready"]) == {503}, start
+    assert set(start["predict"]) == {503}, start
+    assert {d for d, _ in start["details"]} == {"not ready: the models are loading; retry shortly"}, start  # type: ignore[misc]
+    assert not any(retry for _, retry in start["details"]), start  # type: ignore[misc]
+    assert set(after_first_answer(start["grpc"])) == {False}, start
+    assert statuses == [200] * 8, texts
+    assert outcomes == ["OK 1"] * 4, outcomes
+    assert drain["ready"] and set(drain["ready"]) == {503}, drain  # every poll answered: no refused connection
+    assert set(drain["grpc"]) == {False} and set(drain["predict"]) == {503}, drain
+    assert server.proc.wait(timeout=60) in (0, -signal.SIGTERM), server.read_output()[-3000:]  # uvicorn re-raises
+
+
+def test_requests_still_running_when_the_drain_runs_out_get_503_draining(
+    checkpoint: Path, stopped_servers: list[ServerProcess]
+) -> None:
+    """A forward longer than VIT_DRAIN_TIMEOUT_S: the requests it holds are answered 503 (HTTP) and UNAVAILABLE
+    (gRPC) with DRAIN_TIMED_OUT when the drain time is out; the log has one line with their count and no
+    traceback."""
+    server, target = served(checkpoint, "workers-1", slower=4000, drain_s=1)
+    stopped_servers.append(server)
+    server.wait_ready(timeout=120)
+
+    async def run() -> tuple[object, ...]:
+        async with grpc.aio.insecure_channel(target) as channel:
+            return await through_drain(server, GRPCInferenceServiceStub(channel), grpc_calls=2, posts=2)
+
+    _, statuses, texts, outcomes = asyncio.run(run())
+    assert statuses == [503, 503], texts
+    assert all(DRAIN_TIMED_OUT in text for text in texts), texts
+    assert outcomes == [f"UNAVAILABLE {DRAIN_TIMED_OUT}"] * 2, outcomes
+    assert server.proc.wait(timeout=60) == 0
+    out = server.stop()
+    assert "draining: 4 requests not finished within VIT_DRAIN_TIMEOUT_S (1 s) answered 503 draining" in out, out
+    assert "Traceback" not in out, out
