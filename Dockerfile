@@ -49,7 +49,7 @@ USER vit
 EXPOSE 8000
 # the Open Inference Protocol over gRPC (VIT_GRPC_PORT)
 EXPOSE 8001
-HEALTHCHECK --interval=10s --timeout=3s --start-period=120s --retries=3 \
+HEALTHCHECK --interval=10s --timeout=3s --start-period=600s --retries=3 \
     CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/health/ready', timeout=2).status != 200)"]
 STOPSIGNAL SIGTERM
 CMD ["python", "-m", "app", "--host", "0.0.0.0", "--port", "8000"]

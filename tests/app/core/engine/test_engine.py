@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from app.core.contract.errors import InvalidInput, ModelNotFound, NotReady, UnsupportedMediaType
+from app.core.contract.errors import Draining, InvalidInput, ModelNotFound, NotReady, UnsupportedMediaType
 from app.core.contract.inference import Inference, InferenceRequest
 from app.core.contract.request import DecodedImage, EncodedImage, InferOptions
 from app.core.engine.engine import Engine
@@ -91,7 +91,7 @@ async def test_readiness_follows_start_and_shutdown(service: Engine) -> None:
     service.check_serving()
     assert service.metrics.ready._value.get() == 1
     await service.shutdown()
-    with pytest.raises(NotReady, match="retry shortly"):
+    with pytest.raises(Draining, match="shutting down"):
         service.check_serving()
     with pytest.raises(NotReady, match="shutting down"):
         await service.lane.run(service.model(None), images(1), InferOptions())
