@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Literal, get_origin
@@ -79,3 +80,25 @@ def test_every_closed_choice_is_documented_with_all_its_values() -> None:
             assert value in rows[f"VIT_{name.upper()}"], f"VIT_{name.upper()}: {value} is not documented"
         checked += bool(values)
     assert checked >= 4  # backend, decode, model_control, log_level
+
+
+NUMBERS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6}
+
+
+def test_the_zero_shot_transcript_counts_the_probabilities_it_shows() -> None:
+    """docs/pretrained.md's words about SigLIP's answer count what its transcript's SigLIP answer holds."""
+    page = (ROOT / "docs" / "pretrained.md").read_text()
+    answer = next(line for line in page.splitlines() if line.startswith('{"model":{"name":"siglip"'))
+    shown = len(json.loads(answer)["results"][0]["probabilities"])
+    [said] = re.findall(r"SigLIP's (\w+) probabilities", page)
+    assert NUMBERS[said] == shown, f"the page says {said}, its transcript shows {shown}"
+
+
+def test_the_batch_transcripts_read_only_files_the_page_makes() -> None:
+    """Every file a command on docs/batch.md reads under imgs/ is made by a command before it on the page."""
+    page = (ROOT / "docs" / "batch.md").read_text()
+    for command in re.finditer(r"^\$ python -m app\.batch (.*)$", page, re.MULTILINE):
+        made = page[: command.start()]
+        for path in re.findall(r"\b(imgs/[\w.]+)", command[1]):
+            written = re.search(rf"> ?{re.escape(path)}\b|Path\('{re.escape(path)}'\)\.write_", made)
+            assert written, f"docs/batch.md: `{command[0]}` reads {path}, which no command before it makes"

@@ -29,7 +29,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from app.settings import BUNDLED_WEIGHTS
 from harness.images import encode
-from harness.server import Server
+from harness.server import ROOT, Server
 from model.shapes import SHAPE_CLASSES, make_sample
 from tests.support.servers import ServerFactory
 
@@ -183,6 +183,10 @@ def test_the_page_says_whether_an_image_looks_like_what_the_model_knows(
     assert camera.text.startswith("Unlike the images this model knows (score ")
     score = float(camera.text.split("score ")[1].split(";")[0])
     assert score > p99
+    # docs/api.md quotes the page's words for this photograph
+    api = " ".join((ROOT / "docs" / "api.md").read_text().split())
+    quoted = re.search(r"\*(Unlike the images this model knows \(score [^*]+)\*", api)
+    assert quoted is not None and quoted[1] == " ".join(camera.text.split()), (quoted, camera.text)
 
 
 @pytest.mark.browser
