@@ -68,7 +68,8 @@ async def serve(host: str, port: int, settings: Settings | None = None, listenin
     running = asyncio.create_task(serving.run(stop))
     loading = asyncio.create_task(asyncio.to_thread(Engine.load, settings, metrics))
     await asyncio.wait([running, loading], return_when=asyncio.FIRST_COMPLETED)
-    if not loading.done():  # stopped (or HTTP failed) while the models load: drained, the load is let finish
+    stopped = stop.is_set() or running.done()
+    if stopped or not loading.done():  # stopped (or HTTP failed) while the models loaded: drained, the load let finish
         code = await running
         with contextlib.suppress(*startup_errors()):
             await (await loading).shutdown(0)

@@ -110,6 +110,8 @@ class Serving:
         once the models are loaded, in place of the `LoadingPlane` that answered until then. The first plane is
         shut down."""
         loading, self.plane = self.plane, plane
+        if self.answering is not None:  # a drain under way goes on over the new plane: never ready
+            plane.begin_drain()
         self.app.state.data_plane = plane
         if self.grpc is not None:
             self.grpc.hand_over(plane)

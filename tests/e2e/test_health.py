@@ -189,3 +189,30 @@ def test_requests_still_running_when_the_drain_runs_out_get_503_draining(
     out = server.stop()
     assert "draining: 4 requests not finished within VIT_DRAIN_TIMEOUT_S (1 s) answered 503 draining" in out, out
     assert "Traceback" not in out, out
+
+
+def test_sigterm_while_the_models_load_stops_the_start_cleanly(
+    checkpoint: Path, stopped_servers: list[ServerProcess]
+) -> None:
+    """SIGTERM while the models load: the service never turns ready, refuses nothing it accepted, lets the load
+    finish and exits 0 with no traceback."""
+    server, _ = served(checkpoint, "workers-1", slower=1, drain_s=5)
+    stopped_servers.append(server)
+    deadline = time.monotonic() + 60
+    while (ready := http_ready_status(server)) != 503:
+        assert ready != 200 and time.monotonic() < deadline, server.read_output()[-3000:]
+        time.sleep(0.05)
+    os.killpg(server.proc.pid, signal.SIGTERM)
+    while server.proc.poll() is None:
+        assert http_ready_status(server) in (503, REFUSED)  # never ready; refused once the drain has ended
+        time.sleep(0.05)
+    out = server.stop()
+    assert server.proc.returncode == 0, out
+    assert "ready: HTTP" not in out and "Traceback" not in out, out
+
+
+def http_ready_status(server: ServerProcess) -> int | str:
+    try:
+        return httpx.get(server.url + "/health/ready", timeout=3).status_code
+    except httpx.ConnectError:
+        return REFUSED
