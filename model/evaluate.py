@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from model import shapes, shapes_outlines, shapes_second
+from model import shapes, shapes_outlines, shapes_second, shapes_third
 from model.arguments import at_least
 from model.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from model.data import DATASETS, DataOptions, DatasetNotFoundError, ShapesDataset, build_data
@@ -30,11 +30,12 @@ from model.shapes import ShapeSample
 from model.version import numeric_version
 
 DEFAULT_SHAPES_EVAL_SEED = 20261121  # never used for training: a fresh held-out set
-# The shapes renderers: the one training uses, a second drawn apart, held out to measure generalisation, and the
-# spec's closest case of an outline and a ring, alone.
+# The shapes renderers: the one training uses, a second and a third drawn apart (the third from the model card's
+# spec alone), held out to measure generalisation, and the spec's closest case of an outline and a ring, alone.
 RENDERERS: dict[str, Callable[[int, int], ShapeSample]] = {
     "shapes": shapes.make_sample,
     "second": shapes_second.make_sample,
+    "third": shapes_third.make_sample,
     "outlines": shapes_outlines.make_sample,
 }
 
@@ -62,8 +63,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--renderer",
         choices=list(RENDERERS),
         default="shapes",
-        help="shapes: the training renderer (model/shapes.py), `second`, drawn apart (model/shapes_second.py), or "
-        "`outlines`, small thick-outlined circles and rings alone (model/shapes_outlines.py)",
+        help="shapes: the training renderer (model/shapes.py), `second`, drawn apart (model/shapes_second.py), "
+        "`third`, drawn from the model card's spec alone (model/shapes_third.py), or `outlines`, small "
+        "thick-outlined circles and rings alone (model/shapes_outlines.py)",
     )
     p.add_argument("--attention", choices=MAP_METHODS, default="rollout", help="map scored by the pointing game")
     p.add_argument("--batch-size", type=at_least(1), default=256)

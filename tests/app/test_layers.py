@@ -38,6 +38,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "app.core.backends": BASE | {"app.telemetry", "app.core.contract", "app.core.images"},
     "app.core.batching": BASE | {"app.telemetry", "app.core.contract"},
     "app.core.data_plane": BASE | {"app.telemetry", "app.core.contract"},
+    "app.core.loading_plane": BASE | {"app.telemetry", "app.core.contract", "app.core.data_plane"},
     "app.core.engine": BASE
     | {"app.telemetry", "app.core.contract", "app.core.images", "app.core.backends", "app.core.batching"}
     | {"app.core.data_plane"},
@@ -50,13 +51,15 @@ MAY_IMPORT: dict[str, set[str]] = {
     | {"app.telemetry", "app.core.contract", "app.core.data_plane", "app.codecs", "app.core.engine", "app.core.images"},
     "app.quantize": BASE | {"app.core.contract", "app.core.images", "app.core.backends", "app.batch"},
     "app.startup": BASE | {"app.telemetry"},
-    "app.serving": BASE | {"app.telemetry", "app.core.data_plane", "app.web", "app.grpc"},
+    "app.listen": BASE,
+    "app.serving": BASE | {"app.telemetry", "app.core.data_plane", "app.web", "app.grpc", "app.listen"},
     "app.workers": BASE
     | {"app.telemetry", "app.core.contract", "app.core.data_plane", "app.core.images", "app.core.engine"}
-    | {"app.serving", "app.startup"},
-    "app.server": BASE | {"app.telemetry", "app.core.engine", "app.serving", "app.workers", "app.startup", "app.web"},
+    | {"app.serving", "app.startup", "app.listen"},
+    "app.server": BASE
+    | {"app.telemetry", "app.core.engine", "app.core.loading_plane", "app.serving", "app.workers", "app.startup"},
     "app.main": {"app.server"},
-    "app.__main__": {"app.server", "app.startup"},
+    "app.__main__": {"app.server", "app.startup", "app.listen"},
 }
 ROOMS = sorted(MAY_IMPORT, key=len, reverse=True)
 

@@ -85,6 +85,8 @@ async def through_start(server: ServerProcess, stub: GRPCInferenceServiceStub) -
                 seen["live"].append(await http_status(client, "GET", "/health/live"))
                 seen["v2 ready"].append(await http_status(client, "GET", "/v2/health/ready"))
                 r = await client.post("/predict", content=JPEG, headers={"content-type": "image/jpeg"}, timeout=3)
+                if r.status_code == 200:  # loaded since readiness was asked: the next poll finds it ready
+                    continue
                 seen["predict"].append(r.status_code)
                 details.append((r.json()["detail"], "retry-after" in r.headers))
             await asyncio.sleep(0.1)
@@ -106,17 +108,32 @@ async def through_drain(
         called = [asyncio.ensure_future(stub.ModelInfer(image_request(JPEG, model="m"))) for _ in range(grpc_calls)]
         await server.until_accepted("http", "/predict", http_before + posts)
         await server.until_accepted("grpc", "ModelInfer", grpc_before + grpc_calls)
+        in_flight = [*sent, *called]
+        answered_at: list[float] = []
+        for task in in_flight:
+            task.add_done_callback(lambda _: answered_at.append(time.monotonic()))
         os.killpg(server.proc.pid, signal.SIGTERM)  # as `kill %1` does: serving processes have sessions of their own
+        polls: list[tuple[str, float, int | str | bool]] = []
         async with httpx.AsyncClient(base_url=server.url) as poller:
-            while not all(t.done() for t in [*sent, *called]):
-                seen["ready"].append(await http_status(poller, "GET", "/health/ready"))
-                seen["grpc"].append(await grpc_ready(stub))
-                r = await poller.post("/predict", content=JPEG, headers=headers, timeout=3)
-                seen["predict"].append(r.status_code)
+            while not all(t.done() for t in in_flight):
+                polls.append(("ready", time.monotonic(), await http_status(poller, "GET", "/health/ready")))
+                polls.append(("grpc", time.monotonic(), await grpc_ready(stub)))
+                started = time.monotonic()
+                try:
+                    r = await poller.post("/predict", content=JPEG, headers=headers, timeout=3)
+                except httpx.ConnectError:
+                    polls.append(("predict", started, REFUSED))
+                    continue
+                polls.append(("predict", started, r.status_code))
                 assert r.status_code != 503 or (
                     r.json()["detail"].startswith("draining") and r.headers.get("connection") == "close"
                 ), (r.headers, r.text)
                 await asyncio.sleep(0.1)
+        # the drain ends with the last accepted request's answer, and the listeners close then: what a poll sent
+        # before that answer arrived got
+        for kind, at, got in polls:
+            if at < max(answered_at):
+                seen[kind].append(got)
         answers = await asyncio.gather(*sent)
         outcomes = []
         for call in called:
