@@ -58,11 +58,26 @@ async def http_status(client: httpx.AsyncClient, method: str, path: str, **kwarg
         return REFUSED
 
 
-async def grpc_ready(stub: GRPCInferenceServiceStub) -> bool | str:
+async def grpc_ready(target: str) -> bool | str:
+    """ServerReady on a channel of its own, as a probe connects (a shared channel, once refused, waits out its
+    reconnection backoff)."""
     try:
-        return bool((await stub.ServerReady(pb.ServerReadyRequest(), timeout=3)).ready)
+        async with grpc.aio.insecure_channel(target) as channel:
+            return bool((await GRPCInferenceServiceStub(channel).ServerReady(pb.ServerReadyRequest(), timeout=3)).ready)
     except grpc.aio.AioRpcError as e:
         return REFUSED if e.code() == grpc.StatusCode.UNAVAILABLE else e.code().name
+
+
+async def grpc_infer(target: str) -> str:
+    """A new ModelInfer call's outcome, on a channel of its own: OK, or the status code and its message's start."""
+    try:
+        async with grpc.aio.insecure_channel(target) as channel:
+            await GRPCInferenceServiceStub(channel).ModelInfer(image_request(JPEG, model="m"), timeout=3)
+        return "OK"
+    except grpc.aio.AioRpcError as e:
+        if e.code() == grpc.StatusCode.UNAVAILABLE and not (e.details() or "").startswith(("draining", "not ready")):
+            return REFUSED
+        return f"{e.code().name} {(e.details() or '').split(':')[0]}"
 
 
 def after_first_answer(seen: list[int | str | bool]) -> list[int | str | bool]:
@@ -71,7 +86,7 @@ def after_first_answer(seen: list[int | str | bool]) -> list[int | str | bool]:
     return seen[first:]
 
 
-async def through_start(server: ServerProcess, stub: GRPCInferenceServiceStub) -> dict[str, list[int | str | bool]]:
+async def through_start(server: ServerProcess, target: str) -> dict[str, list[int | str | bool]]:
     """Polls every 0.1 s from the process's start until /health/ready answers 200."""
     seen: dict[str, list[int | str | bool]] = {"ready": [], "live": [], "v2 ready": [], "grpc": [], "predict": []}
     details: list[tuple[str, bool]] = []
@@ -80,7 +95,7 @@ async def through_start(server: ServerProcess, stub: GRPCInferenceServiceStub) -
         while (ready := await http_status(client, "GET", "/health/ready")) != 200:
             assert time.monotonic() < deadline and server.proc.poll() is None, server.read_output()[-3000:]
             seen["ready"].append(ready)
-            seen["grpc"].append(await grpc_ready(stub))
+            seen["grpc"].append(await grpc_ready(target))
             if ready != REFUSED:
                 seen["live"].append(await http_status(client, "GET", "/health/live"))
                 seen["v2 ready"].append(await http_status(client, "GET", "/v2/health/ready"))
@@ -95,13 +110,17 @@ async def through_start(server: ServerProcess, stub: GRPCInferenceServiceStub) -
 
 
 async def through_drain(
-    server: ServerProcess, stub: GRPCInferenceServiceStub, grpc_calls: int = 4, posts: int = 8
+    server: ServerProcess, target: str, grpc_calls: int = 4, posts: int = 8
 ) -> tuple[dict[str, list[int | str | bool]], list[int], list[str], list[str]]:
     """`posts` /predict requests and `grpc_calls` ModelInfer calls in flight, SIGTERM, then polls until every one is
     answered: what the polls got, the posts' statuses and details, and the calls' outcomes."""
-    seen: dict[str, list[int | str | bool]] = {"ready": [], "grpc": [], "predict": []}
+    seen: dict[str, list[int | str | bool]] = {"ready": [], "grpc": [], "grpc infer": [], "predict": []}
     headers = {"content-type": "image/jpeg"}
-    async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+    async with (
+        httpx.AsyncClient(base_url=server.url, timeout=120) as client,
+        grpc.aio.insecure_channel(target) as channel,
+    ):
+        stub = GRPCInferenceServiceStub(channel)
         http_before = await asyncio.to_thread(server.accepted, "http", "/predict")
         grpc_before = await asyncio.to_thread(server.accepted, "grpc", "ModelInfer")
         sent = [asyncio.create_task(client.post("/predict", content=JPEG, headers=headers)) for _ in range(posts)]
@@ -117,7 +136,8 @@ async def through_drain(
         async with httpx.AsyncClient(base_url=server.url) as poller:
             while not all(t.done() for t in in_flight):
                 polls.append(("ready", time.monotonic(), await http_status(poller, "GET", "/health/ready")))
-                polls.append(("grpc", time.monotonic(), await grpc_ready(stub)))
+                polls.append(("grpc", time.monotonic(), await grpc_ready(target)))
+                polls.append(("grpc infer", time.monotonic(), await grpc_infer(target)))
                 started = time.monotonic()
                 try:
                     r = await poller.post("/predict", content=JPEG, headers=headers, timeout=3)
@@ -163,11 +183,7 @@ def test_not_ready_never_refused_through_start_and_drain(
     stopped_servers.append(server)
 
     async def run() -> tuple[dict[str, list[int | str | bool]], tuple[object, ...]]:
-        async with grpc.aio.insecure_channel(target) as channel:
-            stub = GRPCInferenceServiceStub(channel)
-            start = await through_start(server, stub)
-            drain = await through_drain(server, stub)
-        return start, drain
+        return await through_start(server, target), await through_drain(server, target)
 
     start, (drain, statuses, texts, outcomes) = asyncio.run(run())
     ready = after_first_answer(start["ready"])
@@ -176,11 +192,13 @@ def test_not_ready_never_refused_through_start_and_drain(
     assert set(start["predict"]) == {503}, start
     assert {d for d, _ in start["details"]} == {"not ready: the models are loading; retry shortly"}, start  # type: ignore[misc]
     assert not any(retry for _, retry in start["details"]), start  # type: ignore[misc]
-    assert set(after_first_answer(start["grpc"])) == {False}, start
+    served_grpc = after_first_answer(start["grpc"])  # not ready, then ready once loaded (asked after HTTP's poll)
+    assert REFUSED not in served_grpc and False in served_grpc and served_grpc == sorted(served_grpc), start
     assert statuses == [200] * 8, texts
     assert outcomes == ["OK 1"] * 4, outcomes
     assert drain["ready"] and set(drain["ready"]) == {503}, drain  # every poll answered: no refused connection
     assert set(drain["grpc"]) == {False} and set(drain["predict"]) == {503}, drain
+    assert set(drain["grpc infer"]) == {"UNAVAILABLE draining"}, drain
     assert server.proc.wait(timeout=60) in (0, -signal.SIGTERM), server.read_output()[-3000:]  # uvicorn re-raises
 
 
@@ -194,11 +212,7 @@ def test_requests_still_running_when_the_drain_runs_out_get_503_draining(
     stopped_servers.append(server)
     server.wait_ready(timeout=120)
 
-    async def run() -> tuple[object, ...]:
-        async with grpc.aio.insecure_channel(target) as channel:
-            return await through_drain(server, GRPCInferenceServiceStub(channel), grpc_calls=2, posts=2)
-
-    _, statuses, texts, outcomes = asyncio.run(run())
+    _, statuses, texts, outcomes = asyncio.run(through_drain(server, target, grpc_calls=2, posts=2))
     assert statuses == [503, 503], texts
     assert all(DRAIN_TIMED_OUT in text for text in texts), texts
     assert outcomes == [f"UNAVAILABLE {DRAIN_TIMED_OUT}"] * 2, outcomes
