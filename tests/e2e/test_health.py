@@ -246,5 +246,5 @@ def test_sigterm_while_the_models_load_stops_the_start_cleanly(
 def http_ready_status(server: ServerProcess) -> int | str:
     try:
         return httpx.get(server.url + "/health/ready", timeout=3).status_code
-    except httpx.ConnectError:
+    except (httpx.ConnectError, httpx.RemoteProtocolError):  # closed, or closing as the drain ends
         return REFUSED
