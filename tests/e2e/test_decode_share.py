@@ -2,9 +2,11 @@
 
 The stand-in's device runs a batch's decoding and its forward in turn, as on the SMs, here `SLOWER` times as long
 as the H200's: more than this machine's two cores against a 16-core host would ask (8 to 9 times), so that the share
-serving most lies well inside 0 to 1 while the other tests take cores too (docs/performance.md, "Where JPEGs are
-decoded on a GPU host"). Each test loads the service with `hey` (V2, eight 500x375 JPEGs a request) and reads the
-share in force from /metrics.
+serving most lies inside 0 to 1 (near 0.75 on this machine's two cores) rather than at its end (docs/performance.md,
+"Where JPEGs are decoded on a GPU host"). What the host's cores can take is what these tests measure, so they are
+marked `alone`: bin/test runs them by themselves before the rest (beside other tests the best share moves with
+what those take, and a controller that follows it cannot also hold still). Each test loads the service with `hey`
+(V2, eight 500x375 JPEGs a request) and reads the share in force from /metrics.
 """
 
 from __future__ import annotations
@@ -23,11 +25,11 @@ from harness.models import stand_in_checkpoint
 from harness.server import ServerProcess
 from harness.stand_in import stand_in_server
 
-pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.alone]
 if shutil.which("hey") is None and not os.environ.get("CI"):
     pytest.skip("needs the hey load generator (apt-get install hey); bin/test installs it", allow_module_level=True)
 
-SLOWER = 20  # the stand-in's device this many times slower than the H200
+SLOWER = 15  # the stand-in's device this many times slower than the H200
 CONCURRENCY = 16  # hey's workers: 128 images in flight
 SETTLE_S = 20  # the stated time: by then auto has settled, from 0 or from 1, and serves near the best fixed share
 FLOOR = 0.8  # auto, settled, serves at least this share of the best fixed share's img/s (share 0: 0.67 to 0.88 here)
@@ -99,8 +101,7 @@ def settles(folder: Path, fixed: dict[float, float], start: float, server: Serve
     through.
 
     Where the best share lies exactly is the benchmark's to say (`python -m bench stand_in --shares`, alternated
-    rounds on an otherwise idle machine): here the other tests share the cores, so the host's capacity, and with it
-    the best share, moves between the sweep and these runs."""
+    rounds): the sweep reads each fixed share for four seconds, too few to rank shares a few percent apart."""
     shares = shares_under_load(server, folder, SETTLE_S)
     rate = v2_load(server, folder, 5)
     print(f"auto from {start}: shares {shares}, then {rate:.0f} img/s; fixed {fixed}")
