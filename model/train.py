@@ -16,6 +16,7 @@ import argparse
 import json
 import math
 import os
+import sys
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -118,7 +119,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     m.add_argument("--dropout", type=float, default=0.0)
     m.add_argument("--pos-embed", choices=POS_EMBED_KINDS, help="position embedding (default: learned)")
     m.add_argument("--norm", choices=get_args(Norm), help="pre-norm blocks (default) or post-norm, LN(x + f(x))")
-    m.add_argument("--head", choices=get_args(Head), help="linear (default) or the ViT paper's MLP head")
+    m.add_argument(
+        "--head",
+        choices=get_args(Head),
+        help="linear (default) or the ViT paper's MLP head; with --backbone, a folder of examples: "
+        "--head DIR --backbone NAME teaches a head by example (model/teach.py)",
+    )
     m.add_argument("--head-hidden", type=int, help="hidden width of the MLP head (default: 4 x classes)")
     m.add_argument(
         "--attention-pattern",
@@ -621,5 +627,15 @@ def write_artifacts(
     )
 
 
+def cli(argv: list[str]) -> None:
+    """`python -m model.train`: training, or with --backbone a head taught by example (model/teach.py)."""
+    if any(a == "--backbone" or a.startswith("--backbone=") for a in argv):
+        from model.teach import main as teach
+
+        teach(argv)
+    else:
+        main(argv)
+
+
 if __name__ == "__main__":
-    main()
+    cli(sys.argv[1:])

@@ -1,0 +1,312 @@
+"""Classes taught by example: a head over a backbone's embeddings, fitted from a few images of each class.
+
+A served model's embeddings (a classifier's pre-logits, a CLIP or SigLIP image tower's joint-space output) already
+tell most classes apart; a head taught from examples is a linear map on them, made in a second rather than trained.
+Both rules work on the embeddings centred on the examples' mean and scaled to unit length (what few-shot work calls
+CL2N, which helps the nearest-mean rule most):
+
+- `means`: each class is the unit mean of its examples, and an image's logit for a class is its cosine similarity
+  to that mean times a scale, chosen where the held-out examples' log loss is least;
+- `logistic`: a multinomial logistic regression with an L2 penalty, fitted by L-BFGS, its penalty chosen where the
+  held-out accuracy is best (fewest errors, then the least log loss).
+
+`rule="auto"` fits both and keeps `logistic` only where its held-out accuracy is higher. The held-out estimate is
+leave-one-out up to `LEAVE_ONE_OUT_MAX` examples and a stratified k-fold past that (`FOLDS`, fewer where a class has
+fewer examples); a class of one example leaves nothing to hold out, so a head with one has no estimate. The
+logistic rule's estimate is read on the folds its penalty was chosen on, so it leans a little high; the means
+rule's is not (its scale changes no answer).
+
+Either way a head is `logits = normalize(e - center) @ weight.T + bias`: one matrix product on a batch's embeddings,
+stored as a small safetensors file that names its backbone by content hash (`save`, `load`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, get_args
+
+import torch
+import torch.nn.functional as F
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+Rule = Literal["means", "logistic"]
+RuleSetting = Literal["auto", "means", "logistic"]
+Embedding = Literal["pre-logits", "joint"]  # a classifier's embedding, or a zero-shot model's image in the joint space
+FORMAT = "vit-serve.taught-head"
+FORMAT_VERSION = 1
+LEAVE_ONE_OUT_MAX = 12  # examples up to which the estimate leaves each out in turn; k-fold past that
+FOLDS = 5
+SCALES = tuple(2.0**k for k in range(1, 8))  # `means`: the cosine scales tried (2 to 128)
+PENALTIES = (1e-3, 1e-2, 1e-1)  # `logistic`: the L2 penalties on the weight tried (the loss is a mean)
+NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$")
+
+
+class HeadError(ValueError):
+    """Examples a head cannot be taught from, or a head file that cannot serve: the message says why, in one line."""
+
+
+def check_head_name(name: str) -> str:
+    """A head's name: letters, digits, '.', '_', '-', at most 64, not starting with '.' and no '..'."""
+    if not NAME.match(name) or ".." in name:
+        raise HeadError(
+            f"{name!r} is not a head name: use letters, digits, '.', '_' and '-' (at most 64, not starting with '.', "
+            "no '..')"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """How well the head's rule did on examples it was fitted without."""
+
+    method: str  # "leave-one-out" or "5-fold"
+    accuracy: float
+    examples: int
+
+    def to_dict(self) -> dict[str, object]:
+        return {"method": self.method, "accuracy": self.accuracy, "examples": self.examples}
+
+
+@dataclass(frozen=True)
+class TaughtHead:
+    """`logits = normalize(e - center) @ weight.T + bias` over a backbone's embeddings; `classes` in answer order."""
+
+    classes: tuple[str, ...]
+    rule: Rule
+    weight: Tensor  # (C, D) float32
+    bias: Tensor  # (C,)
+    center: Tensor  # (D,): the examples' mean embedding
+    counts: tuple[int, ...]  # examples per class, in class order
+    backbone: str  # the backbone's content hash
+    embedding: Embedding
+    estimate: Estimate | None  # None: a class had one example, so none could be held out
+    setting: dict[str, float] = field(default_factory=dict)  # what was chosen: the scale, or the penalty
+
+    @property
+    def dim(self) -> int:
+        return int(self.weight.shape[1])
+
+    def logits(self, embeddings: Tensor) -> Tensor:
+        """Embeddings (N, D) -> logits (N, C)."""
+        x = F.normalize(embeddings.float() - self.center.to(embeddings.device), dim=-1)
+        return F.linear(x, self.weight.to(embeddings.device), self.bias.to(embeddings.device))
+
+    def probabilities(self, embeddings: Tensor) -> Tensor:
+        return self.logits(embeddings).softmax(dim=-1)
+
+    def describe(self) -> dict[str, object]:
+        """What a listing of heads says of this one."""
+        return {
+            "classes": list(self.classes),
+            "rule": self.rule,
+            "examples": dict(zip(self.classes, self.counts, strict=True)),
+            "estimate": None if self.estimate is None else self.estimate.to_dict(),
+            "backbone": self.backbone[:12],
+            "embedding": self.embedding,
+        }
+
+
+def check_examples(labels: Sequence[int], classes: Sequence[str]) -> None:
+    """At least two classes, each with at least one example, names unique and non-empty; HeadError otherwise."""
+    if len(classes) < 2:
+        raise HeadError(f"a head tells classes apart: give at least two, got {len(classes)} ({', '.join(classes)})")
+    if any(not c.strip() for c in classes):
+        raise HeadError("an empty class name: each class needs a name")
+    if len(set(classes)) != len(classes):
+        twice = next(c for c, n in Counter(classes).items() if n > 1)
+        raise HeadError(f"class {twice!r} is named twice")
+    counts = Counter(labels)
+    empty = [c for i, c in enumerate(classes) if counts[i] == 0]
+    if empty:
+        raise HeadError(f"class {empty[0]!r} has no example image: give each class at least one")
+
+
+def features(embeddings: Tensor, center: Tensor) -> Tensor:
+    return F.normalize(embeddings.float() - center, dim=-1)
+
+
+def fit_means(x: Tensor, y: Tensor, num_classes: int, scale: float) -> tuple[Tensor, Tensor]:
+    """Unit class means of unit features, times `scale`: (weight (C, D), bias (C,))."""
+    sums = torch.zeros(num_classes, x.shape[1]).index_add_(0, y, x)
+    return F.normalize(sums, dim=-1) * scale, torch.zeros(num_classes)
+
+
+def fit_logistic(x: Tensor, y: Tensor, num_classes: int, penalty: float) -> tuple[Tensor, Tensor]:
+    """Multinomial logistic regression with an L2 penalty on the weight, by L-BFGS: (weight, bias)."""
+    weight = torch.zeros(num_classes, x.shape[1], requires_grad=True)
+    bias = torch.zeros(num_classes, requires_grad=True)
+    optimizer = torch.optim.LBFGS(
+        [weight, bias], lr=1.0, max_iter=50, tolerance_grad=1e-5, tolerance_change=1e-7, line_search_fn="strong_wolfe"
+    )
+
+    def closure() -> Tensor:
+        optimizer.zero_grad()
+        loss = F.cross_entropy(F.linear(x, weight, bias), y) + penalty * weight.square().sum()
+        loss.backward()
+        return loss
+
+    with torch.enable_grad():
+        optimizer.step(closure)
+    return weight.detach(), bias.detach()
+
+
+def folds(y: Tensor) -> tuple[str, list[Tensor]]:
+    """The held-out indices of each fold: every example alone (up to LEAVE_ONE_OUT_MAX), else stratified k-fold."""
+    n = len(y)
+    if n <= LEAVE_ONE_OUT_MAX:
+        return "leave-one-out", [torch.tensor([i]) for i in range(n)]
+    k = max(2, min(FOLDS, int(torch.bincount(y).min())))
+    assignment = torch.empty(n, dtype=torch.long)
+    for c in y.unique():
+        members = (y == c).nonzero().flatten()
+        assignment[members] = torch.arange(len(members)) % k  # in input order: no randomness in the estimate
+    return f"{k}-fold", [(assignment == f).nonzero().flatten() for f in range(k)]
+
+
+def held_out_logits(
+    embeddings: Tensor, y: Tensor, num_classes: int, held: list[Tensor], fit: str, value: float
+) -> Tensor:
+    """Each example's logits from the head fitted without its fold (the centre too)."""
+    out = torch.empty(len(y), num_classes)
+    everything = torch.ones(len(y), dtype=torch.bool)
+    for indices in held:
+        keep = everything.clone()
+        keep[indices] = False
+        center = embeddings[keep].mean(0)
+        x_fit, x_held = features(embeddings[keep], center), features(embeddings[indices], center)
+        weight, bias = (fit_means if fit == "means" else fit_logistic)(x_fit, y[keep], num_classes, value)
+        out[indices] = F.linear(x_held, weight, bias)
+    return out
+
+
+def scored(logits: Tensor, y: Tensor) -> tuple[float, float]:
+    """(accuracy, mean log loss) of held-out logits."""
+    return float((logits.argmax(-1) == y).float().mean()), float(F.cross_entropy(logits, y))
+
+
+def fit(
+    embeddings: Tensor,
+    labels: Sequence[int] | Tensor,
+    classes: Sequence[str],
+    backbone: str,
+    embedding: Embedding = "pre-logits",
+    rule: RuleSetting = "auto",
+) -> TaughtHead:
+    """A head from examples: `embeddings` (N, D) of images whose class indices are `labels`; HeadError for
+    examples it cannot be taught from."""
+    if rule not in get_args(RuleSetting):
+        raise HeadError(f"rule must be one of {', '.join(get_args(RuleSetting))}; got {rule!r}")
+    y = torch.as_tensor(labels, dtype=torch.long)
+    check_examples(y.tolist(), classes)
+    embeddings = embeddings.detach().float().cpu()
+    if embeddings.ndim != 2 or len(embeddings) != len(y):
+        raise HeadError(f"{len(y)} labels for embeddings of shape {tuple(embeddings.shape)}")
+    num_classes = len(classes)
+    counts = tuple(int(n) for n in torch.bincount(y, minlength=num_classes))
+    center = embeddings.mean(0)
+    x = features(embeddings, center)
+    can_hold_out = min(counts) >= 2
+    method, held = folds(y) if can_hold_out else ("", [])
+
+    chosen: Rule = "means"
+    scale, means_estimate = SCALES[len(SCALES) // 2], None
+    if can_hold_out:  # the cosines held out once: the scale moves the log loss, never which class is nearest
+        cosines = held_out_logits(embeddings, y, num_classes, held, "means", 1.0)
+        scale = min(SCALES, key=lambda s: float(F.cross_entropy(cosines * s, y)))
+        means_estimate = Estimate(method, scored(cosines, y)[0], len(y))
+    estimate, setting = means_estimate, {"scale": scale}
+    if rule == "logistic" or (rule == "auto" and can_hold_out):
+        penalty, logistic_estimate = PENALTIES[len(PENALTIES) // 2], None
+        if can_hold_out:  # the penalty held-out examples score best with: fewest errors, then least log loss
+            results = [
+                (scored(held_out_logits(embeddings, y, num_classes, held, "logistic", p), y), p) for p in PENALTIES
+            ]
+            (accuracy, _), penalty = max(results, key=lambda r: (r[0][0], -r[0][1]))
+            logistic_estimate = Estimate(method, accuracy, len(y))
+        better = (
+            logistic_estimate is not None
+            and means_estimate is not None
+            and logistic_estimate.accuracy > means_estimate.accuracy
+        )
+        if rule == "logistic" or better:
+            chosen, estimate, setting = "logistic", logistic_estimate, {"penalty": penalty}
+    if chosen == "means":
+        weight, bias = fit_means(x, y, num_classes, setting["scale"])
+    else:
+        weight, bias = fit_logistic(x, y, num_classes, setting["penalty"])
+    return TaughtHead(tuple(classes), chosen, weight, bias, center, counts, backbone, embedding, estimate, setting)
+
+
+def save(head: TaughtHead, path: Path) -> None:
+    """The head as a safetensors file, written whole (a reader never sees half a file)."""
+    metadata = {
+        "format": FORMAT,
+        "format_version": str(FORMAT_VERSION),
+        "classes": json.dumps(list(head.classes)),
+        "rule": head.rule,
+        "counts": json.dumps(list(head.counts)),
+        "backbone": head.backbone,
+        "embedding": head.embedding,
+        "estimate": json.dumps(None if head.estimate is None else head.estimate.to_dict()),
+        "setting": json.dumps(head.setting),
+    }
+    tensors = {"weight": head.weight.contiguous(), "bias": head.bias.contiguous(), "center": head.center.contiguous()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    save_file(tensors, str(partial), metadata=metadata)
+    partial.replace(path)
+
+
+def load(path: Path, backbone: str | None = None) -> TaughtHead:
+    """A head file; with `backbone` (a content hash), one taught on that backbone. HeadError otherwise."""
+    try:
+        tensors = load_file(str(path))
+        with open(path, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            metadata = json.loads(f.read(size)).get("__metadata__", {})
+    except (OSError, SafetensorError, ValueError) as e:
+        raise HeadError(f"head {path.name}: not a readable safetensors file ({str(e).splitlines()[0]})") from None
+    if metadata.get("format") != FORMAT:
+        raise HeadError(f"head {path.name}: not a taught head (its format is {metadata.get('format')!r})")
+    if int(metadata.get("format_version", "0")) > FORMAT_VERSION:
+        raise HeadError(f"head {path.name}: format version {metadata['format_version']} is newer than this software's")
+    try:
+        classes = tuple(json.loads(metadata["classes"]))
+        raw_estimate = json.loads(metadata["estimate"])
+        head = TaughtHead(
+            classes,
+            metadata["rule"],
+            tensors["weight"].float(),
+            tensors["bias"].float(),
+            tensors["center"].float(),
+            tuple(json.loads(metadata["counts"])),
+            metadata["backbone"],
+            metadata["embedding"],
+            None if raw_estimate is None else Estimate(**raw_estimate),
+            json.loads(metadata.get("setting", "{}")),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise HeadError(f"head {path.name}: its metadata is incomplete ({e})") from None
+    c, d = head.weight.shape
+    if c != len(classes) or head.bias.shape != (c,) or head.center.shape != (d,) or len(head.counts) != c:
+        raise HeadError(f"head {path.name}: {len(classes)} classes but weights of shape {tuple(head.weight.shape)}")
+    if backbone is not None and head.backbone != backbone:
+        raise HeadError(
+            f"head {path.name} was taught on the backbone with content hash {head.backbone[:12]}, and the model now "
+            f"has {backbone[:12]}: teach it again on this one"
+        )
+    return head
+
+
+def accuracy_of(head: TaughtHead, embeddings: Tensor, labels: Sequence[int] | Tensor) -> float:
+    """Top-1 accuracy of `head` on labelled embeddings (an evaluation's, not the held-out estimate)."""
+    y = torch.as_tensor(labels, dtype=torch.long)
+    return float((head.logits(embeddings).argmax(-1) == y).float().mean()) if len(y) else math.nan
