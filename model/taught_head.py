@@ -46,6 +46,7 @@ LEAVE_ONE_OUT_MAX = 12  # examples up to which the estimate leaves each out in t
 FOLDS = 5
 SCALES = tuple(2.0**k for k in range(1, 8))  # `means`: the cosine scales tried (2 to 128)
 PENALTIES = (1e-3, 1e-2, 1e-1)  # `logistic`: the L2 penalties on the weight tried (the loss is a mean)
+HEADS = "heads"  # the folder beside a checkpoint (in the model repository) that holds heads, a folder per model
 NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$")
 
 

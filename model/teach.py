@@ -22,10 +22,9 @@ from torch import Tensor
 from model.arguments import at_least
 from model.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from model.preprocessing import EvalTransform
-from model.taught_head import Embedding, HeadError, RuleSetting, TaughtHead, check_head_name, fit, save
+from model.taught_head import HEADS, Embedding, HeadError, RuleSetting, TaughtHead, check_head_name, fit, save
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
-HEADS = "heads"  # the folder beside a checkpoint that holds its heads, one folder per model
 
 
 def head_path(checkpoint: Path, head: str) -> Path:

@@ -81,6 +81,11 @@ class PredictResponse(BaseModel):
         description="A zero-shot model's answer: how its probabilities were computed (the rule) and the prompt its "
         "labels were set in; absent for a classifier",
     )
+    head: str | None = Field(
+        None,
+        description="The head taught by example that answered (head=), whose classes the probabilities are over; "
+        "absent without one",
+    )
 
 
 class ModelInfo(BaseModel):
@@ -138,6 +143,43 @@ class ModelList(BaseModel):
         description="The model /predict uses without ?model= (null while none is loaded)", examples=["vit-shapes"]
     )
     models: list[ModelInfo]
+
+
+class HeadEstimate(BaseModel):
+    method: str = Field(description="How examples were held out: leave-one-out, or k-fold", examples=["5-fold"])
+    accuracy: float = Field(description="Top-1 accuracy on the examples held out", examples=[0.96])
+    examples: int
+
+
+class HeadInfo(BaseModel):
+    name: str = Field(examples=["parts"])
+    classes: list[str] = Field(description="What its probabilities are over, in order", examples=[["ok", "dent"]])
+    rule: str = Field(
+        description="means: the scaled cosine to each class's mean embedding; logistic: an L2-penalised logistic "
+        "regression, kept where it held out better",
+        examples=["means"],
+    )
+    examples: dict[str, int] = Field(description="Example images each class was taught with")
+    estimate: HeadEstimate | None = Field(
+        description="Accuracy on examples held out while fitting; null where a class had one example"
+    )
+    backbone: str = Field(description="The content hash (short) of the model version it was taught on")
+    embedding: str = Field(
+        description="What it reads: pre-logits (a classifier's embedding) or joint (a zero-shot model's image)"
+    )
+
+
+class HeadList(BaseModel):
+    model: ModelRef
+    heads: list[HeadInfo]
+
+
+def heads_of(model: ModelDescription) -> HeadList:
+    """The heads taught by example on `model`, by name."""
+    return HeadList(
+        model=ModelRef(name=model.name, version=model.version),
+        heads=[HeadInfo(name=name, **head) for name, head in sorted(model.heads.items())],
+    )
 
 
 class ShadowComparison(BaseModel):
@@ -224,6 +266,7 @@ def encode_predict_response(
     attention: AttentionKind,
     classes: list[str] | None = None,
     template: str | None = None,
+    head: str | None = None,
 ) -> bytes:
     """The /predict JSON body for one request's predictions: `PredictResponse`, fields unset left out.
 
@@ -231,12 +274,15 @@ def encode_predict_response(
     one `model_dump_json` uses (far faster than json.dumps on long probability lists), without building and
     validating a model per top-k entry, which for a few classes costs more than the serialization. The values
     are the core's, of the models' types; tests/app/codecs/test_predict.py checks that the body is the one the models make. `classes`
-    are a zero-shot request's labels (default: the model's classes), `template` its prompt (default the model's)."""
+    are a zero-shot request's labels or a head's classes (default: the model's classes), `template` a zero-shot
+    request's prompt (default the model's), `head` the head taught by example that answered."""
     named = model.classes if classes is None else classes
     response: dict[str, Any] = {
         "model": {"name": model.name, "version": model.version},
         "results": [image_result(p, named, top_k, attention) for p in predictions],
     }
-    if model.zero_shot is not None:
+    if head is not None:  # its classes, over the model's embeddings
+        response["head"] = head
+    elif model.zero_shot is not None:
         response["zero_shot"] = {"rule": model.zero_shot, "template": template or model.template}
     return pydantic_core.to_json(response)

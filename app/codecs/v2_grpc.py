@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from app.choices import Datatype
 from app.codecs.proto import messages_pb2 as pb
 from app.codecs.v2_requests import Decoded, Intake, decode_infer
-from app.codecs.v2_responses import output_tensors, zero_shot_parameters
+from app.codecs.v2_responses import answer_parameters, output_tensors
 from app.codecs.v2_schemas import (
     SHM_REGION,
     InferRequest,
@@ -120,7 +120,7 @@ def infer_response(
             contents.append(b"")
         else:
             contents.append(t.raw())
-    described = {k: pb.InferParameter(string_param=v) for k, v in zero_shot_parameters(decoded, model).items()}
+    described = {k: pb.InferParameter(string_param=v) for k, v in answer_parameters(decoded, model).items()}
     return pb.ModelInferResponse(
         model_name=model.name,
         model_version=model.version,

@@ -11,7 +11,8 @@ and `ood_score`, FP32 [N], each image's distance from the model's reference data
 true. A zero-shot model (CLIP, SigLIP) takes the parameters `labels` (its classes for this request) and
 `template`, and answers `probabilities` as FP32 [N, labels]; it also takes the input `text`, BYTES [T] of UTF-8
 strings, in a request of its own, answered with `text_embedding`, FP32 [T, D], each text's unit-length embedding
-in the space the images' `embedding` shares (`normalize`: unit length too).
+in the space the images' `embedding` shares (`normalize`: unit length too). A model with heads taught by example
+takes the parameter `head`, and answers `probabilities` as FP32 [N, the head's classes].
 Extensions: binary tensor data (`Inference-Header-Content-Length`,
 `binary_data_size`; BYTES elements as 4-byte little-endian length + bytes), classification
 (`classification: k` on an output: BYTES [N, k] of Triton's "score:index:label"), and system shared
@@ -160,6 +161,7 @@ def decode_infer(request: InferRequest, data_of: Callable[[TensorIn], TensorData
         labels=request_labels(request),
         template=request_string(request, "template"),
         classify=not named or PROBABILITIES in named,
+        head=request_string(request, "head"),
     )
     check_listed(options, intake)
     check_one_input(request)

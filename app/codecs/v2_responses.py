@@ -120,7 +120,7 @@ def encode_response(
     response: dict[str, Any] = {"model_name": model.name, "model_version": model.version, "outputs": tensors}
     if request.id is not None:
         response["id"] = request.id
-    if how := zero_shot_parameters(decoded, model):
+    if how := answer_parameters(decoded, model):
         response["parameters"] = how
     header = json.dumps(response, separators=(",", ":")).encode()
     if not binaries:
@@ -128,9 +128,12 @@ def encode_response(
     return Encoded(header + b"".join(binaries), len(header))
 
 
-def zero_shot_parameters(decoded: Decoded, model: ModelDescription) -> dict[str, str]:
+def answer_parameters(decoded: Decoded, model: ModelDescription) -> dict[str, str]:
     """How a zero-shot model's probabilities were computed, for the response's parameters: its rule, and the
-    template the labels were set in; nothing for a classifier or a request of texts."""
+    template the labels were set in; the head taught by example that answered, where one did; nothing for a
+    classifier's own classes or a request of texts."""
+    if decoded.options.head is not None:
+        return {"head": decoded.options.head}
     if model.zero_shot is None or decoded.texts is not None or model.template is None:
         return {}
     return {"zero_shot_rule": model.zero_shot, "zero_shot_template": decoded.options.template or model.template}

@@ -15,12 +15,14 @@ from starlette.datastructures import QueryParams
 
 from app.codecs.predict import (
     ErrorBody,
+    HeadList,
     Health,
     ModelInfo,
     ModelList,
     PredictResponse,
     ShadowComparison,
     encode_predict_response,
+    heads_of,
 )
 from app.codecs.predict import model_info as describe
 from app.core.contract.inference import Inference, InferenceRequest
@@ -103,6 +105,11 @@ class PredictQuery(BaseModel):
         description="A zero-shot model: the prompt each label is set in, {} where it goes (default: the model's own)",
         examples=["a photo of a {}."],
     )
+    head: str | None = Field(
+        None,
+        description="A head taught by example on the model (GET /v1/models/{name}/heads): answer with its classes",
+        examples=["parts"],
+    )
 
 
 REPEATED = frozenset(name for name, f in PredictQuery.model_fields.items() if get_origin(f.annotation) is list)
@@ -150,7 +157,9 @@ async def predict(request: Request, plane: AuthorizedPlane, query: Annotated[Pre
     """Classify one or more images; optionally return attention maps, overlays and embeddings."""
     labels = parse_labels(query.labels, query.label)
     q = query
-    options = InferOptions(q.attention, q.target, q.overlay, q.embedding, q.normalize, q.ood, labels, q.template)
+    options = InferOptions(
+        q.attention, q.target, q.overlay, q.embedding, q.normalize, q.ood, labels, q.template, head=q.head
+    )
     model = plane.describe(q.model)  # an unknown model is answered before the body is read
     images = await read_images(request, plane.limits.max_upload_bytes, plane.limits.max_files)
     return await respond_unless_disconnected(request, answer(plane, InferenceRequest(model, images, options), q.top_k))
@@ -173,7 +182,7 @@ async def answer(plane: DataPlane, asked: InferenceRequest, top_k: int) -> Respo
     def encode(done: Inference) -> bytes:
         options = asked.options
         return encode_predict_response(
-            done.model, done.predictions, top_k, options.attention, done.classes, options.template
+            done.model, done.predictions, top_k, options.attention, done.classes, options.template, options.head
         )
 
     return Response(await plane.infer(asked, encode), media_type="application/json")
@@ -190,6 +199,12 @@ async def list_models(plane: ServingPlane) -> ModelList:
     """Every served model, the default first."""
     models = plane.models()
     return ModelList(default=models[0].name if models else None, models=[describe(m) for m in models])
+
+
+@router.get("/v1/models/{name}/heads", response_model=HeadList, responses={404: ERRORS[404], 503: ERRORS[503]})
+async def list_heads(name: str, plane: ServingPlane) -> HeadList:
+    """The heads taught by example on a model (ask one with /predict?head=NAME or V2's parameter head)."""
+    return heads_of(plane.describe(name))
 
 
 @router.get("/v1/models/{name}/shadow", response_model=ShadowComparison, responses={404: ERRORS[404], 503: ERRORS[503]})

@@ -245,7 +245,7 @@ def input_bytes(inputs: Sequence[EncodedImage | DecodedImage] | torch.Tensor) ->
 
 def output_bytes(model: ModelDescription, options: InferOptions, images: int, texts: int = 0) -> int:
     """The room one request's outputs take (overlays aside: their size is known only once drawn)."""
-    room = tensor_bytes((images, len(model.classes_for(options.labels))))
+    room = tensor_bytes((images, len(model.classes_for(model.answer_labels(options)))))
     if texts:
         room += tensor_bytes((texts, model.embedding_dim))
     if options.attention != "none":

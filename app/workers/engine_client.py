@@ -281,7 +281,8 @@ class EngineClient(DataPlane):
             if reply.cpu_decode_share is not None:  # the engine moved it (auto): the next files go its way
                 self.preparer(model).set_cpu_share(reply.cpu_decode_share)
             predictions, embedded = read_outputs(self.arena, reply.outputs)
-            return Inference(reply.model or model, predictions, options.labels, embedded)
+            answered_by = reply.model or model
+            return Inference(answered_by, predictions, answered_by.answer_labels(options), embedded)
         finally:
             self.release_call(call.id)
 

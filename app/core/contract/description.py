@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from app.choices import Backend, DecodedOn, ModelState, Precision, Quantization
-from app.core.contract.errors import InvalidInput
-from app.core.contract.request import HOW_TO_NAME_LABELS, MAX_LABELS
+from app.core.contract.errors import InvalidInput, ModelNotFound
+from app.core.contract.request import HOW_TO_NAME_LABELS, MAX_LABELS, InferOptions
 from model.version import numeric_version
 
 
@@ -46,6 +47,8 @@ class ModelDescription:
     # sigmoid of each; None for a classifier. Its `classes` are the labels used when a request names none.
     zero_shot: str | None = None
     template: str | None = None  # a zero-shot model's own prompt, `{}` where a label goes
+    # heads taught by example over its embeddings, by name: each one's classes, rule, examples and estimate
+    heads: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def class_index(self, target: str | None, classes: list[str] | None = None) -> int | None:
         """A class label, or its index (among `classes`, default the model's), as the class index a gradient map
@@ -62,6 +65,16 @@ class ModelDescription:
             raise InvalidInput(f"send 1 to {MAX_LABELS} texts to embed; got {len(texts)}")
         if any(not t.strip() for t in texts):
             raise InvalidInput(f"an empty text among {len(texts)}: each text is embedded")
+
+    def answer_labels(self, options: InferOptions) -> tuple[str, ...] | None:
+        """What a request's probabilities are over, where it is not the model's own classes: a head's classes, or
+        the labels a zero-shot request named; ModelNotFound for a head the model does not have."""
+        if options.head is None:
+            return options.labels
+        if (head := self.heads.get(options.head)) is None:
+            known = ", ".join(sorted(self.heads)) or "none; teach one (docs/api.md#heads-taught-by-example)"
+            raise ModelNotFound(f"model {self.name} has no head named {options.head!r}; its heads: {known}")
+        return tuple(head["classes"])
 
     def classes_for(self, labels: tuple[str, ...] | None) -> list[str]:
         """The classes a request's probabilities are over: the labels it named (a zero-shot model), else the model's."""

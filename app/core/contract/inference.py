@@ -31,6 +31,7 @@ class InferenceRequest:
         if self.texts is not None:
             self.model.check_texts(self.texts)
         self.model.check_labels(self.options.labels, self.options.template, self.options.classify)
+        self.model.answer_labels(self.options)  # a head the model has
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ class Inference:
 
     model: ModelDescription
     predictions: list[Prediction]
-    labels: tuple[str, ...] | None = None  # a zero-shot model's labels the request named
+    labels: tuple[str, ...] | None = None  # a zero-shot model's labels the request named, or its head's classes
     text_embeddings: torch.Tensor | None = None  # (T, D), unit length: a zero-shot model's embeddings of the texts
 
     @property

@@ -12,6 +12,7 @@ from torch import Tensor
 
 from app.core.contract.errors import InvalidInput
 from model.rollout import MapMethod
+from model.taught_head import HeadError, check_head_name
 from model.zero_shot import check_template
 
 AttentionKind = Literal["none", MapMethod]  # the map asked for; "none": probabilities only
@@ -58,6 +59,7 @@ class InferOptions:
     # the probabilities are wanted (False: a V2 request that names other outputs alone, so that a zero-shot model
     # without default labels needs none)
     classify: bool = True
+    head: str | None = None  # a head taught by example: its classes, over the model's embeddings (None: its own)
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_KINDS:
@@ -75,6 +77,29 @@ class InferOptions:
                 check_template(self.template)
             except ValueError as e:
                 raise InvalidInput(str(e)) from None
+        if self.head is not None:
+            self.check_head()
+
+    def check_head(self) -> None:
+        """A head's name, and what a head cannot be asked with; InvalidInput otherwise."""
+        try:
+            check_head_name(self.head or "")
+        except HeadError as e:
+            raise InvalidInput(str(e)) from None
+        if self.labels is not None or self.template is not None:
+            raise InvalidInput(
+                "a head answers with the classes it was taught; labels and a template name a zero-shot model's: "
+                "send one or the other"
+            )
+        if self.ood:
+            raise InvalidInput(
+                "a head's classes have no reference statistics (they are fitted to the model's own classes): "
+                "ask ood=true without a head"
+            )
+        if self.attention == "gradient":
+            raise InvalidInput(
+                "a gradient map explains one of the model's own classes; with a head, ask attention=rollout or last"
+            )
 
 
 # how each protocol names a zero-shot request's classes, for messages the core writes once for both

@@ -93,7 +93,7 @@ class PredictionCache:
         o = options
         labels = None if o.labels is None else "\x1f".join(o.labels)
         asked: tuple[object, ...] = (model, version, o.attention, target, o.embedding, o.normalize, o.overlay)
-        asked += (o.ood, labels, o.template, o.classify)
+        asked += (o.ood, labels, o.template, o.classify, o.head)  # a version's heads are fixed while it serves
         wanted = hashlib.sha256("\0".join(map(repr, asked)).encode()).digest()  # once per request: labels may be many
         return [hashlib.sha256(wanted + digest).digest() for digest in digests]
 

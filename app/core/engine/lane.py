@@ -31,7 +31,7 @@ from app.core.contract.request import DecodedImage, EncodedImage, InferOptions, 
 from app.core.engine.cache import PredictionCache, digest_images, digest_pixels
 from app.core.engine.call import Call, answer_if_never_run, part_of, settle_future
 from app.core.engine.model_set import ModelSet
-from app.core.engine.scoring import labelled_predictions, scored
+from app.core.engine.scoring import headed_predictions, labelled_predictions, scored
 from app.core.engine.served_model import ServedModel, Wanted, expire, prepared_input
 from app.core.engine.shadow_traffic import ShadowTraffic
 from app.core.engine.timing import decoded_before, request_timing
@@ -179,7 +179,7 @@ class Lane:
         else:  # answered from the cache alone: a request of its own
             stats.answered(len(keys), time.monotonic() - started)
         predictions = [dataclasses.replace(p, filename=name) for p, name in zip(found.predictions, names, strict=True)]
-        return Inference(model.description, predictions, options.labels)
+        return Inference(model.description, predictions, model.description.answer_labels(options))
 
     async def computed(self, model: ServedModel, call: Call) -> Inference:
         """A call's images through the batcher, under an `infer` span: for the version serving, with a zero-shot
@@ -188,7 +188,8 @@ class Lane:
         while True:  # a zero-shot model's label embeddings (no wait where they are kept), for the version serving
             model = self.model_set.current(model)
             model.check_scores(call.options)  # refused before its labels cost the text tower anything
-            texts = None if model.labels is None else await model.label_embeddings(call.options, self.run_in_pool)
+            labelled = model.labels is not None and call.options.head is None
+            texts = await model.label_embeddings(call.options, self.run_in_pool) if labelled else None
             if not model.retired:
                 break
         future: asyncio.Future[Inference] = asyncio.get_running_loop().create_future()
@@ -324,7 +325,9 @@ class Lane:
             compute_input += timing.compute_input
             compute_infer += timing.compute_infer
             compute_output += timing.compute_output
-            answers.append((call, Inference(model.description, predictions, call.options.labels)))
+            answers.append(
+                (call, Inference(model.description, predictions, model.description.answer_labels(call.options)))
+            )
         if answers:
             summed = RequestTiming(queue, compute_input, compute_infer, compute_output)
             stats.computed(images, seconds, summed, len(answers))
@@ -346,7 +349,9 @@ class Lane:
             names = [f"pixels[{i}]" for i in range(len(outputs))]
         else:
             names = [p.filename for p in prepared] if prepared is not None else [i.filename for i in call.inputs]
-        if texts is not None and outputs:  # zero-shot: each image's embedding compared with the labels'
+        if call.options.head is not None and outputs:  # a head taught by example, over the embeddings
+            predictions = headed_predictions(model, call.options.head, names, outputs, call.options)
+        elif texts is not None and outputs:  # zero-shot: each image's embedding compared with the labels'
             predictions = labelled_predictions(model, names, outputs, texts, call.options)
         else:
             predictions = self.scored(model, names, outputs, call.options)
@@ -380,7 +385,7 @@ class Lane:
             call.queued = overlaid.cancel
             return
         stats.computed(len(predictions), time.monotonic() - call.started, timing)
-        call.settle(Inference(model.description, predictions, call.options.labels))
+        call.settle(Inference(model.description, predictions, model.description.answer_labels(call.options)))
 
     def answer_overlaid(
         self,
@@ -397,7 +402,7 @@ class Lane:
         else:
             predictions = overlaid.result()
             stats.computed(len(predictions), time.monotonic() - call.started, timing)
-            call.settle(Inference(model.description, predictions, call.options.labels))
+            call.settle(Inference(model.description, predictions, model.description.answer_labels(call.options)))
 
     def failed(self, stats: ModelStatistics, call: Call, error: BaseException) -> None:
         """A call answered with what failed it, counted as a failure unless it was cancelled."""

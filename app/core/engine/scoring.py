@@ -1,5 +1,6 @@
 """A batch's outputs made into a request's predictions: a classifier's probabilities with their
-out-of-distribution scores where asked for, or a zero-shot model's scores against its request's labels."""
+out-of-distribution scores where asked for, a zero-shot model's scores against its request's labels, or a head
+taught by example over either's embeddings."""
 
 from __future__ import annotations
 
@@ -42,6 +43,25 @@ def labelled_predictions(
     return [
         Prediction(n, p, o.attention_map, None, e)
         for n, p, o, e in zip(names, probabilities, outputs, embeddings, strict=True)
+    ]
+
+
+def headed_predictions(
+    model: ServedModel, head: str, names: list[str], outputs: list[ImageOutput], options: InferOptions
+) -> list[Prediction]:
+    """A head taught by example: each image's probabilities over its classes, from the embeddings the head reads
+    (a classifier's pre-logits, a zero-shot model's image in the joint space), one matrix product for them all."""
+    taught = model.heads[head]
+    joint = model.checkpoint.zero_shot is not None
+    embeddings = torch.stack([o.probabilities if joint else o.embedding for o in outputs])  # type: ignore[misc]
+    with torch.inference_mode():
+        probabilities = taught.probabilities(embeddings).unbind()
+    given: list[torch.Tensor | None] = [None] * len(outputs)
+    if options.embedding:
+        given = list(torch.nn.functional.normalize(embeddings, dim=1) if options.normalize else embeddings)
+    return [
+        Prediction(n, p, o.attention_map, None, e)
+        for n, p, o, e in zip(names, probabilities, outputs, given, strict=True)
     ]
 
 

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import cast
 
@@ -36,6 +36,8 @@ from app.settings import Settings
 from app.telemetry.metrics import ModelMetrics
 from app.telemetry.spans import record_span, sampled
 from model.checkpoint import Checkpoint, load_checkpoint
+from model.taught_head import HEADS, HeadError, TaughtHead, check_head_name
+from model.taught_head import load as load_head
 
 log = logging.getLogger("app")
 
@@ -65,6 +67,7 @@ class ServedModel:
     decode_share: DecodeShare | None = None
     retired: bool = False  # replaced or unloaded: admits nothing new
     successor: ServedModel | None = None  # the version that replaced it
+    heads: dict[str, TaughtHead] = field(default_factory=dict)  # taught by example, by name
 
     @classmethod
     def load(
@@ -138,7 +141,8 @@ class ServedModel:
         labels = None
         if checkpoint.zero_shot is not None:
             labels = LabelEmbeddings(checkpoint.zero_shot, s.text_cache_labels, metrics.text_embeddings)
-        return cls(name, checkpoint, predictor, preparer, batcher, labels, decode_share)
+        heads = load_heads(name, heads_folder(path, name), checkpoint.content_hash)
+        return cls(name, checkpoint, predictor, preparer, batcher, labels, decode_share, heads=heads)
 
     @staticmethod
     def build_predictor(
@@ -196,6 +200,7 @@ class ServedModel:
             ood_method=None if c.reference is None else c.reference.score,
             zero_shot=None if c.zero_shot is None else c.zero_shot.config.rule,
             template=None if c.zero_shot is None else c.zero_shot.config.template,
+            heads={name: head.describe() for name, head in self.heads.items()},
         )
 
     @property
@@ -223,6 +228,7 @@ class ServedModel:
         `texts`; with `watch_drift`, the embedding its drift window takes); InvalidInput for what it cannot."""
         reference = self.checkpoint.reference
         self.check_scores(options)
+        self.description.answer_labels(options)  # ModelNotFound for a head this version does not have
         if isinstance(inputs, torch.Tensor):
             if options.overlay:
                 raise InvalidInput("an overlay is drawn over the image file: send images, not pixels")
@@ -232,7 +238,8 @@ class ServedModel:
                     f"[-1, {', '.join(map(str, self.input_shape))}], got {list(inputs.shape)}"
                 )
         watched = reference is not None and watch_drift
-        embedding = (options.embedding or options.ood or watched) and texts is None  # zero-shot: the head's output
+        headed = options.head is not None and self.checkpoint.zero_shot is None  # a zero-shot model's: the joint
+        embedding = (options.embedding or options.ood or watched or headed) and texts is None
         target = self.target_index(options.target, options.labels)
         return Wanted(options.attention, target, embedding, texts if options.attention == "gradient" else None)
 
@@ -318,6 +325,27 @@ class ServedModel:
         """Already preprocessed images (N, C, H, W) through the same batcher."""
         outputs = self.batcher.submit([wanted.input(p) for p in pixels], deadline)
         return await wait_for_outputs(outputs, deadline)
+
+
+def heads_folder(checkpoint: Path, name: str) -> Path:
+    """Where model `name`'s heads taught by example are kept: `heads/<name>/` beside its checkpoint (in the model
+    repository, for a model of one), as `python -m model.train --head DIR --backbone NAME` writes them."""
+    return checkpoint.parent / HEADS / name
+
+
+def load_heads(model: str, folder: Path, backbone: str) -> dict[str, TaughtHead]:
+    """Every head in `folder` taught on this backbone, by name; one that cannot serve is left out, with a log line
+    saying why."""
+    heads: dict[str, TaughtHead] = {}
+    for path in sorted(folder.glob("*.safetensors")) if folder.is_dir() else []:
+        name = path.name.removesuffix(".safetensors")
+        try:
+            heads[check_head_name(name)] = load_head(path, backbone)
+        except HeadError as e:
+            log.warning("model %s: head %s not loaded: %s", model, name, e)
+    if heads:
+        log.info("model %s: %d heads taught by example (%s)", model, len(heads), ", ".join(heads))
+    return heads
 
 
 async def wait_for_outputs(outputs: asyncio.Future[list[ImageOutput]], deadline: float) -> list[ImageOutput]:

@@ -282,7 +282,9 @@ async def test_openapi_documents_the_api(client: httpx.AsyncClient) -> None:
         "labels",
         "label",
         "template",
+        "head",
     }
+    assert "/v1/models/{name}/heads" in spec["paths"]
     label = next(p for p in predict["parameters"] if p["name"] == "label")
     assert label["schema"]["type"] == "array"  # repeated: label=a&label=b
     top_k = next(p for p in predict["parameters"] if p["name"] == "top_k")
