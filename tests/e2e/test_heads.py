@@ -34,7 +34,8 @@ TAUGHT = {"round": 0, "donut": 7, "pointy": 5}  # circles, rings and stars, name
 
 def shapes(label: int, count: int, start: int) -> list[Image.Image]:
     """`count` images of the second renderer's class `label`, from sample `start` on."""
-    found, i = [], start
+    found: list[Image.Image] = []
+    i = start
     while len(found) < count:
         sample = make_sample(808, i)
         i += 1
