@@ -6,12 +6,14 @@ Both rules work on the embeddings centred on the examples' mean and scaled to un
 CL2N, which helps the nearest-mean rule most):
 
 - `means`: each class is the unit mean of its examples, and an image's logit for a class is its cosine similarity
-  to that mean times a scale, chosen where the held-out examples' log loss is least;
+  to that mean times a scale;
 - `logistic`: a multinomial logistic regression with an L2 penalty, fitted by L-BFGS, its penalty chosen where the
   held-out accuracy is best (fewest errors, then the least log loss).
 
-`rule="auto"` fits both and keeps `logistic` only where its held-out accuracy is higher. The held-out estimate is
-leave-one-out up to `LEAVE_ONE_OUT_MAX` examples and a stratified k-fold past that (`FOLDS`, fewer where a class has
+`rule="auto"` fits both and keeps `logistic` only where its held-out accuracy is higher. Either rule's logits are
+then scaled so that the held-out examples' mean top probability matches their accuracy by Laplace's rule,
+(right + 1) / (n + 2): taught from thirty images, all held out right, a head answers 0.97 on average, not 1.0.
+The held-out estimate is leave-one-out up to `LEAVE_ONE_OUT_MAX` examples and a stratified k-fold past that (`FOLDS`, fewer where a class has
 fewer examples); a class of one example leaves nothing to hold out, so a head with one has no estimate. The
 logistic rule's estimate is read on the folds its penalty was chosen on, so it leans a little high; the means
 rule's is not (its scale changes no answer).
@@ -44,7 +46,8 @@ FORMAT = "vit-serve.taught-head"
 FORMAT_VERSION = 1
 LEAVE_ONE_OUT_MAX = 12  # examples up to which the estimate leaves each out in turn; k-fold past that
 FOLDS = 5
-SCALES = tuple(2.0**k for k in range(1, 8))  # `means`: the cosine scales tried (2 to 128)
+SCALES = tuple(2.0 ** (k / 4) for k in range(-16, 33))  # the factors on logits tried (1/16 to 256)
+UNHELD_SCALE = 16.0  # the means rule's scale where nothing could be held out (a class of one example)
 PENALTIES = (1e-3, 1e-2, 1e-1)  # `logistic`: the L2 penalties on the weight tried (the loss is a mean)
 HEADS = "heads"  # the folder beside a checkpoint (in the model repository) that holds heads, a folder per model
 NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$")
@@ -89,7 +92,7 @@ class TaughtHead:
     backbone: str  # the backbone's content hash
     embedding: Embedding
     estimate: Estimate | None  # None: a class had one example, so none could be held out
-    setting: dict[str, float] = field(default_factory=dict)  # what was chosen: the scale, or the penalty
+    setting: dict[str, float] = field(default_factory=dict)  # what was chosen: the scale, and the penalty
 
     @property
     def dim(self) -> int:
@@ -188,6 +191,15 @@ def held_out_logits(
     return out
 
 
+def calibrated_scale(held_out: Tensor, y: Tensor) -> float:
+    """The factor on held-out logits at which the examples' mean top probability is nearest their accuracy as
+    Laplace's rule of succession estimates it, (right + 1) / (n + 2): no surer than the examples can show (a
+    least log loss would grow without bound where every held-out example is right)."""
+    right = int((held_out.argmax(-1) == y).sum())
+    target = (right + 1) / (len(y) + 2)
+    return min(SCALES, key=lambda s: abs(float((held_out * s).softmax(-1).amax(-1).mean()) - target))
+
+
 def scored(logits: Tensor, y: Tensor) -> tuple[float, float]:
     """(accuracy, mean log loss) of held-out logits."""
     return float((logits.argmax(-1) == y).float().mean()), float(F.cross_entropy(logits, y))
@@ -218,31 +230,34 @@ def fit(
     method, held = folds(y) if can_hold_out else ("", [])
 
     chosen: Rule = "means"
-    scale, means_estimate = SCALES[len(SCALES) // 2], None
-    if can_hold_out:  # the cosines held out once: the scale moves the log loss, never which class is nearest
+    means_estimate, logistic_estimate = None, None
+    if can_hold_out:  # the cosines held out once: a scale changes no answer, only how sure it is
         cosines = held_out_logits(embeddings, y, num_classes, held, "means", 1.0)
-        scale = min(SCALES, key=lambda s: float(F.cross_entropy(cosines * s, y)))
         means_estimate = Estimate(method, scored(cosines, y)[0], len(y))
-    estimate, setting = means_estimate, {"scale": scale}
+        held_out = cosines
+    estimate, setting = means_estimate, {"scale": UNHELD_SCALE}
     if rule == "logistic" or (rule == "auto" and can_hold_out):
-        penalty, logistic_estimate = PENALTIES[len(PENALTIES) // 2], None
+        penalty = PENALTIES[len(PENALTIES) // 2]
         if can_hold_out:  # the penalty held-out examples score best with: fewest errors, then least log loss
-            results = [
-                (scored(held_out_logits(embeddings, y, num_classes, held, "logistic", p), y), p) for p in PENALTIES
-            ]
-            (accuracy, _), penalty = max(results, key=lambda r: (r[0][0], -r[0][1]))
-            logistic_estimate = Estimate(method, accuracy, len(y))
+            results = [(held_out_logits(embeddings, y, num_classes, held, "logistic", p), p) for p in PENALTIES]
+            logits, penalty = max(results, key=lambda r: (scored(r[0], y)[0], -scored(r[0], y)[1]))
+            logistic_estimate = Estimate(method, scored(logits, y)[0], len(y))
         better = (
             logistic_estimate is not None
             and means_estimate is not None
             and logistic_estimate.accuracy > means_estimate.accuracy
         )
         if rule == "logistic" or better:
-            chosen, estimate, setting = "logistic", logistic_estimate, {"penalty": penalty}
+            chosen, estimate, setting = "logistic", logistic_estimate, {"penalty": penalty, "scale": 1.0}
+            if can_hold_out:
+                held_out = logits
+    if can_hold_out:
+        setting["scale"] = calibrated_scale(held_out, y)
     if chosen == "means":
         weight, bias = fit_means(x, y, num_classes, setting["scale"])
     else:
         weight, bias = fit_logistic(x, y, num_classes, setting["penalty"])
+        weight, bias = weight * setting["scale"], bias * setting["scale"]
     return TaughtHead(tuple(classes), chosen, weight, bias, center, counts, backbone, embedding, estimate, setting)
 
 

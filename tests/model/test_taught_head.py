@@ -80,14 +80,29 @@ def test_auto_keeps_the_logistic_regression_only_where_it_holds_out_better() -> 
         rules.append(auto.rule)
         assert logistic.setting["penalty"] in taught_head.PENALTIES
         # the logistic head's weights are what its loss is least at: a step either way costs
-        x, penalty = F.normalize(e - e.mean(0), dim=1), logistic.setting["penalty"]
-        nudge = 0.05 * torch.randn_like(logistic.weight)
+        x, penalty, scale = F.normalize(e - e.mean(0), dim=1), logistic.setting["penalty"], logistic.setting["scale"]
+        weight, bias = logistic.weight / scale, logistic.bias / scale  # as fitted, before the calibration
+        nudge = 0.05 * torch.randn_like(weight)
         at, up, down = (
-            float(F.cross_entropy(F.linear(x, w, logistic.bias), y) + penalty * w.square().sum())
-            for w in (logistic.weight, logistic.weight + nudge, logistic.weight - nudge)
+            float(F.cross_entropy(F.linear(x, w, bias), y) + penalty * w.square().sum())
+            for w in (weight, weight + nudge, weight - nudge)
         )
         assert at < up and at < down
     assert rules == ["logistic", "means"]
+
+
+@pytest.mark.parametrize(("spread", "seed"), [(1.0, 0), (6.0, 3)])
+def test_a_head_is_as_sure_as_its_held_out_examples_show(spread: float, seed: int) -> None:
+    """Its scale puts the held-out examples' mean top probability at their accuracy by Laplace's rule: not 1.0
+    where all thirty are right (a least log loss would have no bound there), lower where some are wrong."""
+    e, y = blobs(10, spread, seed)
+    head = fit(e, y, CLASSES, "hash", rule="means")
+    _, held = taught_head.folds(y)
+    cosines = taught_head.held_out_logits(e, y, 3, held, "means", 1.0)
+    right = int((cosines.argmax(1) == y).sum())
+    sure = float((cosines * head.setting["scale"]).softmax(1).amax(1).mean())
+    assert sure == pytest.approx((right + 1) / 32, abs=0.03), (right, sure)
+    assert float(head.probabilities(e).amax(1).max()) < 1 - 1e-6
 
 
 def test_one_example_of_a_class_leaves_nothing_to_hold_out() -> None:
