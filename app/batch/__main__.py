@@ -73,6 +73,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--label", action="append", help="a zero-shot model: one more class, taken whole; repeatable")
     p.add_argument("--template", help="a zero-shot model: the prompt each label is set in, {} where it goes")
+    p.add_argument(
+        "--head", help="a head taught by example on the model (heads/<model>/HEAD.safetensors beside it): its classes"
+    )
     p.add_argument("--batch-size", type=at_least(1), default=32, help="images per forward pass (default 32)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--backend", choices=("auto", *BACKENDS), default="auto")
@@ -152,7 +155,7 @@ def infer_options(args: argparse.Namespace) -> InferOptions:
     """What to compute for every file; InvalidInput (a ServiceError) where the flags do not go together."""
     labels = parse_labels(args.labels, args.label)
     return InferOptions(
-        args.attention, args.target, False, args.embedding, args.normalize, False, labels, args.template
+        args.attention, args.target, False, args.embedding, args.normalize, False, labels, args.template, head=args.head
     )
 
 
@@ -205,7 +208,8 @@ async def classify(
     async with Engine.serving(settings, freeze_heap=True) as plane:
         model = plane.describe(None)
         model.check_labels(infer.labels, infer.template)  # labels that do not fit the model fail before any image
-        model.class_index(infer.target, model.classes_for(infer.labels))  # and so does a bad --target
+        classes = model.classes_for(model.answer_labels(infer))  # a head the model lacks fails before any image
+        model.class_index(infer.target, classes)  # and so does a bad --target
         journal = Journal(journal_path(output), kept)
         try:
             with tqdm(total=len(paths), unit="img", desc="classify", disable=None) as bar:

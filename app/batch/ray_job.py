@@ -74,9 +74,9 @@ class Classify:
         self.engine = self.call(start_engine(settings))
         self.model = self.engine.describe(None)
         self.model.check_labels(infer.labels, infer.template)
-        self.model.class_index(infer.target, self.model.classes_for(infer.labels))
+        self.classes = self.model.classes_for(self.model.answer_labels(infer))
+        self.model.class_index(infer.target, self.classes)
         self.infer, self.options = infer, options
-        self.classes = self.model.classes_for(infer.labels)
         self.schema = arrow_schema(options.columns())
 
     def call(self, coroutine: Coroutine[Any, Any, T]) -> T:

@@ -97,7 +97,7 @@ async def classify_file(
         [prediction] = await plane.infer(asked, predictions)
     except ServiceError as e:
         return error_row(path, e.detail)
-    return prediction_row(path, prediction, model.classes_for(infer.labels), options)
+    return prediction_row(path, prediction, model.classes_for(model.answer_labels(infer)), options)
 
 
 async def classify_files(

@@ -16,6 +16,7 @@ import torch
 
 from app.batch.__main__ import main
 from app.batch.outputs import atomic_file, journal_path, read_output
+from app.settings import BUNDLED_WEIGHTS
 from harness.preloaded import run_command, start_command
 from harness.server import ROOT
 from tests.support.clients import ClientFactory
@@ -243,3 +244,29 @@ def test_a_zero_shot_model_classifies_into_the_labels_given(
         assert row["top_k_labels"] == [t["label"] for t in served_row["top_k"]]
         assert sorted(row["top_k_labels"]) == ["Hello, World!", "cat", "dog"]
         torch.testing.assert_close(torch.tensor(row["probabilities"]), torch.tensor(served_row["probabilities"]))
+
+
+def test_a_head_taught_by_example_classifies_into_its_classes(
+    images: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--head: the head beside the checkpoint answers, the rows' classes its own, its probabilities those it gives
+    the embeddings the run writes; a head the model lacks fails before any image."""
+    from model.checkpoint import load_checkpoint
+    from model.taught_head import fit, save
+    from model.teach import head_path
+
+    checkpoint = tmp_path / "shapes.safetensors"
+    checkpoint.write_bytes(BUNDLED_WEIGHTS.read_bytes())
+    ckpt = load_checkpoint(checkpoint)
+    g = torch.Generator().manual_seed(0)
+    head = fit(torch.randn(8, ckpt.config.dim, generator=g), [0] * 4 + [1] * 4, ["left", "right"], ckpt.content_hash)
+    save(head, head_path(checkpoint, "sides"))
+    assert run(checkpoint, images[:2], tmp_path / "none.jsonl", "--head", "other") == 2
+    assert "model shapes has no head named 'other'; its heads: sides" in capsys.readouterr().err
+    output = tmp_path / "out.jsonl"
+    assert run(checkpoint, images[:4], output, "--head", "sides", "--probabilities", "--embedding") == 0
+    rows = read_output(output)
+    assert len(rows) == 4 and all(sorted(row["top_k_labels"]) == ["left", "right"] for row in rows)
+    for row in rows:
+        expected = head.probabilities(torch.tensor([row["embedding"]]))[0]
+        torch.testing.assert_close(torch.tensor(row["probabilities"]), expected, atol=1e-5, rtol=0)
