@@ -15,7 +15,8 @@ and what else spends them, and the images, so with VIT_CPU_DECODE_SHARE=auto it 
 - the host's pools, seen in what the device does: when their cores run out, images stop queueing for the device.
 
 A window where the device held images back for more than `BOUND_HIGH` of it, with decoding to move, says the share
-is too low; one where it held them back for less than `BOUND_LOW` says it is too high (the host is the bound, or the
+is too low (at share 0, for `BOUND_LOW` of it already: the host decodes nothing there, so the two cannot have run
+out together); one where it held them back for less than `BOUND_LOW` says it is too high (the host is the bound, or the
 traffic is light and the GPU has room to decode); in between, the two ran out together: a share read so
 `KEEP_AFTER` windows in a row is kept. The search brackets the best share between the highest share found too low
 and the lowest found too high, stepping out (doubling) until it has both and halving the bracket after, and keeps
@@ -129,7 +130,10 @@ class DecodeShare:
             return
         if not bound < BOUND_LOW:
             self.kept_too_high = 0
-        too_low = bound > BOUND_HIGH and decoding >= DECODING_MIN and self.share < 1.0
+        # at 0 the host decodes none of them: a device that held images back a share of the window it cannot be
+        # said to share with the host is the bound, and only moving decoding relieves it
+        held_back = bound > BOUND_HIGH or (self.share == 0.0 and bound >= BOUND_LOW)
+        too_low = held_back and decoding >= DECODING_MIN and self.share < 1.0
         too_high = bound < BOUND_LOW and self.share > 0.0
         self.balanced = 0 if too_low or too_high else self.balanced + 1
         if too_low:

@@ -152,3 +152,12 @@ def test_one_balanced_window_keeps_nothing() -> None:
     plant.bound = lambda _: 0.45 if plant.now <= 1.0 else 0.9  # type: ignore[method-assign]
     shares = plant.run(share, 8)
     assert shares[-1] >= 0.7, shares
+
+
+def test_at_zero_a_device_holding_images_back_a_third_of_each_window_moves_the_share_up() -> None:
+    """At 0 the host decodes nothing, so a reading between BOUND_LOW and BOUND_HIGH is not the two running out
+    together: the device is the bound, and the share leaves 0 (where, elsewhere, such a reading keeps it)."""
+    plant = Plant(best=0.3, band=0.3)  # from 0 to 0.6 the device holds images back 45 % of each window
+    share, _ = controller(plant, start=0.0)
+    shares = plant.run(share, 10)
+    assert shares[-1] > 0.0 and len(set(shares[-4:])) == 1, shares  # left 0, then kept where it went
