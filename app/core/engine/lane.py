@@ -355,7 +355,8 @@ class Lane:
             predictions = labelled_predictions(model, names, outputs, texts, call.options)
         else:
             predictions = self.scored(model, names, outputs, call.options)
-        if (shadow := self.shadowing.sampling(model.name)) is not None:
+        # a shadow compares the model's own classes: a head's answers are over others
+        if call.options.head is None and (shadow := self.shadowing.sampling(model.name)) is not None:
             self.shadowing.offer(shadow, model, call.inputs, predictions, computing_s)
         return predictions
 
