@@ -176,6 +176,15 @@ class Settings(BaseSettings):
     max_upload_bytes: int = Field(10 * 1024 * 1024, ge=1, description="Largest request body accepted")
     max_image_pixels: int = Field(40_000_000, ge=1, description="Largest decoded image (width x height)")
     max_files: int = Field(16, ge=1, description="Most images in one request")
+    teach_max_examples: int = Field(
+        1000,
+        ge=0,
+        description="Most example images one head is taught from over the API (POST /v1/models/{name}/heads/{head}); "
+        "0: teaching over the API is off",
+    )
+    teach_max_bytes: int = Field(
+        256 * 1024 * 1024, ge=1, description="Largest request body that teaches a head (its example images together)"
+    )
     v2_pixels: bool = Field(
         True,
         description="V2 takes preprocessed pixels (the FP32 input `pixels`) as well as image files; false: only "

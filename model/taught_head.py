@@ -24,6 +24,8 @@ stored as a small safetensors file that names its backbone by content hash (`sav
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import math
 import re
@@ -97,6 +99,14 @@ class TaughtHead:
     @property
     def dim(self) -> int:
         return int(self.weight.shape[1])
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """What tells this head from another of the same name: its classes and weights, hashed (16 hex digits)."""
+        h = hashlib.sha256("\x1f".join(self.classes).encode())
+        for t in (self.weight, self.bias, self.center):
+            h.update(t.float().contiguous().numpy().tobytes())
+        return h.hexdigest()[:16]
 
     def logits(self, embeddings: Tensor) -> Tensor:
         """Embeddings (N, D) -> logits (N, C)."""

@@ -4,6 +4,7 @@ and the functions that make them from the core's predictions and models."""
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping
 from typing import Any
 
 import pydantic_core
@@ -172,6 +173,16 @@ class HeadInfo(BaseModel):
 class HeadList(BaseModel):
     model: ModelRef
     heads: list[HeadInfo]
+
+
+class TaughtHeadInfo(HeadInfo):
+    """A head just taught: itself, and the model it answers on."""
+
+    model: ModelRef
+
+
+def taught_head(model: ModelDescription, name: str, head: Mapping[str, Any]) -> TaughtHeadInfo:
+    return TaughtHeadInfo(name=name, model=ModelRef(name=model.name, version=model.version), **head)
 
 
 def heads_of(model: ModelDescription) -> HeadList:

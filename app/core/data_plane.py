@@ -22,22 +22,38 @@ import contextlib
 import hmac
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
+
+import torch
 
 from app.core.contract.description import ModelDescription, ModelStatus, ShadowReport, canonical_version
-from app.core.contract.errors import DRAIN_TIMED_OUT, DRAINING, Draining, ModelNotFound, Unauthorized
+from app.core.contract.errors import (
+    DRAIN_TIMED_OUT,
+    DRAINING,
+    Draining,
+    InvalidInput,
+    ModelNotFound,
+    NotAllowed,
+    PayloadTooLarge,
+    Unauthorized,
+    UnsupportedMediaType,
+)
 from app.core.contract.inference import Batching, Inference, InferenceRequest, Limits, costly_to_encode
 from app.core.contract.regions import SharedMemoryRegions
+from app.core.contract.request import EncodedImage, InferOptions
+from app.core.contract.teaching import Embedded, Lesson, check_teaching
+from app.core.engine.repository import Repository
 from app.settings import Settings
 from app.telemetry.metrics import Metrics
 from app.telemetry.spans import child_span
 from app.telemetry.statistics import ModelStatistics
 
 T = TypeVar("T")
+TEACH_CHUNK = 8  # a lesson's images in one request of the model's: a few places in each batch, not all of them
 # Whether the request being served arrived before the drain began (set by `DataPlane.accepted`).
 ARRIVED_BEFORE_DRAIN: ContextVar[bool] = ContextVar("arrived_before_drain", default=False)
 
@@ -141,6 +157,15 @@ class DataPlane(ABC):
         """Stop admitting requests for a model, answer those admitted, then free it."""
 
     @abstractmethod
+    async def keep_head(self, name: str, version: str, embedded: Embedded) -> Mapping[str, Any]:
+        """A head fitted on `embedded` (examples embedded by version `version` of model `name`), kept in the model's
+        heads folder and answering from the next request on, at every edge: what a listing says of it."""
+
+    @abstractmethod
+    async def delete_head(self, name: str, head: str) -> None:
+        """Model `name`'s head `head` deleted, at every edge."""
+
+    @abstractmethod
     async def shutdown(self, timeout_s: float | None = None) -> None:
         """Answer what was accepted (within `timeout_s`, default VIT_DRAIN_TIMEOUT_S), then stop."""
 
@@ -229,6 +254,40 @@ class DataPlane(ABC):
         done = await self.compute(request)
         with child_span("encode"):
             return await self.run_in_pool(encode, done) if costly_to_encode(done) else encode(done)
+
+    def check_teaching(self) -> None:
+        """NotAllowed where teaching heads over the API is off (VIT_TEACH_MAX_EXAMPLES=0)."""
+        check_teaching(self.settings.teach_max_examples)
+
+    def examples_in(self, folder: str) -> dict[str, list[EncodedImage]]:
+        """The example images of a folder of the model repository, by class (`folder/<class>/*.jpg`); blocking."""
+        self.check_teaching()
+        if self.settings.model_repository is None:
+            raise NotAllowed(
+                "folder= names a folder of the model repository (VIT_MODEL_REPOSITORY), and this server has none: "
+                "send the images in the body"
+            )
+        return Repository(self.settings.model_repository).examples(folder)
+
+    async def teach(self, name: str | None, lesson: Lesson) -> Mapping[str, Any]:
+        """A head taught on model `name` (None: the default one) from `lesson`'s images: embedded on the model's own
+        batches, TEACH_CHUNK images at a time (traffic's requests take their places in the batches between), then
+        fitted and kept by the compute step. What a listing says of it."""
+        self.check_serving()
+        model = self.describe(name)
+        lesson.check_against(model.name, model.heads, self.settings.teach_max_examples)
+        options = InferOptions(embedding=True, classify=False)  # a zero-shot model's image in the joint space
+        embeddings: list[torch.Tensor] = []
+        for cls, images in lesson.examples.items():
+            for start in range(0, len(images), TEACH_CHUNK):
+                chunk = images[start : start + TEACH_CHUNK]
+                request = InferenceRequest(model, chunk, options, version=model.version)
+                try:
+                    done = await self.compute(request)
+                except (InvalidInput, UnsupportedMediaType, PayloadTooLarge) as e:
+                    raise type(e)(f"class {cls!r}: {e.detail}") from None
+                embeddings += [p.embedding for p in done.predictions if p.embedding is not None]
+        return await self.keep_head(model.name, model.version, Embedded.of(lesson, embeddings))
 
     async def run_in_pool(self, fn: Callable[..., T], *args: object) -> T:
         """`fn(*args)` on the CPU pool, so the event loop only parses, awaits and writes."""

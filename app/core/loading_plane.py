@@ -10,9 +10,13 @@ connection.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from app.core.contract.description import ModelDescription, ModelStatus, ShadowReport
 from app.core.contract.errors import LOADING, NotReady
 from app.core.contract.inference import Inference, InferenceRequest
+from app.core.contract.teaching import Embedded
 from app.core.data_plane import DataPlane
 from app.settings import Settings
 from app.telemetry.metrics import Metrics
@@ -50,6 +54,12 @@ class LoadingPlane(DataPlane):
         raise NotReady(LOADING)
 
     async def unload_model(self, name: str) -> None:
+        raise NotReady(LOADING)
+
+    async def keep_head(self, name: str, version: str, embedded: Embedded) -> Mapping[str, Any]:
+        raise NotReady(LOADING)
+
+    async def delete_head(self, name: str, head: str) -> None:
         raise NotReady(LOADING)
 
     async def shutdown(self, timeout_s: float | None = None) -> None:

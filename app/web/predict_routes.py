@@ -21,17 +21,22 @@ from app.codecs.predict import (
     ModelList,
     PredictResponse,
     ShadowComparison,
+    TaughtHeadInfo,
     encode_predict_response,
     heads_of,
+    taught_head,
 )
 from app.codecs.predict import model_info as describe
+from app.core.contract.errors import InvalidInput
 from app.core.contract.inference import Inference, InferenceRequest
 from app.core.contract.request import AttentionKind, InferOptions, parse_labels
+from app.core.contract.teaching import Lesson
 from app.core.data_plane import DataPlane
 from app.web.dependencies import AuthorizedPlane, Plane, ReadyPlane, ServingPlane, authorized_data_plane
 from app.web.disconnects import respond_unless_disconnected
 from app.web.errors import PredictRoute
-from app.web.uploads import read_images
+from app.web.uploads import read_examples, read_images
+from model.taught_head import RuleSetting
 
 router = APIRouter(route_class=PredictRoute)
 
@@ -47,6 +52,11 @@ ERRORS = {
         504: "Not answered within VIT_REQUEST_TIMEOUT_S",
     }.items()
 }
+ERRORS_400 = {
+    "model": ErrorBody,
+    "description": "Teaching over the API is off (VIT_TEACH_MAX_EXAMPLES=0), or the heads folder cannot be written",
+}
+ERRORS_409 = {"model": ErrorBody, "description": "A head of that name exists (replace=true replaces it)"}
 PREDICT_BODY = {
     "requestBody": {
         "required": True,
@@ -205,6 +215,76 @@ async def list_models(plane: ServingPlane) -> ModelList:
 async def list_heads(name: str, plane: ServingPlane) -> HeadList:
     """The heads taught by example on a model (ask one with /predict?head=NAME or V2's parameter head)."""
     return heads_of(plane.describe(name))
+
+
+class TeachQuery(BaseModel):
+    """What teaching a head takes besides its examples; any other name is a 422 that names it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rule: RuleSetting = Field(
+        "auto",
+        description="means: each class's mean embedding; logistic: an L2-penalised logistic regression; auto: "
+        "logistic where it holds out better",
+    )
+    replace: bool = Field(False, description="Replace a head of that name (otherwise 409)")
+    folder: str | None = Field(
+        None,
+        description="Teach from a folder of the model repository, FOLDER/<class>/*.jpg, instead of the body's files",
+        examples=["examples/parts"],
+    )
+
+
+TEACH_BODY = {
+    "requestBody": {
+        "required": False,
+        "description": "Each class's images as files under the class's name (multipart/form-data), in answer order; "
+        "none with folder=.",
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "additionalProperties": {"type": "array", "items": {"type": "string", "format": "binary"}},
+                }
+            }
+        },
+    }
+}
+
+
+@router.post(
+    "/v1/models/{name}/heads/{head}",
+    response_model=TaughtHeadInfo,
+    status_code=201,
+    responses={**ERRORS, 400: ERRORS_400, 409: ERRORS_409},  # type: ignore[dict-item]
+    openapi_extra=TEACH_BODY,
+)
+async def teach_head(
+    name: str, head: str, request: Request, plane: AuthorizedPlane, query: Annotated[TeachQuery, Query()]
+) -> TaughtHeadInfo:
+    """Teach the model a head by example: its images are embedded on the model's own batches and a head fitted on
+    them, kept in the model repository and answering at once (/predict?head=HEAD, V2's parameter head)."""
+    model = plane.describe(name)  # an unknown model is answered before the body is read
+    if query.folder is not None:
+        if request.headers.get("content-length", "0") not in ("", "0"):
+            raise InvalidInput("folder= names where the examples are: send no body with it")
+        examples = await plane.run_in_pool(plane.examples_in, query.folder)
+    else:
+        plane.check_teaching()
+        examples = await read_examples(request, plane.settings.teach_max_bytes, plane.settings.teach_max_examples)
+    lesson = Lesson(head, examples, query.rule, query.replace)
+    return taught_head(model, head, await plane.teach(model.name, lesson))
+
+
+@router.delete(
+    "/v1/models/{name}/heads/{head}",
+    status_code=204,
+    responses={**ERRORS, 400: ERRORS_400},  # type: ignore[dict-item]
+)
+async def delete_head(name: str, head: str, plane: AuthorizedPlane) -> Response:
+    """Delete a head taught on the model: its file is removed, and requests naming it are not found from now on."""
+    await plane.delete_head(plane.describe(name).name, head)
+    return Response(status_code=204)
 
 
 @router.get("/v1/models/{name}/shadow", response_model=ShadowComparison, responses={404: ERRORS[404], 503: ERRORS[503]})

@@ -1,4 +1,5 @@
-"""Read an HTTP request body within its limit, and a /predict request's images: multipart `file`/`files`, or a raw image body."""
+"""Read an HTTP request body within its limit, a /predict request's images (multipart `file`/`files`, or a raw image
+body), and the examples that teach a head (multipart, each class's images under its name)."""
 
 from __future__ import annotations
 
@@ -64,13 +65,15 @@ async def read_images(request: Request, max_bytes: int, max_files: int) -> list[
 class FormParts:
     """The file parts of one multipart/form-data body, collected from python-multipart's streaming parser (the
     parser FastAPI and Starlette read forms with): (field name, file name, bytes) in order, at most `max_files`
-    files and as many form fields and 16 more. Form fields are counted, not kept."""
+    files and as many form fields and 16 more. Of form fields, only the names are kept
+    (`names`, every part's in order)."""
 
     def __init__(self, max_files: int) -> None:
         self.max_files = max_files
         self.max_fields = max_files + 16
         self.files: list[tuple[str, str, bytes]] = []
         self.fields = 0
+        self.names: list[str] = []  # of every part, file or field, in order
         self.header_field = self.header_value = b""
         self.headers: dict[bytes, bytes] = {}
         self.data: list[bytes] = []
@@ -93,6 +96,7 @@ class FormParts:
         _, options = parse_options_header(self.headers.get(b"content-disposition", b""))
         if b"name" not in options:
             raise InvalidInput('could not parse the multipart body: a part\'s Content-Disposition has no "name"')
+        self.names.append(text(options[b"name"]))
         if b"filename" in options:
             if len(self.files) >= self.max_files:
                 raise InvalidInput(
@@ -118,6 +122,11 @@ class FormParts:
 def read_form(body: bytes, content_type: str, max_files: int) -> list[tuple[str, str, bytes]]:
     """The file parts of a multipart/form-data body (field name, file name, bytes) in order; InvalidInput for a
     body that is not one, or holds more than `max_files` files."""
+    return parse_form(body, content_type, max_files).files
+
+
+def parse_form(body: bytes, content_type: str, max_files: int) -> FormParts:
+    """A multipart/form-data body's file parts and every part's name (`read_form`)."""
     _, options = parse_options_header(content_type)
     boundary = options.get(b"boundary")
     if not boundary:
@@ -130,7 +139,7 @@ def read_form(body: bytes, content_type: str, max_files: int) -> list[tuple[str,
         parser.finalize()
     except MultipartParseError as e:  # malformed multipart
         raise InvalidInput(f"could not parse the multipart body: {e}") from None
-    return parts.files
+    return parts
 
 
 CALLBACKS = (
@@ -150,3 +159,25 @@ def text(value: bytes) -> str:
         return value.decode()
     except UnicodeDecodeError:
         return value.decode("latin-1")
+
+
+async def read_examples(request: Request, max_bytes: int, max_files: int) -> dict[str, list[EncodedImage]]:
+    """A multipart body's example images by class, each class the field name its images came under, in the order
+    first named; a field with no file (an empty file input, or a form field) names a class with none."""
+    content_type = request.headers.get("content-type", "")
+    if content_type.split(";")[0].strip().lower() != "multipart/form-data":
+        raise UnsupportedMediaType(
+            f"unsupported Content-Type {content_type.split(';')[0].strip() or '(none)'!r}: send multipart/form-data, "
+            "each class's images as files under its name (curl -F 'ring=@ring1.png' -F 'ring=@ring2.png' "
+            "-F 'circle=@circle1.png'), or name a folder of the model repository (folder=)"
+        )
+    body = await read_body(request, max_bytes)
+    parts = await asyncio.to_thread(parse_form, body, content_type, max_files)
+    examples: dict[str, list[EncodedImage]] = {}
+    for name in parts.names:
+        examples.setdefault(name, [])
+    for name, filename, data in parts.files:
+        images = examples.setdefault(name, [])
+        if filename or data:  # an empty file input sends neither
+            images.append(EncodedImage(filename or f"{name}[{len(images)}]", data))
+    return examples

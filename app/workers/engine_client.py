@@ -24,9 +24,10 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import zmq
@@ -36,6 +37,7 @@ from app.core.contract.description import ModelDescription, ModelStatus, ShadowR
 from app.core.contract.errors import LOADING, NOT_READY, TIMED_OUT, NotReady, Overloaded, RequestTimeout
 from app.core.contract.inference import Inference, InferenceRequest
 from app.core.contract.request import DecodedImage, EncodedImage, InferOptions
+from app.core.contract.teaching import Embedded
 from app.core.data_plane import DataPlane
 from app.core.images.gpu_decode import Jpeg
 from app.core.images.overlay import with_overlays
@@ -282,7 +284,8 @@ class EngineClient(DataPlane):
                 self.preparer(model).set_cpu_share(reply.cpu_decode_share)
             predictions, embedded = read_outputs(self.arena, reply.outputs)
             answered_by = reply.model or model
-            return Inference(answered_by, predictions, answered_by.answer_labels(options), embedded)
+            labels = reply.labels if reply.labels is not None else answered_by.answer_labels(options)
+            return Inference(answered_by, predictions, labels, embedded)
         finally:
             self.release_call(call.id)
 
@@ -354,11 +357,19 @@ class EngineClient(DataPlane):
             self.release(p)
 
     async def repository(
-        self, op: str, name: str | None = None, ready_only: bool = False, version: str | None = None
+        self,
+        op: str,
+        name: str | None = None,
+        ready_only: bool = False,
+        version: str | None = None,
+        embedded: Embedded | None = None,
+        head: str | None = None,
     ) -> link.Reply:
         self.check_serving()
         assert self.state is not None
-        call = link.RepositoryCall(next(self.ids), self.state.incarnation, op, name, ready_only, version)
+        call = link.RepositoryCall(
+            next(self.ids), self.state.incarnation, op, name, ready_only, version, embedded, head
+        )
         reply = await self.call(call, None, self.settings.request_timeout_s + 600)  # a load may take minutes
         self.release_call(call.id)
         if reply.failure is not None:
@@ -381,3 +392,11 @@ class EngineClient(DataPlane):
 
     async def unload_model(self, name: str) -> None:
         await self.repository("unload", name)
+
+    async def keep_head(self, name: str, version: str, embedded: Embedded) -> Mapping[str, Any]:
+        head = (await self.repository("teach", name, version=version, embedded=embedded)).head
+        assert head is not None
+        return head
+
+    async def delete_head(self, name: str, head: str) -> None:
+        await self.repository("delete-head", name, head=head)

@@ -304,6 +304,16 @@ class EngineHost:
             elif call.op == "shadow":
                 assert call.name is not None
                 reply = link.Reply(call.id, shadow=await self.engine.shadow_report(call.name))
+            elif call.op == "teach":  # known at every front-end before the teacher hears of it
+                assert call.name is not None and call.version is not None and call.embedded is not None
+                head = await self.engine.keep_head(call.name, call.version, call.embedded)
+                await self.applied_everywhere(self.broadcast())
+                reply = link.Reply(call.id, head=head)
+            elif call.op == "delete-head":
+                assert call.name is not None and call.head is not None
+                await self.engine.delete_head(call.name, call.head)
+                await self.applied_everywhere(self.broadcast())
+                reply = link.Reply(call.id)
             else:
                 assert call.name is not None
                 await (self.engine.load_model if call.op == "load" else self.engine.unload_model)(call.name)
@@ -334,9 +344,9 @@ def answered(call: link.InferCall, done: Inference, arena: Arena | None, model: 
     moves it."""
     outputs = write_outputs(arena, call.region, done.predictions, done.text_embeddings)
     share = model.decode_share.share if model.decode_share is not None and model.decode_share.auto else None
-    return link.Reply(
-        call.id, None if done.model.version == call.described else done.model, outputs, cpu_decode_share=share
-    )
+    described = None if done.model.version == call.described else done.model
+    labels = done.labels if call.options.head is not None else None
+    return link.Reply(call.id, described, outputs, cpu_decode_share=share, labels=labels)
 
 
 def failed(call_id: int, error: BaseException) -> link.Reply:

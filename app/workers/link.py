@@ -15,15 +15,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import zmq
 
 from app.core.contract import errors
 from app.core.contract.description import ModelDescription, ModelStatus, ShadowReport
 from app.core.contract.request import InferOptions
+from app.core.contract.teaching import Embedded
 from app.telemetry.statistics import ModelStatistics
 from app.workers.arena import Region, Stored, StoredImage, StoredOutputs
 
@@ -100,10 +102,12 @@ class Refused:
 class RepositoryCall:
     id: int
     incarnation: str
-    op: str  # index, load, unload, statistics or shadow
+    op: str  # index, load, unload, statistics, shadow, teach or delete-head
     name: str | None = None
     ready_only: bool = False
-    version: str | None = None  # statistics of one version
+    version: str | None = None  # statistics of one version; teach: the version that embedded the examples
+    embedded: Embedded | None = None  # teach: the examples' embeddings, to fit a head on
+    head: str | None = None  # delete-head
 
 
 @dataclass(frozen=True)
@@ -136,6 +140,9 @@ class Reply:
     statistics: list[ModelStatistics] | None = None
     shadow: ShadowReport | None = None
     failure: Failure | None = None
+    head: Mapping[str, Any] | None = None  # teach: what a listing says of the head
+    # infer, for a head: the classes of the head that answered (one taught again meanwhile may have others)
+    labels: tuple[str, ...] | None = None
     # infer, with VIT_CPU_DECODE_SHARE=auto: the share of the model's plain JPEGs the front-ends decode from now on
     cpu_decode_share: float | None = None
 

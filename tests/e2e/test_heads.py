@@ -1,7 +1,8 @@
 """Heads taught by example, served: a head taught offline on the bundled model's backbone and kept beside its
 checkpoint answers through /predict and the Open Inference Protocol's real clients over HTTP and gRPC, with serving
-processes and with one, with the probabilities the head gives the backbone's embeddings; a head taught on another
-backbone is not loaded; what a head cannot be asked with is refused."""
+processes and with one, with the probabilities the head gives the backbone's embeddings; one taught over REST answers
+at once at every front-end until deleted; a head taught on another backbone is not loaded; what a head cannot be
+asked with is refused."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 from PIL import Image
+from tritonclient.utils import InferenceServerException
 
 from app.settings import BUNDLED_WEIGHTS
 from harness.images import encode
@@ -182,3 +184,44 @@ def test_a_heads_rollout_map_is_the_models(
         torch.tensor(headed.json()["results"][0]["attention"]["map"]),
         torch.tensor(plain.json()["results"][0]["attention"]["map"]),
     )
+
+
+def test_a_head_taught_over_rest_answers_at_once_over_every_protocol_and_front_end_until_deleted(
+    server: Server, expected: tuple[list[bytes], torch.Tensor, TaughtHead], folder: Path
+) -> None:
+    pngs, _, _ = expected
+    files = [
+        (name, (f"{name}{i}.png", encode(image), "image/png"))
+        for name, label in TAUGHT.items()
+        for i, image in enumerate(shapes(label, 5, 100))
+    ]
+    r = httpx.post(server.url + "/v1/models/shapes/heads/fresh", files=files, timeout=60)
+    assert r.status_code == 201, r.text
+    assert r.json()["examples"] == dict.fromkeys(TAUGHT, 5) and r.json()["model"]["name"] == "shapes"
+    head = load(head_path(folder / "shapes.safetensors", "fresh"))
+    # each request on a connection of its own: with two serving processes, both answer for the new head
+    for _ in range(4):
+        r = httpx.post(server.url + "/predict", params={"head": "fresh", "embedding": "true"},
+                       files=[("files", (f"{i}.png", png)) for i, png in enumerate(pngs)], timeout=60)  # fmt: skip
+        assert r.status_code == 200, r.text
+        got = torch.tensor([result["probabilities"] for result in r.json()["results"]])
+        embeddings = torch.tensor([result["embedding"] for result in r.json()["results"]])
+        torch.testing.assert_close(got, head.probabilities(embeddings), atol=EXACT, rtol=0)
+        assert [res["top_k"][0]["label"] for res in r.json()["results"]] == [c for c in TAUGHT for _ in range(2)]
+    grpc = triton_grpc.InferenceServerClient(server.grpc_target)
+    try:
+        tensor = triton_grpc.InferInput("image", [len(pngs)], "BYTES")
+        tensor.set_data_from_numpy(np.array(pngs, dtype=np.object_))
+        answered = grpc.infer("shapes", [tensor], parameters={"head": "fresh"})
+        assert answered.as_numpy("probabilities").shape == (len(pngs), len(TAUGHT))
+        assert httpx.delete(server.url + "/v1/models/shapes/heads/fresh", timeout=30).status_code == 204
+        with pytest.raises(InferenceServerException, match="has no head named 'fresh'"):
+            grpc.infer("shapes", [tensor], parameters={"head": "fresh"})
+    finally:
+        grpc.close()
+    for _ in range(4):
+        r = httpx.post(
+            server.url + "/predict", params={"head": "fresh"}, files={"file": ("a.png", pngs[0])}, timeout=30
+        )
+        assert r.status_code == 404 and "has no head named 'fresh'; its heads: mine" in r.json()["detail"], r.text
+    assert not head_path(folder / "shapes.safetensors", "fresh").exists()

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from app.core.contract.description import ModelDescription, ModelStatus, ShadowReport
 from app.core.contract.errors import NotReady
 from app.core.contract.inference import Inference, InferenceRequest
+from app.core.contract.teaching import Embedded
 from app.core.data_plane import DataPlane
 from app.settings import Settings
 from app.telemetry.metrics import Metrics
@@ -48,6 +52,12 @@ class UnreadyDataPlane(DataPlane):
 
     async def unload_model(self, name: str) -> None:
         raise self.refuse("unload_model")
+
+    async def keep_head(self, name: str, version: str, embedded: Embedded) -> Mapping[str, Any]:
+        raise self.refuse("keep_head")
+
+    async def delete_head(self, name: str, head: str) -> None:
+        raise self.refuse("delete_head")
 
     def begin_drain(self) -> None:
         super().begin_drain()

@@ -89,11 +89,12 @@ class PredictionCache:
 
     @staticmethod
     def keys(model: str, version: str, options: InferOptions, target: int | None, digests: list[bytes]) -> list[bytes]:
-        """Each image's key: the model version, all that was asked that changes an answer, and the image's digest."""
+        """Each image's key: the model version (with a head's digest, for a request to a head), all that was asked
+        that changes an answer, and the image's digest."""
         o = options
         labels = None if o.labels is None else "\x1f".join(o.labels)
         asked: tuple[object, ...] = (model, version, o.attention, target, o.embedding, o.normalize, o.overlay)
-        asked += (o.ood, labels, o.template, o.classify, o.head)  # a version's heads are fixed while it serves
+        asked += (o.ood, labels, o.template, o.classify, o.head)
         wanted = hashlib.sha256("\0".join(map(repr, asked)).encode()).digest()  # once per request: labels may be many
         return [hashlib.sha256(wanted + digest).digest() for digest in digests]
 

@@ -15,15 +15,17 @@ import gc
 import logging
 import shutil
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from app.core.contract.description import ModelDescription, ModelStatus, ShadowReport, canonical_version
 from app.core.contract.errors import NOT_READY, ModelNotFound, NotReady
 from app.core.contract.inference import Inference, InferenceRequest
+from app.core.contract.teaching import Embedded
 from app.core.data_plane import DataPlane
 from app.core.engine.cache import PredictionCache
 from app.core.engine.lane import Lane
@@ -79,15 +81,17 @@ class Engine(DataPlane):
         if settings.device == "auto" and device.type == "cpu" and (reason := cuda_unavailable_reason()):
             log.warning("serving on the CPU: %s", reason)
 
-        def build(name: str, path: Path) -> ServedModel:
-            return ServedModel.load(name, path, settings, device, ModelMetrics(metrics, name, statistics))
-
         repository = Repository(settings.model_repository) if settings.model_repository else None
         files = repository.scan() if repository else {}
         paths = startup_models(settings, repository, files)
         # with no VIT_HUB_CACHE to keep them, hub models are converted into folders of the engine's own
         named = settings.model_paths() if repository is None and settings.hub_cache is None else {}
         scratch = [paths[name].parent for name, given in named.items() if isinstance(given, HubName)]
+
+        def build(name: str, path: Path) -> ServedModel:
+            metered = ModelMetrics(metrics, name, statistics)
+            return ServedModel.load(name, path, settings, device, metered, scratch=path.parent in scratch)
+
         try:
             served = {}
             for name, path in paths.items():
@@ -187,6 +191,12 @@ class Engine(DataPlane):
 
     async def shadow_report(self, champion: str) -> ShadowReport:
         return self.shadowing.report(champion)
+
+    async def keep_head(self, name: str, version: str, embedded: Embedded) -> Mapping[str, Any]:
+        return (await self.model_set.teach(name, version, embedded)).describe()
+
+    async def delete_head(self, name: str, head: str) -> None:
+        await self.model_set.forget_head(name, head)
 
     def begin_drain(self) -> None:
         super().begin_drain()

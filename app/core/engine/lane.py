@@ -26,6 +26,7 @@ import torch
 from opentelemetry.util.types import AttributeValue
 
 from app.core.backends.predictor import ImageInput, ImageOutput
+from app.core.contract.errors import ServiceError
 from app.core.contract.inference import Inference
 from app.core.contract.request import DecodedImage, EncodedImage, InferOptions, Prediction
 from app.core.engine.cache import PredictionCache, digest_images, digest_pixels
@@ -157,7 +158,9 @@ class Lane:
             names = [i.filename for i in inputs]
         model = self.model_set.current(model)  # replaced while the digests were taken: its successor answers
         target = model.target_index(options.target, options.labels)
-        keys = self.cache.keys(model.name, model.version, options, target, digests)  # type: ignore[union-attr]
+        # a head's answers are those of the head serving now: one taught again under its name is another
+        stamp = model.version if options.head is None else f"{model.version}/{model.head(options.head).digest}"
+        keys = self.cache.keys(model.name, stamp, options, target, digests)  # type: ignore[union-attr]
         looked_up = time.monotonic() - started
 
         async def compute(indices: list[int]) -> list[Prediction]:
@@ -402,8 +405,13 @@ class Lane:
             self.failed(stats, call, error)
         else:
             predictions = overlaid.result()
+            try:  # a head deleted while the overlays were drawn: not found
+                labels = model.description.answer_labels(call.options)
+            except ServiceError as e:
+                self.failed(stats, call, e)
+                return
             stats.computed(len(predictions), time.monotonic() - call.started, timing)
-            call.settle(Inference(model.description, predictions, model.description.answer_labels(call.options)))
+            call.settle(Inference(model.description, predictions, labels))
 
     def failed(self, stats: ModelStatistics, call: Call, error: BaseException) -> None:
         """A call answered with what failed it, counted as a failure unless it was cancelled."""

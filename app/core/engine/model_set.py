@@ -1,4 +1,5 @@
-"""The served models by name, and every change to them while serving: load, reload, unload, and polling a repository.
+"""The served models by name, and every change to them while serving: load, reload, unload, polling a repository,
+and the heads taught on them by example.
 
 A reload builds the new version beside the old one (loaded and warmed on a thread), then switches:
 requests already admitted finish on the old version, new ones go to the new one. An unload stops
@@ -25,11 +26,23 @@ import torch
 
 from app.choices import ModelControl
 from app.core.contract.description import ModelStatus
-from app.core.contract.errors import LoadFailed, ModelNotFound, NotAllowed, NotReady, ServiceError
+from app.core.contract.errors import (
+    AlreadyExists,
+    InvalidInput,
+    LoadFailed,
+    ModelNotFound,
+    NotAllowed,
+    NotReady,
+    ServiceError,
+)
+from app.core.contract.teaching import Embedded
 from app.core.engine.repository import FileStamp, Repository, check_name
 from app.core.engine.served_model import ServedModel
 from app.telemetry.metrics import Metrics
 from model.checkpoint import CheckpointError
+from model.taught_head import Embedding, HeadError, TaughtHead, check_head_name
+from model.taught_head import fit as fit_head
+from model.taught_head import save as save_head
 
 log = logging.getLogger("app")
 T = TypeVar("T")
@@ -178,6 +191,89 @@ class ModelSet:
             log.info("model %s: version %s unloaded", name, model.version)
             del model
             await asyncio.to_thread(release_memory)
+
+    # Heads taught by example, changed while their model serves (a reload reads them again from its folder).
+    async def teach(self, name: str, version: str, embedded: Embedded) -> TaughtHead:
+        """A head fitted on `embedded` (on a thread), written into version `version` of model `name`'s heads folder,
+        and answering from the next request on."""
+        model = self.serving(name, version)
+        if model.heads_at is None:
+            raise NotAllowed(
+                f"model {name} was converted into a folder removed at stop, where a head would not be kept: set "
+                "VIT_HUB_CACHE (or serve it from VIT_MODEL_REPOSITORY) to teach it heads"
+            )
+        kind: Embedding = "joint" if model.checkpoint.zero_shot is not None else "pre-logits"
+        backbone = model.checkpoint.content_hash
+        e = embedded
+        try:
+            head = await asyncio.to_thread(fit_head, e.embeddings, e.labels, e.classes, backbone, kind, e.rule)
+        except HeadError as error:
+            raise InvalidInput(str(error)) from None
+        await self.shielded(self.keep_head(name, version, embedded, head))
+        return head
+
+    async def keep_head(self, name: str, version: str, embedded: Embedded, head: TaughtHead) -> None:
+        async with self.changes:
+            self.check_open()
+            model = self.serving(name, version)
+            if embedded.head in model.heads and not embedded.replace:  # taught meanwhile by another request
+                raise AlreadyExists(
+                    f"model {name} already has a head named {embedded.head!r}; replace=true replaces it"
+                )
+            assert model.heads_at is not None
+            try:
+                await asyncio.to_thread(save_head, head, model.heads_at / f"{embedded.head}.safetensors")
+            except OSError as error:
+                log.error("model %s: head %s not written into %s: %s", name, embedded.head, model.heads_at, error)
+                raise NotAllowed(
+                    f"model {name}'s heads folder cannot be written ({error.strerror}); head {embedded.head!r} was "
+                    "not kept"
+                ) from None
+            replaced = embedded.head in model.heads
+            model.keep_head(embedded.head, head)
+            log.info(
+                "model %s: head %s %s (%s, %d classes, %d examples, held-out accuracy %s)",
+                name,
+                embedded.head,
+                "taught again" if replaced else "taught",
+                head.rule,
+                len(head.classes),
+                sum(head.counts),
+                "none" if head.estimate is None else f"{head.estimate.accuracy:.3f}",
+            )
+
+    async def forget_head(self, name: str, head: str) -> None:
+        """Model `name`'s head `head` deleted: its file gone, and requests naming it not found from now on."""
+        try:
+            check_head_name(head)
+        except HeadError as error:
+            raise InvalidInput(str(error)) from None
+        await self.shielded(self.delete_head(name, head))
+
+    async def delete_head(self, name: str, head: str) -> None:
+        async with self.changes:
+            self.check_open()
+            model = self.serving(name)
+            path = None if model.heads_at is None else model.heads_at / f"{head}.safetensors"
+            on_disk = path is not None and path.is_file()  # one that did not load (taught on another backbone) too
+            if head not in model.heads and not on_disk:
+                model.head(head)  # not found, with the heads it has
+            if path is not None:
+                await asyncio.to_thread(path.unlink, missing_ok=True)
+            model.drop_head(head)
+            log.info("model %s: head %s deleted", name, head)
+
+    def serving(self, name: str, version: str | None = None) -> ServedModel:
+        """Model `name` as it serves now, at `version` where one is given (ModelNotFound otherwise)."""
+        model = self.served.get(name)
+        if model is None:
+            raise ModelNotFound(f"no model named {name!r}; this service serves: {self.names()}")
+        if version is not None and model.version != version:
+            raise ModelNotFound(
+                f"model {name} changed to version {model.version} while the examples were embedded by version "
+                f"{version}: teach it again"
+            )
+        return model
 
     def check_open(self) -> None:
         if self.closed:

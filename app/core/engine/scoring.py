@@ -36,32 +36,38 @@ def labelled_predictions(
     zero_shot = model.checkpoint.zero_shot
     joint = torch.stack([o.probabilities for o in outputs])  # (N, D): the image tower's outputs
     with torch.inference_mode():
-        probabilities = zero_shot.probabilities(zero_shot.logits(joint, texts)).unbind()  # (L,) each
-    embeddings: list[torch.Tensor | None] = [None] * len(outputs)
-    if options.embedding:
-        embeddings = list(torch.nn.functional.normalize(joint, dim=1) if options.normalize else joint)
-    return [
-        Prediction(n, p, o.attention_map, None, e)
-        for n, p, o, e in zip(names, probabilities, outputs, embeddings, strict=True)
-    ]
+        probabilities = zero_shot.probabilities(zero_shot.logits(joint, texts))
+    return over_embeddings(names, probabilities, outputs, joint, options)
 
 
 def headed_predictions(
     model: ServedModel, head: str, names: list[str], outputs: list[ImageOutput], options: InferOptions
 ) -> list[Prediction]:
     """A head taught by example: each image's probabilities over its classes, from the embeddings the head reads
-    (a classifier's pre-logits, a zero-shot model's image in the joint space), one matrix product for them all."""
-    taught = model.heads[head]
+    (a classifier's pre-logits, a zero-shot model's image in the joint space), one matrix product for them all;
+    ModelNotFound for a head deleted since the request was admitted."""
+    taught = model.head(head)
     joint = model.checkpoint.zero_shot is not None
     embeddings = torch.stack([o.probabilities if joint else o.embedding for o in outputs])  # type: ignore[misc]
     with torch.inference_mode():
-        probabilities = taught.probabilities(embeddings).unbind()
+        probabilities = taught.probabilities(embeddings)
+    return over_embeddings(names, probabilities, outputs, embeddings, options)
+
+
+def over_embeddings(
+    names: list[str],
+    probabilities: torch.Tensor,
+    outputs: list[ImageOutput],
+    embeddings: torch.Tensor,
+    options: InferOptions,
+) -> list[Prediction]:
+    """Predictions of `probabilities` (N, C) computed over `embeddings` (N, D), which each carries where asked."""
     given: list[torch.Tensor | None] = [None] * len(outputs)
     if options.embedding:
         given = list(torch.nn.functional.normalize(embeddings, dim=1) if options.normalize else embeddings)
     return [
         Prediction(n, p, o.attention_map, None, e)
-        for n, p, o, e in zip(names, probabilities, outputs, given, strict=True)
+        for n, p, o, e in zip(names, probabilities.unbind(), outputs, given, strict=True)
     ]
 
 

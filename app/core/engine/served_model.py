@@ -26,7 +26,7 @@ from app.core.backends.predictor import ImageInput, ImageOutput, Predictor, grap
 from app.core.backends.text_embeddings import LabelEmbeddings
 from app.core.batching.batcher import BatchObserver, DynamicBatcher
 from app.core.contract.description import ModelDescription, numeric_version
-from app.core.contract.errors import TIMED_OUT, InvalidInput, RequestTimeout
+from app.core.contract.errors import TIMED_OUT, InvalidInput, ModelNotFound, RequestTimeout
 from app.core.contract.request import AttentionKind, DecodedImage, EncodedImage, InferOptions, owned
 from app.core.engine.decode_share import DecodeShare
 from app.core.engine.drift import DriftWatch, Watching
@@ -68,12 +68,21 @@ class ServedModel:
     retired: bool = False  # replaced or unloaded: admits nothing new
     successor: ServedModel | None = None  # the version that replaced it
     heads: dict[str, TaughtHead] = field(default_factory=dict)  # taught by example, by name
+    # where its heads are kept (`heads_folder`): None for a checkpoint in a folder removed at stop
+    heads_at: Path | None = None
 
     @classmethod
     def load(
-        cls, name: str, path: Path, settings: Settings, device: torch.device, metrics: ModelMetrics
+        cls,
+        name: str,
+        path: Path,
+        settings: Settings,
+        device: torch.device,
+        metrics: ModelMetrics,
+        scratch: bool = False,
     ) -> ServedModel:
-        """Load the checkpoint onto the device and warm it up (blocking; run off the event loop)."""
+        """Load the checkpoint onto the device and warm it up (blocking; run off the event loop); `scratch`: its
+        folder is removed at stop (a hub model converted without VIT_HUB_CACHE), so no head is taught on it."""
         checkpoint = load_checkpoint(path, device)
         version = numeric_version(checkpoint.content_hash)
         p = checkpoint.preprocessing
@@ -141,8 +150,10 @@ class ServedModel:
         labels = None
         if checkpoint.zero_shot is not None:
             labels = LabelEmbeddings(checkpoint.zero_shot, s.text_cache_labels, metrics.text_embeddings)
-        heads = load_heads(name, heads_folder(path, name), checkpoint.content_hash)
-        return cls(name, checkpoint, predictor, preparer, batcher, labels, decode_share, heads=heads)
+        folder = heads_folder(path, name)
+        heads = load_heads(name, folder, checkpoint.content_hash)
+        kept = None if scratch else folder
+        return cls(name, checkpoint, predictor, preparer, batcher, labels, decode_share, heads=heads, heads_at=kept)
 
     @staticmethod
     def build_predictor(
@@ -169,6 +180,22 @@ class ServedModel:
         """No new requests from now on: they go to `successor`, or find no model when it is None."""
         self.retired = True
         self.successor = successor
+
+    def keep_head(self, name: str, head: TaughtHead) -> None:
+        """`head` answers as `name` from the next request on (replacing one of that name)."""
+        self.heads = {**self.heads, name: head}  # a new dict: a request reading the old one reads it whole
+        self.__dict__.pop("description", None)
+
+    def drop_head(self, name: str) -> None:
+        self.heads = {k: v for k, v in self.heads.items() if k != name}
+        self.__dict__.pop("description", None)
+
+    def head(self, name: str) -> TaughtHead:
+        """The head called `name`; ModelNotFound once deleted (or never taught)."""
+        if (head := self.heads.get(name)) is None:
+            self.description.answer_labels(InferOptions(head=name))  # its text, listing the heads there are
+            raise ModelNotFound(f"model {self.name} has no head named {name!r}")
+        return head
 
     @functools.cached_property
     def version(self) -> str:
