@@ -346,3 +346,41 @@ def test_a_zero_shot_model_takes_the_labels_typed(browser: webdriver.Chrome, tmp
 def test_one_model_shows_no_picker(browser: webdriver.Chrome, service: Server) -> None:
     open_page(browser, service)
     assert not browser.find_element(By.ID, "model-select").is_displayed()
+
+
+@pytest.mark.browser
+def test_a_head_taught_on_the_page_answers_for_new_images_at_once(browser: webdriver.Chrome, tmp_path: Path) -> None:
+    """Images dropped under class names teach a head; it is chosen at once, and new images answer with its classes;
+    teaching a name taken shows the API's reason."""
+    shutil.copy(BUNDLED_WEIGHTS, tmp_path / "shapes.safetensors")  # its heads are written beside it
+    taught = {"round": "circle", "donut": "ring"}
+    found = {name: [i for i in range(400) if SHAPE_CLASSES[make_sample(7, i).label] == shape][:4]
+             for name, shape in taught.items()}  # fmt: skip
+    with Server(tmp_path / "shapes.safetensors") as server:
+        open_page(browser, server)
+        rows = browser.find_elements(By.CSS_SELECTOR, ".teach-class")
+        assert len(rows) == 2
+        for row, (name, indices) in zip(rows, found.items(), strict=True):
+            paths = []
+            for i in indices:
+                (tmp_path / f"{name}{i}.png").write_bytes(encode(make_sample(7, i).image))
+                paths.append(str(tmp_path / f"{name}{i}.png"))
+            row.find_element(By.CSS_SELECTOR, ".class-name").send_keys(name)
+            row.find_element(By.CSS_SELECTOR, ".class-files").send_keys("\n".join(paths))
+            assert row.find_element(By.CSS_SELECTOR, ".class-count").text.startswith("4 images: ")
+        browser.find_element(By.ID, "teach-submit").click()
+        status = WebDriverWait(browser, 60).until(
+            lambda d: d.find_element(By.ID, "teach-status").text if "Taught" in d.find_element(By.ID, "teach-status").text else None
+        )  # fmt: skip
+        assert status.startswith("Taught head mine on shapes: round 4, donut 4; ")
+        assert Select(browser.find_element(By.ID, "head-select")).first_selected_option.get_attribute("value") == "mine"
+        listed = httpx.get(f"{server.url}/v1/models/shapes/heads", timeout=10).json()["heads"]
+        assert [(h["name"], h["examples"]) for h in listed] == [("mine", {"round": 4, "donut": 4})]
+        upload(browser, tmp_path, {"ring.png": held_out("ring")})
+        labels = [
+            e.text for e in result(browser, "ring.png · head mine").find_elements(By.CSS_SELECTOR, ".top-k .label")
+        ]
+        assert labels == ["donut", "round"]
+        browser.find_element(By.ID, "teach-submit").click()  # the same name again, replace unticked
+        error = WebDriverWait(browser, 30).until(lambda d: d.find_element(By.ID, "teach-error").text or None)
+        assert "already has a head named 'mine'" in error

@@ -1,4 +1,5 @@
-// The try-it page: upload images, show top classes and the attention overlay, all from this service's API.
+// The try-it page: upload images, show top classes and the attention overlay, and teach classes by example, all
+// from this service's API.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -82,6 +83,7 @@ function showModel(info) {
   $("top-k").max = String(zeroShot ? 1000 : Math.min(info.classes.length, 1000));
   $("top-k").value = String(zeroShot ? 5 : Math.min(5, info.classes.length));
   $("model-status").textContent = "";
+  loadHeads(info.name);
   $("model-info").hidden = false;
   $("model-classes-details").hidden = false;
 }
@@ -119,15 +121,17 @@ async function classify(file, before) {
   const item = addResultItem(file, before);
   const model = chosenModel();  // a result stays with the model it was sent to, and with the labels it was given
   if (model) item.querySelector(".filename").textContent += ` · ${model}`;
-  const labels = $("labels-row").hidden ? null : $("labels").value;
+  const head = $("head-select").value || null;  // a head taught by example answers with its classes
+  if (head) item.querySelector(".filename").textContent += ` · head ${head}`;
+  const labels = head || $("labels-row").hidden ? null : $("labels").value;
   const cache = new Map();
   const select = item.querySelector(".result-method");
   fillMethods(select, $("method").value);
-  select.addEventListener("change", () => request(file, item, select.value, cache, model, labels));
-  await request(file, item, select.value, cache, model, labels);
+  select.addEventListener("change", () => request(file, item, select.value, cache, model, labels, head));
+  await request(file, item, select.value, cache, model, labels, head);
 }
 
-async function request(file, item, method, cache, model, labels) {
+async function request(file, item, method, cache, model, labels, head) {
   const status = item.querySelector(".status");
   const error = item.querySelector(".error");
   status.hidden = false;
@@ -141,8 +145,10 @@ async function request(file, item, method, cache, model, labels) {
       const query = new URLSearchParams({ top_k: $("top-k").value || "5", attention: method, overlay: "true" });
       if (model) query.set("model", model);
       if (labels !== null && labels.trim()) query.set("labels", labels);  // none: the model's own, or its 422 says why
+      if (head) query.set("head", head);
       const described = models.get(model || defaultModel);
-      if (described && described.reference) query.set("ood", "true");  // a model with reference statistics scores it
+      // a model with reference statistics scores it (for its own classes: a head's have none)
+      if (described && described.reference && !head) query.set("ood", "true");
       const response = await fetch(`/predict?${query}`, { method: "POST", body, headers: apiHeaders() });
       if (response.status === 401) showApiKeyField();
       if (!response.ok) throw new Error(await errorText(response));
@@ -211,6 +217,90 @@ function showResult(item, result, method, name, described) {
   }
 }
 
+// Heads taught by example on the model shown: listed in the Classes choice, the one just taught chosen.
+async function loadHeads(name, chosen) {
+  const select = $("head-select");
+  const keep = chosen !== undefined ? chosen : select.value;
+  let heads = [];
+  try {
+    const response = await fetch(`/v1/models/${encodeURIComponent(name)}/heads`);
+    if (response.ok) heads = (await response.json()).heads;
+  } catch (_) { /* the model's own classes remain */ }
+  const own = new Option("the model's own", "", keep === "", keep === "");
+  const taught = heads.map((h) => new Option(`head ${h.name}: ${h.classes.join(", ")}`, h.name, h.name === keep, h.name === keep));
+  select.replaceChildren(own, ...taught);
+}
+
+function addTeachClass(name) {
+  const row = $("teach-class-template").content.firstElementChild.cloneNode(true);
+  row.files = [];
+  const input = row.querySelector(".class-files");
+  const zone = row.querySelector(".class-drop");
+  row.querySelector(".class-name").value = name || "";
+  const add = (files) => {
+    row.files.push(...Array.from(files || []));
+    const n = row.files.length;
+    row.querySelector(".class-count").textContent = n ? `${n} image${n === 1 ? "" : "s"}: ${row.files.map((f) => f.name).join(", ")}` : "No image yet.";
+  };
+  input.addEventListener("change", () => { add(input.files); input.value = ""; });
+  zone.addEventListener("click", () => input.click());
+  zone.addEventListener("keydown", (e) => {
+    if (e.key === "Enter" || e.key === " ") {
+      e.preventDefault();
+      input.click();
+    }
+  });
+  zone.addEventListener("dragover", (e) => { e.preventDefault(); zone.classList.add("dragging"); });
+  zone.addEventListener("dragleave", () => zone.classList.remove("dragging"));
+  zone.addEventListener("drop", (e) => {
+    e.preventDefault();
+    zone.classList.remove("dragging");
+    add(e.dataTransfer.files);
+  });
+  row.querySelector(".class-remove").addEventListener("click", () => row.remove());
+  $("teach-classes").append(row);
+  return row;
+}
+
+async function teach() {
+  const status = $("teach-status");
+  const error = $("teach-error");
+  error.hidden = true;
+  const model = chosenModel() || defaultModel;
+  const head = $("head-name").value.trim();
+  const body = new FormData();
+  for (const row of $("teach-classes").children) {
+    const name = row.querySelector(".class-name").value.trim();
+    if (!name && !row.files.length) continue;  // an empty row
+    if (!name) {
+      error.textContent = "Each class with images needs a name.";
+      error.hidden = false;
+      return;
+    }
+    if (!row.files.length) body.append(name, "");  // the service says which class has no image
+    row.files.forEach((f) => body.append(name, f, f.name));
+  }
+  status.textContent = `Teaching head ${head} on ${model}…`;
+  try {
+    const query = $("teach-replace").checked ? "?replace=true" : "";
+    const url = `/v1/models/${encodeURIComponent(model)}/heads/${encodeURIComponent(head)}${query}`;
+    const response = await fetch(url, { method: "POST", body, headers: apiHeaders() });
+    if (response.status === 401) showApiKeyField();
+    if (!response.ok) throw new Error(await errorText(response));
+    const taught = await response.json();
+    const counts = taught.classes.map((c) => `${c} ${taught.examples[c]}`).join(", ");
+    const held = taught.estimate
+      ? `${(taught.estimate.accuracy * 100).toFixed(0)} % of examples held out answered right (${taught.estimate.method})`
+      : "no held-out estimate (a class has one example)";
+    status.textContent = `Taught head ${taught.name} on ${taught.model.name}: ${counts}; ${held}. New images now answer with its classes.`;
+    await loadHeads(taught.model.name, taught.name);
+  } catch (e) {
+    status.textContent = "";
+    error.textContent = e instanceof TypeError ? `Could not reach the service: ${e.message}` : e.message;
+    error.hidden = false;
+  }
+}
+
 function showApiKeyField() {
   const row = $("api-key-row");
   if (row.hidden) {
@@ -259,6 +349,13 @@ function wireEvents() {
     if (files.length) classifyAll(files);
   });
   $("model-select").addEventListener("change", (e) => showModel(models.get(e.target.value)));
+  $("teach-add").addEventListener("click", () => addTeachClass().querySelector(".class-name").focus());
+  $("teach-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    teach();
+  });
+  addTeachClass();
+  addTeachClass();
   const key = $("api-key");
   key.value = sessionStorage.getItem(API_KEY_STORAGE) || "";
   if (key.value) $("api-key-row").hidden = false;
