@@ -226,7 +226,7 @@ async function loadHeads(name, chosen) {
     const response = await fetch(`/v1/models/${encodeURIComponent(name)}/heads`);
     if (response.ok) heads = (await response.json()).heads;
   } catch (_) { /* the model's own classes remain */ }
-  const own = new Option("the model's own", "", keep === "", keep === "");
+  const own = new Option("the model's own classes", "", keep === "", keep === "");
   const taught = heads.map((h) => new Option(`head ${h.name}: ${h.classes.join(", ")}`, h.name, h.name === keep, h.name === keep));
   select.replaceChildren(own, ...taught);
 }
