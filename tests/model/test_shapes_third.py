@@ -31,8 +31,8 @@ def test_deterministic_from_seed_and_apart_from_the_other_renderers() -> None:
 
 @pytest.mark.slow  # hundreds of images rendered
 def test_every_class_from_35_to_85_percent_of_the_side_inside_the_image() -> None:
-    images, labels, masks = render_dataset(300, 5, make_sample)
-    assert images.shape == (300, IMAGE_SIZE, IMAGE_SIZE, 3) and images.dtype == np.uint8
+    images, labels, masks = render_dataset(100, 5, make_sample)
+    assert images.shape == (100, IMAGE_SIZE, IMAGE_SIZE, 3) and images.dtype == np.uint8
     assert set(labels.tolist()) == set(range(10))
     for m in masks:
         ys, xs = np.nonzero(m)
@@ -68,9 +68,9 @@ def test_a_rings_band_is_8_px_at_the_least() -> None:
 @pytest.mark.slow  # the command line, as a process of its own
 def test_evaluate_reads_the_bundled_model_through_the_third_renderer(tmp_path: Path) -> None:
     out = tmp_path / "third.json"
-    argv = ["--checkpoint", str(BUNDLED_WEIGHTS), "--renderer", "third", "--samples", "200", "--json", str(out)]
+    argv = ["--checkpoint", str(BUNDLED_WEIGHTS), "--renderer", "third", "--samples", "100", "--json", str(out)]
     done = run_command([sys.executable, "-m", "model.evaluate", *argv], timeout=300)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("shapes, third renderer: 200 images, top-1 accuracy ")
+    assert done.stdout.startswith("shapes, third renderer: 100 images, top-1 accuracy ")
     result = json.loads(out.read_text())
     assert result["dataset"] == "shapes, third renderer" and result["accuracy"] > 0.8
