@@ -16,9 +16,12 @@ import ctypes
 import ctypes.util
 import gc
 import logging
+import os
 import re
+import threading
 import time
 from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -84,6 +87,8 @@ class ModelSet:
         self.changing: set[asyncio.Task[Any]] = set()
         self.closed = False
         self.poller: asyncio.Task[None] | None = None
+        # heads are fitted on a thread of their own at the lowest CPU priority: serving's threads come first
+        self.fitting = ThreadPoolExecutor(1, thread_name_prefix="fit", initializer=lowest_priority)
         metrics.models_loaded.set(len(served))
 
     def current(self, model: ServedModel) -> ServedModel:
@@ -128,6 +133,7 @@ class ModelSet:
         await self.stop_polling()
         async with self.changes:
             self.closed = True
+        self.fitting.shutdown(wait=False, cancel_futures=True)
 
     def check_explicit(self, change: str) -> None:
         if self.repository is None or self.control != "explicit":
@@ -205,8 +211,12 @@ class ModelSet:
         kind: Embedding = "joint" if model.checkpoint.zero_shot is not None else "pre-logits"
         backbone = model.checkpoint.content_hash
         e = embedded
+        loop = asyncio.get_running_loop()
         try:
-            head = await asyncio.to_thread(fit_head, e.embeddings, e.labels, e.classes, backbone, kind, e.rule)
+            fitted = loop.run_in_executor(
+                self.fitting, fit_head, e.embeddings, e.labels, e.classes, backbone, kind, e.rule
+            )
+            head = await fitted
         except HeadError as error:
             raise InvalidInput(str(error)) from None
         await self.shielded(self.keep_head(name, version, embedded, head))
@@ -322,6 +332,12 @@ class ModelSet:
             del self.stamps[name]
             with contextlib.suppress(ServiceError):
                 await self.shielded(self.remove(name))
+
+
+def lowest_priority() -> None:
+    """The calling thread at nice 19 (Linux keeps a nice value per thread); left as it is where that is refused."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
 
 def release_memory() -> None:
