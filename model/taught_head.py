@@ -7,7 +7,7 @@ CL2N, which helps the nearest-mean rule most):
 
 - `means`: each class is the unit mean of its examples, and an image's logit for a class is its cosine similarity
   to that mean times a scale;
-- `logistic`: a multinomial logistic regression with an L2 penalty, fitted by L-BFGS, its penalty chosen where the
+- `logistic`: a multinomial logistic regression with an L2 penalty, fitted by accelerated gradient, its penalty chosen where the
   held-out accuracy is best (fewest errors, then the least log loss).
 
 `rule="auto"` fits both and keeps `logistic` only where its held-out accuracy is higher. Either rule's logits are
@@ -50,6 +50,8 @@ LEAVE_ONE_OUT_MAX = 12  # examples up to which the estimate leaves each out in t
 FOLDS = 5
 SCALES = tuple(2.0 ** (k / 4) for k in range(-16, 33))  # the factors on logits tried (1/16 to 256)
 UNHELD_SCALE = 16.0  # the means rule's scale where nothing could be held out (a class of one example)
+LOGISTIC_STEPS = 600  # `logistic`: the most gradient steps of a fit (a few hundred reach LOGISTIC_TOLERANCE)
+LOGISTIC_TOLERANCE = 1e-5  # the largest entry of the gradient at which a fit stops
 PENALTIES = (1e-3, 1e-2, 1e-1)  # `logistic`: the L2 penalties on the weight tried (the loss is a mean)
 HEADS = "heads"  # the folder beside a checkpoint (in the model repository) that holds heads, a folder per model
 NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$")
@@ -154,22 +156,31 @@ def fit_means(x: Tensor, y: Tensor, num_classes: int, scale: float) -> tuple[Ten
 
 
 def fit_logistic(x: Tensor, y: Tensor, num_classes: int, penalty: float) -> tuple[Tensor, Tensor]:
-    """Multinomial logistic regression with an L2 penalty on the weight, by L-BFGS: (weight, bias)."""
-    weight = torch.zeros(num_classes, x.shape[1], requires_grad=True)
-    bias = torch.zeros(num_classes, requires_grad=True)
-    optimizer = torch.optim.LBFGS(
-        [weight, bias], lr=1.0, max_iter=50, tolerance_grad=1e-5, tolerance_change=1e-7, line_search_fn="strong_wolfe"
-    )
+    """Multinomial logistic regression with an L2 penalty on the weight, `mean cross-entropy + penalty * |W|^2`, by
+    Nesterov's accelerated gradient at the step the loss's smoothness allows: (weight, bias).
 
-    def closure() -> Tensor:
-        optimizer.zero_grad()
-        loss = F.cross_entropy(F.linear(x, weight, bias), y) + penalty * weight.square().sum()
-        loss.backward()
-        return loss
-
-    with torch.enable_grad():
-        optimizer.step(closure)
-    return weight.detach(), bias.detach()
+    The features are unit length, so the gradient is at most (1 + 2 * penalty)-Lipschitz (softmax's curvature is at
+    most 1/2 per unit of |x|^2, the bias a feature of 1), and the penalty makes the loss strongly convex in the
+    weight: the momentum for that condition number converges in a few hundred steps of two small matrix products.
+    Plain tensor arithmetic: torch.optim's first optimizer in a process imports the compiler, seconds of it."""
+    n = len(x)
+    features = torch.cat([x, torch.ones(n, 1)], dim=1)  # the bias as a last feature, not penalised
+    target = F.one_hot(y, num_classes).float()
+    penalised = torch.ones(x.shape[1] + 1)
+    penalised[-1] = 0.0
+    smoothness = 0.5 * float(features.square().sum(1).max()) + 2 * penalty
+    step = 1.0 / smoothness
+    root = (smoothness / (2 * penalty)) ** 0.5
+    momentum = (root - 1) / (root + 1)
+    theta = torch.zeros(num_classes, x.shape[1] + 1)
+    previous = theta
+    for k in range(LOGISTIC_STEPS):
+        ahead = theta + momentum * (theta - previous)
+        gradient = (features @ ahead.T).softmax(-1).sub_(target).T @ features / n + 2 * penalty * ahead * penalised
+        previous, theta = theta, ahead - step * gradient
+        if k % 25 == 24 and float(gradient.abs().max()) < LOGISTIC_TOLERANCE:
+            break
+    return theta[:, :-1].contiguous(), theta[:, -1].contiguous()
 
 
 def folds(y: Tensor) -> tuple[str, list[Tensor]]:
