@@ -207,7 +207,9 @@ async def classify(
 ) -> Counts:
     async with Engine.serving(settings, freeze_heap=True) as plane:
         model = plane.describe(None)
-        model.check_labels(infer.labels, infer.template)  # labels that do not fit the model fail before any image
+        model.check_labels(
+            infer.labels, infer.template, head=infer.head
+        )  # labels that do not fit the model fail before any image
         classes = model.classes_for(model.answer_labels(infer))  # a head the model lacks fails before any image
         model.class_index(infer.target, classes)  # and so does a bad --target
         journal = Journal(journal_path(output), kept)

@@ -73,7 +73,7 @@ class Classify:
         threading.Thread(target=self.loop.run_forever, name="engine", daemon=True).start()
         self.engine = self.call(start_engine(settings))
         self.model = self.engine.describe(None)
-        self.model.check_labels(infer.labels, infer.template)
+        self.model.check_labels(infer.labels, infer.template, head=infer.head)
         self.classes = self.model.classes_for(self.model.answer_labels(infer))
         self.model.class_index(infer.target, self.classes)
         self.infer, self.options = infer, options

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import io
 import re
+import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,7 @@ from PIL import Image
 
 from harness.images import encode
 from model.convert.__main__ import main as convert_main
+from model.taught_head import load
 from tests.support.clients import ClientFactory, until
 from tests.support.zero_shot import LABELS, TEMPLATE, Repo, clip_repo, open_clip_model, pipeline_scores, siglip_repo
 
@@ -311,3 +313,32 @@ async def test_the_response_cache_keeps_answers_by_their_labels_and_template(
     torch.testing.assert_close(swapped, first.flip(0))
     assert not torch.allclose(templated, first, atol=1e-4)
     torch.testing.assert_close(again, first)
+
+
+async def test_a_head_taught_on_a_zero_shot_model_without_labels_reads_its_joint_embeddings(
+    make_client: ClientFactory, clip: tuple[Repo, Path], photo: Image.Image, tmp_path: Path
+) -> None:
+    """A CLIP with no default labels answers with a head's classes (no labels asked), over the image's joint-space
+    embedding, the same vector `embedding=true` gives."""
+    _, checkpoint = clip
+    repository = tmp_path / "models"
+    repository.mkdir()
+    shutil.copy(checkpoint, repository / "clip.safetensors")
+    crops = {
+        "whole": [photo, photo.crop((0, 0, 200, 200))],
+        "corner": [photo.crop((100, 100, 300, 300)), photo.crop((50, 150, 250, 350))],
+    }
+    files = [(name, (f"{name}{i}.png", encode(image), "image/png")) for name, images in crops.items()
+             for i, image in enumerate(images)]  # fmt: skip
+    async with make_client(model_repository=repository, models="clip") as client:
+        r = await client.post("/v1/models/clip/heads/crops", files=files)
+        assert r.status_code == 201, r.text
+        assert r.json()["embedding"] == "joint" and r.json()["classes"] == ["whole", "corner"]
+        r = await predict(client, encode(photo), model="clip", head="crops", embedding="true")
+        assert r.status_code == 200, r.text
+        result = r.json()["results"][0]
+        head = load(repository / "heads" / "clip" / "crops.safetensors")
+        expected = head.probabilities(torch.tensor([result["embedding"]]))[0]
+        torch.testing.assert_close(torch.tensor(result["probabilities"]), expected, atol=1e-5, rtol=0)
+        plain = await predict(client, encode(photo), model="clip")  # no head, no labels: nothing to answer with
+        assert plain.status_code == 422 and "no default labels" in plain.json()["detail"]

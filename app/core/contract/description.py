@@ -80,9 +80,12 @@ class ModelDescription:
         """The classes a request's probabilities are over: the labels it named (a zero-shot model), else the model's."""
         return self.classes if labels is None else list(labels)
 
-    def check_labels(self, labels: tuple[str, ...] | None, template: str | None, classify: bool = True) -> None:
+    def check_labels(
+        self, labels: tuple[str, ...] | None, template: str | None, classify: bool = True, head: str | None = None
+    ) -> None:
         """InvalidInput unless the labels and template fit the model: a classifier takes neither, and a zero-shot
-        model without default labels needs labels to answer probabilities (`classify`)."""
+        model without default labels needs labels to answer probabilities (`classify`) over its own labels, which
+        a request to a `head` does not."""
         if self.zero_shot is None and (labels is not None or template is not None):
             asked = (
                 "labels name the classes of a zero-shot model (CLIP, SigLIP)"
@@ -93,7 +96,7 @@ class ModelDescription:
                 f"{asked}; model {self.name} is a classifier with fixed classes, so send neither labels nor a "
                 f"template: {', '.join(self.classes[:10])}{', ...' if len(self.classes) > 10 else ''}"
             )
-        if self.zero_shot is not None and labels is None and not self.classes and classify:
+        if self.zero_shot is not None and labels is None and not self.classes and classify and head is None:
             raise InvalidInput(
                 f"model {self.name} is zero-shot and has no default labels: name the classes to choose among "
                 f"({HOW_TO_NAME_LABELS})"

@@ -30,7 +30,8 @@ class InferenceRequest:
     def __post_init__(self) -> None:
         if self.texts is not None:
             self.model.check_texts(self.texts)
-        self.model.check_labels(self.options.labels, self.options.template, self.options.classify)
+        o = self.options
+        self.model.check_labels(o.labels, o.template, o.classify, o.head)
         self.model.answer_labels(self.options)  # a head the model has
 
 

@@ -291,7 +291,7 @@ class ServedModel:
         the model's), kept from an earlier request or computed now with `run_in_pool`. Checked against this
         version, which may have replaced the one the request was checked against."""
         described = self.description
-        described.check_labels(options.labels, options.template, options.classify)
+        described.check_labels(options.labels, options.template, options.classify, options.head)
         assert self.labels is not None and described.template is not None
         labels = options.labels if options.labels is not None else tuple(described.classes)
         if not labels:  # no probabilities asked for, and none to give: the images' embeddings alone
