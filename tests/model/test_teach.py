@@ -11,6 +11,7 @@ import torch
 from PIL import Image
 
 from harness.preloaded import run_command
+from model import train
 from model.checkpoint import load_checkpoint
 from model.preprocessing import EvalTransform
 from model.shapes import make_sample
@@ -79,21 +80,28 @@ def test_a_folder_of_examples_becomes_a_head_beside_the_backbone(tmp_path: Path)
     assert load(tmp_path / "v2.safetensors").rule == "means" and "head 'v2' on vit-shapes.safetensors" in out
 
 
-def test_what_a_head_cannot_be_taught_from_is_refused_in_one_line(tmp_path: Path) -> None:
+def test_what_a_head_cannot_be_taught_from_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     write_examples(tmp_path / "one", 3, classes=(0,))
     write_examples(tmp_path / "empty", 3)
     (tmp_path / "empty" / "hollow").mkdir()
     write_examples(tmp_path / "broken", 3)
     (tmp_path / "broken" / "round" / "zz.png").write_bytes(b"not a png")
     model = str(BUNDLED)
-    for args, message in (
+    cases = [
         (["--head", str(tmp_path / "one"), "--backbone", model], "a head tells classes apart: give at least two"),
         (["--head", str(tmp_path / "empty"), "--backbone", model], "class 'hollow' has no example image"),
         (["--head", str(tmp_path / "broken"), "--backbone", model], "zz.png (class 'round') is not an image"),
         (["--head", str(tmp_path / "none"), "--backbone", model], "not a folder"),
         (["--head", str(tmp_path / "one"), "--backbone", "shapes"], "for a model's name, give --repository"),
         (["--head", str(tmp_path / "one"), "--backbone", model, "--name", "../x"], "is not a head name"),
-    ):
+    ]
+    for args, message in cases[:2]:  # the command itself: exit status 2, one line, no traceback
         code, _, err = teach(*args)
         assert code == 2 and message in err and "Traceback" not in err, (args, err)
+    for args, message in cases[2:]:  # the same entry point in this process (a second each, not a start each)
+        with pytest.raises(SystemExit) as exited:
+            train.cli(args)
+        assert exited.value.code == 2 and message in capsys.readouterr().err, args
     assert not (BUNDLED.parent / "heads").exists()
