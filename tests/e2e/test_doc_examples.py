@@ -133,9 +133,17 @@ def server(serve: ServerFactory) -> Server:
     return serve(BUNDLED_WEIGHTS, VIT_OOD_THRESHOLD="vit-shapes=0.5")
 
 
+@pytest.fixture(scope="module")
+def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every image the pages' commands make, made once for both pages."""
+    folder = tmp_path_factory.mktemp("doc-images")
+    make_images(folder)
+    return folder
+
+
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
-def test_the_pages_examples_are_what_the_service_answers(server: Server, page: Path, tmp_path: Path) -> None:
-    make_images(tmp_path)
+def test_the_pages_examples_are_what_the_service_answers(server: Server, page: Path, images: Path) -> None:
+    tmp_path = images
     text = page.read_text()
     found = blocks(text)
     checked = 0
