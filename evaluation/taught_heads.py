@@ -1,6 +1,7 @@
 """Heads taught by example against examples per class, beside a linear probe trained on the same examples.
 
-    python -m evaluation.taught_heads          # writes evaluation/results/taught-heads.{json,md}
+    python -m evaluation.taught_heads               # writes evaluation/results/taught-heads.{json,md}
+    python -m evaluation.taught_heads --task size   # classes it never learnt: taught-heads-size.{json,md}
 
 The bundled model's backbone, its ten classes drawn by the second renderer (`model.shapes_second`, which training
 never saw): for 1, 5, 10, 20 and 50 examples a class, a head is taught (`model.taught_head`: `auto`, and each rule
@@ -8,19 +9,23 @@ alone) and scored on 500 other images of that renderer; beside it, `python -m mo
 the checkpoint's own linear head on the same examples (as an image folder, its augmentation and schedule, the
 same 500 images as its validation set), scored at its last epoch. Its classes are the ones the backbone was
 trained on (from another renderer), so these figures say how close a head comes to a trained probe on the same
-embeddings, not what a user's own classes reach.
+embeddings, not what a user's own classes reach; `--task size` asks for classes it was never taught (how much of
+the image the shape spans, in three bands), the same way.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import platform
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from app.settings import BUNDLED_WEIGHTS
@@ -29,6 +34,7 @@ from harness.records import table
 from model import train
 from model.checkpoint import load_checkpoint
 from model.preprocessing import EvalTransform
+from model.shapes import IMAGE_SIZE, ShapeSample
 from model.shapes_second import make_sample
 from model.taught_head import accuracy_of, fit
 from model.teach import embed
@@ -40,22 +46,48 @@ PROBE_STEPS = 150  # the probe's optimizer steps at each size (epochs follow fro
 PROBE_BATCH = 32
 
 
+# `size`: how much of the side the shape spans, in three bands with gaps between them, so that each class is clear
+SIZES = {"small": (0.0, 0.48), "medium": (0.56, 0.66), "large": (0.74, 1.0)}
+
+
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m evaluation.taught_heads", description=__doc__.split("\n\n")[0])
     p.add_argument("--shots", type=int, nargs="+", default=list(SHOTS), help="examples per class")
-    p.add_argument("--name", default="taught-heads", help="results file name")
+    p.add_argument(
+        "--task",
+        choices=("own", "size"),
+        default="own",
+        help="own: the backbone's ten shape classes; size: how much of the image the shape spans, which it never "
+        "learnt to tell",
+    )
+    p.add_argument("--name", help="results file name (default: taught-heads, or taught-heads-size)")
     return p.parse_args()
 
 
-def examples(per_class: int, classes: int) -> list[list[Any]]:
+def size_band(sample: ShapeSample) -> int | None:
+    """The SIZES band the shape's extent (the larger side of its box, over the image's) falls in; None between."""
+    ys, xs = np.nonzero(sample.mask)
+    extent = max(ys.max() - ys.min(), xs.max() - xs.min()) / IMAGE_SIZE
+    return next((k for k, (low, high) in enumerate(SIZES.values()) if low <= extent < high), None)
+
+
+def labelled(task: str, seed: int) -> Iterator[tuple[Any, int]]:
+    """(image, class index) of the seed's stream of second-renderer samples, as `task` labels them."""
+    for i in itertools.count():
+        sample = make_sample(seed, i)
+        label = sample.label if task == "own" else size_band(sample)
+        if label is not None:
+            yield sample.image.convert("RGB"), label
+
+
+def examples(task: str, per_class: int, classes: int) -> list[list[Any]]:
     """The first `per_class` images of each class from the example seed's stream."""
     found: list[list[Any]] = [[] for _ in range(classes)]
-    i = 0
+    stream = labelled(task, EXAMPLE_SEED)
     while min(len(f) for f in found) < per_class:
-        sample = make_sample(EXAMPLE_SEED, i)
-        i += 1
-        if len(found[sample.label]) < per_class:
-            found[sample.label].append(sample.image.convert("RGB"))
+        image, label = next(stream)
+        if len(found[label]) < per_class:
+            found[label].append(image)
     return found
 
 
@@ -94,14 +126,15 @@ def main() -> None:
     args = parse_args()
     torch.manual_seed(0)
     ckpt = load_checkpoint(BUNDLED_WEIGHTS)
+    classes = list(ckpt.classes) if args.task == "own" else list(SIZES)
     transform = EvalTransform(ckpt.preprocessing)
-    tests = [make_sample(TEST_SEED, i) for i in range(TEST)]
-    test_images = [s.image.convert("RGB") for s in tests]
-    test_labels = torch.tensor([s.label for s in tests])
+    tests = list(itertools.islice(labelled(args.task, TEST_SEED), TEST))
+    test_images = [image for image, _ in tests]
+    test_labels = torch.tensor([label for _, label in tests])
     test_embeddings = embed(ckpt, iter(torch.stack([transform(i) for i in test_images]).split(250)))
     rows = []
     for shots in args.shots:
-        images = examples(shots, len(ckpt.classes))
+        images = examples(args.task, shots, len(classes))
         labels = [c for c, group in enumerate(images) for _ in group]
         started = time.monotonic()
         pixels = torch.stack([transform(i) for group in images for i in group])
@@ -110,7 +143,7 @@ def main() -> None:
         row: dict[str, Any] = {"shots": shots, "embed_s": round(embedded, 3)}
         for rule in ("auto", "means", "logistic"):
             started = time.monotonic()
-            head = fit(embeddings, labels, ckpt.classes, ckpt.content_hash, rule=rule)
+            head = fit(embeddings, labels, classes, ckpt.content_hash, rule=rule)
             row[rule] = {
                 "rule": head.rule,
                 "accuracy": round(accuracy_of(head, test_embeddings, test_labels), 4),
@@ -119,23 +152,25 @@ def main() -> None:
             }
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp)
-            write_folder(folder / "train", images, ckpt.classes)
+            write_folder(folder / "train", images, classes)
             write_folder(
-                folder / "val",
-                [[i for i, s in zip(test_images, tests, strict=True) if s.label == c] for c in range(10)],
-                ckpt.classes,
+                folder / "val", [[i for i, label in tests if label == c] for c in range(len(classes))], classes
             )
-            row["probe"] = probe(folder, shots, len(ckpt.classes))
+            row["probe"] = probe(folder, shots, len(classes))
         print(row, flush=True)
         rows.append(row)
     report = {
         "machine": f"{platform.machine()}, {torch.get_num_threads()} cores for torch",
-        "command": "python -m evaluation.taught_heads",
+        "command": "python -m evaluation.taught_heads" + ("" if args.task == "own" else f" --task {args.task}"),
+        "task": args.task,
+        "classes": classes,
         "checkpoint": ckpt.identity,
         "test_images": TEST,
         "rows": rows,
     }
-    write_results(args.name, report, markdown(report))
+    write_results(
+        args.name or ("taught-heads" if args.task == "own" else f"taught-heads-{args.task}"), report, markdown(report)
+    )
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -145,7 +180,14 @@ def markdown(report: dict[str, Any]) -> str:
             "# Heads taught by example, against examples per class",
             "",
             f"Machine: {report['machine']}. Command: `{report['command']}`. Backbone: the bundled model "
-            f"({report['checkpoint']}); {report['test_images']} second-renderer images scored.",
+            f"({report['checkpoint']}); {report['test_images']} second-renderer images scored. "
+            + (
+                "Classes: its own ten shapes, drawn by a renderer it was not trained on."
+                if report.get("task", "own") == "own"
+                else "Classes: how much of the side the shape spans ("
+                + ", ".join(f"{name} {low:.0%} to {high:.0%}" for name, (low, high) in SIZES.items())
+                + "; shapes between the bands left out), which the backbone was never taught to tell."
+            ),
             "",
             *table(
                 [

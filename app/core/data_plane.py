@@ -45,8 +45,7 @@ from app.core.contract.errors import (
 from app.core.contract.inference import Batching, Inference, InferenceRequest, Limits, costly_to_encode
 from app.core.contract.regions import SharedMemoryRegions
 from app.core.contract.request import EncodedImage, InferOptions
-from app.core.contract.teaching import Embedded, Lesson, check_teaching
-from app.core.engine.repository import Repository
+from app.core.contract.teaching import Embedded, Lesson, check_teaching, examples_in_folder
 from app.settings import Settings
 from app.telemetry.metrics import Metrics
 from app.telemetry.spans import child_span
@@ -267,7 +266,7 @@ class DataPlane(ABC):
                 "folder= names a folder of the model repository (VIT_MODEL_REPOSITORY), and this server has none: "
                 "send the images in the body"
             )
-        return Repository(self.settings.model_repository).examples(folder)
+        return examples_in_folder(self.settings.model_repository, folder)
 
     async def teach(self, name: str | None, lesson: Lesson) -> Mapping[str, Any]:
         """A head taught on model `name` (None: the default one) from `lesson`'s images: embedded on the model's own

@@ -1,11 +1,12 @@
 """Teaching a head by example, as the core takes it: the lesson an edge read (`Lesson`: a head's name, its classes
-and the image files of each), checked once here, and the same lesson embedded (`Embedded`), which the engine
-fits a head on and keeps (`model.taught_head`)."""
+and the image files of each, from a request's body or a folder of the model repository), checked once here, and the
+same lesson embedded (`Embedded`), which the engine fits a head on and keeps (`model.taught_head`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import get_args
 
 import torch
@@ -13,6 +14,7 @@ import torch
 from app.core.contract.errors import AlreadyExists, InvalidInput, NotAllowed
 from app.core.contract.request import EncodedImage
 from model.taught_head import HeadError, RuleSetting, check_head_name
+from model.teach import examples_in
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,26 @@ def check_teaching(max_examples: int) -> None:
             "teaching heads over the API is off here (VIT_TEACH_MAX_EXAMPLES=0); "
             "`python -m model.train --head DIR --backbone NAME` teaches one offline"
         )
+
+
+def examples_in_folder(root: Path, folder: str) -> dict[str, list[EncodedImage]]:
+    """The example images under `folder`, a path relative to the model repository `root` and inside it: each class
+    a folder of images, `folder/<class>/*.jpg`, by class name (blocking). InvalidInput for a folder outside the
+    repository or not there; a file whose link leads out of it is left out."""
+    root = root.resolve()
+    path = (root / folder).resolve()
+    if Path(folder).is_absolute() or not path.is_relative_to(root):
+        raise InvalidInput(f"folder {folder!r} is not inside the model repository: name one relative to it")
+    if not path.is_dir():
+        raise InvalidInput(f"no folder {folder!r} in the model repository")
+    return {
+        cls: [
+            EncodedImage(f"{cls}/{file.name}", file.read_bytes())
+            for file in files
+            if file.resolve().is_relative_to(root)
+        ]
+        for cls, files in examples_in(path).items()
+    }
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,4 @@
-"""A model repository: a directory where every checkpoint file is a model named by its file, `NAME.safetensors`,
-and which may hold folders of example images that teach heads (`examples`).
+"""A model repository: a directory where every checkpoint file is a model named by its file, `NAME.safetensors`.
 
 Clients only ever name models; a name is checked before it becomes a path, and nothing outside the
 directory is read (a symbolic link that leads out of it is refused).
@@ -12,9 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.core.contract.errors import InvalidInput, ModelNotFound
-from app.core.contract.request import EncodedImage
 from app.settings import is_model_name
-from model.teach import examples_in
 
 SUFFIX = ".safetensors"
 
@@ -72,19 +69,3 @@ class Repository:
                 continue
             found[name] = FileStamp(stat.st_mtime_ns, stat.st_size, stat.st_ino)
         return found
-
-    def examples(self, folder: str) -> dict[str, list[EncodedImage]]:
-        """The example images under `folder` (a path relative to the repository, inside it): each class a folder
-        of images, `folder/<class>/*.jpg`, by class name; InvalidInput for a folder outside it or not there."""
-        path = (self.root / folder).resolve()
-        if not path.is_relative_to(self.root) or Path(folder).is_absolute():
-            raise InvalidInput(f"folder {folder!r} is not inside the model repository: name one relative to it")
-        if not path.is_dir():
-            raise InvalidInput(f"no folder {folder!r} in the model repository")
-        return {
-            cls: [EncodedImage(f"{cls}/{file.name}", file.read_bytes()) for file in files if self.holds(file)]
-            for cls, files in examples_in(path).items()
-        }
-
-    def holds(self, path: Path) -> bool:
-        return path.resolve().is_relative_to(self.root)

@@ -54,6 +54,8 @@ async function loadModel() {
       status.textContent = "No model is loaded; this page shows one as soon as the server loads it.";
     } else if (`${chosen}@${models.get(chosen).version}` !== shownModel) {
       showModel(models.get(chosen));  // redrawn only when it changed: a refresh keeps what the user set
+    } else {
+      loadHeads(chosen);  // heads taught or deleted elsewhere meanwhile; the one chosen stays chosen
     }
   } catch (e) {
     status.textContent = `Could not read the model description: ${e.message}`;
