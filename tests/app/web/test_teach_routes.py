@@ -208,3 +208,19 @@ async def test_teaching_needs_the_api_key(make_client: ClientFactory, repository
         assert (await client.delete("/v1/models/shapes/heads/x")).status_code == 401
         r = await client.post("/v1/models/shapes/heads/x", files=lesson(1), headers={"x-api-key": "k"})
         assert r.status_code == 201, r.text
+
+
+async def test_a_heads_folder_that_cannot_be_written_refuses_the_head_and_keeps_serving(
+    make_client: ClientFactory, repository: Path, shape_png: bytes
+) -> None:
+    (repository / "heads").write_text("a file where the heads folder would go")
+    async with serving(make_client, repository) as client:
+        r = await client.post("/v1/models/shapes/heads/x", files=lesson(1))
+        assert r.status_code == 400, r.text
+        assert (
+            r.json()["detail"]
+            == "model shapes's heads folder cannot be written (Not a directory); head 'x' was not kept"
+        )
+        assert (await client.get("/v1/models/shapes/heads")).json()["heads"] == []
+        assert (await predict(client, shape_png, head="x")).status_code == 404
+        assert (await predict(client, shape_png)).status_code == 200
