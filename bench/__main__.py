@@ -5,8 +5,9 @@
     python -m bench compare.engine_cost --trees . /tmp/before
     python -m bench gpu --report results --name gpu-h200
 
-A scenario is a module of `bench/` (or of `bench/compare/`, as `compare.NAME`) that runs as a command, or the GPU
-parts (`gpu`); hyphens stand for underscores (`stand-in`). Its arguments and results are its own, as documented in
+A scenario is a module of `bench/` (or of `bench/compare/`, as `compare.NAME`) that runs as a command, or a package
+of `bench/` with a `__main__.py` (the GPU parts, `gpu`; the peer servers side by side, `peers`); hyphens stand for
+underscores (`stand-in`). Its arguments and results are its own, as documented in
 docs/performance.md; this entry only finds it and runs it as `python -m bench.SCENARIO` would.
 """
 
@@ -23,16 +24,15 @@ HERE = Path(__file__).resolve().parent
 def scenarios() -> dict[str, str]:
     """Each scenario's name and the first line of its docstring, read without importing it."""
     found: dict[str, str] = {}
-    for path in sorted([*HERE.glob("*.py"), *HERE.glob("compare/*.py"), HERE / "gpu" / "__main__.py"]):
+    for path in sorted([*HERE.glob("*.py"), *HERE.glob("compare/*.py"), *HERE.glob("*/__main__.py")]):
         text = path.read_text()
         if path.name != "__main__.py" and '__name__ == "__main__"' not in text:
             continue
-        name = (
-            "gpu" if path.parent.name == "gpu" else path.relative_to(HERE).with_suffix("").as_posix().replace("/", ".")
-        )
+        package = path.name == "__main__.py" and path.parent != HERE
+        name = path.parent.name if package else path.relative_to(HERE).with_suffix("").as_posix().replace("/", ".")
         if name == "__main__":
             continue
-        described = path.with_name("__init__.py") if name == "gpu" else path  # the package says what it measures
+        described = path.with_name("__init__.py") if package else path  # the package says what it measures
         doc = ast.get_docstring(ast.parse(described.read_text())) or ""
         found[name] = doc.strip().split("\n\n")[0].replace("\n", " ")
     return found

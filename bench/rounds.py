@@ -39,11 +39,13 @@ def loaded(
     workers: int = 1,
     warm: float = 2.0,
     headers: dict[str, str] | None = None,
+    batches: Callable[[], tuple[float, float]] | None = None,
 ) -> dict[str, Any]:
     """`body` posted to `path` for `seconds` from `concurrency` connections after `warm` seconds of the same load:
     its rate, latency, answers and mean batch, and the CPU each role spent per request answered, in µs: `server`
     (all of its processes), with serving processes (`workers` of them) also `engine`, `front-ends` and `supervisor`,
-    and `load generator` (hey)."""
+    and `load generator` (hey). The mean batch is the service's (/metrics), or read from `batches` (the images and
+    batches a server has run so far) where it is given."""
     url = server.url + path
     if warm:
         run_hey(url, body, content_type, concurrency, warm, headers)
@@ -54,9 +56,12 @@ def loaded(
         hey = resource.getrusage(resource.RUSAGE_CHILDREN)  # hey's, once it has exited
         return {"server": server.cpu_seconds(), **by_role, "load generator": hey.ru_utime + hey.ru_stime}
 
-    before = cpu()
+    before, counted = cpu(), batches() if batches else None
     result = run_hey(url, body, content_type, concurrency, seconds, headers)
     after = cpu()
+    if batches and counted:
+        images, runs = (now - then for now, then in zip(batches(), counted, strict=True))
+        result.mean_batch_size = images / runs if runs else None
     answered = max(result.ok + result.errors, 1)
     return {
         "requests_per_s": result.requests_per_s,

@@ -28,10 +28,19 @@ def process_cpu_s(pid: int) -> float:
 
 
 def direct_children(pid: int) -> list[int]:
+    """The processes `pid` started, from any of its threads (each thread lists the children it forked: a JVM, say,
+    starts its workers from threads other than its first)."""
+    kids: list[int] = []
     try:
-        return [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
     except OSError:
         return []
+    for task in tasks:
+        try:
+            kids += [int(k) for k in (task / "children").read_text().split()]
+        except OSError:  # the thread ended meanwhile
+            continue
+    return kids
 
 
 def children(pid: int) -> list[int]:

@@ -83,16 +83,21 @@ def run_record() -> dict[str, Any]:
     return {"commit": commit(ROOT), "machine": machine(), "command": command_line()}
 
 
-def write_results(folder: Path, name: str, report: dict[str, Any], text: str) -> None:
-    """`folder`/<name>.json (the run's record, then the figures) and <name>.md (`text`, their tables, and the
-    record in a line); the tables printed too."""
-    record = run_record()
+def measured_line(record: dict[str, Any]) -> str:
+    """The line a results table ends with: the commit, the machine and the command of its run."""
     where = record["machine"]
     extensions = f" ({', '.join(where['vector_extensions'])})" if where["vector_extensions"] else ""
     on = f"{where['cpu']}{extensions}, {where['cores']} cores" + (
         f", {where['gpu']} (driver {where['driver']})" if "gpu" in where else ""
     )
-    text = text.rstrip("\n") + f"\n\nMeasured at {record['commit']} on {on}: `{record['command']}`\n"
+    return f"Measured at {record['commit']} on {on}: `{record['command']}`"
+
+
+def write_results(folder: Path, name: str, report: dict[str, Any], text: str) -> None:
+    """`folder`/<name>.json (the run's record, then the figures) and <name>.md (`text`, their tables, and the
+    record in a line); the tables printed too."""
+    record = run_record()
+    text = text.rstrip("\n") + f"\n\n{measured_line(record)}\n"
     folder.mkdir(exist_ok=True)
     (folder / f"{name}.json").write_text(json.dumps({"record": record, **report}, indent=2) + "\n")
     (folder / f"{name}.md").write_text(text)

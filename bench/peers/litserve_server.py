@@ -25,6 +25,7 @@ from app.core.backends.predictor import inference_dtype
 from app.core.images.decode import decode_image
 from app.core.images.gpu_decode import GpuJpegDecoder, Jpeg, TorchvisionJpeg
 from app.core.images.prepare import Preprocessor
+from bench.peers.work import BatchCounter
 from model.checkpoint import load_checkpoint
 from model.device import resolve_device
 
@@ -56,12 +57,15 @@ class ViTLitAPI(ls.LitAPI):
             graph = exported(self.model, shape, self.worker_threads, int8=self.backend == "onnxruntime-int8")
             self.logits = lambda x: graph(x)[0]
         self.pre = Preprocessor(self.ckpt.preprocessing)
+        self.count = BatchCounter()  # the batches formed, for python -m bench peers
         self.gpu_decoder = GpuJpegDecoder(
             self.ckpt.preprocessing, self.model_device, self.decode_on_cpu, TorchvisionJpeg(self.model_device)
         )
 
     def decode_on_cpu(self, file: Jpeg) -> Tensor:
-        return self.pre(decode_image(bytes(file.data), file.filename, self.ckpt.config.in_channels, 40_000_000))
+        # a large JPEG drafted to the resize size while decoding, as the service does by default (VIT_JPEG_DRAFT)
+        channels, draft_to = self.ckpt.config.in_channels, self.ckpt.preprocessing.resize_size
+        return self.pre(decode_image(bytes(file.data), file.filename, channels, 40_000_000, draft_to))
 
     # The annotation must be the real Request class (no postponed annotations in this module):
     # LitServe reads it to parse the body as a form rather than JSON.
@@ -77,6 +81,7 @@ class ViTLitAPI(ls.LitAPI):
 
     @torch.inference_mode()
     def predict(self, x: Tensor) -> Tensor:
+        self.count(len(x))
         return self.logits(x.to(self.model_device, self.dtype)).float().softmax(-1).cpu()
 
     def unbatch(self, output: Tensor) -> list[Tensor]:
