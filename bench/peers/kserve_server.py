@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import base64
 import os
-from typing import Any
 
 import kserve
 import numpy as np
@@ -39,11 +38,12 @@ class ViTModel(kserve.Model):
         return InferResponse(model_name=MODEL, infer_outputs=[out], response_id=payload.id or "")
 
 
-def main(**_: Any) -> None:
+def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--grpc-port", type=int, default=8081)  # not opened (enable_grpc=False), but not left to chance
     args = p.parse_args()
-    kserve.ModelServer(http_port=args.port, grpc_port=args.port + 1, enable_grpc=False, workers=1).start([ViTModel()])
+    kserve.ModelServer(http_port=args.port, grpc_port=args.grpc_port, enable_grpc=False, workers=1).start([ViTModel()])
 
 
 if __name__ == "__main__":

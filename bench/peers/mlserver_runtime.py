@@ -37,14 +37,14 @@ class ViTRuntime(MLModel):
         )
 
 
-def write_settings(folder: Path, weights: Path, port: int, max_batch_size: int, wait_ms: float) -> Path:
-    """The server's settings.json and the model's model-settings.json in `folder`."""
+def write_settings(folder: Path, weights: Path, ports: list[int], max_batch_size: int, wait_ms: float) -> Path:
+    """The server's settings.json (`ports`: HTTP, gRPC, metrics) and the model's model-settings.json in `folder`."""
     (folder / MODEL).mkdir(parents=True, exist_ok=True)
     server = {
         "host": "127.0.0.1",
-        "http_port": port,
-        "grpc_port": port + 1,
-        "metrics_port": port + 2,
+        "http_port": ports[0],
+        "grpc_port": ports[1],
+        "metrics_port": ports[2],
         "debug": False,
     }
     model = {

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import subprocess
 import sysconfig
 import tempfile
 import time
@@ -176,7 +177,8 @@ def start_peer(peer: str, settings: Settings, folder: Path) -> Started:
     stats.mkdir(parents=True, exist_ok=True)
     env = peer_env(peer, settings, stats)
     py = str(venvs.python(peer))
-    port, *_ = free_ports(3)
+    port, second, third = free_ports(3)  # HTTP, and the gRPC and metrics ports of the peers that open them
+    ports = f"{port},{second},{third}"
     b, w = settings.max_batch_size, settings.wait_ms
     config: dict[str, Any] = {"max_batch_size": b, "wait_ms": w, "threads": settings.threads}
     ready = "/"
@@ -192,27 +194,29 @@ def start_peer(peer: str, settings: Settings, folder: Path) -> Started:
     elif peer == "triton":
         # pytriton#51: its helper process must find the interpreter's own libpython
         env["LD_LIBRARY_PATH"] = str(sysconfig.get_config_var("LIBDIR"))
-        argv = [py, "-m", "bench.peers.triton_server", "--port", str(port), "--max-batch-size", str(b)]
-        argv += ["--wait-ms", str(w)]
+        argv = [py, "-m", "bench.peers.triton_server", "--port", str(port), "--grpc-port", str(second)]
+        argv += ["--metrics-port", str(third), "--max-batch-size", str(b), "--wait-ms", str(w)]
         ready = "/v2/health/ready"
         config["dynamic_batcher"] = {"max_queue_delay_microseconds": int(w * 1000)}
     elif peer == "mlserver":
         code = (
             "import sys; from pathlib import Path; from bench.peers.mlserver_runtime import write_settings; "
-            "write_settings(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]))"
+            "write_settings(Path(sys.argv[1]), Path(sys.argv[2]), [int(p) for p in sys.argv[3].split(',')], "
+            "int(sys.argv[4]), float(sys.argv[5]))"
         )
         settings_dir = folder / "mlserver"
-        run_in(peer, env, [py, "-c", code, str(settings_dir), str(settings.weights), str(port), str(b), str(w)])
+        run_in(env, [py, "-c", code, str(settings_dir), str(settings.weights), ports, str(b), str(w)])
         argv = [str(venvs.python(peer).with_name("mlserver")), "start", str(settings_dir)]
         ready = "/v2/models/vit/ready"
         config.update(adaptive_batching=True, parallel_workers=1)
     elif peer == "torchserve":
         code = (
             "import sys; from pathlib import Path; from bench.peers.torchserve_handler import write_store; "
-            "write_store(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]))"
+            "write_store(Path(sys.argv[1]), Path(sys.argv[2]), [int(p) for p in sys.argv[3].split(',')], "
+            "int(sys.argv[4]), float(sys.argv[5]))"
         )
         store = folder / "torchserve"
-        run_in(peer, env, [py, "-c", code, str(store), str(settings.weights), str(port), str(b), str(w)])
+        run_in(env, [py, "-c", code, str(store), str(settings.weights), ports, str(b), str(w)])
         argv = [str(venvs.python(peer).with_name("torchserve")), "--start", "--foreground", "--ncs"]
         argv += ["--model-store", str(store), "--ts-config", str(store / "config.properties")]
         ready = "/ping"
@@ -228,7 +232,7 @@ def start_peer(peer: str, settings: Settings, folder: Path) -> Started:
         ready = "/-/healthz"
         config.update(replicas=1, max_ongoing_requests=512)
     elif peer == "kserve":
-        argv = [py, "-m", "bench.peers.kserve_server", "--port", str(port)]
+        argv = [py, "-m", "bench.peers.kserve_server", "--port", str(port), "--grpc-port", str(second)]
         ready = "/v2/models/vit/ready"
         config.update(batching="none: KServe's batcher is a sidecar on Kubernetes", workers=1)
         config.pop("max_batch_size"), config.pop("wait_ms")
@@ -238,9 +242,8 @@ def start_peer(peer: str, settings: Settings, folder: Path) -> Started:
     return Started(ServerProcess(argv, env, port, ready, cwd=folder), config, stats)
 
 
-def run_in(peer: str, env: dict[str, str], argv: list[str]) -> None:
-    import subprocess
-
+def run_in(env: dict[str, str], argv: list[str]) -> None:
+    """A step of a peer's setup (its settings, its archive), run in the peer's environment."""
     subprocess.run(argv, env={**os.environ, **env}, check=True, cwd=ROOT, capture_output=True)
 
 

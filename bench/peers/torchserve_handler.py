@@ -33,8 +33,8 @@ def handle(data: list[dict[str, Any]] | None, context: Any) -> list[str] | None:
     return [json.dumps({"probabilities": p, "worker_threads": work.threads}) for p in work(uploads)]
 
 
-def write_store(folder: Path, weights: Path, port: int, max_batch_size: int, wait_ms: float) -> Path:
-    """The model archive and config.properties in `folder`."""
+def write_store(folder: Path, weights: Path, ports: list[int], max_batch_size: int, wait_ms: float) -> Path:
+    """The model archive and config.properties (`ports`: inference, management, metrics) in `folder`."""
     folder.mkdir(parents=True, exist_ok=True)
     archiver = Path(sys.executable).with_name("torch-model-archiver")
     subprocess.run(
@@ -67,9 +67,9 @@ def write_store(folder: Path, weights: Path, port: int, max_batch_size: int, wai
         }
     }
     config = [
-        f"inference_address=http://127.0.0.1:{port}",
-        f"management_address=http://127.0.0.1:{port + 1}",
-        f"metrics_address=http://127.0.0.1:{port + 2}",
+        f"inference_address=http://127.0.0.1:{ports[0]}",
+        f"management_address=http://127.0.0.1:{ports[1]}",
+        f"metrics_address=http://127.0.0.1:{ports[2]}",
         f"model_store={folder}",
         f"load_models={MODEL}.mar",
         f"models={json.dumps(models)}",

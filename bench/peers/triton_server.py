@@ -3,7 +3,7 @@ Triton's dynamic batcher (`max_batch_size`, `max_queue_delay_microseconds`). Its
 encoded image per batch row; its output `probabilities` FP32. Clients speak the Open Inference Protocol (V2),
 binary tensor extension included.
 
-VIT_PEER_WEIGHTS=W python -m bench.peers.triton_server --port 8001 [--max-batch-size 32] [--wait-ms 5]
+VIT_PEER_WEIGHTS=W python -m bench.peers.triton_server --port 8000 [--grpc-port 8001] [--metrics-port 8002] [--wait-ms 5]
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ MODEL = "vit"
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--grpc-port", type=int, default=0)
-    p.add_argument("--metrics-port", type=int, default=0)
+    p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument("--metrics-port", type=int, default=8002)
     p.add_argument("--max-batch-size", type=int, default=32)
     p.add_argument("--wait-ms", type=float, default=5.0)
     args = p.parse_args()
@@ -39,8 +39,8 @@ def main() -> None:
         http_address="127.0.0.1",
         http_port=args.port,
         grpc_address="127.0.0.1",
-        grpc_port=args.grpc_port or args.port + 1,
-        metrics_port=args.metrics_port or args.port + 2,
+        grpc_port=args.grpc_port,
+        metrics_port=args.metrics_port,
         log_verbose=0,
     )
     with Triton(config=config) as triton:
