@@ -64,6 +64,14 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemax",
         )
+        self.preferred_batch_size = Gauge(
+            "vit_preferred_batch_size",
+            "Images the batcher fills a batch to (VIT_PREFERRED_BATCH_SIZE: fixed, or with auto on the CPU the size "
+            "timed at warm-up to serve the most images a second)",
+            ["model"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
         self.images = Counter("vit_images_processed", "Images computed by the model", ["model"], registry=r)
         self.dropped_images = Counter(
             "vit_images_dropped",
@@ -184,6 +192,7 @@ class ModelMetrics:
         self.queue.set(0)
         self.text_embeddings = metrics.text_embeddings.labels(model)
         self.cpu_decode_share = metrics.cpu_decode_share.labels(model)
+        self.preferred_batch_size = metrics.preferred_batch_size.labels(model)
 
     def drift_gauges(self) -> tuple[Any, Any]:
         """This model's two drift gauges (`vit_drift_score`), prediction and embedding."""

@@ -99,6 +99,13 @@ def served_name(started: Started) -> str:
     return name
 
 
+def preferred_batch(started: Started) -> int | None:
+    """The batch the service fills to (VIT_PREFERRED_BATCH_SIZE: auto times it at warm-up), from its /metrics."""
+    text = httpx.get(started.process.url + "/metrics", timeout=10).text
+    m = re.search(r"^vit_preferred_batch_size\{[^}]*\} (\S+)$", text, re.MULTILINE)
+    return int(float(m.group(1))) if m else None
+
+
 def run_model(
     model: str, weights: Path, args: argparse.Namespace, images: dict[str, bytes], folder: Path
 ) -> dict[str, Any]:
@@ -123,6 +130,9 @@ def run_model(
                 service_model = served_name(started) if server.startswith("service") else ""
                 chosen = [lane for lane in lanes(service_model or "vit").values() if lane.server == server]
                 configs[server] = started.config
+                if server.startswith("service"):  # each start times its batch sizes again: every round's choice
+                    fitted = configs[server].setdefault("preferred_batch_size", [])
+                    fitted.append(preferred_batch(started))
                 for lane in chosen:
                     for image, data in images.items():
                         kind = KINDS[image.split("-")[0]]
@@ -266,7 +276,19 @@ def markdown(report: dict[str, Any]) -> str:
             continue
         checks = [m["checks"].get(name, {}) for m in report["models"].values()]
         worst = max((d for c in checks for d in c.values()), default=float("nan"))
-        rows.append([name, config.get("version", "this checkout"), lane.protocol, lane.batching, f"{worst:.1e}"])
+        batching = lane.batching
+        fitted = {
+            MODELS[model].split(" (")[0]: sorted({n for n in c.get("preferred_batch_size", []) if n is not None})
+            for model, m in report["models"].items()
+            if (c := m["configs"].get(lane.server))
+        }
+        fitted = {model: n for model, n in fitted.items() if n}
+        if fitted:
+            sizes = "; ".join(f"{model} {' or '.join(map(str, n))}" for model, n in fitted.items())
+            batching += (
+                f", filled to the batch timed at warm-up to serve the most (VIT_PREFERRED_BATCH_SIZE=auto): {sizes}"
+            )
+        rows.append([name, config.get("version", "this checkout"), lane.protocol, batching, f"{worst:.1e}"])
     out += [
         *table(
             ["server", "version", "request", "batching", "largest difference from the service's probabilities"], rows

@@ -302,13 +302,17 @@ class Predictor:
         chosen = [t if t is not None else top1[j] for j, t in enumerate(targets)]
         return torch.tensor(chosen, device=self.device)  # made outside inference mode: it enters autograd
 
+    def run_blank(self, size: int) -> None:
+        """A plain prediction of `size` blank images, as a batch of requests runs it."""
+        self([ImageInput(torch.zeros(self.input_shape), "none")] * size)
+
     def warm_up(self, max_batch_size: int) -> float:
         """Run every power-of-two batch size up to the maximum (and the maximum), both paths; returns seconds."""
         started = time.perf_counter()
         sizes = batch_sizes(max_batch_size)
         blank = torch.zeros(self.input_shape)
         for size in sizes:
-            self([ImageInput(blank, "none")] * size)
+            self.run_blank(size)
         texts = (
             None if self.zero_shot is None else torch.ones(1, self.zero_shot.embed_dim) / self.zero_shot.embed_dim**0.5
         )

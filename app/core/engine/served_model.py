@@ -21,6 +21,7 @@ from typing import cast
 import torch
 
 from app.choices import BackendChoice
+from app.core.backends.batch_fit import fitted_batch_size
 from app.core.backends.onnx_runtime import ForeignGraph, OnnxExportError
 from app.core.backends.predictor import ImageInput, ImageOutput, Predictor, graph_sizes, resolve_backend
 from app.core.backends.text_embeddings import LabelEmbeddings
@@ -122,6 +123,8 @@ class ServedModel:
         if settings.warmup:
             predictor.warm_up(settings.max_batch_size)
         s = settings
+        batch = fitted_batch_size(name, predictor, s.preferred_batch_size, s.max_batch_size, s.warmup)
+        metrics.preferred_batch_size.set(batch)
         metrics.bind_version(version)  # loaded and warm: from now on its statistics count
         traced = {
             "vit.model.name": name,
@@ -146,7 +149,7 @@ class ServedModel:
             )
             decode_share.follow(preparer.set_cpu_share)
             observer = decode_share
-        batcher = DynamicBatcher(predictor, s.max_batch_size, s.max_wait_ms, s.max_queue, observer, traced, in_flight)
+        batcher = DynamicBatcher(predictor, batch, s.max_wait_ms, s.max_queue, observer, traced, in_flight)
         labels = None
         if checkpoint.zero_shot is not None:
             labels = LabelEmbeddings(checkpoint.zero_shot, s.text_cache_labels, metrics.text_embeddings)
