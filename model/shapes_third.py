@@ -8,8 +8,8 @@ the side, any rotation and position, filled or outlined with a stroke of 2 to 6 
 or about it), a ring's band at least 8 px; over plain, linear or radial gradient, noisy, blotched, striped,
 cluttered or natural-texture backgrounds, with thin straight or bent distracting lines, sometimes blurred or JPEG
 re-encoded (quality 60 to 90). Here each shape is a PIL polygon or ellipse drawn at five times the size and
-reduced with a box filter; an outline is PIL's own stroke, or the shape's band between two offsets of its
-silhouette; the backgrounds, distractors and degradations are this module's own.
+reduced with a box filter; an outline is the shape's band between two offsets of its silhouette, measured by the
+Euclidean distance from its edge; the backgrounds, distractors and degradations are this module's own.
 
     python -m model.evaluate --checkpoint weights/vit-shapes.safetensors --dataset shapes --renderer third
 """
@@ -115,15 +115,21 @@ def silhouette(label: int, rng: np.random.Generator, cx: float, cy: float, r: fl
 
 
 def outlined(mask: Image.Image, width_px: float, rng: np.random.Generator) -> Image.Image:
-    """The band of `mask` `width_px` wide (px of the final image): inside its edge, or centred on it."""
-    w = max(1, round(width_px * SCALE))
+    """The band of `mask` `width_px` wide (px of the final image): inside its edge, or centred on it. Its width is the
+    Euclidean distance from the edge, the same in every direction (a square window's erosion would make a 6 px
+    outline 8.5 px across where the edge runs diagonally: as wide as a ring's narrowest band)."""
+    from scipy.ndimage import distance_transform_edt  # evaluation only: scipy comes with scikit-image
+
+    w = width_px * SCALE
     inward = rng.random() < 0.5
-    grow = 0 if inward else w // 2
-    shrink = w if inward else w - grow
-    outer = mask.filter(ImageFilter.MaxFilter(2 * grow + 1)) if grow else mask
-    inner = mask.filter(ImageFilter.MinFilter(2 * shrink + 1))
-    band = np.asarray(outer, dtype=np.int16) - np.asarray(inner, dtype=np.int16)
-    return Image.fromarray(np.clip(band, 0, 255).astype(np.uint8))
+    inside = np.asarray(mask) > 127
+    depth = distance_transform_edt(inside)  # from each pixel inside to the nearest outside, in px at SCALE
+    if inward:
+        band = inside & (depth <= w)
+    else:
+        reach = distance_transform_edt(~inside)  # from each pixel outside to the nearest inside
+        band = (inside & (depth <= w / 2)) | (~inside & (reach <= w / 2))
+    return Image.fromarray(band.astype(np.uint8) * 255)
 
 
 def power_noise(rng: np.random.Generator, exponent: float) -> np.ndarray:

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image, ImageDraw
 
 from app.settings import BUNDLED_WEIGHTS
 from harness.preloaded import run_command
 from model import shapes_second
 from model.shapes import IMAGE_SIZE, SHAPE_CLASSES, luminance, render_dataset
-from model.shapes_third import RING_BAND, make_sample
+from model.shapes_third import RING_BAND, SCALE, make_sample, outlined
 from tests.model.test_shapes import ring_band
 
 
@@ -63,6 +64,28 @@ def test_a_rings_band_is_8_px_at_the_least() -> None:
     rings = [s for s in (make_sample(11, i) for i in drawn) if s.label == ring]
     assert len(rings) > 30
     assert min(ring_band(s.mask) for s in rings) >= RING_BAND - 1  # less a pixel of the mask's edge
+
+
+@pytest.mark.parametrize("inward", [True, False])
+def test_an_outline_is_as_wide_as_its_stroke_in_every_direction(inward: bool) -> None:
+    """A circle outlined at 6 px: its band is 6 px across along the axes and the diagonals alike (inside the edge, or
+    half of it outside), never the 8 px of a ring's narrowest band."""
+    side, r, stroke = 64 * SCALE, 24 * SCALE, 6.0
+    disc = Image.new("L", (side, side), 0)
+    ImageDraw.Draw(disc).ellipse([side / 2 - r, side / 2 - r, side / 2 + r, side / 2 + r], fill=255)
+
+    class Side:  # `outlined` asks its generator which side of the edge the stroke lies on
+        def random(self) -> float:
+            return 0.0 if inward else 1.0
+
+    band = np.asarray(outlined(disc, stroke, Side())) > 127  # type: ignore[arg-type]
+    ys, xs = np.nonzero(band)
+    d = np.hypot(ys - (side - 1) / 2, xs - (side - 1) / 2) / SCALE  # px of the final image
+    angle = np.degrees(np.arctan2(ys - side / 2, xs - side / 2)) % 90
+    for towards in (angle < 5, (angle > 40) & (angle < 50)):  # along an axis, along a diagonal
+        across = d[towards].max() - d[towards].min()
+        assert stroke - 0.5 <= across <= stroke + 0.5, across
+    assert d.max() == pytest.approx(24 if inward else 27, abs=0.5)
 
 
 @pytest.mark.slow  # the command line, as a process of its own
