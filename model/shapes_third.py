@@ -118,7 +118,10 @@ def outlined(mask: Image.Image, width_px: float, rng: np.random.Generator) -> Im
     """The band of `mask` `width_px` wide (px of the final image): inside its edge, or centred on it. Its width is the
     Euclidean distance from the edge, the same in every direction (a square window's erosion would make a 6 px
     outline 8.5 px across where the edge runs diagonally: as wide as a ring's narrowest band)."""
-    from scipy.ndimage import distance_transform_edt  # evaluation only: scipy comes with scikit-image
+    try:
+        from scipy.ndimage import distance_transform_edt  # evaluation only: scipy comes with scikit-image
+    except ImportError:
+        raise SystemExit("the third renderer needs scipy: .venv/bin/pip install -e '.[bench]'") from None
 
     w = width_px * SCALE
     inward = rng.random() < 0.5
