@@ -82,10 +82,10 @@ def crescent_polygon(r2: float = 0.8, d: float = 0.55) -> Polygon:
 
 
 def ring_hole(radius: float, rng: np.random.Generator) -> float:
-    """A ring's hole, as a fraction of its radius (in px): 0.3 to 0.45, smaller where that would leave a band no
-    wider than the thickest outline plus `RING_BAND_MARGIN`."""
+    """A ring's hole, as a fraction of its radius (in px): from 0.3 to the widest that leaves a band of the thickest
+    outline plus `RING_BAND_MARGIN` (every band the spec allows, at every size), and never wider."""
     widest = 1.0 - (STROKE_RANGE[1] + RING_BAND_MARGIN) / radius
-    return min(float(rng.uniform(0.3, 0.45)), widest)
+    return min(float(rng.uniform(0.3, max(0.45, widest))), widest)
 
 
 def outlines(label: int, rng: np.random.Generator, radius: float) -> list[tuple[Polygon, bool]]:
@@ -103,9 +103,9 @@ def outlines(label: int, rng: np.random.Generator, radius: float) -> list[tuple[
     if name == "hexagon":
         return [(regular_polygon(6), False)]
     if name == "star":
-        return [(star_polygon(inner=float(rng.uniform(0.38, 0.52))), False)]
+        return [(star_polygon(int(rng.integers(5, 7)), inner=float(rng.uniform(0.38, 0.52))), False)]
     if name == "cross":
-        w, L = float(rng.uniform(0.22, 0.36)), 0.95  # half arm width, arm length
+        w, L = float(rng.uniform(0.15, 0.36)), 0.95  # half arm width, arm length
         pts = [
             (w, -L),
             (w, -w),
@@ -222,7 +222,7 @@ def contrasting_colour(rng: np.random.Generator, bg: np.ndarray) -> np.ndarray:
     bg_lum = luminance(bg)
     for _ in range(100):
         c = random_colour(rng)
-        if abs(luminance(c) - bg_lum) >= 0.3:
+        if abs(luminance(c) - bg_lum) >= 0.22:
             return c
     return np.full(3, 0.0 if bg_lum > 0.5 else 255.0)
 
