@@ -40,6 +40,9 @@ STROKE_RANGE = (2.0, 6.0)
 # A ring's band is this much wider than the thickest outline, in pixels, at every size: no image is both an
 # outlined circle and a ring.
 RING_BAND_MARGIN = 2.0
+# The share of rings and of outlines drawn near where the two meet (a ring's band within 1.5 px of the narrowest, an
+# outline within 1 px of the thickest): the spec tells them apart by 2 px alone, so more of them are shown there.
+NEAR_BOUNDARY = 0.35
 
 Polygon = list[tuple[float, float]]
 
@@ -85,6 +88,9 @@ def ring_hole(radius: float, rng: np.random.Generator) -> float:
     """A ring's hole, as a fraction of its radius (in px): from 0.3 to the widest that leaves a band of the thickest
     outline plus `RING_BAND_MARGIN` (every band the spec allows, at every size), and never wider."""
     widest = 1.0 - (STROKE_RANGE[1] + RING_BAND_MARGIN) / radius
+    if rng.random() < NEAR_BOUNDARY:  # a band within 1.5 px of the narrowest, the one an outline comes closest to
+        band = STROKE_RANGE[1] + RING_BAND_MARGIN + float(rng.uniform(0.0, 1.5))
+        return max(1.0 - band / radius, 0.0)
     return min(float(rng.uniform(0.3, max(0.45, widest))), widest)
 
 
@@ -235,6 +241,8 @@ def render_shape(label: int, rng: np.random.Generator) -> tuple[Image.Image, Ima
     filled = bool(rng.random() < 0.5)
     # An outline inside the edge or about it (then half of it lies outside), at any size.
     stroke = float(rng.uniform(*STROKE_RANGE))
+    if rng.random() < NEAR_BOUNDARY:
+        stroke = float(rng.uniform(STROKE_RANGE[1] - 1.0, STROKE_RANGE[1]))
     about = not filled and bool(rng.random() < 0.5)
     margin = min(r + (stroke / 2 + 0.5 if about else 0.0), IMAGE_SIZE / 2)
     cx, cy = rng.uniform(margin, IMAGE_SIZE - margin), rng.uniform(margin, IMAGE_SIZE - margin)
