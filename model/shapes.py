@@ -43,6 +43,7 @@ RING_BAND_MARGIN = 2.0
 # The share of rings and of outlines drawn near where the two meet (a ring's band within 1.5 px of the narrowest, an
 # outline within 1 px of the thickest): the spec tells them apart by 2 px alone, so more of them are shown there.
 NEAR_BOUNDARY = 0.35
+LINES_OVER = 0.3  # the share of images whose distracting lines also cross the shape, drawn over it
 
 Polygon = list[tuple[float, float]]
 
@@ -294,15 +295,20 @@ def make_background(seed: int, index: int) -> ShapeSample:
     return ShapeSample(image, NO_SHAPE, np.zeros((IMAGE_SIZE, IMAGE_SIZE), dtype=bool))
 
 
-def draw_sample(rng: np.random.Generator, label: int) -> ShapeSample:
-    bg = background(rng, IMAGE_SIZE)
-    canvas = Image.fromarray(bg.astype(np.uint8))
+def distracting_lines(canvas: Image.Image, rng: np.random.Generator, count: int) -> None:
+    """`count` thin lines (1 or 2 px) across `canvas`, some bent, each in a colour of its own."""
     draw = ImageDraw.Draw(canvas)
-    for _ in range(rng.integers(0, 5)):  # thin distractor lines across the background, some bent
+    for _ in range(count):
         p = rng.uniform(0, IMAGE_SIZE, size=6)
         points = [(p[0], p[1]), (p[2], p[3])] if rng.random() < 0.6 else [(p[0], p[1]), (p[4], p[5]), (p[2], p[3])]
         width = 1 if rng.random() < 0.75 else 2
         draw.line(points, fill=tuple(int(v) for v in random_colour(rng)), width=width, joint="curve")
+
+
+def draw_sample(rng: np.random.Generator, label: int) -> ShapeSample:
+    bg = background(rng, IMAGE_SIZE)
+    canvas = Image.fromarray(bg.astype(np.uint8))
+    distracting_lines(canvas, rng, int(rng.integers(0, 5)))  # across the background, the shape drawn over them
     img = np.asarray(canvas, dtype=np.float64)
     mask = np.zeros((IMAGE_SIZE, IMAGE_SIZE), dtype=bool)
     if label != NO_SHAPE:
@@ -311,6 +317,8 @@ def draw_sample(rng: np.random.Generator, label: int) -> ShapeSample:
         img = img * (1 - alpha[..., None]) + contrasting_colour(rng, bg) * alpha[..., None]
         mask = np.asarray(silhouette.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BOX)) >= 128
     image = Image.fromarray(np.clip(img + 0.5, 0, 255).astype(np.uint8))
+    if rng.random() < LINES_OVER:  # or across the shape too, drawn over it
+        distracting_lines(image, rng, int(rng.integers(1, 4)))
     effect = rng.random()
     if effect < 0.15:
         image = image.filter(ImageFilter.GaussianBlur(radius=float(rng.uniform(0.4, 1.2))))
