@@ -43,7 +43,8 @@ RING_BAND_MARGIN = 2.0
 # The share of rings and of outlines drawn near where the two meet (a ring's band within 1.5 px of the narrowest, an
 # outline within 1 px of the thickest): the spec tells them apart by 2 px alone, so more of them are shown there.
 NEAR_BOUNDARY = 0.35
-LINES_OVER = 0.3  # the share of images whose distracting lines also cross the shape, drawn over it
+LINES_OVER = 0.45  # the share of images whose distracting lines also cross the shape, drawn over it
+SPECKS = 0.3  # the share of backgrounds cluttered with small squares and dots
 
 Polygon = list[tuple[float, float]]
 
@@ -182,10 +183,28 @@ def background(rng: np.random.Generator, size: int) -> np.ndarray:
             w = (((xx - cx) ** 2 + (yy - cy) ** 2) < r**2)[..., None] * rng.uniform(0.4, 0.9)
             img = img * (1 - w) + random_colour(rng) * w
         return img
-    for _ in range(rng.integers(2, 6)):
-        cx, cy, s = rng.uniform(0, 1), rng.uniform(0, 1), rng.uniform(0.1, 0.35)
-        w = np.exp(-((xx - cx) ** 2 + (yy - cy) ** 2) / (2 * s**2))[..., None] * rng.uniform(0.4, 0.9)
+    # blotches: two to eight soft spots, from small sharp ones (a spread of 3 px) to broad washes, faint or full
+    for _ in range(rng.integers(2, 9)):
+        cx, cy, s = rng.uniform(0, 1), rng.uniform(0, 1), rng.uniform(0.05, 0.35)
+        w = np.exp(-((xx - cx) ** 2 + (yy - cy) ** 2) / (2 * s**2))[..., None] * rng.uniform(0.4, 1.0)
         img = img * (1 - w) + random_colour(rng) * w
+    return img
+
+
+def specks(rng: np.random.Generator, img: np.ndarray) -> np.ndarray:
+    """`img` with three to twelve small squares or dots (1 to 3 px from their centre), each near the colour under
+    it or of a colour of its own: the clutter the spec allows on any background."""
+    size = img.shape[0]
+    yy, xx = np.mgrid[0:size, 0:size].astype(np.float64)
+    for _ in range(rng.integers(3, 13)):
+        cx, cy, r = rng.uniform(0, size), rng.uniform(0, size), rng.uniform(1.0, 3.0)
+        if rng.random() < 0.5:
+            inside = (np.abs(xx - cx) <= r) & (np.abs(yy - cy) <= r)
+        else:
+            inside = np.hypot(xx - cx, yy - cy) <= r
+        under = img[int(cy) % size, int(cx) % size]
+        colour = np.clip(under + rng.normal(0, 25, 3), 0, 255) if rng.random() < 0.6 else random_colour(rng)
+        img = np.where(inside[..., None], colour, img)
     return img
 
 
@@ -225,7 +244,8 @@ def irregular_blobs(rng: np.random.Generator, img: np.ndarray) -> np.ndarray:
 
 
 def contrasting_colour(rng: np.random.Generator, bg: np.ndarray) -> np.ndarray:
-    """A random colour whose luminance differs clearly from the background's mean."""
+    """A random colour whose luminance differs clearly from the mean of `bg` (the background, or its pixels under
+    the shape)."""
     bg_lum = luminance(bg)
     for _ in range(100):
         c = random_colour(rng)
@@ -307,6 +327,8 @@ def distracting_lines(canvas: Image.Image, rng: np.random.Generator, count: int)
 
 def draw_sample(rng: np.random.Generator, label: int) -> ShapeSample:
     bg = background(rng, IMAGE_SIZE)
+    if rng.random() < SPECKS:
+        bg = specks(rng, bg)
     canvas = Image.fromarray(bg.astype(np.uint8))
     distracting_lines(canvas, rng, int(rng.integers(0, 5)))  # across the background, the shape drawn over them
     img = np.asarray(canvas, dtype=np.float64)
@@ -314,15 +336,16 @@ def draw_sample(rng: np.random.Generator, label: int) -> ShapeSample:
     if label != NO_SHAPE:
         coverage, silhouette = render_shape(label, rng)
         alpha = np.asarray(coverage.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BOX), dtype=np.float64) / 255
-        img = img * (1 - alpha[..., None]) + contrasting_colour(rng, bg) * alpha[..., None]
         mask = np.asarray(silhouette.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BOX)) >= 128
+        # the shape stands apart from the whole background, or from what lies under it (a blotch, a gradient's end)
+        against = bg[mask] if mask.any() and rng.random() < 0.5 else bg
+        img = img * (1 - alpha[..., None]) + contrasting_colour(rng, against) * alpha[..., None]
     image = Image.fromarray(np.clip(img + 0.5, 0, 255).astype(np.uint8))
     if rng.random() < LINES_OVER:  # or across the shape too, drawn over it
         distracting_lines(image, rng, int(rng.integers(1, 4)))
-    effect = rng.random()
-    if effect < 0.15:
+    if rng.random() < 0.2:
         image = image.filter(ImageFilter.GaussianBlur(radius=float(rng.uniform(0.4, 1.2))))
-    elif effect < 0.3:
+    if rng.random() < 0.2:  # blurred and re-encoded, or either
         buf = io.BytesIO()
         image.save(buf, format="JPEG", quality=int(rng.integers(30, 91)))
         image = Image.open(io.BytesIO(buf.getvalue())).convert("RGB")
