@@ -94,6 +94,20 @@ def test_irregular_regions_are_rounded_and_leave_no_mask() -> None:
     assert len({np.asarray(s.image).tobytes() for s in samples}) == 40
 
 
+def test_specks_are_small_marks_on_any_background() -> None:
+    """The clutter the spec allows: three to twelve squares or dots, none wider than 7 px, the rest untouched."""
+    from scipy import ndimage
+
+    from model.shapes import specks
+
+    for seed in range(20):
+        flat = np.full((IMAGE_SIZE, IMAGE_SIZE, 3), 128.0)
+        changed = (specks(np.random.default_rng(seed), flat) != flat).any(-1)
+        assert 0 < changed.sum() <= 12 * 7 * 7  # at most twelve marks of at most 7 x 7 px
+        _, count = ndimage.label(changed)
+        assert 1 <= count <= 12  # marks may overlap
+
+
 def circle_outlines(n: int) -> list[tuple[float, float]]:
     """(radius, stroke) of `n` outlined circles as `render_shape` draws them, in px of the 64 px image: the
     radius from the silhouette's area, the stroke from the outline's (the narrowest reading, a band about the
