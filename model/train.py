@@ -595,6 +595,9 @@ def summary(args: argparse.Namespace, history: History, started: float, source: 
         **({"train_outliers": args.shapes_outliers} if args.shapes_outliers else {}),
         "batch_size": args.batch_size,
         "lr": args.lr,
+        "warmup_epochs": args.warmup_epochs,
+        "weight_decay": args.weight_decay,
+        "label_smoothing": args.label_smoothing,
         "init": args.init if source is None else "init_from",
         "train_time_s": round(time.monotonic() - started, 1),
     }

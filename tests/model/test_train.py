@@ -204,6 +204,12 @@ def test_fine_tune_a_converted_model_on_an_image_folder(
     assert ckpt.training["init_from"]["version"] == source.version
     assert ckpt.training["init_from"]["converted_from"]["source"] == "timm"
     assert ckpt.training["lr"] == train.FINETUNE_LR and ckpt.training["layer_decay"] == train.FINETUNE_LAYER_DECAY
+    # and the rest of the recipe a rerun needs, at their defaults here
+    assert (ckpt.training["warmup_epochs"], ckpt.training["weight_decay"], ckpt.training["label_smoothing"]) == (
+        1.0,
+        0.05,
+        0.1,
+    )
 
 
 def test_freeze_backbone_trains_the_head_only(tmp_path: Path, tiny_checkpoint: Path) -> None:
