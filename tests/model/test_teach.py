@@ -14,7 +14,7 @@ from harness.preloaded import run_command
 from model import train
 from model.checkpoint import load_checkpoint
 from model.preprocessing import EvalTransform
-from model.shapes import make_sample
+from model.shapes_second import make_sample
 from model.taught_head import load
 from model.teach import embed, head_path
 
@@ -23,7 +23,8 @@ pytestmark = pytest.mark.slow  # command lines, as processes of their own
 
 
 def write_examples(folder: Path, per_class: int, classes: tuple[int, ...] = (0, 7, 5)) -> dict[str, list[Path]]:
-    """`per_class` shapes of each of `classes` (circle, ring, star by default) as PNGs under folder/<name>/."""
+    """`per_class` shapes of each of `classes` (circle, ring, star by default) as PNGs under folder/<name>/: the
+    second renderer's, images of the user's own as docs/api.md teaches with, not the backbone's training renderer."""
     written: dict[str, list[Path]] = {}
     names = {0: "round", 7: "donut", 5: "pointy"}
     index = 0
