@@ -161,6 +161,7 @@ class Serving:
                 timeout_s,
             )
             await self.plane.settle(CUT_ANSWERS_S)  # their answers written before the listeners close
+        log.info("drained: the accepted requests answered; the listeners close")
 
     async def drain(self, http: HttpServer | None = None, serving: asyncio.Task[None] | None = None) -> None:
         """The accepted requests answered with the listeners up (`answer_accepted`); then HTTP (when served here)

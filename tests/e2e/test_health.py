@@ -14,6 +14,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import grpc
@@ -33,6 +34,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 LOAD_S = 4.0  # the stand-in's model load, longer by this
 JPEG = photo_jpeg(0)
 REFUSED = "refused"
+DRAINED = "drained: the accepted requests answered; the listeners close"
 CLOSED = "closed unanswered"  # the connection closed under a request: as the listener closes at the drain's end
 
 
@@ -131,17 +133,14 @@ async def through_drain(
         await server.until_accepted("http", "/predict", http_before + posts)
         await server.until_accepted("grpc", "ModelInfer", grpc_before + grpc_calls)
         in_flight = [*sent, *called]
-        answered_at: list[float] = []
-        for task in in_flight:
-            task.add_done_callback(lambda _: answered_at.append(time.monotonic()))
         os.killpg(server.proc.pid, signal.SIGTERM)  # as `kill %1` does: serving processes have sessions of their own
         polls: list[tuple[str, float, int | str | bool]] = []
         async with httpx.AsyncClient(base_url=server.url) as poller:
             while not all(t.done() for t in in_flight):
-                polls.append(("ready", time.monotonic(), await http_status(poller, "GET", "/health/ready")))
-                polls.append(("grpc", time.monotonic(), await grpc_ready(target)))
-                polls.append(("grpc infer", time.monotonic(), await grpc_infer(target)))
-                started = time.monotonic()
+                polls.append(("ready", time.time(), await http_status(poller, "GET", "/health/ready")))
+                polls.append(("grpc", time.time(), await grpc_ready(target)))
+                polls.append(("grpc infer", time.time(), await grpc_infer(target)))
+                started = time.time()
                 try:
                     r = await poller.post("/predict", content=JPEG, headers=headers, timeout=3)
                 except httpx.ConnectError:
@@ -155,10 +154,11 @@ async def through_drain(
                     r.json()["detail"].startswith("draining") and r.headers.get("connection") == "close"
                 ), (r.headers, r.text)
                 await asyncio.sleep(0.1)
-        # the drain ends with the last accepted request's answer, and the listeners close then: what a poll sent
-        # before that answer arrived got
+        # the drain ends when the server has answered what it accepted, and logs so before its listeners close:
+        # what a poll sent before that line got (the client takes in the last answer a little later)
+        drained = await drained_at(server)
         for kind, at, got in polls:
-            if at < max(answered_at):
+            if at < drained:
                 seen[kind].append(got)
         answers = await asyncio.gather(*sent)
         outcomes = []
@@ -168,6 +168,21 @@ async def through_drain(
             except grpc.aio.AioRpcError as e:
                 outcomes.append(f"{e.code().name} {e.details()}")
     return seen, [r.status_code for r in answers], [r.text for r in answers], outcomes
+
+
+async def drained_at(server: ServerProcess, timeout: float = 60) -> float:
+    """When the server (its first serving process, with several) logged that the drain had answered what it
+    accepted, as seconds since the epoch: the time its listeners began to close."""
+    deadline = time.monotonic() + timeout
+    while not (times := [logged_at(line) for line in server.read_output().splitlines() if DRAINED in line]):
+        assert time.monotonic() < deadline, server.read_output()[-3000:]
+        await asyncio.sleep(0.05)
+    return min(times)
+
+
+def logged_at(line: str) -> float:
+    """A text log line's time (`%(asctime)s`: local time, to the millisecond, truncated)."""
+    return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
 @pytest.fixture
