@@ -4,6 +4,7 @@ plane, with the same models, batchers, limits, API keys and metrics as /predict.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Coroutine
 from typing import Any, NoReturn, TypeVar
 
 from fastapi import APIRouter, Request, Response
@@ -41,7 +42,7 @@ from app.core.contract.errors import InvalidInput, NotSupported, validation_prob
 from app.core.contract.inference import Inference, InferenceRequest
 from app.core.contract.regions import CUDA_NOT_SUPPORTED
 from app.core.data_plane import DataPlane
-from app.web.dependencies import AuthorizedPlane, Plane, ReadyPlane, ServingPlane
+from app.web.dependencies import AuthorizedPlane, Plane, ReadyPlane, ServingPlane, authorized_data_plane
 from app.web.disconnects import respond_unless_disconnected
 from app.web.errors import V2Route
 from app.web.uploads import read_body
@@ -103,6 +104,64 @@ INFER_BODY = {
 }
 
 
+INFER_ROUTE: dict[str, Any] = {
+    "methods": ["POST"],
+    "response_model": V2InferResponse,
+    "response_model_exclude_none": True,
+    "responses": v2_errors(400, 401, 404, 413, 503, 504),
+    "openapi_extra": INFER_BODY,
+}
+
+
+class V2InferRoute(V2Route):
+    """The infer routes. FastAPI documents them from the endpoint's signature, as any route, but the endpoint is called
+    with its parameters resolved here: the plane as `authorized_data_plane` gives it, then the model's name and
+    version (from the path, or on the unversioned route the query's `version`: strings, as FastAPI would pass them). FastAPI's solving of them on every request cost V2 a
+    share of a request's CPU that `/predict`, resolved so (`PredictEndpointRoute`), did not spend (docs/performance.md).
+    It runs nothing else: a dependency added to the endpoint, the route or a router above it would be skipped, and a
+    test holds the endpoint to these parameters."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        endpoint = self.endpoint
+
+        async def handle(request: Request) -> Response:
+            plane = await authorized_data_plane(request)
+            path = request.path_params
+            # the unversioned route takes a version from the query, as FastAPI reads the endpoint's `version` there
+            version = path["version"] if "version" in path else request.query_params.get("version")
+            response: Response = await endpoint(request, plane, path["name"], version)
+            return response
+
+        return handle
+
+
+async def infer(request: Request, plane: AuthorizedPlane, name: str, version: str | None = None) -> Response:
+    """Inference: encoded images (BYTES `image`) or preprocessed pixels (FP32 `pixels`) in; probabilities,
+    attention maps (request parameter `attention`) and classification strings out."""
+    model = plane.describe(name, version)
+    body = await read_body(request, plane.limits.max_upload_bytes)
+    header, binary = split_body(body, request.headers.get(HEADER_LENGTH))
+    decoded = decode_request(header, binary, intake_for(model, plane.limits, plane.regions))
+    asked = InferenceRequest(model, decoded.inputs, decoded.options, version, texts=decoded.texts)
+    return await respond_unless_disconnected(request, answer(plane, asked, decoded))
+
+
+# The infer routes come first: a request is matched against the routes in order, and these take the traffic.
+for infer_path in ("/models/{name}/infer", "/models/{name}/versions/{version}/infer"):
+    router.add_api_route(infer_path, infer, **INFER_ROUTE, route_class_override=V2InferRoute)
+
+
+async def answer(plane: DataPlane, asked: InferenceRequest, decoded: Decoded) -> Response:
+    def encode(done: Inference) -> Encoded:
+        return encode_response(decoded, done.predictions, done.model, done.classes, done.text_embeddings)
+
+    encoded = await plane.infer(asked, encode)
+    if encoded.header_length is None:
+        return Response(encoded.body, media_type="application/json")
+    headers = {"Inference-Header-Content-Length": str(encoded.header_length)}
+    return Response(encoded.body, media_type="application/octet-stream", headers=headers)
+
+
 @router.get("", response_model=V2ServerMetadata)
 async def server_metadata_route(plane: Plane) -> V2ServerMetadata:
     """Server metadata: name, version and protocol extensions."""
@@ -155,38 +214,6 @@ async def model_config_route(plane: ServingPlane, name: str, version: str | None
 async def model_ready(plane: ReadyPlane, name: str, version: str | None = None) -> V2ModelReady:
     """200 when the model is loaded and warm."""
     return V2ModelReady(name=plane.describe(name, version).name, ready=True)
-
-
-INFER_ROUTE: dict[str, Any] = {
-    "response_model": V2InferResponse,
-    "response_model_exclude_none": True,
-    "responses": v2_errors(400, 401, 404, 413, 503, 504),
-    "openapi_extra": INFER_BODY,
-}
-
-
-@router.post("/models/{name}/infer", **INFER_ROUTE)
-@router.post("/models/{name}/versions/{version}/infer", **INFER_ROUTE)
-async def infer(request: Request, plane: AuthorizedPlane, name: str, version: str | None = None) -> Response:
-    """Inference: encoded images (BYTES `image`) or preprocessed pixels (FP32 `pixels`) in; probabilities,
-    attention maps (request parameter `attention`) and classification strings out."""
-    model = plane.describe(name, version)
-    body = await read_body(request, plane.limits.max_upload_bytes)
-    header, binary = split_body(body, request.headers.get(HEADER_LENGTH))
-    decoded = decode_request(header, binary, intake_for(model, plane.limits, plane.regions))
-    asked = InferenceRequest(model, decoded.inputs, decoded.options, version, texts=decoded.texts)
-    return await respond_unless_disconnected(request, answer(plane, asked, decoded))
-
-
-async def answer(plane: DataPlane, asked: InferenceRequest, decoded: Decoded) -> Response:
-    def encode(done: Inference) -> Encoded:
-        return encode_response(decoded, done.predictions, done.model, done.classes, done.text_embeddings)
-
-    encoded = await plane.infer(asked, encode)
-    if encoded.header_length is None:
-        return Response(encoded.body, media_type="application/json")
-    headers = {"Inference-Header-Content-Length": str(encoded.header_length)}
-    return Response(encoded.body, media_type="application/octet-stream", headers=headers)
 
 
 async def optional_body(request: Request, model: type[BodyT], limit: int) -> BodyT:

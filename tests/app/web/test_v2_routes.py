@@ -9,11 +9,16 @@ import json
 import struct
 import threading
 from typing import Any
+from unittest.mock import MagicMock
 
 import httpx
 import numpy as np
 import pytest
 
+from app.web.app import create_app
+from app.web.dependencies import authorized_data_plane
+from app.web.v2_routes import V2InferRoute
+from app.web.v2_routes import router as v2_router
 from tests.support.clients import ClientFactory
 
 INFER = "/v2/models/tiny/infer"
@@ -303,6 +308,46 @@ async def test_models_and_versions(client: httpx.AsyncClient) -> None:
     assert (await client.get("/v2/health/live")).json() == {"live": True}
     assert (await client.get("/v2/health/ready")).json() == {"ready": True}
     assert_v2_error(await client.get("/v2/nothing-here"), 404, "Not Found")
+
+
+async def test_infer_by_version(client: httpx.AsyncClient, shape_png: bytes) -> None:
+    """The versioned infer route passes the path's version on: the served one answers, under that version; another
+    is a 404 naming it; the model's name is checked on both routes."""
+    version = (await client.get("/v2/models/tiny")).json()["versions"][0]
+    header, binary = image_request(shape_png)
+    head = json.dumps(header).encode()
+    headers = {"Inference-Header-Content-Length": str(len(head))}
+    r = await client.post(f"/v2/models/tiny/versions/{version}/infer", content=head + binary, headers=headers)
+    assert r.status_code == 200 and r.json()["model_version"] == version, r.text
+    r = await client.post("/v2/models/tiny/versions/0000/infer", content=head + binary, headers=headers)
+    assert_v2_error(r, 404, f"it serves version {version}")
+    r = await client.post("/v2/models/tiny/infer?version=0000", content=head + binary, headers=headers)
+    assert_v2_error(r, 404, f"it serves version {version}")  # the unversioned route reads one from the query
+    r = await client.post("/v2/models/other/infer", content=head + binary, headers=headers)
+    assert_v2_error(r, 404, "no model named 'other'")
+
+
+def test_infer_routes_resolve_all_their_endpoint_asks_for() -> None:
+    """`V2InferRoute` calls the endpoint with the request, the plane and the path's name and version, and runs
+    nothing else: FastAPI's own reading of the endpoint finds exactly those, and no dependency of the routes or their
+    routers, which the routes would skip. They come first among V2's routes, which are matched in order."""
+    infer_routes = [r for r in v2_router.routes if getattr(r, "path", "").endswith("/infer")]
+    assert [r.path for r in v2_router.routes[:2]] == [  # type: ignore[attr-defined]
+        "/v2/models/{name}/infer",
+        "/v2/models/{name}/versions/{version}/infer",
+    ]
+    for route in infer_routes:
+        assert isinstance(route, V2InferRoute)
+        asked = route.dependant
+        assert [d.call for d in asked.dependencies] == [authorized_data_plane]
+        versioned = "{version}" in route.path
+        assert [p.name for p in asked.path_params] == (["name", "version"] if versioned else ["name"])
+        assert [p.name for p in asked.query_params] == ([] if versioned else ["version"])
+        assert asked.request_param_name == "request"
+        assert not (asked.header_params or asked.cookie_params or asked.body_params)
+        assert route.dependencies == []
+    app = create_app(MagicMock())  # only its routers are read
+    assert v2_router.dependencies == app.router.dependencies == []
 
 
 async def test_api_keys_guard_infer(make_client: ClientFactory, shape_png: bytes) -> None:
