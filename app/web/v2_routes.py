@@ -115,11 +115,11 @@ INFER_ROUTE: dict[str, Any] = {
 
 class V2InferRoute(V2Route):
     """The infer routes. FastAPI documents them from the endpoint's signature, as any route, but the endpoint is called
-    with its parameters resolved here: the plane as `authorized_data_plane` gives it, then the model's name and
-    version (from the path, or on the unversioned route the query's `version`: strings, as FastAPI would pass them). FastAPI's solving of them on every request cost V2 a
-    share of a request's CPU that `/predict`, resolved so (`PredictEndpointRoute`), did not spend (docs/performance.md).
-    It runs nothing else: a dependency added to the endpoint, the route or a router above it would be skipped, and a
-    test holds the endpoint to these parameters."""
+    with its parameters resolved here: the plane as `authorized_data_plane` gives it, then the model's name and version
+    (from the path, or on the unversioned route from the query's `version`: strings, as FastAPI would pass them).
+    FastAPI's solving of them on every request cost V2 a share of a request's CPU that `/predict`, resolved so
+    (`PredictEndpointRoute`), did not spend (docs/performance.md). It runs nothing else: a dependency added to the
+    endpoint, the route or a router above it would be skipped, and a test holds the endpoint to these parameters."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         endpoint = self.endpoint
@@ -147,8 +147,8 @@ async def infer(request: Request, plane: AuthorizedPlane, name: str, version: st
 
 
 # The infer routes come first: a request is matched against the routes in order, and these take the traffic.
-for infer_path in ("/models/{name}/infer", "/models/{name}/versions/{version}/infer"):
-    router.add_api_route(infer_path, infer, **INFER_ROUTE, route_class_override=V2InferRoute)
+router.add_api_route("/models/{name}/infer", infer, **INFER_ROUTE, route_class_override=V2InferRoute)
+router.add_api_route("/models/{name}/versions/{version}/infer", infer, **INFER_ROUTE, route_class_override=V2InferRoute)
 
 
 async def answer(plane: DataPlane, asked: InferenceRequest, decoded: Decoded) -> Response:
