@@ -14,7 +14,6 @@ server's CPU time (user + system, from /proc) over the requests it answered is w
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 from contextlib import ExitStack
 from pathlib import Path
@@ -24,8 +23,8 @@ import httpx
 
 from app.settings import BUNDLED_WEIGHTS
 from bench.common import sample_images, sample_label, write_results
+from bench.peers.servers import v2_binary
 from bench.rounds import alternated, loaded, rounds_table
-from harness.load import v2_body
 from harness.server import ROOT, Server
 
 PROTOCOLS = ("/predict", "V2 binary")
@@ -40,16 +39,6 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--image", choices=["png-small", "jpeg-medium"], default="png-small", help="the posted image")
     p.add_argument("--name", default="protocols-cpu")
     return p.parse_args()
-
-
-def v2_request(image: bytes) -> tuple[bytes, dict[str, str]]:
-    """A V2 binary request of one image, asking for the probabilities as binary data (as `bench peers` asks)."""
-    body, headers = v2_body([image])
-    head_length = int(headers["Inference-Header-Content-Length"])
-    head = json.loads(body[:head_length])
-    head["outputs"] = [{"name": "probabilities", "parameters": {"binary_data": True}}]
-    encoded = json.dumps(head).encode()
-    return encoded + body[head_length:], {"Inference-Header-Content-Length": str(len(encoded))}
 
 
 def main() -> None:
@@ -69,10 +58,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         predict_body, v2_path = Path(tmp) / "image", Path(tmp) / "v2.body"
         predict_body.write_bytes(image)
-        v2_bytes, v2_headers = v2_request(image)
-        v2_path.write_bytes(v2_bytes)
         servers = {tree: stack.enter_context(Server(BUNDLED_WEIGHTS, None, tree=tree, **settings)) for tree in trees}
         model = httpx.get(next(iter(servers.values())).url + "/v1/models", timeout=10).json()["default"]
+        v2 = v2_binary(f"/v2/models/{model}/infer", batch_dim=False, binary_out=True)(image, kind)  # as `bench peers`
+        v2_path.write_bytes(v2.body)
         configs = [(tree, protocol) for tree in trees for protocol in PROTOCOLS]
 
         def label(config: tuple[Path, str]) -> str:
@@ -85,15 +74,14 @@ def main() -> None:
             if protocol == "/predict":
                 measured = loaded(server, "/predict", predict_body, kind, args.concurrency, args.seconds)
             else:
-                path = f"/v2/models/{model}/infer"
                 measured = loaded(
                     server,
-                    path,
+                    v2.path,
                     v2_path,
                     "application/octet-stream",
                     args.concurrency,
                     args.seconds,
-                    headers=v2_headers,
+                    headers=v2.headers,
                 )
             print(label(config), measured, flush=True)
             return measured
