@@ -171,11 +171,12 @@ def background(rng: np.random.Generator, size: int) -> np.ndarray:
     if kind == 2:
         amp = rng.uniform(20, 70)
         return np.clip(base + rng.uniform(-amp, amp, size=(size, size, 3)), 0, 255)
-    if kind == 5:  # stripes, soft or hard, of a second colour at low weight
-        angle, period = rng.uniform(0, math.pi), rng.uniform(3, 12) / size
+    if kind == 5:  # stripes, soft or hard, 3 to 16 px apart, of a second colour from faint to strong
+        angle, period = rng.uniform(0, math.pi), rng.uniform(3, 16) / size
         wave = np.sin(2 * math.pi * (np.cos(angle) * xx + np.sin(angle) * yy) / period)
         t = (wave > 0).astype(np.float64) if rng.random() < 0.5 else 0.5 + 0.5 * wave
-        return base * (1 - 0.4 * t[..., None]) + random_colour(rng) * 0.4 * t[..., None]
+        weight = rng.uniform(0.2, 0.75)
+        return base * (1 - weight * t[..., None]) + random_colour(rng) * weight * t[..., None]
     img = np.broadcast_to(base, (size, size, 3)).copy()
     if kind == 6:  # clutter: small specks and dabs of other colours
         for _ in range(rng.integers(8, 25)):
@@ -183,7 +184,15 @@ def background(rng: np.random.Generator, size: int) -> np.ndarray:
             w = (((xx - cx) ** 2 + (yy - cy) ** 2) < r**2)[..., None] * rng.uniform(0.4, 0.9)
             img = img * (1 - w) + random_colour(rng) * w
         return img
-    # blotches: two to eight soft spots, from small sharp ones (a spread of 3 px) to broad washes, faint or full
+    # blotches: two to eight soft spots, from small sharp ones (a spread of 3 px) to broad washes, faint or full;
+    # in half the images the spots are of one colour at full weight and merge where they meet (round dark or light
+    # patches as large as a shape, beside it and under it)
+    if rng.random() < 0.5:
+        t = np.zeros((size, size))
+        for _ in range(rng.integers(3, 9)):
+            cx, cy, s = rng.uniform(0, 1), rng.uniform(0, 1), rng.uniform(0.05, 0.25)
+            t = np.maximum(t, np.exp(-((xx - cx) ** 2 + (yy - cy) ** 2) / (2 * s**2)))
+        return img * (1 - t[..., None]) + random_colour(rng) * t[..., None]
     for _ in range(rng.integers(2, 9)):
         cx, cy, s = rng.uniform(0, 1), rng.uniform(0, 1), rng.uniform(0.05, 0.35)
         w = np.exp(-((xx - cx) ** 2 + (yy - cy) ** 2) / (2 * s**2))[..., None] * rng.uniform(0.4, 1.0)
