@@ -2,7 +2,9 @@
 
 The engine process owns the models and batches the images of every front-end together. It tells each
 front-end what it serves (`State`: readiness and the model descriptions) when it first hears from it,
-on every change, and every HEARTBEAT_S. A repository change is answered only once every front-end has
+on every change, and every HEARTBEAT_S. It says it is ready only once every front-end started with it has
+said hello (or FRONT_ENDS_WAIT_S has passed), and then to all of them at once: a client that saw one
+front-end ready is not refused by another that has not heard from the engine yet. A repository change is answered only once every front-end has
 applied the new state, so afterwards each process answers with the new version.
 
 A front-end sends the calls it has ready as one message (a list), and the replies computed in one go of
@@ -42,6 +44,7 @@ from app.workers.arena import Arena, read_inputs, viewed, write_outputs
 
 log = logging.getLogger("app")
 ACK_TIMEOUT_S = 2.0  # how long a repository change waits for every front-end to apply it
+FRONT_ENDS_WAIT_S = 10.0  # how long readiness waits for every front-end to say hello (one may have died starting)
 
 
 @dataclass(eq=False)
@@ -66,11 +69,15 @@ class Peer:
 
 
 class EngineHost:
-    """`engine`, answering the front-ends that connect to `address` (an ipc:// endpoint)."""
+    """`engine`, answering the front-ends that connect to `address` (an ipc:// endpoint); `front_ends`
+    of them were started with it."""
 
-    def __init__(self, engine: Engine, address: str) -> None:
+    def __init__(self, engine: Engine, address: str, front_ends: int = 1) -> None:
         self.engine = engine
         self.address = address
+        self.front_ends = front_ends
+        self.met_all = front_ends <= 0  # every front-end has said hello (or FRONT_ENDS_WAIT_S passed): ready may be
+        self.serving_since = time.monotonic()
         self.incarnation = uuid.uuid4().hex
         self.context = zmq.Context()
         self.channel: link.Channel | None = None  # while serving
@@ -84,7 +91,8 @@ class EngineHost:
 
     def current_state(self) -> link.State:
         e = self.engine
-        return link.State(self.incarnation, os.getpid(), self.seq, e.ready(), e.taking_requests, tuple(e.models()))
+        ready = e.ready() and self.met_all
+        return link.State(self.incarnation, os.getpid(), self.seq, ready, e.taking_requests, tuple(e.models()))
 
     async def serve(self, stop: asyncio.Event) -> None:
         """Answer the front-ends until `stop` is set."""
@@ -92,6 +100,7 @@ class EngineHost:
         socket.setsockopt(zmq.LINGER, 0)
         socket.bind(self.address)
         self.channel = link.Channel(socket, self.receive, "engine")
+        self.serving_since = time.monotonic()
         beating = asyncio.create_task(self.heartbeat())
         try:
             await stop.wait()
@@ -147,6 +156,14 @@ class EngineHost:
 
     async def heartbeat(self) -> None:
         while True:
+            if not self.met_all and time.monotonic() - self.serving_since > FRONT_ENDS_WAIT_S:
+                log.warning(
+                    "engine: %d of %d front-ends said hello within %.0f s; ready without the others",
+                    len(self.peers),
+                    self.front_ends,
+                    FRONT_ENDS_WAIT_S,
+                )
+                self.met_all = True
             self.broadcast()
             await asyncio.sleep(link.HEARTBEAT_S)
 
@@ -266,6 +283,10 @@ class EngineHost:
             self.peers[identity] = peer
             self.watch(peer)
             log.info("engine: front-end pid %d connected", hello.pid)
+            if not self.met_all and len(self.peers) >= self.front_ends:
+                self.met_all = True
+                self.broadcast()  # ready, to every front-end in the same go
+                return
         self.send(self.peers[identity], self.state)
 
     def watch(self, peer: Peer) -> None:

@@ -176,7 +176,7 @@ class Supervisor:
         loaded = self.spawn.Event()
         process = self.spawn.Process(
             target=engine_main,
-            args=(self.settings, self.address, loaded, os.getpid()),
+            args=(self.settings, self.address, loaded, os.getpid(), self.workers),
             name="vit-engine",
             daemon=False,
         )
@@ -355,11 +355,11 @@ def run_child(main: Coroutine[Any, Any, int]) -> None:
     os._exit(code)
 
 
-def engine_main(settings: Settings, address: str, loaded: ProcessEvent, supervisor: int) -> None:
-    run_child(serve_engine(settings, address, loaded, supervisor))
+def engine_main(settings: Settings, address: str, loaded: ProcessEvent, supervisor: int, front_ends: int) -> None:
+    run_child(serve_engine(settings, address, loaded, supervisor, front_ends))
 
 
-async def serve_engine(settings: Settings, address: str, loaded: ProcessEvent, supervisor: int) -> int:
+async def serve_engine(settings: Settings, address: str, loaded: ProcessEvent, supervisor: int, front_ends: int) -> int:
     stop = become_child(supervisor)
     configure_logging(settings.log_level, settings.log_format)
     # imported here: the front-end processes, forked from a server that imports this module, never load the
@@ -373,7 +373,7 @@ async def serve_engine(settings: Settings, address: str, loaded: ProcessEvent, s
     except startup_errors() as e:
         return startup_failed(e)
     engine.start(freeze_heap=True)
-    host = EngineHost(engine, address)
+    host = EngineHost(engine, address, front_ends)
     serving = asyncio.create_task(host.serve(stop))
     await asyncio.sleep(0)  # bound before the supervisor hears it is up
     loaded.set()

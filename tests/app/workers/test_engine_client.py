@@ -32,7 +32,7 @@ from app.core.engine.engine import Engine
 from app.settings import Settings
 from app.telemetry import spans
 from app.telemetry.metrics import Metrics
-from app.workers import engine_client, link
+from app.workers import engine_client, engine_host, link
 from app.workers.arena import Arena, StoredImage, read_outputs
 from app.workers.engine_client import EngineClient
 from app.workers.engine_host import EngineHost
@@ -55,10 +55,11 @@ class Linked:
 
 
 @asynccontextmanager
-async def hosted(engine: Engine, folder: Path) -> AsyncIterator[Callable[..., Awaitable[Linked]]]:
-    """`engine` served at an ipc:// address under `folder`; yields a maker of front-end data planes over it."""
+async def hosted(engine: Engine, folder: Path, front_ends: int = 1) -> AsyncIterator[Callable[..., Awaitable[Linked]]]:
+    """`engine` served at an ipc:// address under `folder`, started with `front_ends` front-ends; yields a maker
+    of front-end data planes over it."""
     address = f"ipc://{folder / 'engine.sock'}"
-    host = EngineHost(engine, address)
+    host = EngineHost(engine, address, front_ends)
     stop = asyncio.Event()
     serving = asyncio.create_task(host.serve(stop))
     planes: list[EngineClient] = []
@@ -478,6 +479,32 @@ async def test_a_silent_engine_makes_the_front_end_unready_and_fails_its_calls(
     with pytest.raises(NotReady):
         linked.plane.check_serving()
     assert linked.arena.in_use == 0
+
+
+async def test_ready_only_once_every_front_end_has_met_the_engine_and_then_on_all_at_once(
+    service: Engine, tmp_path: Path
+) -> None:
+    """With two front-ends, a client that saw one ready is never refused by the other for not having heard from
+    the engine: the engine is ready on neither until both have said hello, then on both in the same go."""
+    async with hosted(service, tmp_path, front_ends=2) as make:
+        first = await make()
+        assert service.ready() and first.plane.state is not None
+        assert not first.plane.ready()
+        first.plane.check_taking()  # it serves, but does not yet say so
+        second = await make()
+        await until(lambda: first.plane.ready() and second.plane.ready(), timeout=2)
+        assert first.plane.state is not None and second.plane.state is not None
+        assert first.plane.state.seq == second.plane.state.seq
+
+
+async def test_ready_without_a_front_end_that_never_said_hello_after_the_wait(
+    service: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(engine_host, "FRONT_ENDS_WAIT_S", 0.3)
+    async with hosted(service, tmp_path, front_ends=2) as make:
+        only = await make()
+        assert not only.plane.ready()
+        await until(only.plane.ready, timeout=3)
 
 
 async def test_a_repository_change_reaches_every_front_end_before_it_is_answered(tmp_path: Path) -> None:
