@@ -1,7 +1,7 @@
 """The bundled model, as served, on shapes drawn by renderers it never saw: a real `python -m app` process answers
 `/predict` for 2,000 images of each, at 99 % top-1 or more. The third renderer was written from the model card's
-spec alone; its seed 8 is the set the card names as drawn after the model was chosen. The second renderer's set is
-the card's held-out seed."""
+spec alone: its default seed is the card's first set (the one whose errors guided the training renderer), and seed 9
+the set the card names as drawn after the model was chosen. The second renderer's set is the card's held-out seed."""
 
 from __future__ import annotations
 
@@ -27,7 +27,9 @@ def server(serve: ServerFactory) -> Server:
     return serve(BUNDLED_WEIGHTS)
 
 
-@pytest.mark.parametrize(("renderer", "seed"), [("third", 8), ("second", DEFAULT_SHAPES_EVAL_SEED)])
+@pytest.mark.parametrize(
+    ("renderer", "seed"), [("third", DEFAULT_SHAPES_EVAL_SEED), ("third", 9), ("second", DEFAULT_SHAPES_EVAL_SEED)]
+)
 def test_the_bundled_model_answers_99_percent_of_a_renderer_it_never_saw(
     server: Server, renderer: str, seed: int
 ) -> None:
