@@ -104,7 +104,7 @@ def main() -> None:
     served = {k: " (served)" if k == kind else "" for k in ("mahalanobis", "max_softmax")}
     f = ".2f" if kind == "mahalanobis" else ".3f"  # distances run to tens; 1 - a probability stays under 1
     lines = [
-        f"# Out-of-distribution AUROC: {args.weights.name} (version {ckpt.version})",
+        f"# Out-of-distribution AUROC: {args.weights.name} ({ckpt.identity})",
         "",
         f"`python -m evaluation.ood --n {args.n}`; reference statistics from {report['reference']}; the served score: "
         f"{'the Mahalanobis distance' if kind == 'mahalanobis' else '1 - the top probability (max softmax)'}. "
