@@ -4,8 +4,9 @@ The engine process owns the models and batches the images of every front-end tog
 front-end what it serves (`State`: readiness and the model descriptions) when it first hears from it,
 on every change, and every HEARTBEAT_S. It says it is ready only once every front-end started with it has
 said hello (or FRONT_ENDS_WAIT_S has passed), and then to all of them at once: a client that saw one
-front-end ready is not refused by another that has not heard from the engine yet. A repository change is answered only once every front-end has
-applied the new state, so afterwards each process answers with the new version.
+front-end ready is not refused by another that has not heard from the engine yet. A repository change is
+answered only once every front-end has applied the new state, so afterwards each process answers with the
+new version.
 
 A front-end sends the calls it has ready as one message (a list), and the replies computed in one go of
 the event loop (a batch's requests finish together) leave as one message per front-end: the link costs a
@@ -76,7 +77,7 @@ class EngineHost:
         self.engine = engine
         self.address = address
         self.front_ends = front_ends
-        self.met_all = front_ends <= 0  # every front-end has said hello (or FRONT_ENDS_WAIT_S passed): ready may be
+        self.met_all = front_ends <= 0  # every front-end said hello (or FRONT_ENDS_WAIT_S passed): ready may be said
         self.serving_since = time.monotonic()
         self.incarnation = uuid.uuid4().hex
         self.context = zmq.Context()
