@@ -4,9 +4,10 @@ The stand-in's device runs a batch's decoding and its forward in turn, as on the
 as the H200's: more than this machine's two cores against a 16-core host would ask (8 to 9 times), so that the share
 serving most lies inside 0 to 1 (near 0.75 on a 2-core EPYC without AVX-512) rather than at its end
 (docs/performance.md, "Where JPEGs are decoded on a GPU host"); on a host whose cores decode faster (a 2-core EPYC
-with AVX-512: 361, 360, 350, 471 and 590 img/s at shares 0 to 1 by quarters) it lies at or near 1. What the host's cores can take is what these tests measure, so they are
-marked `alone`: bin/test runs them by themselves before the rest (beside other tests the best share moves with
-what those take, and a controller that follows it cannot also hold still). Each test loads the service with `hey`
+with AVX-512: 361, 360, 350, 471 and 590 img/s at shares 0 to 1 by quarters) it lies at or near 1. What the host's
+cores can take is what these tests measure, so they are marked `alone`: bin/test runs them by themselves before the
+rest (beside other tests the best share moves with what those take, and a controller that follows it cannot also
+hold still). Each test loads the service with `hey`
 (V2, eight 500x375 JPEGs a request) and reads the share in force from /metrics.
 """
 
@@ -97,9 +98,9 @@ def shares_under_load(server: ServerProcess, folder: Path, seconds: float, every
 
 
 def settles(folder: Path, fixed: dict[float, float], start: float, server: ServerProcess) -> list[float]:
-    """SETTLE_S under load from `start`: it leaves a start that serves below FLOOR of the best, has stopped moving by then (its last seconds within two
-    of the bracket's last steps), and then serves at least FLOOR of the best fixed share's img/s. The shares it went
-    through.
+    """SETTLE_S under load from `start`: it leaves a start that serves below FLOOR of the best, has stopped moving
+    by then (its last seconds within two of the bracket's last steps), and then serves at least FLOOR of the best
+    fixed share's img/s. The shares it went through.
 
     Where the best share lies exactly is the benchmark's to say (`python -m bench stand_in --shares`, alternated
     rounds): the sweep reads each fixed share for four seconds, too few to rank shares a few percent apart."""
