@@ -9,11 +9,21 @@ import zlib
 import numpy as np
 from PIL import Image
 
+from model.shapes import SHAPE_CLASSES, make_sample
+
 
 def encode(image: Image.Image, fmt: str = "PNG", **kw: object) -> bytes:
     buf = io.BytesIO()
     image.save(buf, format=fmt, **kw)
     return buf.getvalue()
+
+
+def held_out(label: str) -> bytes:
+    """A PNG of the first image of class `label` in the held-out `shapes` set (model.evaluate's default seed)."""
+    from model.evaluate import DEFAULT_SHAPES_EVAL_SEED  # here: model.evaluate imports torch
+
+    index = next(i for i in range(500) if SHAPE_CLASSES[make_sample(DEFAULT_SHAPES_EVAL_SEED, i).label] == label)
+    return encode(make_sample(DEFAULT_SHAPES_EVAL_SEED, index).image)
 
 
 def png_with_header(width: int, height: int) -> bytes:

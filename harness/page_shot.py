@@ -20,19 +20,11 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from app.settings import BUNDLED_WEIGHTS
-from harness.images import encode
+from harness.images import held_out
 from harness.server import Server
-from model.shapes import SHAPE_CLASSES, make_sample
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 WIDTH = 1000  # CSS pixels; the height is the page's own
-HELD_OUT_SEED = 20261121  # the held-out set's seed (model.evaluate's default)
-
-
-def star() -> bytes:
-    """A PNG of the first star of the held-out set."""
-    index = next(i for i in range(500) if SHAPE_CLASSES[make_sample(HELD_OUT_SEED, i).label] == "star")
-    return encode(make_sample(HELD_OUT_SEED, index).image)
 
 
 def browser(profile: Path) -> webdriver.Chrome:
@@ -46,7 +38,7 @@ def browser(profile: Path) -> webdriver.Chrome:
 
 def shoot(url: str, folder: Path) -> bytes:
     """The page at `url` after classifying star.png and notes.txt, as a PNG of the whole page."""
-    files = {"star.png": star(), "notes.txt": b"not an image\n"}
+    files = {"star.png": held_out("star"), "notes.txt": b"not an image\n"}
     for name, data in files.items():
         (folder / name).write_bytes(data)
     driver = browser(folder / "profile")

@@ -28,7 +28,7 @@ from selenium.webdriver.support.select import Select
 from selenium.webdriver.support.ui import WebDriverWait
 
 from app.settings import BUNDLED_WEIGHTS
-from harness.images import encode
+from harness.images import encode, held_out
 from harness.server import ROOT, Server
 from model.shapes import SHAPE_CLASSES, make_sample
 from tests.support.servers import ServerFactory
@@ -37,12 +37,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # real servers, a real browser
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 URL = re.compile(r"""(?:https?:)?//[A-Za-z0-9.-]+""")
-
-
-def held_out(label: str) -> bytes:
-    """A PNG of a held-out `shapes` image of this class."""
-    index = next(i for i in range(500) if SHAPE_CLASSES[make_sample(20261121, i).label] == label)
-    return encode(make_sample(20261121, index).image)
 
 
 # In process: what the app serves.

@@ -20,10 +20,10 @@ from tritonclient.utils import InferenceServerException
 from app.core.contract.description import numeric_version
 from app.core.images.prepare import Preprocessor
 from app.settings import BUNDLED_WEIGHTS
-from harness.images import encode
+from harness.images import held_out
 from harness.server import Server
 from model.checkpoint import load_checkpoint
-from model.shapes import SHAPE_CLASSES, make_sample
+from model.shapes import SHAPE_CLASSES
 from tests.support.checkpoints import write_tiny_checkpoint
 from tests.support.kserve_client import run as kserve_session
 from tests.support.servers import ServerFactory
@@ -44,11 +44,6 @@ def client(server: Server) -> Iterator[triton.InferenceServerClient]:
     c = triton.InferenceServerClient(server.url.removeprefix("http://"))
     yield c
     c.close()
-
-
-def held_out(label: str) -> bytes:
-    index = next(i for i in range(500) if SHAPE_CLASSES[make_sample(20261121, i).label] == label)
-    return encode(make_sample(20261121, index).image)
 
 
 def image_input(*files: bytes, binary: bool = True) -> triton.InferInput:
