@@ -174,7 +174,7 @@ class Settings(BaseSettings):
         "auto",
         description="The batch the batcher fills to, at most VIT_MAX_BATCH_SIZE. auto: on the CPU, for a model whose "
         "forward of one image takes 20 ms or more, the size that serves the most images a second when the warm-up "
-        "times each power of two (the largest within 15 % of the best: one thread computes ViT-S/16's batch of 8 "
+        "times each power of two (the largest within 5 % of the best: one thread computes ViT-S/16's batch of 8 "
         "faster per image than one of 32); else VIT_MAX_BATCH_SIZE. The vit_preferred_batch_size gauge says which. "
         "A number fixes it",
     )

@@ -18,7 +18,9 @@ from typing import Literal
 from app.core.backends.predictor import Predictor, batch_sizes
 
 log = logging.getLogger("app.inference")
-TOLERANCE = 0.15  # a larger batch within this of the best rate is kept: it serves as much and queues less
+# a larger batch within this of the best rate is kept: the timing's noise (a size's two runs differ by a few
+# percent), no more, since under load the batcher serves what its batch's rate is
+TOLERANCE = 0.05
 REPEATS = 2  # timed runs of each size (after the warm-up's); the faster counts
 TIMED_FROM_S = 0.02  # a forward of one image at least this long is timed by size; a cheaper one keeps the largest batch
 
