@@ -22,8 +22,8 @@ def held_out(label: str) -> bytes:
     """A PNG of the first image of class `label` in the held-out `shapes` set (model.evaluate's default seed)."""
     from model.evaluate import DEFAULT_SHAPES_EVAL_SEED  # here: model.evaluate imports torch
 
-    index = next(i for i in range(500) if SHAPE_CLASSES[make_sample(DEFAULT_SHAPES_EVAL_SEED, i).label] == label)
-    return encode(make_sample(DEFAULT_SHAPES_EVAL_SEED, index).image)
+    samples = (make_sample(DEFAULT_SHAPES_EVAL_SEED, i) for i in range(500))
+    return encode(next(s for s in samples if SHAPE_CLASSES[s.label] == label).image)
 
 
 def png_with_header(width: int, height: int) -> bytes:
