@@ -22,7 +22,18 @@ traffic is light and the GPU has room to decode); in between, the two ran out to
 and the lowest found too high, stepping out (doubling) until it has both and halving the bracket after, and keeps
 the bracket's low end once it is narrower than `STEP_MIN`: below the best share each step costs the device a
 little, above it each step costs the host's cores, at their far higher price per image, much more. The window after
-a move is not read (the queues of the share before it are still draining). Kept, the share is watched:
+a move is not read (the queues of the share before it are still draining).
+
+What the search wants is the share that serves the most, and the images each window served say it where the two
+readings above blur: where the host's cores are short, its threads are late to hand the device its work, so the
+device can read as holding images back on both sides of the best share. So each search also records the images a
+second served at every share it read, and a share that served `SERVED_MARGIN` less than the one of the same search
+that served the most is on the wrong side of that one, whatever the device read: too high when it lies above it,
+too low below (the served rate rises to the best share and falls after it). A share kept is the one of the search's that
+served the most, where it served `SERVED_MARGIN` more than the one the readings would keep; within the margin, the
+readings decide (a second's images move by a few percent from one second to the next). Rates are compared only
+within one search, under the traffic it ran in; a search that starts from a kept share starts with that share's
+last `KEPT_WINDOWS` windows. Kept, the share is watched:
 `LEAVE_AFTER` windows in a row too high search down from it (a faster forward, lighter traffic); every `PROBE_S` the
 shares above it are tried, `STEP_MIN` at a time, since a share too low looks the same as the best one from where it
 stands. A fixed number overrides all of this.
@@ -50,6 +61,8 @@ STEP_MIN = 0.05  # a bracket this narrow is found: its low end is kept
 PROBE_S = 30.0  # how often the shares above a kept one are tried, STEP_MIN at a time
 LEAVE_AFTER = 2  # windows in a row that read a kept share too high before it is left (one may be noise)
 KEEP_AFTER = 2  # windows in a row where the two ran out together before a share is kept (one may be noise)
+KEPT_WINDOWS = 3  # a kept share's last windows, what a search from it compares with
+SERVED_MARGIN = 0.05  # a share that served this much less than another read in the same search is on the wrong side
 
 ShareSetting = float | Literal["auto"]
 
@@ -89,6 +102,8 @@ class DecodeShare:
         self.window_start = clock()
         self.window_bound = 0.0  # the batcher's count, which starts at 0 with it
         self.batches = 0
+        self.images = 0
+        self.served: dict[float, list[float]] = {}  # this search's windows: share -> images a second, each window
         self.decoding_s = 0.0
         self.device_s = 0.0
 
@@ -104,6 +119,7 @@ class DecodeShare:
             return
         timing = getattr(outputs[0], "batch", None) if outputs else None
         self.batches += 1
+        self.images += size
         if isinstance(timing, BatchTiming):
             self.decoding_s += timing.input_s
             self.device_s += timing.input_s + timing.infer_s
@@ -120,14 +136,20 @@ class DecodeShare:
     def decide(self, now: float) -> None:
         """The window that ends now read, the share moved (or not), and the next window begun."""
         bound_s = self.device_bound_s()
-        bound = (bound_s - self.window_bound) / (now - self.window_start)
+        seconds = now - self.window_start
+        bound = (bound_s - self.window_bound) / seconds
+        rate = self.images / seconds
         decoding = self.decoding_s / self.device_s if self.device_s > 0 else 0.0
         enough, settling = self.batches >= MIN_BATCHES, self.settling
         self.window_start, self.window_bound = now, bound_s
-        self.batches, self.decoding_s, self.device_s = 0, 0.0, 0.0
+        self.batches, self.images, self.decoding_s, self.device_s = 0, 0, 0.0, 0.0
         self.settling = False
         if not enough or settling:
             return
+        if self.kept_since is not None:  # kept: its last windows, the start of any search from here
+            self.served = {self.share: [*self.served.get(self.share, [])[1 - KEPT_WINDOWS :], rate]}
+        else:
+            self.served.setdefault(self.share, []).append(rate)
         if not bound < BOUND_LOW:
             self.kept_too_high = 0
         # at 0 the host decodes none of them: a device that held images back a share of the window it cannot be
@@ -135,15 +157,36 @@ class DecodeShare:
         held_back = bound > BOUND_HIGH or (self.share == 0.0 and bound >= BOUND_LOW)
         too_low = held_back and decoding >= DECODING_MIN and self.share < 1.0
         too_high = bound < BOUND_LOW and self.share > 0.0
+        why = f"the device held images back {bound:.0%} of a second" + (
+            f", {decoding:.0%} of its time decoding" if too_low else ""
+        )
+        beaten = self.beaten_by() if self.kept_since is None else None
+        if beaten is not None:  # served less than another share of this search: on its wrong side
+            other, other_rate = beaten
+            too_low, too_high = other > self.share, other < self.share
+            why = f"{self.rate():,.0f} images a second served, against {other_rate:,.0f} at {other:.2f}"
         self.balanced = 0 if too_low or too_high else self.balanced + 1
         if too_low:
-            self.too_low(
-                now, f"the device held images back {bound:.0%} of a second, {decoding:.0%} of its time decoding"
-            )
+            self.too_low(now, why)
         elif too_high:
-            self.too_high(f"the device held images back {bound:.0%} of a second")
+            self.too_high(why)
         elif self.kept_since is None and self.balanced >= KEEP_AFTER:  # the two ran out together here
-            self.keep(now, self.share, f"the device held images back {bound:.0%} of a second")
+            self.keep(now, self.share, why)
+
+    def rate(self, share: float | None = None) -> float:
+        """The images a second this search read at `share` (the one in force), the mean of its windows."""
+        windows = self.served[self.share if share is None else share]
+        return sum(windows) / len(windows)
+
+    def best_served(self) -> tuple[float, float]:
+        """The share of this search that served the most, and its rate."""
+        best = max(self.served, key=self.rate)
+        return best, self.rate(best)
+
+    def beaten_by(self) -> tuple[float, float] | None:
+        """The share of this search that served the most, where the share in force served `SERVED_MARGIN` less."""
+        best, best_rate = self.best_served()
+        return (best, best_rate) if self.rate() < (1 - SERVED_MARGIN) * best_rate else None
 
     def too_low(self, now: float, why: str) -> None:
         s = self.share
@@ -183,7 +226,12 @@ class DecodeShare:
         self.move(round(min(1.0, max(0.0, target)), 3), why)
 
     def keep(self, now: float | None, share: float, why: str) -> None:
-        """`share` found: kept from now on (watched, and probed a step up every PROBE_S)."""
+        """`share` found, or the search's share that served `SERVED_MARGIN` more than it: kept from now on
+        (watched, and probed a step up every PROBE_S)."""
+        if share in self.served:
+            best, best_rate = self.best_served()
+            if self.rate(share) < (1 - SERVED_MARGIN) * best_rate:
+                share, why = best, f"{best_rate:,.0f} images a second served there, against {self.rate(share):,.0f}"
         self.kept_since = now if now is not None else self.clock()
         self.kept_too_high = 0
         self.step, self.probing = STEP_START, False

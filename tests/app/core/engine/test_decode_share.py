@@ -39,6 +39,7 @@ class Plant:
     def __init__(self, best: float, band: float = 0.06) -> None:
         self.best = best
         self.band = band
+        self.images = 64  # a batch's images, at every share unless `served` says otherwise
         self.now = 0.0
         self.bound_s = 0.0
         self.seconds = 0  # whole seconds run so far: the clock is counted from them, exactly
@@ -50,6 +51,10 @@ class Plant:
             return 0.1
         return 0.45
 
+    def served(self, share: float) -> float:
+        """The images a second served at `share`, as a share of the most: here the same at every share."""
+        return 1.0
+
     def run(self, share: DecodeShare, seconds: float, batches_per_s: int = 20) -> list[float]:
         """`seconds` of batches, the device held back as `bound` says at the share in force; the share after each
         second."""
@@ -60,8 +65,9 @@ class Plant:
                 self.now = self.seconds + k / batches_per_s
                 self.bound_s += dt * self.bound(share.share)
                 decoding = 0.4 * (1 - share.share)  # of the device's time: the JPEGs it still decodes
-                timing = BatchTiming(64, self.now, decoding * dt, (1 - decoding) * dt, 0.0)
-                share.batch_done(64, dt, [ImageOutput(None, None, None, timing)])  # type: ignore[arg-type]
+                size = round(self.images * self.served(share.share))
+                timing = BatchTiming(size, self.now, decoding * dt, (1 - decoding) * dt, 0.0)
+                share.batch_done(size, dt, [ImageOutput(None, None, None, timing)])  # type: ignore[arg-type]
             self.seconds += 1
             shares.append(share.share)
         return shares
@@ -161,3 +167,47 @@ def test_at_zero_a_device_holding_images_back_a_third_of_each_window_moves_the_s
     share, _ = controller(plant, start=0.0)
     shares = plant.run(share, 10)
     assert shares[-1] > 0.0 and len(set(shares[-4:])) == 1, shares  # left 0, then kept where it went
+
+
+class Blurred(Plant):
+    """As on a 2-core host: where the host's cores are short its threads hand the device its work late, so the
+    device reads the same (`reading`) from `best` up to `best + blur`, and only the images served tell the shares
+    apart. They peak at the best share, falling slowly below it (the device decodes a little more) and fast above
+    it (the host's cores, at their far higher price per image)."""
+
+    def __init__(self, best: float, reading: float, blur: float = 0.25) -> None:
+        super().__init__(best)
+        self.reading = reading
+        self.blur = blur
+        self.images = 1000  # fine enough that a share's rate shows in whole images
+
+    def bound(self, share: float) -> float:
+        if share < self.best - 0.06:
+            return 0.9
+        return self.reading if share <= self.best + self.blur else 0.1
+
+    def served(self, share: float) -> float:
+        return 1 - 0.5 * (self.best - share) if share <= self.best else 1 - 1.5 * (share - self.best)
+
+
+def test_where_the_device_reads_the_same_on_both_sides_the_share_that_serves_most_is_kept() -> None:
+    """From 0 the search steps to 0.1, then 0.3, where the device reads as running out with the host, as it does at
+    the best share (0.2): the readings alone would keep 0.3. It served less there than at 0.1, so 0.3 is too
+    high, and the search closes in on 0.2."""
+    plant = Blurred(best=0.2, reading=0.45)
+    share, _ = controller(plant)
+    shares = plant.run(share, 30)
+    assert shares[-1] == pytest.approx(0.2) and set(shares[-10:]) == {shares[-1]}, shares
+
+
+def test_a_probe_above_a_kept_share_that_serves_less_goes_back_at_once() -> None:
+    """Where the device reads as holding images back above the best share too, each probe from the kept share
+    (every PROBE_S) steps up once, serves less, and comes back: the share neither climbs past the best nor
+    leaves it for long."""
+    plant = Blurred(best=0.2, reading=0.9)
+    share, _ = controller(plant)
+    plant.run(share, 20)
+    assert share.share == pytest.approx(0.2)
+    shares = plant.run(share, 2 * decode_share.PROBE_S + 10)
+    assert max(shares) <= 0.2 + decode_share.STEP_MIN + 1e-9, shares
+    assert sum(s == pytest.approx(0.2) for s in shares) >= 0.9 * len(shares), shares
