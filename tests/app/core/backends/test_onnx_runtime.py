@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from importlib.metadata import version
 from pathlib import Path
 
 import httpx
+import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
 import torch
 
 from app.core.backends import onnx_runtime as onnx_backend
+from app.core.backends.onnx_attention import fuse_attention
 from app.core.backends.onnx_runtime import (
     GraphCache,
     LogitsAndEmbedding,
@@ -64,13 +69,14 @@ def float_graph(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Pat
     return get
 
 
+@pytest.mark.parametrize("fuse", [False, True], ids=["as exported", "attention fused"])
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_exported_graph_gives_torchs_probabilities_and_embeddings(
-    variant: str, float_graph: Callable[[str], Path]
+    variant: str, fuse: bool, float_graph: Callable[[str], Path]
 ) -> None:
     config = VARIANTS[variant]
     model = tiny_model(config, seed=1)
-    graph = OnnxForward(session(float_graph(variant), threads=1), quantization=None)
+    graph = OnnxForward(session(float_graph(variant), threads=1, fuse=fuse), quantization=None)
     torch.manual_seed(2)
     for batch in (1, 3, 8):  # the batch dimension is dynamic
         x = torch.randn(batch, config.in_channels, config.image_size, config.image_size)
@@ -80,6 +86,44 @@ def test_exported_graph_gives_torchs_probabilities_and_embeddings(
         assert got_logits.shape == logits.shape and got_embedding.shape == (batch, config.dim)
         assert (got_logits.softmax(-1) - logits.softmax(-1)).abs().max() < TOLERANCE
         assert (got_embedding - embedding).abs().max() < EMBEDDING_TOLERANCE
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_plain_attention_blocks_are_fused_and_other_forms_left_as_exported(
+    variant: str, float_graph: Callable[[str], Path]
+) -> None:
+    """Each block of the plain form becomes one Attention node (the test above runs those graphs against torch);
+    axial attention, along rows and then columns, is another form and stays as exported."""
+    graph = onnx.load(str(float_graph(variant)))
+    exported = graph.SerializeToString()
+    fused = fuse_attention(graph)
+    kinds = Counter(n.op_type for n in graph.graph.node)
+    depth = VARIANTS[variant].depth
+    if VARIANTS[variant].attention_pattern == "axial":
+        assert fused == 0 and kinds["Attention"] == 0 and graph.SerializeToString() == exported
+    else:
+        assert fused == depth and kinds["Attention"] == depth and kinds["Softmax"] == 0
+
+
+def test_a_block_with_anything_on_its_scores_is_left_as_exported(float_graph: Callable[[str], Path]) -> None:
+    """A bias added to one block's scores (a mask, a relative position bias) is not the plain form: that block
+    stays as exported, and the graph still computes what it did."""
+    path = float_graph("standard")
+    graph = onnx.load(str(path))
+    softmax = next(n for n in graph.graph.node if n.op_type == "Softmax")
+    graph.graph.initializer.append(onnx.numpy_helper.from_array(np.full((1,), -0.5, np.float32), "score_bias"))
+    biased = onnx.helper.make_node("Add", [softmax.input[0], "score_bias"], ["biased_scores"], name="score_bias_add")
+    graph.graph.node.insert(list(graph.graph.node).index(softmax), biased)
+    softmax.input[0] = "biased_scores"
+    as_exported = graph.SerializeToString()
+    assert fuse_attention(graph) == TINY.depth - 1
+    kinds = Counter(n.op_type for n in graph.graph.node)
+    assert kinds["Attention"] == TINY.depth - 1 and kinds["Softmax"] == 1
+    x = np.random.default_rng(0).standard_normal((3, 3, TINY.image_size, TINY.image_size)).astype(np.float32)
+    before = ort.InferenceSession(as_exported, providers=["CPUExecutionProvider"]).run(None, {"pixels": x})
+    after = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"pixels": x})
+    for a, b in zip(before, after, strict=True):
+        assert np.abs(a - b).max() < 1e-5
 
 
 async def test_served_probabilities_and_maps_equal_the_torch_backend(make_client: ClientFactory) -> None:
