@@ -150,11 +150,26 @@ async def test_waits_for_admitted_requests_still_being_prepared() -> None:
     assert run.batches == [[1, 2, 3]]
 
 
+async def test_a_batch_goes_once_as_many_images_are_queued_as_are_still_coming() -> None:
+    """Clients in step send their requests together; the first half decoded is computed while the second half
+    decodes, rather than the two halves waiting for each other and the worker thread idling meanwhile."""
+    run = Recorder()
+    batcher: DynamicBatcher[int, int] = DynamicBatcher(run, max_batch_size=8, max_wait_ms=30_000, max_queue=100)
+    batcher.start()
+    with batcher.admit(2) as slow:  # two images still decoding
+        first = batcher.submit([1, 2], far())  # two queued: as many as are coming
+        assert await asyncio.wait_for(first, 5) == [2, 4]  # not held for the 30 s wait
+        later = slow.submit([3, 4], far())
+    assert await later == [6, 8]
+    await batcher.stop()
+    assert run.batches == [[1, 2], [3, 4]]
+
+
 async def test_waiting_for_company_is_bounded_by_max_wait() -> None:
     run = Recorder()
     batcher: DynamicBatcher[int, int] = DynamicBatcher(run, max_batch_size=8, max_wait_ms=50, max_queue=100)
     batcher.start()
-    with batcher.admit(1):  # admitted but never submitted within the wait
+    with batcher.admit(2):  # more coming than queued, but never submitted within the wait
         started = time.monotonic()
         assert await batcher.submit([1], far()) == [2]
         waited = time.monotonic() - started
