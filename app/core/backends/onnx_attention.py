@@ -32,7 +32,11 @@ def fuse_attention(model: onnx.ModelProto) -> int:
     """Replace each plain attention block of `model` (in place) by one `Attention` node; the number replaced."""
     graph = model.graph
     constants = {t.name: t for t in graph.initializer}
-    constants |= {n.output[0]: n.attribute[0].t for n in graph.node if n.op_type == "Constant" and n.attribute}
+    constants |= {
+        n.output[0]: n.attribute[0].t
+        for n in graph.node
+        if n.op_type == "Constant" and len(n.attribute) == 1 and n.attribute[0].name == "value"
+    }
     producer = {out: n for n in graph.node for out in n.output}
     consumers: dict[str, list[onnx.NodeProto]] = {}
     for n in graph.node:

@@ -321,7 +321,7 @@ class DynamicBatcher(Generic[In, Out]):
         first half of a burst), or its first item's wait is over."""
         return bool(self._queue) and (
             len(self._queue) >= self.max_batch_size
-            or len(self._queue) >= self._incoming  # HACK: half in, half coming
+            or len(self._queue) >= self._incoming
             or time.monotonic() >= self._queue[0].enqueued + self.max_wait_s
         )
 

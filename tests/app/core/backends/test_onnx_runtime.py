@@ -126,6 +126,23 @@ def test_a_block_with_anything_on_its_scores_is_left_as_exported(float_graph: Ca
         assert np.abs(a - b).max() < 1e-5
 
 
+def test_a_graph_the_fusion_fails_on_runs_as_exported(
+    float_graph: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def unforeseen(model: onnx.ModelProto) -> int:
+        raise ValueError("a form the matcher did not foresee")
+
+    monkeypatch.setattr(onnx_backend, "fuse_attention", unforeseen)
+    with caplog.at_level(logging.WARNING, logger="app.inference"):
+        graph = OnnxForward(session(float_graph("standard"), threads=1, fuse=True), quantization=None)
+    assert "running it as exported" in caplog.text
+    model = tiny_model(TINY, seed=1)
+    x = torch.randn(2, TINY.in_channels, TINY.image_size, TINY.image_size)
+    with torch.inference_mode():
+        logits, _, _ = model.forward_with_embedding(x)
+    assert (graph(x)[0].softmax(-1) - logits.softmax(-1)).abs().max() < TOLERANCE
+
+
 async def test_served_probabilities_and_maps_equal_the_torch_backend(make_client: ClientFactory) -> None:
     images = [encode(make_sample(7, i).image) for i in range(4)]
     files = [("files", (f"{i}.png", im, "image/png")) for i, im in enumerate(images)]
