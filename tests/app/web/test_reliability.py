@@ -26,10 +26,9 @@ async def test_out_of_memory_batches_are_retried_in_halves(make_client: ClientFa
             return real(batch)
 
         batcher.run_batch = small_memory
-        rs = await asyncio.gather(
-            *(client.post("/predict", files={"file": (f"{i}.png", PNG, "image/png")}) for i in range(8))
-        )
-        assert [r.status_code for r in rs] == [200] * 8
+        files = [("files", (f"{i}.png", PNG, "image/png")) for i in range(8)]  # one request: one batch of 8
+        r = await client.post("/predict", files=files)
+        assert r.status_code == 200 and len(r.json()["results"]) == 8
         assert sizes[0] == 8 and max(s for s in sizes if s <= 2) == 2  # halved down to what fits
         assert (await client.get("/health/ready")).status_code == 200
 

@@ -151,14 +151,30 @@ async def test_v2_and_predict_images_share_one_batch(make_client: ClientFactory,
         batcher = client.app.state.data_plane.default.batcher  # type: ignore[attr-defined]
         sizes: list[int] = []
         original = batcher.run_batch
-        batcher.run_batch = lambda batch: sizes.append(len(batch)) or original(batch)
+        gate = threading.Event()
+
+        def run(batch):  # type: ignore[no-untyped-def]
+            sizes.append(len(batch))
+            if len(sizes) == 1:
+                gate.wait(10)  # the first batch holds the forward thread while the two requests queue
+            return original(batch)
+
+        batcher.run_batch = run
+        first = asyncio.create_task(client.post("/predict", files={"file": ("first.png", shape_png, "image/png")}))
+        while not sizes:
+            await asyncio.sleep(0.01)
         header, binary = image_request(shape_png, shape_png)
-        v2, predict = await asyncio.gather(
+        both = asyncio.gather(
             infer_binary(client, header, binary),
             client.post("/predict", files={"file": ("a.png", shape_png, "image/png")}),
         )
+        while batcher.queue_depth < 3:
+            await asyncio.sleep(0.01)
+        gate.set()
+        v2, predict = await both
+        assert (await first).status_code == 200
         assert v2.status_code == 200 and predict.status_code == 200
-        assert sizes == [3]  # two V2 images and one /predict image in one forward pass
+        assert sizes == [1, 3]  # two V2 images and one /predict image in one forward pass
         v2_probs = v2.json()["outputs"][0]["data"][:10]
         assert v2_probs == pytest.approx(predict.json()["results"][0]["probabilities"], abs=1e-6)
 
