@@ -31,6 +31,9 @@ def test_the_service_and_a_peer_are_checked_loaded_and_reported(tmp_path: Path) 
         capture_output=True,
         text=True,
         timeout=600,
+        # an environment of its own: the one in the user's cache points at the checkout that made it, and a clean
+        # clone's run must not replace it with one pointing at the clone
+        env={**os.environ, "VIT_PEERS_HOME": str(tmp_path / "peers-home")},
     )
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
     report = json.loads((tmp_path / "peers.json").read_text())
